@@ -1,0 +1,233 @@
+"""The command line: ``fsdp-lint [PATHS]...``. Exit codes: 0 clean, 1 findings, 2 bad input."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import List, Optional
+
+import click
+
+from fsdp_lint import __version__
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+_SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".tox", ".nox", "node_modules",
+              "site-packages", "build", "dist", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".eggs"}
+
+
+class BadInput(Exception):
+    pass
+
+
+def _split_codes(values) -> List[str]:
+    out = []
+    for v in values or ():
+        out += [c.strip() for c in v.split(",") if c.strip()]
+    return out
+
+
+def collect_files(paths) -> List[str]:
+    files: List[str] = []
+    for p in paths:
+        if os.path.isdir(p):
+            for dirpath, dirnames, filenames in os.walk(p):
+                dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+                for name in sorted(filenames):
+                    if name.endswith(".py"):
+                        files.append(os.path.join(dirpath, name))
+        elif os.path.isfile(p):
+            files.append(p)
+        else:
+            raise BadInput(f"no such file or directory: {p}")
+    return files
+
+
+def _print_rules() -> None:
+    from tabulate import tabulate
+
+    from fsdp_lint.rule import all_rules
+
+    rows = [[r.code, r.name, r.severity, r.summary] for r in all_rules()]
+    click.echo(tabulate(rows, headers=["code", "name", "severity", "summary"], tablefmt="simple"))
+
+
+def _explain(code: str) -> None:
+    from fsdp_lint.rule import rule_by_code
+
+    rule = rule_by_code(code)
+    if rule is None:
+        raise BadInput(f"unknown rule code {code!r} (see fsdp-lint --list-rules)")
+    click.echo(f"# {rule.name} ({rule.code})\n\nDefault severity: {rule.severity}. "
+               f"Applies to: {', '.join(a.upper() for a in rule.applies_to)}.\n\n{rule.doc()}")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option("--world-size", "-n", type=int, default=None, help="Ranks to plan for (default 8).")
+@click.option("--api", type=click.Choice(["fsdp1", "fsdp2"]), default=None,
+              help="Override the FSDP API (default: what the file uses; fsdp2 without wrap code).")
+@click.option("--wrap", multiple=True, metavar="CLASS_OR_FQN_GLOB",
+              help="Make these modules units (class name or FQN glob; repeatable), then the root.")
+@click.option("--use-orig-params/--no-use-orig-params", default=None, help="Override FSDP1 use_orig_params.")
+@click.option("--model", "model_target", default=None, metavar="TARGET",
+              help="The model: path.py:Class, path.py:factory, pkg.mod:factory, path.py:Class(num_layers=4).")
+@click.option("--format", "fmt", type=click.Choice(["full", "concise", "json", "sarif", "github"]),
+              default="full", show_default=True, help="Output format.")
+@click.option("--layout", type=click.Choice(["units", "params", "ranks"]), default="units", show_default=True,
+              help="Also show the per-parameter (params) or per-rank (ranks) layout.")
+@click.option("--select", multiple=True, help="Rule codes or prefixes to enable (comma-separated; ALL).")
+@click.option("--ignore", multiple=True, help="Rule codes or prefixes to disable (comma-separated).")
+@click.option("--extend-select", multiple=True, help="Rule codes or prefixes to add to the selection.")
+@click.option("--fail-on", type=click.Choice(["info", "warning", "error"]), default=None,
+              help="Lowest severity that makes the exit code 1 (default warning).")
+@click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
+@click.option("--statistics", is_flag=True, help="Show the number of findings per rule.")
+@click.option("--explain", metavar="CODE", default=None, help="Show a rule's documentation and exit.")
+@click.option("--list-rules", is_flag=True, help="List all rules and exit.")
+@click.option("--config", "config_path", type=click.Path(), default=None,
+              help="pyproject.toml to read [tool.fsdp-lint] from (default: the nearest one).")
+@click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
+              help="Write the report to this file instead of stdout.")
+@click.option("--run", "run_", is_flag=True, help="Confirm the findings in a short real FSDP session.")
+@click.option("--nproc", type=int, default=2, show_default=True, help="--run: number of ranks.")
+@click.option("--steps", type=int, default=2, show_default=True, help="--run: training steps.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="--run: cuda (NCCL) or cpu (gloo).")
+@click.option("--input-shape", default=None, metavar="D0,D1,...", help="--run: synthetic input shape.")
+@click.option("--input-dtype", type=click.Choice(["float", "long", "bfloat16", "half"]), default=None,
+              help="--run: synthetic input dtype.")
+@click.option("--run-timeout", type=float, default=300.0, show_default=True, help="--run: seconds for the whole run.")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.version_option(__version__, prog_name="fsdp-lint")
+def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout, select, ignore, extend_select,
+        fail_on, exit_zero, statistics, explain, list_rules, config_path, output, run_, nproc, steps, device,
+        input_shape, input_dtype, run_timeout, debug):
+    """Lint PyTorch FSDP wrap code and show the plan FSDP will build.
+
+    PATHS are training or model files, or directories (walked for *.py).
+    """
+    if list_rules:
+        _print_rules()
+        return EXIT_CLEAN
+    if explain:
+        _explain(explain)
+        return EXIT_CLEAN
+    if not paths:
+        raise BadInput("no paths given (try: fsdp-lint train.py; fsdp-lint --help)")
+    if world_size is not None and world_size < 1:
+        raise BadInput(f"--world-size must be at least 1, got {world_size}")
+    if run_ and nproc < 1:
+        raise BadInput(f"--nproc must be at least 1, got {nproc}")
+
+    from fsdp_lint.config import ConfigError, load_settings, validate
+    from fsdp_lint.rule import SEVERITY_RANK
+    from fsdp_lint.selection import check_selectors
+
+    files = collect_files(paths)
+    try:
+        base = load_settings(files[0] if files else os.getcwd(), config_path)
+    except ConfigError as exc:
+        raise BadInput(str(exc)) from None
+    settings = base.with_overrides(
+        world_size=world_size, api=api, wrap=list(wrap), use_orig_params=use_orig_params, model=model_target,
+        select=_split_codes(select), ignore=_split_codes(ignore), extend_select=_split_codes(extend_select),
+        fail_on=fail_on)
+    if run_ and world_size is None:
+        settings = settings.with_overrides(world_size=nproc)
+    try:
+        validate(settings)
+        from fsdp_lint.rule import all_rules
+
+        known = [r.code for r in all_rules()]
+        check_selectors(settings.select, known, "--select/select")
+        check_selectors(settings.ignore, known, "--ignore/ignore")
+        check_selectors(settings.extend_select, known, "--extend-select/extend-select")
+        for codes in (settings.per_file_ignores or {}).values():
+            check_selectors(codes, known, "per-file-ignores")
+    except ConfigError as exc:
+        raise BadInput(str(exc)) from None
+
+    from fsdp_lint.engine import LintError, lint_file
+
+    results = []
+    errors = 0
+    for path in files:
+        try:
+            results.append(lint_file(path, settings))
+        except LintError as exc:
+            errors += 1
+            click.echo(f"fsdp-lint: error: {exc}", err=True)
+        except Exception as exc:  # a bug or an input we did not foresee: still one line
+            if debug:
+                raise
+            errors += 1
+            click.echo(f"fsdp-lint: error: {path}: internal error: {type(exc).__name__}: {exc}"
+                       f" (rerun with --debug for the traceback)", err=True)
+
+    run_summary = None
+    if run_ and results:
+        from fsdp_lint.run import RunError, RunOptions, confirm
+
+        opts = RunOptions(nproc=nproc, steps=steps, device=device, input_shape=input_shape,
+                          input_dtype=input_dtype, timeout=run_timeout, debug=debug)
+        try:
+            run_summary = confirm(results, settings, opts)
+        except RunError as exc:
+            click.echo(f"fsdp-lint: error: --run: {exc}", err=True)
+            errors += 1
+        if run_summary is None and os.environ.get("RANK") and os.environ.get("RANK") != "0":
+            return EXIT_ERROR if errors else EXIT_CLEAN
+
+    from fsdp_lint import report
+
+    layout_opt = None if layout == "units" else layout
+    if fmt == "json":
+        text = report.render_json(results, layout=layout_opt, run_summary=run_summary)
+    elif fmt == "sarif":
+        text = report.render_sarif(results)
+    elif fmt == "github":
+        text = report.render_github(results)
+    else:
+        text = report.render_text(results, full=fmt == "full", layout=layout_opt, statistics=statistics,
+                                  run_summary=run_summary)
+    if output:
+        try:
+            with open(output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise BadInput(f"cannot write {output}: {exc}") from None
+    else:
+        click.echo(text, nl=False)
+
+    if errors:
+        return EXIT_ERROR
+    threshold = SEVERITY_RANK[settings.fail_on]
+    failing = any(SEVERITY_RANK[f.severity] >= threshold for r in results for f in r.findings)
+    if failing and not exit_zero:
+        return EXIT_FINDINGS
+    return EXIT_CLEAN
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        code = cli.main(args=argv, prog_name="fsdp-lint", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.UsageError as exc:
+        click.echo(f"fsdp-lint: error: {exc.format_message()}", err=True)
+        code = EXIT_ERROR
+    except click.exceptions.Abort:
+        click.echo("fsdp-lint: interrupted", err=True)
+        code = 130
+    except BadInput as exc:
+        click.echo(f"fsdp-lint: error: {exc}", err=True)
+        code = EXIT_ERROR
+    except KeyboardInterrupt:
+        click.echo("fsdp-lint: interrupted", err=True)
+        code = 130
+    except Exception as exc:
+        if debug:
+            raise
+        click.echo(f"fsdp-lint: error: internal error: {type(exc).__name__}: {exc} (rerun with --debug)", err=True)
+        code = EXIT_ERROR
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,99 @@
+"""Settings: defaults, ``[tool.fsdp-lint]`` in the nearest pyproject.toml, then the command line."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Dict, List, Optional
+
+
+class ConfigError(Exception):
+    """A bad setting (message is one line)."""
+
+
+@dataclass
+class Settings:
+    world_size: int = 8
+    api: Optional[str] = None
+    wrap: List[str] = field(default_factory=list)
+    use_orig_params: Optional[bool] = None
+    model: Optional[str] = None
+    select: List[str] = field(default_factory=lambda: ["ALL"])
+    ignore: List[str] = field(default_factory=list)
+    extend_select: List[str] = field(default_factory=list)
+    per_file_ignores: Dict[str, List[str]] = field(default_factory=dict)
+    fail_on: str = "warning"
+    # thresholds
+    whole_model_fraction: float = 0.9        # FSD101: one unit holding this share of the model
+    collective_floor_bytes: int = 1 << 20    # FSD102: units whose all-gather moves less than this
+    over_fine_fraction: float = 0.5          # FSD102: ... when more than this share of units do
+    padding_fraction: float = 0.05           # FSD601
+    replay_timeout: float = 120.0
+    config_path: Optional[str] = None
+
+    def with_overrides(self, **kwargs) -> "Settings":
+        clean = {k: v for k, v in kwargs.items() if v is not None and v != [] and v != ()}
+        return replace(self, **clean)
+
+
+_KEYS = {f.name.replace("_", "-"): f.name for f in fields(Settings)}
+
+
+def find_pyproject(start: str) -> Optional[str]:
+    d = os.path.abspath(start if os.path.isdir(start) else os.path.dirname(os.path.abspath(start)))
+    while True:
+        candidate = os.path.join(d, "pyproject.toml")
+        if os.path.isfile(candidate):
+            return candidate
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+
+
+def load_settings(start: str, explicit: Optional[str] = None) -> Settings:
+    path = explicit or find_pyproject(start)
+    settings = Settings()
+    if not path:
+        return settings
+    try:
+        import tomllib  # type: ignore[import-not-found]
+    except ImportError:  # Python < 3.11
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except Exception as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    section = data.get("tool", {}).get("fsdp-lint")
+    if section is None:
+        return settings
+    values: Dict[str, Any] = {}
+    for key, value in section.items():
+        name = _KEYS.get(key) or _KEYS.get(key.replace("_", "-"))
+        if name is None or name == "config_path":
+            raise ConfigError(f"{path}: unknown key [tool.fsdp-lint] {key!r}")
+        values[name] = value
+    settings = replace(settings, config_path=path)
+    try:
+        settings = replace(settings, **values)
+    except TypeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if isinstance(settings.wrap, str):
+        settings.wrap = [settings.wrap]
+    for key in ("select", "ignore", "extend_select"):
+        v = getattr(settings, key)
+        if isinstance(v, str):
+            setattr(settings, key, [v])
+    validate(settings, origin=path)
+    return settings
+
+
+def validate(settings: Settings, origin: str = "command line") -> None:
+    if not isinstance(settings.world_size, int) or isinstance(settings.world_size, bool) or settings.world_size < 1:
+        raise ConfigError(f"{origin}: world-size must be a positive integer, got {settings.world_size!r}")
+    if settings.api not in (None, "fsdp1", "fsdp2"):
+        raise ConfigError(f"{origin}: api must be 'fsdp1' or 'fsdp2', got {settings.api!r}")
+    if settings.fail_on not in ("info", "warning", "error"):
+        raise ConfigError(f"{origin}: fail-on must be info, warning or error, got {settings.fail_on!r}")

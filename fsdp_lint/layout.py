@@ -1,0 +1,283 @@
+"""`layout`: what FSDP builds for a plan, as arithmetic (tests compare it with torch itself).
+
+FSDP1: one FlatParameter per unit. Parameters in order; with ``use_orig_params=True`` each starts
+aligned to 16 bytes of the compute dtype and the total is padded to a multiple of the world size;
+rank r holds the r-th chunk of ``ceil(total / ws)`` elements (``torch.chunk`` + padding).
+
+FSDP2: every parameter is a DTensor sharded on dim 0 with ``torch.chunk`` semantics: ``ceil(d0/ws)``
+rows per rank, trailing ranks get fewer or none; the collectives pad each to ``ceil(d0/ws) * ws``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from fsdp_lint.plan import Unit, WrapPlan
+from fsdp_lint.tree import ModuleTree, dtype_itemsize
+
+ALIGNMENT_BYTES = 16
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class ParamLayout:
+    fqn: str
+    shape: Tuple[int, ...]
+    dtype: str
+    requires_grad: bool
+    numel: int
+    # FSDP1: where the parameter sits in the unit's FlatParameter
+    offset: Optional[int] = None
+    padding_before: int = 0
+    # FSDP2: Shard(0) local shapes and the padding of the collective
+    local_shape_first: Optional[Tuple[int, ...]] = None    # rank 0
+    local_shape_last: Optional[Tuple[int, ...]] = None     # rank ws-1
+    padded_numel: Optional[int] = None                     # ceil(d0/ws)*ws rows
+
+    def local_shape(self, rank: int, ws: int) -> Tuple[int, ...]:
+        return fsdp2_local_shape(self.shape, rank, ws)
+
+
+@dataclass
+class RankSpan:
+    fqn: str
+    start: int       # intra-parameter element range [start, end)
+    end: int
+
+    @property
+    def numel(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class UnitLayout:
+    unit: Unit
+    numel: int                    # parameters' elements (unpadded)
+    trainable_numel: int
+    dtypes: List[str]
+    param_dtype: str              # the dtype collectives all-gather in
+    reduce_dtype: str             # the dtype gradients are reduce-scattered in
+    padded_numel: int             # elements all-gathered (incl. alignment and world-size padding)
+    shard_numel: int              # elements each rank holds (incl. padding)
+    all_gather_bytes: int         # one all-gather, per rank sent/received: (ws-1)/ws * padded bytes
+    reduce_scatter_bytes: int     # one reduce-scatter, per rank
+    all_gathers_per_step: int
+    reduce_scatters_per_step: int
+    all_reduces_per_step: int
+    params: List[ParamLayout] = field(default_factory=list)
+    grad_numel: int = 0           # gradient elements allocated per rank (FSDP1: the whole shard)
+    world_size: int = 1
+
+    @property
+    def padding(self) -> int:
+        return self.padded_numel - self.numel
+
+    @property
+    def step_bytes(self) -> int:
+        return self.all_gather_bytes * self.all_gathers_per_step + self.reduce_scatter_bytes * self.reduce_scatters_per_step
+
+    def rank_spans(self, rank: int) -> List[RankSpan]:
+        """FSDP1: the parameters and element ranges in rank `rank`'s FlatParameter shard."""
+        start, end = rank * self.shard_numel, (rank + 1) * self.shard_numel
+        out = []
+        for p in self.params:
+            if p.offset is None:
+                continue
+            a, b = max(start, p.offset), min(end, p.offset + p.numel)
+            if a < b:
+                out.append(RankSpan(p.fqn, a - p.offset, b - p.offset))
+        return out
+
+
+@dataclass
+class Memory:
+    per_rank_bytes: int
+    breakdown: Dict[str, int]
+    optimizer: str
+
+
+@dataclass
+class Layout:
+    api: Optional[str]
+    world_size: int
+    units: List[UnitLayout]
+    memory: Memory
+
+    @property
+    def all_gathers_per_step(self) -> int:
+        return sum(u.all_gathers_per_step for u in self.units)
+
+    @property
+    def reduce_scatters_per_step(self) -> int:
+        return sum(u.reduce_scatters_per_step for u in self.units)
+
+    @property
+    def collectives_per_step(self) -> int:
+        return sum(u.all_gathers_per_step + u.reduce_scatters_per_step + u.all_reduces_per_step for u in self.units)
+
+    @property
+    def step_bytes(self) -> int:
+        return sum(u.step_bytes for u in self.units)
+
+    def for_unit(self, unit: Unit) -> Optional[UnitLayout]:
+        for u in self.units:
+            if u.unit is unit:
+                return u
+        return None
+
+
+def fsdp2_local_shape(shape: Tuple[int, ...], rank: int, ws: int) -> Tuple[int, ...]:
+    if not shape:
+        return shape
+    rows = ceil_div(shape[0], ws) if shape[0] else 0
+    local = max(0, min(rows, shape[0] - rank * rows)) if rows else 0
+    return (local, *shape[1:])
+
+
+def flat_param_layout(params: List[Tuple[str, Tuple[int, ...], str, bool, int]], ws: int, use_orig_params: bool,
+                      compute_dtype: str) -> Tuple[List[ParamLayout], int]:
+    """Offsets of `params` in a FlatParameter and its total (padded) numel."""
+    aligned = ALIGNMENT_BYTES // dtype_itemsize(compute_dtype) if use_orig_params else 0
+    total = 0
+    out = []
+    for fqn, shape, dtype, rg, numel in params:
+        pad = 0
+        if aligned > 0:
+            to_pad = aligned - (total % aligned)
+            if 0 < to_pad < aligned:
+                pad = to_pad
+        total += pad
+        out.append(ParamLayout(fqn, shape, dtype, rg, numel, offset=total, padding_before=pad))
+        total += numel
+    if aligned > 0:
+        to_pad = ws - (total % ws)
+        if 0 < to_pad < ws:
+            total += to_pad
+    return out, total
+
+
+def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
+    ws = max(1, unit.shard_size or plan.world_size)
+    infos = [tree.params[f] for f in unit.params]
+    numel = sum(p.numel for p in infos)
+    trainable = sum(p.numel for p in infos if p.requires_grad)
+    dtypes = sorted({p.dtype for p in infos})
+    orig_dtype = infos[0].dtype if infos else "float32"
+    param_dtype = unit.param_dtype or orig_dtype
+    reduce_dtype = unit.reduce_dtype or unit.param_dtype or orig_dtype
+    any_trainable = trainable > 0
+    strategy = plan.sharding_strategy or "FULL_SHARD"
+    if plan.api == "fsdp1":
+        no_shard = strategy == "NO_SHARD" or ws == 1
+        params, total = flat_param_layout(
+            [(p.fqn, p.shape, p.dtype, p.requires_grad, p.numel) for p in infos], ws,
+            bool(plan.use_orig_params), param_dtype)
+        if no_shard:
+            shard = total
+            padded = total
+        else:
+            shard = ceil_div(total, ws)
+            padded = shard * ws
+        ag_bytes = (ws - 1) * shard * dtype_itemsize(param_dtype) if not no_shard else 0
+        rs_bytes = (ws - 1) * shard * dtype_itemsize(reduce_dtype) if not no_shard else 0
+        has_params = bool(infos)
+        reshards = unit.reshard_after_forward and not unit.is_root and strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
+        ags = 0 if (no_shard or not has_params) else 1 + (1 if reshards else 0)
+        rss = 1 if (has_params and any_trainable and not no_shard) else 0
+        ars = 1 if (has_params and any_trainable and no_shard and ws > 1) else 0
+        grad_numel = shard if any_trainable else 0
+    else:
+        params = []
+        shard = 0
+        padded = 0
+        ag_elems_bytes = 0
+        rs_elems_bytes = 0
+        grad_numel = 0
+        for p in infos:
+            shape = p.shape if p.shape else (1,)
+            rows = ceil_div(shape[0], ws) if shape[0] else 0
+            inner = p.numel // shape[0] if shape[0] else 0
+            local_numel = rows * inner
+            shard += local_numel
+            padded += local_numel * ws
+            itemsize = dtype_itemsize(unit.param_dtype or p.dtype)
+            ag_elems_bytes += local_numel * itemsize
+            if p.requires_grad:
+                rs_elems_bytes += local_numel * dtype_itemsize(unit.reduce_dtype or unit.param_dtype or p.dtype)
+                grad_numel += fsdp2_local_shape(shape, 0, ws)[0] * inner
+            params.append(ParamLayout(
+                p.fqn, p.shape, p.dtype, p.requires_grad, p.numel,
+                local_shape_first=fsdp2_local_shape(p.shape, 0, ws),
+                local_shape_last=fsdp2_local_shape(p.shape, ws - 1, ws),
+                padded_numel=local_numel * ws))
+        ag_bytes = (ws - 1) * ag_elems_bytes
+        rs_bytes = (ws - 1) * rs_elems_bytes
+        has_params = bool(infos)
+        # the root does not reshard after forward unless the file asks for it explicitly
+        reshards = unit.reshard_after_forward and not (unit.is_root and not unit.reshard_after_forward_explicit)
+        ags = (1 + (1 if reshards else 0)) if has_params else 0
+        rss = 1 if (has_params and any_trainable) else 0
+        ars = 0
+    return UnitLayout(
+        unit=unit, numel=numel, trainable_numel=trainable, dtypes=dtypes, param_dtype=param_dtype,
+        reduce_dtype=reduce_dtype, padded_numel=padded, shard_numel=shard, all_gather_bytes=ag_bytes,
+        reduce_scatter_bytes=rs_bytes, all_gathers_per_step=ags, reduce_scatters_per_step=rss,
+        all_reduces_per_step=ars, params=params, grad_numel=grad_numel, world_size=ws)
+
+
+_OPTIMIZER_STATES = {"SGD": 1, "Adagrad": 1, "RMSprop": 1, "Adafactor": 1, "Lion": 1, "Muon": 1}
+
+
+def _memory(plan: WrapPlan, tree: ModuleTree, units: List[UnitLayout]) -> Memory:
+    opt_cls = plan.optimizers[-1].cls if plan.optimizers else "AdamW"
+    states = _OPTIMIZER_STATES.get(opt_cls, 2)
+    sharded_params = sharded_grads = optimizer = 0
+    for u in units:
+        itemsizes = [tree.params[p].itemsize for p in u.unit.params] or [4]
+        orig = max(itemsizes)
+        if plan.api == "fsdp1":
+            sharded_params += u.shard_numel * orig
+            sharded_grads += u.grad_numel * orig
+            trainable_shard = u.grad_numel if u.trainable_numel == u.numel else ceil_div(u.trainable_numel, u.world_size)
+            optimizer += states * trainable_shard * orig
+        else:
+            sharded_params += sum(
+                fsdp2_local_shape(p.shape or (1,), 0, u.world_size)[0] * (p.numel // (p.shape[0] if p.shape and p.shape[0] else 1) if p.shape else 1)
+                * dtype_itemsize(p.dtype) for p in u.params)
+            sharded_grads += u.grad_numel * orig
+            optimizer += states * u.grad_numel * orig
+    replicated = 0
+    for fqn in plan.leftover_params:
+        p = tree.params[fqn]
+        replicated += p.numel * p.itemsize * (1 + (1 + states if p.requires_grad else 0))
+    for fqn in plan.ignored_params:
+        p = tree.params[fqn]
+        replicated += p.numel * p.itemsize * (1 + (1 + states if p.requires_grad else 0))
+    # unsharded parameters in flight: the root's stay gathered through the step, plus the largest
+    # other unit (two of them when the next one is prefetched)
+    unsharded = 0
+    others = []
+    for u in units:
+        b = u.padded_numel * dtype_itemsize(u.param_dtype)
+        if u.unit.is_root:
+            unsharded += b
+        else:
+            others.append(b)
+    if others:
+        unsharded += max(others) * (2 if len(others) > 1 else 1)
+    breakdown = {
+        "sharded_params": sharded_params,
+        "sharded_grads": sharded_grads,
+        "optimizer_state": optimizer,
+        "unsharded_params_in_flight": unsharded,
+        "replicated_params_grads_state": replicated,
+    }
+    return Memory(per_rank_bytes=sum(breakdown.values()), breakdown=breakdown, optimizer=opt_cls)
+
+
+def compute_layout(plan: WrapPlan, tree: ModuleTree) -> Layout:
+    units = [_unit_layout(u, plan, tree) for u in plan.units]
+    return Layout(api=plan.api, world_size=plan.world_size, units=units, memory=_memory(plan, tree, units))

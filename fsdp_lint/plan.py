@@ -1,0 +1,484 @@
+"""`plan`: the FSDP units the file's wrap code builds, in application order.
+
+FSDP1 auto-wrap policies are resolved by torch's own traversal (``_recursive_wrap`` for callables,
+``_Policy._run_policy`` + ``_post_order_apply`` for policy objects) with a recorder in place of the
+wrapper class, so the result is what torch would wrap. Everything after that is plain data.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from fsdp_lint.tree import ModuleTree, dtype_name
+
+
+@dataclass
+class Unit:
+    module: str                     # FQN of the (first) module of the call, "" = root
+    modules: List[str]              # all modules of the call (FSDP2 `fully_shard([a, b])`)
+    cls: str
+    path: str
+    line: int
+    col: int
+    seq: int                        # application order among all records of the replay
+    params: List[str] = field(default_factory=list)   # canonical FQNs owned, in torch's order
+    origin: str = "call"            # "call" (a wrap call in the file), "policy" (auto-wrapped), "cli", "default"
+    reshard_after_forward: bool = True
+    reshard_after_forward_explicit: bool = False
+    param_dtype: Optional[str] = None
+    reduce_dtype: Optional[str] = None
+    shard_size: int = 1             # ranks the unit is sharded over
+    is_root: bool = False
+
+
+@dataclass
+class PolicyInfo:
+    """An FSDP1 auto-wrap policy as the file passes it."""
+    path: str
+    line: int
+    desc: str                       # "transformer_auto_wrap_policy(transformer_layer_cls={Block})"
+    classes: List[str]              # class names a class-based policy names
+    matched: int                    # modules it wrapped
+
+
+@dataclass
+class OptimizerInfo:
+    cls: str
+    path: str
+    line: int
+    seq: int
+    params: List[str]               # canonical FQNs of model params it holds
+    foreign: int                    # params it holds that are not the model's
+
+
+@dataclass
+class ParamEventInfo:
+    kind: str                       # "freeze" | "dtype"
+    path: str
+    line: int
+    seq: int
+    value: Any
+
+
+@dataclass
+class PlanProblem:
+    kind: str                       # "wrapped-twice" | "ancestor-already-sharded" | "outside-model"
+    module: str
+    path: str
+    line: int
+    col: int
+    detail: str
+
+
+@dataclass
+class WrapPlan:
+    api: Optional[str]              # "fsdp1" | "fsdp2" | None (no wrap code)
+    world_size: int
+    units: List[Unit]
+    root_wrapped: bool
+    use_orig_params: Optional[bool]
+    sharding_strategy: Optional[str]
+    origin: str                     # "file" | "cli" | "default" | "none"
+    ignored_params: List[str] = field(default_factory=list)
+    ignored_modules: List[str] = field(default_factory=list)
+    leftover_params: List[str] = field(default_factory=list)   # in no unit and not ignored
+    policies: List[PolicyInfo] = field(default_factory=list)
+    optimizers: List[OptimizerInfo] = field(default_factory=list)
+    param_events: Dict[str, List[ParamEventInfo]] = field(default_factory=dict)
+    problems: List[PlanProblem] = field(default_factory=list)
+    wrap_call_lines: List[Tuple[str, int]] = field(default_factory=list)
+
+    def unit_for_param(self, fqn: str) -> Optional[Unit]:
+        for unit in self.units:
+            if fqn in unit.params:
+                return unit
+        return None
+
+    def units_for_param(self, fqn: str) -> List[Unit]:
+        return [u for u in self.units if fqn in u.params]
+
+    @property
+    def root_unit(self) -> Optional[Unit]:
+        for unit in self.units:
+            if unit.is_root:
+                return unit
+        return None
+
+
+@dataclass
+class PlanOptions:
+    world_size: int = 8
+    api: Optional[str] = None                   # override: "fsdp1" | "fsdp2"
+    wrap: List[str] = field(default_factory=list)   # class names or FQN globs
+    use_orig_params: Optional[bool] = None
+
+
+# --------------------------------------------------------------------------------------------
+# FSDP1 auto-wrap resolution (called by the recorder while the live modules exist)
+# --------------------------------------------------------------------------------------------
+def resolve_fsdp1_auto_wrap(root_module, policy, ignored_modules=None, ignored_states=None,
+                            mixed_precision=None):
+    """The modules torch's auto-wrap would wrap under `root_module`, post-order (root excluded),
+    plus a description of the policy and the class names it names."""
+    import functools
+
+    from torch.distributed.fsdp import wrap as wrap_mod
+
+    ignored = _ignored_modules(root_module, ignored_modules, ignored_states)
+    ignored_params = {p for m in ignored for p in m.parameters()}
+    if ignored_states is not None:
+        ignored_params |= {s for s in ignored_states if not hasattr(s, "parameters")}
+    wrapped: List[Any] = []
+
+    def record(module, *args, **kwargs):
+        wrapped.append(module)
+        return module
+
+    desc, classes = describe_policy(policy)
+    if isinstance(policy, wrap_mod._Policy):
+        targets = policy._run_policy(root_module, ignored, {})
+        if mixed_precision is not None and getattr(mixed_precision, "_module_classes_to_ignore", None):
+            targets = wrap_mod._run_mixed_precision_override_policy(
+                root_module, mixed_precision._module_classes_to_ignore, ignored, {}, targets)
+        wrap_mod._post_order_apply(root_module, wrap_mod._construct_wrap_fn(root_module, targets, record))
+    else:
+        if mixed_precision is not None and getattr(mixed_precision, "_module_classes_to_ignore", None):
+            policy = functools.partial(
+                wrap_mod._or_policy,
+                policies=[policy, functools.partial(wrap_mod._wrap_module_cls_individually,
+                                                    module_classes=mixed_precision._module_classes_to_ignore)])
+        wrap_mod._recursive_wrap(root_module, auto_wrap_policy=policy, wrapper_cls=record,
+                                 ignored_modules=ignored, ignored_params=ignored_params, only_wrap_children=True)
+    return wrapped, desc, classes
+
+
+def _ignored_modules(root_module, ignored_modules, ignored_states) -> Set[Any]:
+    mods = list(ignored_modules or [])
+    if ignored_states is not None:
+        mods += [s for s in ignored_states if hasattr(s, "parameters")]
+    out: Set[Any] = set()
+    for m in mods:
+        for sub in m.modules():
+            out.add(sub)
+    return out
+
+
+def describe_policy(policy) -> Tuple[str, List[str]]:
+    import functools
+
+    def cls_names(classes) -> List[str]:
+        out = []
+        for c in classes or ():
+            out.append(c if isinstance(c, str) else getattr(c, "__name__", repr(c)))
+        return sorted(out)
+
+    if isinstance(policy, functools.partial):
+        fn = getattr(policy.func, "__name__", repr(policy.func))
+        kw = dict(policy.keywords)
+        classes = cls_names(kw.get("transformer_layer_cls") or kw.get("module_classes"))
+        parts = []
+        for k, v in kw.items():
+            if isinstance(v, (set, frozenset, list, tuple)):
+                v = "{" + ", ".join(cls_names(v)) + "}"
+            elif callable(v):
+                v = getattr(v, "__name__", "<callable>")
+            parts.append(f"{k}={v}")
+        return f"{fn}({', '.join(parts)})", classes
+    module_classes = getattr(policy, "_module_classes", None)
+    if module_classes is not None:
+        classes = cls_names(module_classes)
+        return f"{type(policy).__name__}({{{', '.join(classes)}}})", classes
+    name = getattr(policy, "__name__", type(policy).__name__)
+    if name == "size_based_auto_wrap_policy":
+        return "size_based_auto_wrap_policy(min_num_params=100000000)", []
+    return name, []
+
+
+# --------------------------------------------------------------------------------------------
+# plan construction
+# --------------------------------------------------------------------------------------------
+def _dtype_or_none(value) -> Optional[str]:
+    return None if value is None else dtype_name(value)
+
+
+def _sharding_strategy(value) -> Optional[str]:
+    if value is None:
+        return None
+    return getattr(value, "name", str(value))
+
+
+def build_plan(result, tree: ModuleTree, options: PlanOptions) -> WrapPlan:
+    """Turn a replay's records (live modules) into a WrapPlan of FQNs."""
+    root = result.model
+    fqn_of: Dict[int, str] = {id(m): fqn for fqn, m in root.named_modules()}
+    param_fqn: Dict[int, str] = {}
+    for fqn, p in root.named_parameters(remove_duplicate=False):
+        param_fqn.setdefault(id(p), tree.canonical(fqn))
+
+    plan = WrapPlan(api=None, world_size=options.world_size, units=[], root_wrapped=False,
+                    use_orig_params=None, sharding_strategy=None, origin="none")
+
+    # events (freezes, dtype changes) by parameter
+    for ev in result.param_events:
+        for pid in ev.param_ids:
+            fqn = param_fqn.get(pid)
+            if fqn is not None:
+                plan.param_events.setdefault(fqn, []).append(
+                    ParamEventInfo(ev.kind, ev.pos.path, ev.pos.line, ev.seq, ev.value))
+    for opt in result.optimizers:
+        params = [param_fqn[i] for i in opt.param_ids if i in param_fqn]
+        plan.optimizers.append(OptimizerInfo(opt.cls, opt.pos.path, opt.pos.line, opt.seq, params,
+                                             foreign=len(opt.param_ids) - len(params)))
+
+    calls = result.wrap_calls
+    if options.wrap:
+        _plan_from_globs(plan, tree, options, calls)
+    elif calls:
+        _plan_from_calls(plan, tree, options, calls, fqn_of, param_fqn)
+    else:
+        _default_plan(plan, tree, options)
+    if options.api is not None and plan.api != options.api and not options.wrap and calls:
+        # --api on a file that uses the other API: same units, other arithmetic
+        plan.api = options.api
+    if plan.api == "fsdp1":
+        if options.use_orig_params is not None:
+            plan.use_orig_params = options.use_orig_params
+        elif plan.use_orig_params is None:
+            plan.use_orig_params = False
+    else:
+        plan.use_orig_params = None
+    _assign_params(plan, tree)
+    return plan
+
+
+def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, calls, fqn_of, param_fqn) -> None:
+    plan.origin = "file"
+    apis = {c.api for c in calls}
+    plan.api = calls[-1].api if len(apis) > 1 else next(iter(apis))
+    seen_modules: Dict[str, Unit] = {}
+    for call in calls:
+        plan.wrap_call_lines.append((call.pos.path, call.pos.line))
+        fqns = []
+        for m in call.modules:
+            fqn = fqn_of.get(id(m))
+            if fqn is None:
+                plan.problems.append(PlanProblem("outside-model", type(m).__name__, call.pos.path, call.pos.line,
+                                                 call.pos.col, f"{type(m).__name__} is not part of the linted model"))
+                continue
+            fqns.append(fqn)
+        if not fqns:
+            continue
+        kw = call.kwargs
+        if call.api == "fsdp2":
+            mp = kw.get("mp_policy")
+            raf = kw.get("reshard_after_forward", None)
+            mesh = kw.get("mesh")
+            shard_size = options.world_size
+            if mesh is not None and hasattr(mesh, "size"):
+                try:
+                    shard_size = int(mesh.size(-1)) if getattr(mesh, "ndim", 1) > 1 else int(mesh.size())
+                except Exception:
+                    shard_size = options.world_size
+            unit = Unit(
+                module=fqns[0], modules=fqns, cls=", ".join(tree.modules[f].cls for f in fqns),
+                path=call.pos.path, line=call.pos.line, col=call.pos.col, seq=call.seq,
+                reshard_after_forward=bool(raf) if raf is not None else True,
+                reshard_after_forward_explicit=raf is not None,
+                param_dtype=_dtype_or_none(getattr(mp, "param_dtype", None)),
+                reduce_dtype=_dtype_or_none(getattr(mp, "reduce_dtype", None)),
+                shard_size=shard_size,
+            )
+            for f in fqns:
+                if f in seen_modules:
+                    plan.problems.append(PlanProblem(
+                        "wrapped-twice", f, call.pos.path, call.pos.line, call.pos.col,
+                        f"fully_shard is applied to {f or 'the root'} a second time "
+                        f"(first at line {seen_modules[f].line})"))
+                else:
+                    for earlier, eu in seen_modules.items():
+                        if tree.is_ancestor(earlier, f):
+                            plan.problems.append(PlanProblem(
+                                "ancestor-already-sharded", f, call.pos.path, call.pos.line, call.pos.col,
+                                f"fully_shard({f}) runs after its ancestor {earlier or 'the root model'} "
+                                f"was sharded at line {eu.line}"))
+                            break
+            for f in fqns:
+                seen_modules.setdefault(f, unit)
+            plan.units.append(unit)
+        else:
+            mp = kw.get("mixed_precision")
+            if plan.use_orig_params is None or fqns[0] == "" or True:
+                if "use_orig_params" in kw or plan.use_orig_params is None:
+                    plan.use_orig_params = bool(kw.get("use_orig_params", False))
+            strategy = _sharding_strategy(kw.get("sharding_strategy"))
+            if strategy:
+                plan.sharding_strategy = strategy
+            param_dtype = _dtype_or_none(getattr(mp, "param_dtype", None))
+            reduce_dtype = _dtype_or_none(getattr(mp, "reduce_dtype", None)) or param_dtype
+            for m in kw.get("ignored_modules") or []:
+                f = fqn_of.get(id(m))
+                if f is not None and f not in plan.ignored_modules:
+                    plan.ignored_modules.append(f)
+            for s in kw.get("ignored_states") or []:
+                if hasattr(s, "parameters"):
+                    f = fqn_of.get(id(s))
+                    if f is not None and f not in plan.ignored_modules:
+                        plan.ignored_modules.append(f)
+                elif id(s) in param_fqn:
+                    plan.ignored_params.append(param_fqn[id(s)])
+            if call.policy_desc is not None:
+                matched = [fqn_of[id(m)] for m in call.auto_wrapped if id(m) in fqn_of]
+                plan.policies.append(PolicyInfo(call.pos.path, call.pos.line, call.policy_desc,
+                                                call.policy_classes, len(matched)))
+            for m in call.auto_wrapped:
+                f = fqn_of.get(id(m))
+                if f is None:
+                    continue
+                plan.units.append(Unit(
+                    module=f, modules=[f], cls=tree.modules[f].cls, path=call.pos.path, line=call.pos.line,
+                    col=call.pos.col, seq=call.seq, origin="policy", param_dtype=param_dtype,
+                    reduce_dtype=reduce_dtype, shard_size=options.world_size,
+                    reshard_after_forward=strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD")))
+            f = fqns[0]
+            if f in seen_modules:
+                plan.problems.append(PlanProblem("wrapped-twice", f, call.pos.path, call.pos.line, call.pos.col,
+                                                 f"FSDP wraps {f or 'the root'} a second time"))
+            unit = Unit(module=f, modules=[f], cls=tree.modules[f].cls, path=call.pos.path, line=call.pos.line,
+                        col=call.pos.col, seq=call.seq, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                        shard_size=options.world_size,
+                        reshard_after_forward=strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD"))
+            seen_modules[f] = unit
+            plan.units.append(unit)
+
+
+def _modules_matching(tree: ModuleTree, patterns: List[str]) -> List[str]:
+    out = []
+    for fqn, info in tree.modules.items():
+        if fqn == "":
+            continue
+        for pat in patterns:
+            if info.cls == pat or fnmatch.fnmatchcase(fqn, pat) or (not any(c in pat for c in "*?[.") and pat in info.mro):
+                out.append(fqn)
+                break
+    return out
+
+
+def _plan_from_globs(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, calls) -> None:
+    """`--wrap CLASS_OR_FQN_GLOB`: these modules, children first, then the root."""
+    plan.origin = "cli"
+    plan.api = options.api or (calls[-1].api if calls else "fsdp2")
+    matched = _modules_matching(tree, options.wrap)
+    # post-order: deeper modules first, then by position
+    order = {f: i for i, f in enumerate(tree.modules)}
+    matched.sort(key=lambda f: (order[f],))
+    post = sorted(matched, key=lambda f: (-f.count("."), order[f])) if False else _post_order(tree, matched)
+    seq = 0
+    for f in post:
+        plan.units.append(Unit(module=f, modules=[f], cls=tree.modules[f].cls, path="<cli>", line=0, col=0,
+                               seq=seq, origin="cli", shard_size=options.world_size))
+        seq += 1
+    plan.units.append(Unit(module="", modules=[""], cls=tree.modules[""].cls, path="<cli>", line=0, col=0,
+                           seq=seq, origin="cli", shard_size=options.world_size))
+    plan.policies.append(PolicyInfo("<cli>", 0, "--wrap " + " --wrap ".join(options.wrap),
+                                    list(options.wrap), len(matched)))
+
+
+def _post_order(tree: ModuleTree, fqns: List[str]) -> List[str]:
+    wanted = set(fqns)
+    out: List[str] = []
+
+    def visit(fqn: str) -> None:
+        for child in tree.modules[fqn].children:
+            visit(child)
+        if fqn in wanted:
+            out.append(fqn)
+
+    visit("")
+    return out
+
+
+def _default_plan(plan: WrapPlan, tree: ModuleTree, options: PlanOptions) -> None:
+    """A model file without wrap code: show the recommended per-block plan."""
+    block = tree.repeated_block_class()
+    plan.origin = "default"
+    plan.api = options.api or "fsdp2"
+    blocks = [f for f, info in tree.modules.items() if f and info.cls == block] if block else []
+    # the outermost instances only
+    blocks = [f for f in blocks if not any(tree.is_ancestor(o, f) for o in blocks)]
+    for seq, f in enumerate(_post_order(tree, blocks)):
+        plan.units.append(Unit(module=f, modules=[f], cls=block, path="<default>", line=0, col=0, seq=seq,
+                               origin="default", shard_size=options.world_size))
+    plan.units.append(Unit(module="", modules=[""], cls=tree.modules[""].cls, path="<default>", line=0, col=0,
+                           seq=len(plan.units), origin="default", shard_size=options.world_size))
+
+
+def _assign_params(plan: WrapPlan, tree: ModuleTree) -> None:
+    """Which parameters each unit owns, in torch's order.
+
+    A unit owns the parameters registered in its modules' subtrees outside the subtrees of units
+    applied before it (nested units). FSDP1 orders them as ``named_parameters()``; FSDP2 walks the
+    managed modules in post-order, each module's own parameters first-seen.
+    """
+    ignored: Set[str] = set(plan.ignored_params)
+    for m in plan.ignored_modules:
+        ignored |= set(tree.params_under(m))
+    plan.ignored_params = [p for p in tree.params if p in ignored]
+    applied: List[Unit] = []
+    for unit in plan.units:
+        nested = [u for u in applied if any(
+            tree.is_ancestor(um, m) or um == m for um in unit.modules for m in u.modules)]
+        nested_roots = [m for u in nested for m in u.modules if m not in unit.modules]
+        unit.is_root = "" in unit.modules
+
+        def inside_nested(fqn: str) -> bool:
+            return any(fqn == n or fqn.startswith(n + ".") if n else True for n in nested_roots)
+
+        owned: List[str] = []
+        seen: Set[str] = set()
+        if plan.api == "fsdp2":
+            module_order = _managed_modules_post_order(tree, unit.modules, nested_roots)
+            for mod in module_order:
+                for alias in tree.modules[mod].direct_params:
+                    canonical = tree.canonical(alias)
+                    if canonical in seen or canonical in ignored:
+                        continue
+                    seen.add(canonical)
+                    owned.append(canonical)
+        else:
+            for mod in unit.modules:
+                prefix = mod + "." if mod else ""
+                for alias, canonical in tree.alias_to_canonical.items():
+                    if mod and not alias.startswith(prefix):
+                        continue
+                    owner = alias.rpartition(".")[0]
+                    if inside_nested(owner) or canonical in seen or canonical in ignored:
+                        continue
+                    seen.add(canonical)
+                    owned.append(canonical)
+        unit.params = owned
+        applied.append(unit)
+    plan.root_wrapped = any(u.is_root for u in plan.units)
+    covered: Set[str] = set()
+    for u in plan.units:
+        covered |= set(u.params)
+    plan.leftover_params = [p for p in tree.params if p not in covered and p not in ignored]
+
+
+def _managed_modules_post_order(tree: ModuleTree, roots: List[str], nested_roots: List[str]) -> List[str]:
+    out: List[str] = []
+    visited: Set[str] = set()
+    nested = set(nested_roots)
+
+    def dfs(fqn: str) -> None:
+        if fqn in nested and fqn not in roots:
+            return
+        visited.add(fqn)
+        for child in tree.modules[fqn].children:
+            if child not in visited:
+                dfs(child)
+        out.append(fqn)
+
+    for r in roots:
+        dfs(r)
+    return out

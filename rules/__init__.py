@@ -1,0 +1,1 @@
+"""The fsdp-lint rule catalogue: one module per rule (see ``fsdp_lint.rule.Rule``)."""
