@@ -140,7 +140,7 @@ class _Transformer:
                 body.append(self._tolerant_import(stmt))
                 body.append(_call_stmt(_REBIND, ast.Call(ast.Name("globals", ast.Load()), [], []), like=stmt))
             elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                self._visit_defs(stmt)
+                # transformed by self._body below (exactly once)
                 body.append(stmt)
                 body.append(_call_stmt(_REBIND, ast.Call(ast.Name("globals", ast.Load()), [], []), like=stmt))
             elif _is_main_guard(stmt):
@@ -220,7 +220,8 @@ class _Transformer:
                     spans.extend(inner_spans or [(stmt.lineno, stmt.end_lineno or stmt.lineno)])
             elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
                 for attr in ("body", "orelse"):
-                    setattr(stmt, attr, self._body(getattr(stmt, attr), [], top=False, terminal=False) or [ast.Pass()])
+                    setattr(stmt, attr, self._body(getattr(stmt, attr), [], top=False, terminal=False)
+                            or [ast.copy_location(ast.Pass(), stmt)])
                 if is_last:
                     spans.append((stmt.lineno, stmt.end_lineno or stmt.lineno))
             elif is_last:
@@ -228,7 +229,9 @@ class _Transformer:
             out.append(stmt)
             if is_last:
                 out.append(_call_stmt(_CHECKPOINT, like=stmt))
-        return out or [ast.Pass()]
+        if out:
+            return out
+        return [ast.copy_location(ast.Pass(), stmts[0])] if stmts else [ast.Pass()]
 
     def _is_rel(self, stmt: ast.stmt) -> bool:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -458,25 +461,29 @@ def sandbox(rec: Recorder, directory: str):
 
     handle = nn.modules.module.register_module_module_registration_hook(on_register)
 
-    noop = lambda *a, **k: None  # noqa: E731
+    def noop():
+        # a new function object each time: torch._dynamo maps torch functions to trace rules and
+        # rejects one object registered under two names with different rules
+        return lambda *a, **k: None
+
     fake_pg = not (rec.real and dist.is_initialized())
     if fake_pg:
         for name, value in {
-            "init_process_group": noop, "destroy_process_group": noop, "barrier": noop,
+            "init_process_group": noop(), "destroy_process_group": noop(), "barrier": noop(),
             "get_rank": lambda *a, **k: 0, "get_world_size": lambda *a, **k: ws,
             "is_initialized": lambda: True, "is_available": lambda: True,
             "get_local_rank": lambda *a, **k: 0, "get_node_local_rank": lambda *a, **k: 0,
-            "all_reduce": noop, "broadcast": noop, "all_gather": noop, "reduce": noop,
-            "new_group": noop, "monitored_barrier": noop, "is_torchelastic_launched": lambda: True,
+            "all_reduce": noop(), "broadcast": noop(), "all_gather": noop(), "reduce": noop(),
+            "new_group": noop(), "monitored_barrier": noop(), "is_torchelastic_launched": lambda: True,
         }.items():
             if hasattr(dist, name):
                 patch(dist, name, value)
 
     # -- cuda: simulated (rank 0's device) ---------------------------------------------------
     for name, value in {
-        "set_device": noop, "current_device": lambda: 0, "is_available": lambda: True,
-        "device_count": lambda: ws, "manual_seed": noop, "manual_seed_all": noop, "synchronize": noop,
-        "empty_cache": noop, "is_bf16_supported": lambda *a, **k: True, "reset_peak_memory_stats": noop,
+        "set_device": noop(), "current_device": lambda: 0, "is_available": lambda: True,
+        "device_count": lambda: ws, "manual_seed": noop(), "manual_seed_all": noop(), "synchronize": noop(),
+        "empty_cache": noop(), "is_bf16_supported": lambda *a, **k: True, "reset_peak_memory_stats": noop(),
         "get_device_name": lambda *a, **k: "simulated", "get_device_capability": lambda *a, **k: (9, 0),
     }.items():
         patch(torch.cuda, name, value)

@@ -147,8 +147,30 @@ def parse_source(path: str, text: str) -> SourceFacts:
     collector.positions = wrapper.resolve(PositionProvider)
     module.visit(collector)
 
-    # relevance: a function is relevant when it (transitively) holds a site
+    # training/data loops are never replayed, unless they wrap something; what happens inside them
+    # (``logits.float()``, ``optimizer.step()``, a call of ``train_step``) does not affect the plan
+    wrap_loops = {loop for ev in collector.events if ev[0] == "mark" and ev[1] in ("fsdp1", "fsdp2")
+                  for loop in ev[4]}
+    dropped = {line for line in collector.training_loop_lines if line not in wrap_loops}
+    live_sites = set()
     functions = collector.functions
+    stmt_markers: Dict[int, Tuple[Set[str], Set[str]]] = {}
+    module_calls: Set[str] = set()
+    for what, value, stmt_lines, fn, loops, site_index in collector.events:
+        if dropped.intersection(loops):
+            continue
+        for line in stmt_lines:
+            stmt_markers.setdefault(line, (set(), set()))[0 if what == "mark" else 1].add(value)
+        if what == "mark":
+            live_sites.add(site_index)
+            if fn is not None:
+                fn.direct_markers.add(value)
+        elif fn is not None:
+            fn.calls.add(value)
+        else:
+            module_calls.add(value)
+
+    # relevance: a function is relevant when it (transitively) holds a site
     changed = True
     for f in functions.values():
         f.relevant = bool(f.direct_markers)
@@ -166,15 +188,14 @@ def parse_source(path: str, text: str) -> SourceFacts:
                     f.wraps = changed = True
     relevant_fn_names = {n for n, f in functions.items() if f.relevant}
     relevant_lines: Set[int] = set()
-    for line, (markers, calls) in collector.stmt_markers.items():
+    for line, (markers, calls) in stmt_markers.items():
         if markers or (calls & relevant_fn_names):
             relevant_lines.add(line)
-    dropped = {line for line in collector.loop_lines
-               if line not in relevant_lines and line in collector.training_loop_lines}
+    sites = [site for i, site in enumerate(collector.sites) if i in live_sites]
     facts = SourceFacts(
         path=path,
         text=text,
-        sites=collector.sites,
+        sites=sites,
         functions=functions,
         module_classes=collector.module_classes,
         relevant_stmt_lines=relevant_lines,
@@ -183,7 +204,7 @@ def parse_source(path: str, text: str) -> SourceFacts:
         noqa=_noqa_lines(text),
         main_guard_line=collector.main_guard_line,
     )
-    facts._module_calls = collector.module_calls
+    facts._module_calls = module_calls
     return facts
 
 
@@ -221,7 +242,9 @@ class _Collector(_collector_base()):  # type: ignore[misc]
         self.stmt_markers: Dict[int, Tuple[Set[str], Set[str]]] = {}
         self.loop_lines: Set[int] = set()
         self.training_loop_lines: Set[int] = set()
-        self.module_calls: Set[str] = set()
+        # ("mark", kind, open statement lines, function, open loop lines, site index) and
+        # ("call", callee name, ...) in source order; relevance is decided after the pass
+        self.events: List[Tuple[str, str, Tuple[int, ...], Optional[FunctionFacts], Tuple[int, ...], int]] = []
         self.main_guard_line: Optional[int] = None
         self._stmt_stack: List[List[int]] = [[]]   # per function scope: open statement lines
         self._fn_stack: List[FunctionFacts] = []
@@ -239,18 +262,13 @@ class _Collector(_collector_base()):  # type: ignore[misc]
         line, col = self._pos(node)
         fn = self._fn_stack[-1].name if self._fn_stack else None
         self.sites.append(Site(kind=kind, name=name, line=line, col=col, function=fn))
-        for stmt_line in self._stmt_stack[-1]:
-            self.stmt_markers.setdefault(stmt_line, (set(), set()))[0].add(kind)
-        if self._fn_stack:
-            self._fn_stack[-1].direct_markers.add(kind)
+        self.events.append(("mark", kind, tuple(self._stmt_stack[-1]),
+                            self._fn_stack[-1] if self._fn_stack else None, tuple(self._loop_stack),
+                            len(self.sites) - 1))
 
     def _call(self, name: str) -> None:
-        for stmt_line in self._stmt_stack[-1]:
-            self.stmt_markers.setdefault(stmt_line, (set(), set()))[1].add(name)
-        if self._fn_stack:
-            self._fn_stack[-1].calls.add(name)
-        else:
-            self.module_calls.add(name)
+        fn = self._fn_stack[-1] if self._fn_stack else None
+        self.events.append(("call", name, tuple(self._stmt_stack[-1]), fn, tuple(self._loop_stack), -1))
 
     def _canonical(self, dotted: str) -> str:
         last = dotted.rsplit(".", 1)[-1]
