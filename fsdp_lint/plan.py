@@ -81,6 +81,7 @@ class WrapPlan:
     sharding_strategy: Optional[str]
     origin: str                     # "file" | "cli" | "default" | "none"
     ignored_params: List[str] = field(default_factory=list)
+    ignored_at: Dict[str, Tuple[str, int, int]] = field(default_factory=dict)  # ignored module/param FQN -> (path, line, col) of the call naming it
     ignored_modules: List[str] = field(default_factory=list)
     leftover_params: List[str] = field(default_factory=list)   # in no unit and not ignored
     policies: List[PolicyInfo] = field(default_factory=list)
@@ -97,6 +98,18 @@ class WrapPlan:
 
     def units_for_param(self, fqn: str) -> List[Unit]:
         return [u for u in self.units if fqn in u.params]
+
+    def unit_of_module(self, fqn: str) -> Optional[Unit]:
+        """The innermost unit whose subtree contains module `fqn` (None: outside every unit).
+        Innermost = the unit module closest to `fqn`; among equals the one applied first."""
+        best: Optional[Tuple[int, int, Unit]] = None
+        for unit in self.units:
+            for m in unit.modules:
+                if m == "" or fqn == m or fqn.startswith(m + "."):
+                    key = (-(m.count(".") + 1 if m else 0), unit.seq)
+                    if best is None or key < best[:2]:
+                        best = (key[0], key[1], unit)
+        return best[2] if best else None
 
     @property
     def root_unit(self) -> Optional[Unit]:
@@ -305,6 +318,12 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
                             break
             for f in fqns:
                 seen_modules.setdefault(f, unit)
+            for prm in kw.get("ignored_params") or []:
+                f = param_fqn.get(id(prm))
+                if f is not None:
+                    if f not in plan.ignored_params:
+                        plan.ignored_params.append(f)
+                    plan.ignored_at.setdefault(f, (call.pos.path, call.pos.line, call.pos.col))
             plan.units.append(unit)
         else:
             mp = kw.get("mixed_precision")
@@ -327,6 +346,10 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
                         plan.ignored_modules.append(f)
                 elif id(s) in param_fqn:
                     plan.ignored_params.append(param_fqn[id(s)])
+            for s in list(kw.get("ignored_modules") or []) + list(kw.get("ignored_states") or []):
+                f = fqn_of.get(id(s)) if hasattr(s, "parameters") else param_fqn.get(id(s))
+                if f is not None:
+                    plan.ignored_at.setdefault(f, (call.pos.path, call.pos.line, call.pos.col))
             if call.policy_desc is not None:
                 matched = [fqn_of[id(m)] for m in call.auto_wrapped if id(m) in fqn_of]
                 plan.policies.append(PolicyInfo(call.pos.path, call.pos.line, call.policy_desc,
