@@ -466,8 +466,17 @@ def sandbox(rec: Recorder, directory: str):
         # rejects one object registered under two names with different rules
         return lambda *a, **k: None
 
-    fake_pg = not (rec.real and dist.is_initialized())
-    if fake_pg:
+    owned_pg = False
+    real_init_pg, real_destroy_pg = dist.init_process_group, dist.destroy_process_group
+    if rec.real:
+        # real FSDP needs a process group: the launcher's (``--run`` under torchrun), or a fake one
+        # of `ws` ranks (no communication) that lives as long as the replay; the file's own
+        # init/destroy calls are no-ops either way
+        owned_pg = not dist.is_initialized()
+        for name in ("init_process_group", "destroy_process_group"):
+            patch(dist, name, noop())
+        patch(dist, "is_torchelastic_launched", lambda: True)
+    else:
         for name, value in {
             "init_process_group": noop(), "destroy_process_group": noop(), "barrier": noop(),
             "get_rank": lambda *a, **k: 0, "get_world_size": lambda *a, **k: ws,
@@ -506,15 +515,19 @@ def sandbox(rec: Recorder, directory: str):
     def init_device_mesh(device_type, mesh_shape, *args, mesh_dim_names=None, **kwargs):
         rec.mesh_sizes.append(tuple(mesh_shape))
         if rec.real:
-            return real_init_mesh("cpu", tuple(mesh_shape), mesh_dim_names=mesh_dim_names)
+            # a real CPU mesh over the (fake) process group, built outside the meta-device modes
+            with torch._C.DisableTorchFunction():
+                return real_init_mesh("cpu", tuple(mesh_shape), mesh_dim_names=mesh_dim_names)
         return FakeMesh(device_type, tuple(mesh_shape), mesh_dim_names)
 
     patch(dm_mod, "init_device_mesh", init_device_mesh)
     if hasattr(dist, "init_device_mesh"):
         patch(dist, "init_device_mesh", init_device_mesh)
 
-    # -- devices: everything lives on meta (record) or CPU (real) ----------------------------
-    target_device = torch.device("cpu") if rec.real else torch.device("meta")
+    # -- devices: everything lives on meta; real FSDP1 needs real tensors (CPU) ----------------
+    target_device = torch.device("meta")
+    if rec.real and getattr(rec, "api", None) != "fsdp2":
+        target_device = getattr(rec, "device", None) or torch.device("cpu")
     real_module_to = nn.Module.to
 
     def module_to(self, *args, **kwargs):
@@ -543,7 +556,8 @@ def sandbox(rec: Recorder, directory: str):
     for name in ("half", "bfloat16", "float", "double"):
         patch(nn.Module, name, make_cast(name))
     patch(nn.Module, "cuda", lambda self, *a, **k: self)
-    patch(nn.Module, "to_empty", lambda self, *a, **k: self)
+    if target_device.type == "meta":
+        patch(nn.Module, "to_empty", lambda self, *a, **k: self)
 
     # -- freezing ------------------------------------------------------------------------------
     real_requires_grad_ = nn.Module.requires_grad_
@@ -607,12 +621,18 @@ def sandbox(rec: Recorder, directory: str):
             return func(*args, **kwargs)
 
     sink = io.StringIO()
+    if owned_pg:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        real_init_pg(backend="fake", store=FakeStore(), rank=0, world_size=ws)
     try:
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), \
                 torch.device(target_device), _DeviceMode(), _quiet_warnings():
             yield
     finally:
         handle.remove()
+        if owned_pg:
+            real_destroy_pg()
         for obj, name, old in reversed(patches):
             if old is _MISSING:
                 try:
@@ -797,6 +817,7 @@ def replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget] = 
     path = os.path.abspath(facts.path)
     rec = Recorder(path, world_size, real=real)
     rec.device = device
+    rec.api = facts.api
     code, spans = compile_replay(facts)
     rec.terminal_spans = spans
     mod_name = f"__fsdp_lint_replay_{next(_counter)}__"
