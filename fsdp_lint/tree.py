@@ -90,31 +90,88 @@ class ModuleTree:
             return False
         return ancestor == "" or fqn.startswith(ancestor + ".")
 
+    def subtree_numels(self) -> Dict[str, int]:
+        """Elements of the parameters in each module's subtree (a shared tensor once per subtree)."""
+        out: Dict[str, int] = {fqn: 0 for fqn in self.modules}
+        for canonical, info in self.params.items():
+            holders = set()
+            for alias in info.all_fqns:
+                owner = alias.rpartition(".")[0]
+                while True:
+                    holders.add(owner)
+                    if not owner:
+                        break
+                    owner = owner.rpartition(".")[0]
+            for m in holders:
+                if m in out:
+                    out[m] += info.numel
+        return out
+
+    def instances_of(self, cls: str) -> List[str]:
+        """FQNs of the outermost modules of class `cls` (by name), pre-order; the root is excluded."""
+        out: List[str] = []
+        for fqn, info in self.modules.items():
+            if fqn and info.cls == cls and not any(self.is_ancestor(o, fqn) for o in out):
+                out.append(fqn)
+        return out
+
     def repeated_block_class(self) -> Optional[str]:
-        """The class that the model repeats (two or more instances) holding the most parameters:
-        what a transformer's per-block plan wraps."""
-        totals: Dict[str, int] = {}
-        counts: Dict[str, int] = {}
-        for info in self.modules.values():
-            if not info.fqn or not info.has_forward:
-                continue
-            n = sum(self.params[p].numel for p in self.params_under(info.fqn))
-            if n == 0:
-                continue
-            counts[info.cls] = counts.get(info.cls, 0) + 1
-            totals[info.cls] = totals.get(info.cls, 0) + n
-        candidates = [c for c, k in counts.items() if k >= 2]
-        if not candidates:
+        """The block the model repeats: what a transformer's per-block plan wraps.
+
+        Candidates are classes with a `forward` and two or more instances holding parameters;
+        torch's containers (`Sequential`, `ModuleList`, `ModuleDict`) never are. Classes with
+        sub-modules (or user-defined ones) come first and must cover a quarter of the model with
+        their outermost instances (toy models with a large vocabulary keep much in the
+        embeddings); torch's leaf layers count only in a model made of bare layers, and then must
+        cover half of it (a repeated `LayerNorm` is no block). A class whose instances hold a
+        container of two or more instances of another candidate is a stack of blocks (T5's
+        `T5Stack`), not the block. Of the rest, the one covering the most parameters wins; more
+        instances break a tie."""
+        total = self.numel
+        if not total:
             return None
-        best = max(candidates, key=lambda c: totals[c])
-        # a block must hold a real share of the model; skip e.g. a repeated LayerNorm
-        if totals[best] * 2 < self.numel:
+        sizes = self.subtree_numels()
+        by_cls: Dict[str, List[str]] = {}
+        for fqn, info in self.modules.items():
+            if fqn and info.has_forward and sizes.get(fqn, 0) > 0 \
+                    and not info.cls_qualname.startswith(_CONTAINER_PREFIX):
+                by_cls.setdefault(info.cls, []).append(fqn)
+        cover = {c: sum(sizes[f] for f in self.instances_of(c)) for c, fs in by_cls.items() if len(fs) >= 2}
+
+        def is_torch_leaf(cls: str) -> bool:
+            return all(self.modules[f].cls_qualname.startswith("torch.nn.")
+                       and not any(sizes.get(c, 0) for c in self.modules[f].children) for f in by_cls[cls])
+
+        tier = [c for c in cover if not is_torch_leaf(c)]
+        if tier:
+            tier = [c for c in tier if cover[c] * 4 >= total]
+        else:
+            tier = [c for c in cover if cover[c] * 2 >= total]
+        if not tier:
             return None
-        return best
+
+        def is_stack(a: str) -> bool:
+            for inst in by_cls[a]:
+                for info in self.subtree(inst):
+                    if not info.cls_qualname.startswith(_CONTAINER_PREFIX):
+                        continue
+                    kids: Dict[str, int] = {}
+                    for child in info.children:
+                        c = self.modules[child].cls
+                        if c != a and c in tier:
+                            kids[c] = kids.get(c, 0) + 1
+                    if any(k >= 2 for k in kids.values()):
+                        return True
+            return False
+
+        blocks = [c for c in tier if not is_stack(c)] or tier
+        return max(blocks, key=lambda c: (cover[c], len(by_cls[c])))
 
     def to_json(self) -> dict:
         return {"class": self.root_class, "numel": self.numel, "trainable_numel": self.trainable_numel}
 
+
+_CONTAINER_PREFIX = "torch.nn.modules.container."
 
 _ITEMSIZE = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
