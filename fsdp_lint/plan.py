@@ -505,3 +505,44 @@ def _managed_modules_post_order(tree: ModuleTree, roots: List[str], nested_roots
     for r in roots:
         dfs(r)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# the per-block alternative (what FSD101/FSD102 compare a plan with)
+# --------------------------------------------------------------------------------------------
+def per_block_plan(tree: ModuleTree, plan: WrapPlan, block: Optional[str] = None) -> Optional[WrapPlan]:
+    """The per-block plan for `plan`'s model: one unit per outermost instance of the repeated block
+    class (``tree.repeated_block_class()`` unless `block` is given), children first, then the root;
+    with `plan`'s API, world size and options (sharding strategy, ``use_orig_params``, mixed
+    precision and shard size of its root unit, ignored modules and parameters). Feed it to
+    ``compute_layout`` to compare peaks and collectives. None when the model has no repeated block."""
+    block = block or tree.repeated_block_class()
+    if not block:
+        return None
+    instances = tree.instances_of(block)
+    if not instances:
+        return None
+    template = plan.root_unit or (plan.units[-1] if plan.units else None)
+    alt = WrapPlan(api=plan.api or "fsdp2", world_size=plan.world_size, units=[], root_wrapped=False,
+                   use_orig_params=plan.use_orig_params, sharding_strategy=plan.sharding_strategy,
+                   origin="per-block", ignored_params=list(plan.ignored_params),
+                   ignored_modules=list(plan.ignored_modules), optimizers=list(plan.optimizers))
+
+    def unit(fqn: str, seq: int) -> Unit:
+        return Unit(module=fqn, modules=[fqn], cls=tree.modules[fqn].cls,
+                    path=template.path if template else "<per-block>", line=template.line if template else 0,
+                    col=template.col if template else 0, seq=seq, origin="per-block",
+                    param_dtype=template.param_dtype if template else None,
+                    reduce_dtype=template.reduce_dtype if template else None,
+                    shard_size=template.shard_size if template else plan.world_size)
+
+    for seq, fqn in enumerate(_post_order(tree, instances)):
+        alt.units.append(unit(fqn, seq))
+    alt.units.append(unit("", len(alt.units)))
+    _assign_params(alt, tree)
+    return alt
+
+
+def wrap_pattern_matches(tree: ModuleTree, pattern: str) -> List[str]:
+    """The modules a ``--wrap`` class name or FQN glob selects (what the CLI plan wraps)."""
+    return _modules_matching(tree, [pattern])
