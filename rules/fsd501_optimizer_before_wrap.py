@@ -1,0 +1,155 @@
+"""FSD501 optimizer-before-wrap."""
+from fsdp_lint.rule import Example, Rule
+
+_MODEL = '''
+import torch
+import torch.nn as nn
+
+class Block(nn.Module):
+    def __init__(self, dim=64):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return x + self.fc2(self.fc1(x).relu())
+
+class Net(nn.Module):
+    def __init__(self, vocab=1000, dim=64, layers=4):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList([Block(dim) for _ in range(layers)])
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+'''
+
+
+def _lines(lines) -> str:
+    lines = sorted(set(lines))
+    if len(lines) == 1:
+        return f"line {lines[0]}"
+    return "lines " + ", ".join(str(n) for n in lines)
+
+
+class OptimizerBeforeWrap(Rule):
+    """The optimizer is built from the model's parameters before FSDP wraps the model.
+
+    ## What it does
+    Flags optimizers constructed from parameters that a later wrap call replaces, and points at both
+    the optimizer and the wrap call.
+
+    ## Why is this bad?
+    An optimizer keeps references to the tensors it was given. FSDP2's `fully_shard` replaces every
+    parameter it manages with a new sharded `DTensor` parameter, and FSDP1 with
+    `use_orig_params=False` flattens them into `FlatParameter`s. The optimizer built before the wrap
+    still holds the old tensors: they receive no gradients, so `optimizer.step()` updates nothing and
+    the model never learns. Nothing raises. FSDP1 with `use_orig_params=True` keeps the original
+    `Parameter` objects, so training happens to work, but only as long as that flag stays on; FSDP
+    requires the optimizer to be built after wrapping.
+
+    ## Example
+    ```python
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    ```
+
+    ## Fix
+    Build the optimizer after the last wrap call, from the wrapped model's parameters:
+    ```python
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    ```
+    """
+
+    code = "FSD501"
+    name = "optimizer-before-wrap"
+    severity = "error"
+    summary = "the optimizer is built before the wrap that replaces its parameters"
+
+    VALID = [
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = Net()
+for layer in model.layers:
+    fully_shard(layer)
+fully_shard(model)
+optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+'''),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+model = FSDP(Net())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+'''),
+    ]
+    INVALID = [
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = Net()
+optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+for layer in model.layers:
+    fully_shard(layer)
+fully_shard(model)
+'''),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model = FSDP(model)
+'''),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model = FSDP(model, use_orig_params=True)
+''', note="warning: use_orig_params=True keeps the Parameter objects"),
+    ]
+
+    def check(self, ctx):
+        plan = ctx.plan
+        if plan.origin != "file" or not plan.units:
+            return
+        for opt in plan.optimizers:
+            replaced = []
+            units = {}
+            for fqn in opt.params:
+                later = [u for u in plan.units_for_param(fqn) if u.seq > opt.seq]
+                if later:
+                    replaced.append(fqn)
+                    for u in later:
+                        units[id(u)] = u
+            if not replaced:
+                continue
+            wraps = sorted(units.values(), key=lambda u: u.seq)
+            last = wraps[-1]
+            wrap_lines = _lines(u.line for u in wraps)
+            n, total = len(replaced), len(opt.params)
+            held = f"{n} of its {total} parameters" if n < total else f"all {total} of its parameters"
+            severity = self.severity
+            if plan.api == "fsdp2":
+                why = (f"`fully_shard` at {wrap_lines} replaces {held} with new sharded DTensor parameters; the "
+                       "optimizer keeps the old tensors, which get no gradients, so `optimizer.step()` updates "
+                       "nothing")
+            elif not plan.use_orig_params:
+                why = (f"FSDP at {wrap_lines} flattens {held} into FlatParameters (use_orig_params=False); the "
+                       "optimizer keeps the original tensors, which get no gradients, so `optimizer.step()` "
+                       "updates nothing")
+            else:
+                severity = "warning"
+                why = (f"FSDP at {wrap_lines} wraps {held}; it works only because use_orig_params=True keeps the "
+                       "original Parameter objects, and breaks with use_orig_params=False or FSDP2")
+            msg = f"optimizer `{opt.cls}` is built before the model is wrapped: {why}"
+            last_line = max(u.line for u in wraps)
+            fix = (f"build the optimizer after the wrap: move the `{opt.cls}(...)` at line {opt.line} below the "
+                   f"wrap call at line {last_line}, and pass it the wrapped model's `parameters()`")
+            yield self.finding(ctx, msg, line=opt.line, path=opt.path, fix=fix, severity=severity,
+                               wrap_lines=sorted({u.line for u in wraps}), params=replaced, last_wrap=last.line)
