@@ -115,6 +115,22 @@ class ModuleTree:
                 out.append(fqn)
         return out
 
+    def expr(self, fqn: str, root: str = "model") -> str:
+        """How user code names module `fqn`: ``layers.0.attn`` -> ``model.layers[0].attn``
+        (``model.layers["0"]`` inside a ``ModuleDict``)."""
+        out, cur = root, ""
+        for part in fqn.split(".") if fqn else []:
+            parent = self.modules.get(cur)
+            in_dict = parent is not None and "ModuleDict" in parent.mro
+            if in_dict or not (part.isidentifier() or part.isdigit()):
+                out += f"[{part!r}]"
+            elif part.isdigit():
+                out += f"[{part}]"
+            else:
+                out += f".{part}"
+            cur = f"{cur}.{part}" if cur else part
+        return out
+
     def repeated_block_class(self) -> Optional[str]:
         """The block the model repeats: what a transformer's per-block plan wraps.
 
