@@ -120,7 +120,7 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
 
     from fsdp_lint.config import ConfigError, load_settings, validate
     from fsdp_lint.rule import SEVERITY_RANK
-    from fsdp_lint.selection import check_selectors
+    from fsdp_lint.selection import check_all_selectors
 
     files = collect_files(paths)
     try:
@@ -135,33 +135,29 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
         settings = settings.with_overrides(world_size=nproc)
     try:
         validate(settings)
-        from fsdp_lint.rule import all_rules
-
-        known = [r.code for r in all_rules()]
-        check_selectors(settings.select, known, "--select/select")
-        check_selectors(settings.ignore, known, "--ignore/ignore")
-        check_selectors(settings.extend_select, known, "--extend-select/extend-select")
-        for codes in (settings.per_file_ignores or {}).values():
-            check_selectors(codes, known, "per-file-ignores")
+        check_all_selectors(settings)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
 
     from fsdp_lint.engine import LintError, lint_file
 
     results = []
-    errors = 0
+    failures = []  # (path, one-line message)
     for path in files:
         try:
             results.append(lint_file(path, settings))
         except LintError as exc:
-            errors += 1
-            click.echo(f"fsdp-lint: error: {exc}", err=True)
+            msg = _with_path(path, str(exc))
+            failures.append((path, msg))
+            click.echo(f"fsdp-lint: error: {msg}", err=True)
         except Exception as exc:  # a bug or an input we did not foresee: still one line
             if debug:
                 raise
-            errors += 1
-            click.echo(f"fsdp-lint: error: {path}: internal error: {type(exc).__name__}: {exc}"
-                       f" (rerun with --debug for the traceback)", err=True)
+            msg = _with_path(path, f"internal error: {type(exc).__name__}: {_first_line(exc)}"
+                                   f" (rerun with --debug for the traceback)")
+            failures.append((path, msg))
+            click.echo(f"fsdp-lint: error: {msg}", err=True)
+    errors = len(failures)
 
     run_summary = None
     if run_ and results:
@@ -181,14 +177,14 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
 
     layout_opt = None if layout == "units" else layout
     if fmt == "json":
-        text = report.render_json(results, layout=layout_opt, run_summary=run_summary)
+        text = report.render_json(results, layout=layout_opt, run_summary=run_summary, failures=failures)
     elif fmt == "sarif":
-        text = report.render_sarif(results)
+        text = report.render_sarif(results, failures=failures)
     elif fmt == "github":
-        text = report.render_github(results)
+        text = report.render_github(results, failures=failures)
     else:
         text = report.render_text(results, full=fmt == "full", layout=layout_opt, statistics=statistics,
-                                  run_summary=run_summary)
+                                  run_summary=run_summary, failures=failures)
     if output:
         try:
             with open(output, "w", encoding="utf-8") as fh:
@@ -205,6 +201,28 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
     if failing and not exit_zero:
         return EXIT_FINDINGS
     return EXIT_CLEAN
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _with_path(path: str, msg: str) -> str:
+    """`msg` prefixed with the file as the user named it (engine messages may start with the basename)."""
+    from fsdp_lint.report import display_path
+
+    shown = display_path(path)
+    msg = msg.strip().splitlines()[0] if msg.strip() else "unknown error"
+    for prefix in (path, os.path.abspath(path), shown):
+        if msg.startswith(prefix + ":"):
+            return shown + msg[len(prefix):]
+    base = os.path.basename(path)
+    if msg.startswith(base + ":"):
+        return shown + msg[len(base):]
+    if msg.startswith("--model"):
+        return msg
+    return f"{shown}: {msg}"
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -228,6 +246,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     except Exception as exc:
         if debug:
             raise
-        click.echo(f"fsdp-lint: error: internal error: {type(exc).__name__}: {exc} (rerun with --debug)", err=True)
+        click.echo(f"fsdp-lint: error: internal error: {type(exc).__name__}: {_first_line(exc)} (rerun with --debug)",
+                   err=True)
         code = EXIT_ERROR
     sys.exit(code if isinstance(code, int) else 0)

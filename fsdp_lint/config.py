@@ -76,18 +76,89 @@ def load_settings(start: str, explicit: Optional[str] = None) -> Settings:
             raise ConfigError(f"{path}: unknown key [tool.fsdp-lint] {key!r}")
         values[name] = value
     settings = replace(settings, config_path=path)
+    for name, value in values.items():
+        values[name] = _check_type(name, value, path)
     try:
         settings = replace(settings, **values)
     except TypeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    if isinstance(settings.wrap, str):
-        settings.wrap = [settings.wrap]
-    for key in ("select", "ignore", "extend_select"):
-        v = getattr(settings, key)
-        if isinstance(v, str):
-            setattr(settings, key, [v])
     validate(settings, origin=path)
     return settings
+
+
+def _type_hints() -> Dict[str, Any]:
+    import typing
+
+    return typing.get_type_hints(Settings)
+
+
+def _describe(tp) -> str:
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        return " or ".join(_describe(a) for a in inner)
+    if origin in (list, List):
+        return f"a list of {_describe(args[0])}s" if args else "a list"
+    if origin in (dict, Dict):
+        return "a table of glob = [codes]"
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def _coerce(tp, value):
+    """`value` converted to `tp` (a scalar string is accepted for a list); raises ValueError."""
+    import typing
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(a, value)
+            except ValueError:
+                pass
+        raise ValueError
+    if origin in (list, List):
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list):
+            raise ValueError
+        return [_coerce(args[0], v) for v in items] if args else list(items)
+    if origin in (dict, Dict):
+        if not isinstance(value, dict):
+            raise ValueError
+        return {_coerce(args[0], k): _coerce(args[1], v) for k, v in value.items()} if args else dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ValueError
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ValueError
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ValueError
+    return value
+
+
+def _check_type(name: str, value: Any, origin: str) -> Any:
+    tp = _type_hints().get(name)
+    if tp is None:
+        return value
+    try:
+        return _coerce(tp, value)
+    except ValueError:
+        key = name.replace("_", "-")
+        raise ConfigError(f"{origin}: [tool.fsdp-lint] {key} must be {_describe(tp)}, got {value!r}") from None
 
 
 def validate(settings: Settings, origin: str = "command line") -> None:

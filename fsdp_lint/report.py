@@ -93,61 +93,104 @@ def unit_table(res) -> str:
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
+def _n(n: int) -> str:
+    """An exact count, readable: 788,096."""
+    return f"{n:,}"
+
+
+def _pad_rows(p) -> int:
+    if not p.shape or not p.shape[0] or not p.numel or p.padded_numel is None:
+        return 0
+    return p.padded_numel // (p.numel // p.shape[0]) - p.shape[0]
+
+
 def params_table(res) -> str:
+    """Per parameter: FSDP2 shape, local shape on rank 0 and on the last rank, collective padding;
+    FSDP1 shape, place in the unit's FlatParameter and alignment padding."""
     from tabulate import tabulate
 
     plan = res.plan
     rows = []
     ws = plan.world_size
     for ul in res.layout.units:
-        for p in ul.params:
+        label = unit_label(", ".join(unit_label(m) for m in ul.unit.modules))
+        for i, p in enumerate(ul.params):
+            shown = label if i == 0 else ""
+            trainable = "yes" if p.requires_grad else "no"
             if plan.api == "fsdp1":
-                rows.append([unit_label(ul.unit.module), p.fqn, _shape(p.shape), p.dtype,
-                             "yes" if p.requires_grad else "no", p.offset, p.padding_before])
+                rows.append([shown, p.fqn, _shape(p.shape), p.dtype, trainable, _n(p.numel),
+                             _n(p.offset) if p.offset is not None else "-",
+                             _n(p.padding_before) if p.padding_before else ""])
             else:
-                pad_rows = (p.padded_numel // (p.numel // p.shape[0]) - p.shape[0]) if p.shape and p.shape[0] and p.numel else 0
-                rows.append([unit_label(ul.unit.module), p.fqn, _shape(p.shape), p.dtype,
-                             "yes" if p.requires_grad else "no", _shape(p.local_shape_first),
-                             _shape(p.local_shape_last), pad_rows])
+                pad = _pad_rows(p)
+                inner = p.numel // p.shape[0] if p.shape and p.shape[0] else 0
+                pad_text = "" if not pad else _n(pad * inner) + (
+                    f" ({pad} row{'s' if pad != 1 else ''})" if inner > 1 else "")
+                rows.append([shown, p.fqn, _shape(p.shape), p.dtype, trainable, _shape(p.local_shape_first or ()),
+                             _shape(p.local_shape_last or ()), pad_text])
     if plan.api == "fsdp1":
-        headers = ["unit", "parameter", "shape", "dtype", "trainable", "flat offset", "align pad before"]
+        headers = ["unit", "parameter", "shape", "dtype", "trainable", "numel", "flat offset", "align padding before"]
     else:
-        headers = ["unit", "parameter", "shape", "dtype", "trainable", "local (rank 0)", f"local (rank {ws - 1})",
-                   "pad rows"]
+        headers = ["unit", "parameter", "shape", "dtype", "trainable", "local (rank 0)",
+                   f"local (rank {ws - 1})", "padding (elements)"]
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
 def ranks_table(res) -> str:
+    """Per unit and rank: FSDP1 the FlatParameter range and the parameter slices it covers
+    (element ranges into each flattened parameter); FSDP2 the dim-0 rows of each parameter."""
     from tabulate import tabulate
 
     plan = res.plan
     rows = []
     for ul in res.layout.units:
         ws = ul.world_size
+        label = unit_label(", ".join(unit_label(m) for m in ul.unit.modules))
         for rank in range(ws):
+            shown = label if rank == 0 else ""
             if plan.api == "fsdp1":
                 spans = ul.rank_spans(rank)
                 held = sum(s.numel for s in spans)
                 desc = ", ".join(
-                    f"{s.fqn}" if (s.start == 0 and s.end == _numel_of(ul, s.fqn)) else f"{s.fqn}[{s.start}:{s.end}]"
+                    _rel(s.fqn, ul.unit.modules) if (s.start == 0 and s.end == _numel_of(ul, s.fqn))
+                    else f"{_rel(s.fqn, ul.unit.modules)}[{s.start}:{s.end}]"
                     for s in spans) or "(padding only)"
-                rows.append([unit_label(ul.unit.module), rank, f"{rank * ul.shard_numel}:{(rank + 1) * ul.shard_numel}",
-                             held, ul.shard_numel - held, desc])
+                rows.append([shown, rank, f"{_n(rank * ul.shard_numel)}:{_n((rank + 1) * ul.shard_numel)}",
+                             _n(held), _n(ul.shard_numel - held), desc])
             else:
-                parts = []
+                parts, empty = [], []
                 held = 0
                 for p in ul.params:
-                    local = p.local_shape(rank, ws)
                     if not p.shape:
                         continue
+                    local = p.local_shape(rank, ws)
                     rows_per = -(-p.shape[0] // ws) if p.shape[0] else 0
                     start = min(rank * rows_per, p.shape[0])
-                    parts.append(f"{p.fqn}[{start}:{start + local[0]}]")
+                    name = _rel(p.fqn, ul.unit.modules)
+                    if local[0]:
+                        parts.append(name if local[0] == p.shape[0] else f"{name}[{start}:{start + local[0]}]")
+                    else:
+                        empty.append(name)
                     inner = p.numel // p.shape[0] if p.shape[0] else 0
                     held += local[0] * inner
-                rows.append([unit_label(ul.unit.module), rank, "rows", held, ul.shard_numel - held, ", ".join(parts)])
-    headers = ["unit", "rank", "flat range" if plan.api == "fsdp1" else "shard", "elements", "padding", "holds"]
-    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True, maxcolwidths=[None] * 5 + [100])
+                desc = ", ".join(parts)
+                if empty:
+                    desc += ("; " if desc else "") + "empty: " + ", ".join(empty)
+                rows.append([shown, rank, _n(held), _n(max(0, ul.shard_numel - held)), desc or "(nothing)"])
+    if plan.api == "fsdp1":
+        headers = ["unit", "rank", "flat range", "elements", "padding", "holds (element ranges)"]
+    else:
+        headers = ["unit", "rank", "elements", "padding", "holds (dim-0 rows)"]
+    width = [None] * (len(headers) - 1) + [100]
+    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True, maxcolwidths=width)
+
+
+def _rel(fqn: str, modules) -> str:
+    """A parameter FQN relative to its unit's module (``layers.0.norm1.weight`` -> ``norm1.weight``)."""
+    for m in modules:
+        if m and fqn.startswith(m + "."):
+            return fqn[len(m) + 1:]
+    return fqn
 
 
 def _numel_of(ul, fqn: str) -> int:
@@ -168,13 +211,20 @@ def _source_line(path: str, line: int) -> Optional[str]:
     return None
 
 
+def _caret_offset(src: str, col: int) -> int:
+    """0-based caret position: the reported column, or the statement's first character when the column
+    falls in the indentation (a column of 1 on an indented line means "this line")."""
+    indent = len(src) - len(src.lstrip())
+    return indent if col <= indent + 1 else col - 1
+
+
 def format_finding_full(f, base=None) -> str:
     out = [f"{display_path(f.path, base)}:{f.line}:{f.col}: {f.code} [{f.severity}] {f.message}"]
     src = _source_line(f.path, f.line) if f.line else None
     if src is not None:
         gutter = f"{f.line:>4} | "
-        out.append(gutter + src)
-        out.append(" " * (len(gutter) - 2) + "| " + " " * max(0, f.col - 1) + "^")
+        out.append(gutter + src.expandtabs(4))
+        out.append(" " * (len(gutter) - 2) + "| " + " " * _caret_offset(src.expandtabs(4), f.col) + "^")
     if f.module or f.module == "":
         if f.module:
             out.append(f"     = module: {f.module}")
@@ -194,7 +244,7 @@ def format_finding_concise(f, base=None) -> str:
 
 
 def render_text(results, *, full: bool = True, layout: Optional[str] = None, statistics: bool = False,
-                show_table: bool = True, run_summary: Optional[dict] = None) -> str:
+                show_table: bool = True, run_summary: Optional[dict] = None, failures=()) -> str:
     blocks: List[str] = []
     for res in results:
         if res.skipped:
@@ -223,6 +273,8 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
            f"{counts['info']} info) in {checked} file{'s' if checked != 1 else ''}"
     if skipped:
         tail += f"; {skipped} skipped (no model or FSDP use)"
+    if failures:
+        tail += f"; {len(failures)} could not be linted (errors on stderr)"
     blocks.append(tail + ".")
     if run_summary is not None:
         blocks.append("--run: " + ", ".join(f"{k} {v}" for k, v in run_summary.items() if not isinstance(v, (dict, list))))
@@ -297,12 +349,16 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
     }
 
 
-def render_json(results, *, layout: Optional[str] = None, run_summary: Optional[dict] = None) -> str:
+def render_json(results, *, layout: Optional[str] = None, run_summary: Optional[dict] = None,
+                failures=()) -> str:
     counts = summary_counts(results)
+    files = [file_to_json(r, layout=layout) for r in results]
+    files += [{"path": display_path(path), "error": message} for path, message in failures]
     doc = {
         "schema_version": SCHEMA_VERSION,
-        "files": [file_to_json(r, layout=layout) for r in results],
-        "summary": {"files": len(results), **counts},
+        "files": files,
+        "summary": {"files": len(files), **counts, "skipped": sum(1 for r in results if r.skipped),
+                    "errors": len(failures)},
     }
     if run_summary is not None:
         doc["run"] = run_summary
@@ -327,7 +383,7 @@ def repo_root(start: Optional[str] = None) -> str:
         probe = parent
 
 
-def render_sarif(results) -> str:
+def render_sarif(results, failures=()) -> str:
     from fsdp_lint.rule import all_rules
 
     root = repo_root()
@@ -362,13 +418,22 @@ def render_sarif(results) -> str:
             if f.module:
                 result["properties"] = {"module": f.module}
             out_results.append(result)
+    from pathlib import Path
+
+    notifications = [{
+        "level": "error",
+        "message": {"text": message},
+        "locations": [{"physicalLocation": {"artifactLocation": {
+            "uri": os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/"), "uriBaseId": "%SRCROOT%"}}}],
+    } for path, message in failures]
     doc = {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
         "runs": [{
-            "tool": {"driver": {"name": "fsdp-lint", "version": __version__,
-                                "informationUri": "https://github.com/fsdp-lint/fsdp-lint", "rules": sarif_rules}},
-            "originalUriBaseIds": {"%SRCROOT%": {"uri": "file://" + root.rstrip("/") + "/"}},
+            "tool": {"driver": {"name": "fsdp-lint", "version": __version__, "semanticVersion": __version__,
+                                "rules": sarif_rules}},
+            "originalUriBaseIds": {"%SRCROOT%": {"uri": Path(root).as_uri().rstrip("/") + "/"}},
+            "invocations": [{"executionSuccessful": not failures, "toolExecutionNotifications": notifications}],
             "results": out_results,
         }],
     }
@@ -382,13 +447,16 @@ def _gh_escape(text: str, prop: bool = False) -> str:
     return text
 
 
-def render_github(results) -> str:
+def render_github(results, failures=()) -> str:
     lines = []
     level = {"error": "error", "warning": "warning", "info": "notice"}
+    for path, message in failures:
+        lines.append(f"::error file={_gh_escape(display_path(path), True)},"
+                     f"title={_gh_escape('fsdp-lint could not lint this file', True)}::{_gh_escape(message)}")
     for res in results:
         for f in res.findings:
             msg = f.message + (f" Fix: {f.fix}" if f.fix else "")
             lines.append(
                 f"::{level[f.severity]} file={_gh_escape(display_path(f.path), True)},line={f.line},col={f.col},"
-                f"title={_gh_escape(f'{f.code} {f.name}', True)}::{_gh_escape(msg)}")
+                f"title={_gh_escape(f.code, True)}::{_gh_escape(f'{f.name}: {msg}')}")
     return "\n".join(lines) + ("\n" if lines else "")

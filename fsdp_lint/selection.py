@@ -29,6 +29,41 @@ def check_selectors(selectors: Iterable[str], known: List[str], origin: str) -> 
             raise ConfigError(f"{origin}: unknown rule selector {sel!r} (codes are FSD101..FSD601; see --list-rules)")
 
 
+def codes_from_module_names() -> List[str]:
+    """Rule codes read from the module names under ``fsdp_lint.rules`` (``fsd301_missing_root_wrap``),
+    without importing the rules (a rule module may import torch)."""
+    import pkgutil
+    import re
+
+    import fsdp_lint.rules as pkg
+
+    codes = []
+    for info in pkgutil.iter_modules(pkg.__path__):
+        m = re.match(r"fsd(\d{3})(?:_|$)", info.name, re.IGNORECASE)
+        if m:
+            codes.append("FSD" + m.group(1))
+    return codes
+
+
+def check_all_selectors(settings: Settings) -> None:
+    """Raise ConfigError for a selector that matches no rule. Checked against the rule modules' names
+    first, and only imported (all_rules) when that cheap check fails, so that linting files that get
+    skipped never imports torch through a rule module."""
+    groups = [(settings.select, "--select/select"), (settings.ignore, "--ignore/ignore"),
+              (settings.extend_select, "--extend-select/extend-select")]
+    groups += [(codes, f"per-file-ignores {pattern!r}") for pattern, codes in (settings.per_file_ignores or {}).items()]
+    try:
+        cheap = codes_from_module_names()
+        for selectors, origin in groups:
+            check_selectors(selectors, cheap, origin)
+    except ConfigError:
+        from fsdp_lint.rule import all_rules
+
+        known = [r.code for r in all_rules()]
+        for selectors, origin in groups:
+            check_selectors(selectors, known, origin)
+
+
 def rule_enabled(code: str, settings: Settings, path: str) -> bool:
     selected = _matches(code, list(settings.select) + list(settings.extend_select))
     if not selected:
