@@ -200,20 +200,22 @@ model = FSDP(model, use_orig_params=True)
 
     @staticmethod
     def _members(owners, unit_of, outer) -> List[str]:
+        """The modules of one merged group: every module of the units that split the tie (keeping the
+        user's own grouping, e.g. `[norm, output]`), and the sharing modules left to the outer unit."""
         members: List[str] = []
         for m in owners:
             u = unit_of[m]
-            pick = m
-            if u is not None and u is not outer:
-                pick = next((um for um in u.modules if um == "" or m == um or m.startswith(um + ".")), m)
-            if pick not in members:
-                members.append(pick)
+            picks = list(u.modules) if u is not None and u is not outer else [m]
+            for pick in picks:
+                if pick not in members:
+                    members.append(pick)
         return [m for m in members
                 if not any(o != m and (o == "" or m.startswith(o + ".")) for o in members)]
 
     def _fsdp2_fix(self, owners, unit_of, outer: Optional[object]) -> str:
         members = self._members(owners, unit_of, outer)
-        calls = sorted({(u.line, ", ".join(module_expr(x) for x in u.modules))
+        calls = sorted({(u.line, module_expr(u.modules[0]) if len(u.modules) == 1
+                         else "[" + ", ".join(module_expr(x) for x in u.modules) + "]")
                         for u in unit_of.values() if u is not None and u is not outer and not u.is_root})
         instead = ""
         if calls:
