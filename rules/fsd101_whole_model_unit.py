@@ -1,0 +1,284 @@
+"""FSD101 whole-model-unit.
+
+Also home of the small helpers the granularity rules (FSD101-FSD105) share to talk about the
+per-block alternative in the user's terms.
+"""
+import re
+from typing import List, Optional, Tuple
+
+from fsdp_lint.rule import Example, Rule
+
+_MODEL = '''
+import torch.nn as nn
+
+class Block(nn.Module):
+    def __init__(self, dim=256):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return x + self.fc2(self.fc1(self.norm(x)).relu())
+
+class Net(nn.Module):
+    def __init__(self, dim=256, layers=8):
+        super().__init__()
+        self.layers = nn.ModuleList([Block(dim) for _ in range(layers)])
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+'''
+
+
+# --------------------------------------------------------------------------------------------
+# shared helpers (FSD101-FSD105)
+# --------------------------------------------------------------------------------------------
+def pct(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.0f}%" if whole else "0%"
+
+
+def unit_bytes(ul) -> int:
+    """Bytes of a unit's unsharded (all-gathered) parameters."""
+    from fsdp_lint.tree import dtype_itemsize
+
+    return ul.padded_numel * dtype_itemsize(ul.param_dtype)
+
+
+def managed_numel(ctx) -> int:
+    """Elements FSDP manages: the model minus ignored parameters."""
+    tree = ctx.tree
+    return tree.numel - sum(tree.params[p].numel for p in ctx.plan.ignored_params)
+
+
+def per_block_layout(ctx, block: Optional[str] = None):
+    """(plan, layout) of the per-block alternative to ctx.plan, or (None, None)."""
+    from fsdp_lint.layout import compute_layout
+    from fsdp_lint.plan import per_block_plan
+
+    alt = per_block_plan(ctx.tree, ctx.plan, block)
+    if alt is None:
+        return None, None
+    return alt, compute_layout(alt, ctx.tree)
+
+
+def block_loop(tree, block: str) -> Tuple[str, str]:
+    """(loop header, variable) that visits every instance of `block` in user code."""
+    instances = tree.instances_of(block)
+    parents = {tree.modules[f].parent for f in instances}
+    if len(parents) == 1:
+        parent = next(iter(parents))
+        info = tree.modules.get(parent)
+        is_container = info is not None and any(c in info.mro for c in ("ModuleList", "ModuleDict", "Sequential"))
+        if parent and is_container and sorted(info.children) == sorted(instances):
+            it = tree.expr(parent) + (".values()" if "ModuleDict" in info.mro else "")
+            return f"for block in {it}:", "block"
+    return f"for m in model.modules():\n    if isinstance(m, {block}):", "m"
+
+
+def block_wrap_fix(tree, api: Optional[str], block: str) -> str:
+    """How to make every `block` a unit, in the API the file uses."""
+    if api == "fsdp1":
+        return (f"`auto_wrap_policy=ModuleWrapPolicy({{{block}}})` (or `functools.partial("
+                f"transformer_auto_wrap_policy, transformer_layer_cls={{{block}}})`): one unit per {block}")
+    header, var = block_loop(tree, block)
+    header = header.replace("\n", " ")
+    return f"`{header} fully_shard({var})` before `fully_shard(model)`: one group per {block}"
+
+
+def largest_submodule(tree) -> Tuple[str, int]:
+    sizes = tree.subtree_numels()
+    best = max((f for f in sizes if f), key=lambda f: sizes[f], default="")
+    return best, sizes.get(best, 0)
+
+
+class WholeModelUnit(Rule):
+    """One FSDP unit holds (nearly) the whole model.
+
+    ## What it does
+    Flags a plan in which a single unit (usually the root) owns at least
+    `whole-model-fraction` (default 90 %) of the parameters FSDP manages, while the model
+    repeats a block class (a transformer's layers) that could be the unit. Typical causes:
+    `FSDP(model)` without an `auto_wrap_policy`; `size_based_auto_wrap_policy` passed bare, so
+    its default `min_num_params=1e8` wraps nothing on a smaller model; a policy whose class
+    matches nothing; FSDP2 with only `fully_shard(model)` (or an `isinstance` loop whose class
+    never matches). The message names the block class and compares the peak of unsharded
+    parameters per rank with the per-block plan's (the layout arithmetic of both plans).
+
+    A model without a repeated block class (a single block, an MLP) is never flagged: there is
+    no finer unit that would lower the peak. Neither is a plan whose per-block alternative has
+    the same peak (two blocks: with prefetching both are in flight anyway). A container unit is
+    FSD105's and a unit that only holds everything because the root was sharded first is
+    FSD302's.
+
+    ## Why is this bad?
+    FSDP all-gathers a unit's parameters before its forward. With one unit, every rank holds the
+    whole unsharded model during forward and backward: sharding then saves gradient and
+    optimizer memory only, never parameter memory, and no all-gather overlaps with compute. The
+    code looks sharded, and the first sign is an out-of-memory error at scale.
+
+    ## Example
+    ```python
+    model = FSDP(model, auto_wrap_policy=size_based_auto_wrap_policy)  # min_num_params=1e8
+    ```
+
+    ## Fix
+    Make every repeated block a unit:
+    ```python
+    model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
+    ```
+    FSDP2: `for block in model.layers: fully_shard(block)`, then `fully_shard(model)`.
+    """
+
+    code = "FSD101"
+    name = "whole-model-unit"
+    severity = "error"
+    summary = "one FSDP unit holds (nearly) the whole model: every rank gathers all of it at once"
+
+    VALID = [
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = Net()
+for layer in model.layers:
+    fully_shard(layer)
+fully_shard(model)
+'''),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Block}))
+'''),
+        Example('''
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(512, 2048)
+        self.fc2 = nn.Linear(2048, 10)
+
+    def forward(self, x):
+        return self.fc2(self.fc1(x).relu())
+
+model = MLP()
+fully_shard(model)
+''', note="no repeated block: nothing finer to suggest"),
+    ]
+    INVALID = [
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+model = FSDP(Net())
+''', note="no auto_wrap_policy"),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+model = FSDP(Net(), auto_wrap_policy=size_based_auto_wrap_policy)
+''', note="the default min_num_params=1e8 wraps nothing"),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = Net()
+fully_shard(model)
+''', note="FSDP2, root only"),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = Net()
+for m in model.modules():
+    if isinstance(m, nn.TransformerEncoderLayer):
+        fully_shard(m)
+fully_shard(model)
+''', note="FSDP2 isinstance loop that matches nothing"),
+    ]
+
+    def check(self, ctx):
+        plan, tree, layout, settings = ctx.plan, ctx.tree, ctx.layout, ctx.settings
+        if plan.origin not in ("file", "cli") or not plan.units or plan.sharding_strategy == "NO_SHARD":
+            return
+        managed = managed_numel(ctx)
+        block = tree.repeated_block_class()
+        if managed <= 0 or block is None:
+            return
+        instances = tree.instances_of(block)
+        for ul in layout.units:
+            unit = ul.unit
+            if ul.numel < settings.whole_model_fraction * managed or max(ul.world_size, 1) == 1:
+                continue
+            if any(not tree.modules[m].has_forward for m in unit.modules):
+                continue  # FSD105
+            if any(p.kind == "ancestor-already-sharded" and any(tree.is_ancestor(m, p.module) for m in unit.modules)
+                   for p in plan.problems):
+                continue  # FSD302: the root was sharded before its blocks
+            owned = set(unit.params)
+            inside = [f for f in instances if any(p in owned for p in tree.params_under(f))]
+            if len(inside) < 2:
+                continue
+            alt, alt_layout = per_block_layout(ctx, block)
+            if alt is None:
+                continue
+            peak = layout.memory.breakdown.get("unsharded_params_in_flight", 0)
+            alt_peak = alt_layout.memory.breakdown.get("unsharded_params_in_flight", 0)
+            if alt_peak >= peak:
+                continue
+            yield self._finding(ctx, ul, block, inside, managed, peak, alt, alt_layout, alt_peak)
+            return
+
+    def _finding(self, ctx, ul, block, inside, managed, peak, alt, alt_layout, alt_peak):
+        from fsdp_lint.report import human_bytes, human_count
+
+        plan, tree = ctx.plan, ctx.tree
+        unit = ul.unit
+        what = "the root unit" if unit.is_root else f"the unit `{unit.module}`"
+        cause = self._cause(ctx, unit, ul, managed)
+        n_alt = len(alt.units) - 1
+        msg = (f"{what} holds {pct(ul.numel, managed)} of the model ({human_count(ul.numel)} of "
+               f"{human_count(managed)} parameters, {len(inside)} {block} blocks): {cause}. Every rank "
+               f"all-gathers all of it at once: peak unsharded parameters per rank {human_bytes(peak)} vs "
+               f"{human_bytes(alt_peak)} with one unit per {block} ({n_alt} {block} units + root)")
+        fix = "make every " + block + " a unit: " + block_wrap_fix(tree, plan.api, block)
+        return self.finding(ctx, msg, line=unit.line or 1, col=unit.col or 1, path=self._path(ctx, unit),
+                            module=unit.module, fix=fix, block=block, peak_bytes=peak,
+                            per_block_peak_bytes=alt_peak, per_block_units=n_alt + 1,
+                            collectives_per_step=ctx.layout.collectives_per_step,
+                            per_block_collectives_per_step=alt_layout.collectives_per_step)
+
+    @staticmethod
+    def _path(ctx, unit) -> str:
+        return ctx.path if unit.path.startswith("<") else unit.path
+
+    def _cause(self, ctx, unit, ul, managed) -> str:
+        from fsdp_lint.report import human_count
+
+        plan, tree = ctx.plan, ctx.tree
+        others = [u for u in ctx.layout.units if u.unit is not unit and u.numel]
+        other_numel = sum(u.numel for u in others)
+        if plan.origin == "cli":
+            pats = " ".join(f"--wrap {p}" for pol in plan.policies for p in pol.classes)
+            return f"`{pats}` selects nothing that holds the model's weight" if not others else \
+                f"the modules `{pats}` selects hold only {pct(other_numel, managed)} of the parameters"
+        if plan.api == "fsdp1":
+            pols = [p for p in plan.policies if p.path == unit.path and p.line == unit.line]
+            if not pols:
+                if not others:
+                    return "`FSDP(...)` has no `auto_wrap_policy` and nothing is wrapped before it"
+                return (f"`FSDP(...)` has no `auto_wrap_policy`; the units wrapped before it hold only "
+                        f"{pct(other_numel, managed)} of the parameters")
+            pol = pols[0]
+            if pol.matched == 0:
+                m = re.search(r"min_num_params=(\d+)", pol.desc)
+                if pol.desc.startswith("size_based_auto_wrap_policy") and m:
+                    threshold = int(m.group(1))
+                    default = " (the default when the policy is passed without `functools.partial`)" \
+                        if threshold == 100_000_000 else ""
+                    big, n = largest_submodule(tree)
+                    return (f"`size_based_auto_wrap_policy` with `min_num_params={threshold:,}`{default} wraps "
+                            f"nothing: the largest sub-module, `{big}`, holds {human_count(n)} parameters")
+                return f"the auto-wrap policy `{pol.desc}` wraps nothing"
+            return (f"the auto-wrap policy `{pol.desc}` wraps {pol.matched} module(s) holding only "
+                    f"{pct(other_numel, managed)} of the parameters")
+        call = f"fully_shard({tree.expr(unit.module)})" if len(unit.modules) == 1 else "fully_shard([...])"
+        if not others:
+            return f"`{call}` is the only call that shards parameters"
+        return f"the groups sharded before `{call}` hold only {pct(other_numel, managed)} of the parameters"

@@ -1,0 +1,197 @@
+"""FSD103 wrap-class-not-found."""
+import difflib
+import re
+from typing import Dict, List
+
+from fsdp_lint.rule import Example, Rule
+from fsdp_lint.rules.fsd101_whole_model_unit import _MODEL
+
+_CONTAINERS = ("torch.nn.modules.container.",)
+
+
+def close_names(name: str, names: List[str], n: int = 3) -> List[str]:
+    """Names close to `name`, case-insensitively (difflib ratio), best first; an exact
+    case-insensitive match first of all."""
+    lower: Dict[str, str] = {}
+    for cand in names:
+        lower.setdefault(cand.lower(), cand)
+    key = name.lower().rpartition(".")[2]
+    if key in lower:
+        return [lower[key]]
+    hits = difflib.get_close_matches(key, list(lower), n=n, cutoff=0.6)
+    # a name that contains the other ("TransformerDecoderLayer" / "DecoderLayer") is a good guess too
+    for low, cand in lower.items():
+        if len(hits) < n and low not in hits and len(low) >= 4 and (low in key or key in low):
+            hits.append(low)
+    return [lower[h] for h in hits]
+
+
+def policy_with(pol, missing: str, replacement: str) -> str:
+    """The policy's description with `missing` replaced by `replacement` in its class set."""
+    classes = [c for c in pol.classes if c != missing]
+    if replacement not in classes:
+        classes.append(replacement)
+    new_set = "{" + ", ".join(sorted(classes)) + "}"
+    if re.search(r"\{[^{}]*\}", pol.desc):
+        return re.sub(r"\{[^{}]*\}", lambda m: new_set, pol.desc, count=1)
+    return pol.desc
+
+
+def class_inventory(tree) -> List[tuple]:
+    """(class, instances, parameters under its outermost instances) for the model's classes that
+    could be units (no containers, no root), most parameters first."""
+    sizes = tree.subtree_numels()
+    counts: Dict[str, int] = {}
+    for fqn, info in tree.modules.items():
+        if fqn and info.has_forward and not info.cls_qualname.startswith(_CONTAINERS) and sizes.get(fqn, 0):
+            counts[info.cls] = counts.get(info.cls, 0) + 1
+    out = [(c, k, sum(sizes[f] for f in tree.instances_of(c))) for c, k in counts.items()]
+    out.sort(key=lambda t: (-t[2], -t[1], t[0]))
+    return out
+
+
+class WrapClassNotFound(Rule):
+    """An auto-wrap class (or `--wrap` name) matches no module of the model.
+
+    ## What it does
+    Checks every class that an FSDP1 auto-wrap policy names
+    (`transformer_auto_wrap_policy(transformer_layer_cls={...})`, `ModuleWrapPolicy({...})`) and
+    every `--wrap` class name or FQN glob against the model's modules. For a name that matches
+    nothing it lists the classes the model does have and suggests close names (case-insensitive,
+    by edit distance), or the model's repeated block class.
+
+    ## Why is this bad?
+    FSDP1 does not complain about a policy that matches nothing: it silently wraps the whole
+    model as one unit (see FSD101), so every rank all-gathers all parameters at once. This
+    happens when a policy is copied from a tutorial (`nn.TransformerEncoderLayer` for a model
+    with its own `EncoderLayer`), after a refactoring renames the block, or when a class is
+    imported from another model family (`LlamaDecoderLayer` for a Mistral model).
+
+    ## Example
+    ```python
+    policy = functools.partial(transformer_auto_wrap_policy,
+                               transformer_layer_cls={nn.TransformerDecoderLayer})
+    model = FSDP(model, auto_wrap_policy=policy)  # the model's blocks are `DecoderLayer`
+    ```
+
+    ## Fix
+    Name the class the model really repeats:
+    ```python
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})
+    ```
+    The FSDP2 equivalent, `for m in model.modules(): if isinstance(m, X): fully_shard(m)` with an
+    `X` that matches nothing, leaves only the root group and is reported by FSD101.
+    """
+
+    code = "FSD103"
+    name = "wrap-class-not-found"
+    severity = "error"
+    summary = "an auto-wrap class or --wrap name matches no module of the model"
+
+    VALID = [
+        Example(_MODEL + '''
+import functools
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
+model = FSDP(Net(), auto_wrap_policy=policy)
+'''),
+        Example(_MODEL + '''
+model = Net()
+''', options={"wrap": ["Block"]}, note="--wrap Block"),
+    ]
+    INVALID = [
+        Example(_MODEL + '''
+import functools
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={nn.TransformerEncoderLayer})
+model = FSDP(Net(), auto_wrap_policy=policy)
+'''),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+class Blok(nn.Module):
+    pass
+
+model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Block, Blok}))
+''', note="one of two classes matches nothing"),
+        Example(_MODEL + '''
+model = Net()
+''', options={"wrap": ["block"]}, note="--wrap with the wrong case"),
+    ]
+
+    def check(self, ctx):
+        plan, tree = ctx.plan, ctx.tree
+        if not plan.policies:
+            return
+        inventory = class_inventory(tree)
+        all_classes = sorted({info.cls for f, info in tree.modules.items() if f})
+        for pol in plan.policies:
+            cli = pol.path == "<cli>"
+            for name in pol.classes:
+                if cli:
+                    from fsdp_lint.plan import wrap_pattern_matches
+
+                    if wrap_pattern_matches(tree, name):
+                        continue
+                    yield self._missing(ctx, pol, name, inventory, all_classes, cli=True)
+                    continue
+                holders = [f for f, info in tree.modules.items() if name in info.mro]
+                if not holders:
+                    yield self._missing(ctx, pol, name, inventory, all_classes, cli=False)
+                elif holders == [""] and pol.matched == 0:
+                    yield self._root_only(ctx, pol, name, inventory)
+
+    def _suggest(self, tree, name, inventory, all_classes):
+        block = tree.repeated_block_class()
+        close = close_names(name, [c for c, _, _ in inventory] or all_classes)
+        best = close[0] if close else block
+        found = ", ".join(f"{c} ×{k}" if k > 1 else c for c, k, _ in inventory[:6])
+        return best, close, block, found
+
+    def _missing(self, ctx, pol, name, inventory, all_classes, *, cli: bool):
+        tree = ctx.tree
+        best, close, block, found = self._suggest(tree, name, inventory, all_classes)
+        hints = []
+        if close:
+            hints.append("did you mean " + " or ".join(f"`{c}`" for c in close) + "?")
+        if block and block not in close:
+            hints.append(f"the repeated block is `{block}`")
+        hint = "; ".join(hints)
+        hint = (" " + hint[0].upper() + hint[1:]) if hint else ""
+        if cli:
+            msg = (f"`--wrap {name}` matches no module (class name or FQN glob) of {tree.root_class}; "
+                   f"the model has {found}.{hint}")
+            fix = f"`--wrap {best}`" if best else "pass a class name or FQN glob the model has"
+            line, col = self._model_line(ctx), 1
+            path = ctx.path
+        else:
+            msg = (f"the auto-wrap policy `{pol.desc}` names `{name}`, but no module of {tree.root_class} is a "
+                   f"`{name}`; the model has {found}.{hint}")
+            if best:
+                fix = f"name the model's class: `{policy_with(pol, name, best)}`"
+            else:
+                fix = "name a class the model has"
+            line, col = pol.line or 1, 1
+            path = ctx.path if pol.path.startswith("<") else pol.path
+        return self.finding(ctx, msg, line=line, col=col, path=path, module="", fix=fix, missing=name,
+                            suggestions=close, block=block)
+
+    def _root_only(self, ctx, pol, name, inventory):
+        tree = ctx.tree
+        block = tree.repeated_block_class()
+        msg = (f"the auto-wrap policy `{pol.desc}` names only the root class `{name}`: an auto-wrap policy never "
+               f"wraps the root again, so it wraps nothing" + (f"; the repeated block is `{block}`" if block else ""))
+        fix = f"name the block class: `{policy_with(pol, name, block)}`" if block else "name a sub-module class"
+        return self.finding(ctx, msg, line=pol.line or 1, col=1,
+                            path=ctx.path if pol.path.startswith("<") else pol.path, module="", fix=fix,
+                            missing=name, block=block)
+
+    @staticmethod
+    def _model_line(ctx) -> int:
+        for name, line in getattr(ctx.facts, "module_classes", []) or []:
+            if name == ctx.tree.root_class:
+                return line
+        return 1
