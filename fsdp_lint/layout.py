@@ -281,3 +281,20 @@ def _memory(plan: WrapPlan, tree: ModuleTree, units: List[UnitLayout]) -> Memory
 def compute_layout(plan: WrapPlan, tree: ModuleTree) -> Layout:
     units = [_unit_layout(u, plan, tree) for u in plan.units]
     return Layout(api=plan.api, world_size=plan.world_size, units=units, memory=_memory(plan, tree, units))
+
+
+def fsdp1_flatten_error(params, use_orig_params: bool) -> Optional[str]:
+    """The error torch raises when it flattens `params` (ParamInfo, FlatParameter order) into one
+    FSDP1 FlatParameter (``FlatParamHandle._validate_tensors_to_flatten``), or None."""
+    dtype = None
+    requires_grad = None
+    for p in params:
+        if dtype is None and not p.is_floating:
+            return "Cannot flatten integer dtype tensors"
+        if dtype is not None and p.dtype != dtype:
+            return f"Must flatten tensors with uniform dtype but got torch.{dtype} and torch.{p.dtype}"
+        if not use_orig_params and requires_grad is not None and p.requires_grad != requires_grad:
+            return "Must flatten tensors with uniform `requires_grad` when `use_orig_params=False`"
+        dtype = p.dtype
+        requires_grad = bool(requires_grad) or p.requires_grad
+    return None

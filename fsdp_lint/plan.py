@@ -40,6 +40,7 @@ class PolicyInfo:
     desc: str                       # "transformer_auto_wrap_policy(transformer_layer_cls={Block})"
     classes: List[str]              # class names a class-based policy names
     matched: int                    # modules it wrapped
+    is_policy_object: bool = False  # a `_Policy` (ModuleWrapPolicy, CustomPolicy): torch validates frozen params first
 
 
 @dataclass
@@ -69,6 +70,8 @@ class PlanProblem:
     line: int
     col: int
     detail: str
+    related: Optional[str] = None   # the module sharded before (the ancestor, or the same module)
+    related_line: int = 0           # the line of that earlier call
 
 
 @dataclass
@@ -307,14 +310,14 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
                     plan.problems.append(PlanProblem(
                         "wrapped-twice", f, call.pos.path, call.pos.line, call.pos.col,
                         f"fully_shard is applied to {f or 'the root'} a second time "
-                        f"(first at line {seen_modules[f].line})"))
+                        f"(first at line {seen_modules[f].line})", f, seen_modules[f].line))
                 else:
                     for earlier, eu in seen_modules.items():
                         if tree.is_ancestor(earlier, f):
                             plan.problems.append(PlanProblem(
                                 "ancestor-already-sharded", f, call.pos.path, call.pos.line, call.pos.col,
                                 f"fully_shard({f}) runs after its ancestor {earlier or 'the root model'} "
-                                f"was sharded at line {eu.line}"))
+                                f"was sharded at line {eu.line}", earlier, eu.line))
                             break
             for f in fqns:
                 seen_modules.setdefault(f, unit)
@@ -353,7 +356,8 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
             if call.policy_desc is not None:
                 matched = [fqn_of[id(m)] for m in call.auto_wrapped if id(m) in fqn_of]
                 plan.policies.append(PolicyInfo(call.pos.path, call.pos.line, call.policy_desc,
-                                                call.policy_classes, len(matched)))
+                                                call.policy_classes, len(matched),
+                                                is_policy_object=_is_policy_object(kw.get("auto_wrap_policy"))))
             for m in call.auto_wrapped:
                 f = fqn_of.get(id(m))
                 if f is None:
@@ -373,6 +377,14 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
                         reshard_after_forward=strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD"))
             seen_modules[f] = unit
             plan.units.append(unit)
+
+
+def _is_policy_object(policy) -> bool:
+    try:
+        from torch.distributed.fsdp.wrap import _Policy
+    except Exception:  # pragma: no cover - torch without FSDP
+        return False
+    return isinstance(policy, _Policy)
 
 
 def _modules_matching(tree: ModuleTree, patterns: List[str]) -> List[str]:

@@ -265,3 +265,99 @@ def build_module_tree(model, state: Optional[Dict[int, Tuple[bool, object]]] = N
         alias_to_canonical[fqn] = canonical
     root_cls = modules[""].cls if "" in modules else type(model).__name__
     return ModuleTree(root_class=root_cls, modules=modules, params=params, alias_to_canonical=alias_to_canonical)
+
+
+# --------------------------------------------------------------------------------------------
+# parameter groups inside a unit (for messages and fix suggestions of the FSD2xx rules)
+# --------------------------------------------------------------------------------------------
+def _rel(fqn: str, within: str) -> str:
+    return fqn[len(within) + 1:] if within and fqn.startswith(within + ".") else fqn
+
+
+def _glob_indices(name: str) -> str:
+    return ".".join("*" if part.isdigit() else part for part in name.split("."))
+
+
+def _matches_any(pattern: str, names) -> bool:
+    import fnmatch
+
+    return any(fnmatch.fnmatchcase(n, pattern) or fnmatch.fnmatchcase(n, pattern + ".*") for n in names)
+
+
+def param_patterns(tree: ModuleTree, fqns: List[str], *, within: str = "", others=()) -> List[str]:
+    """Short patterns (relative to module `within`) that name exactly the parameters `fqns` and none
+    of `others`: whole sub-modules (``ln_f.*``), shared leaf names (``*.lora_A.weight``), with
+    numeric indices collapsed (``layers.*.norm.*``) where that stays exact."""
+    group = [_rel(f, within) for f in fqns]
+    rest = [_rel(f, within) for f in others]
+    if not group:
+        return []
+    # 1. whole sub-modules: maximal module paths whose parameters are all in the group
+    by_module: List[str] = []
+    for name in group:
+        parts = name.split(".")
+        best = name
+        for k in range(len(parts) - 1, 0, -1):
+            prefix = ".".join(parts[:k])
+            if any(r == prefix or r.startswith(prefix + ".") for r in rest):
+                break
+            best = prefix + ".*"
+        if best not in by_module:
+            by_module.append(best)
+    # 2. shared leaf names: the shortest suffix no other parameter ends with
+    by_suffix: List[str] = []
+    for name in group:
+        parts = name.split(".")
+        pat = name
+        for k in range(1, len(parts)):
+            suffix = ".".join(parts[-k:])
+            if not any(r == suffix or r.endswith("." + suffix) for r in rest):
+                pat = "*." + suffix
+                break
+        if pat not in by_suffix:
+            by_suffix.append(pat)
+
+    def collapse(patterns: List[str]) -> List[str]:
+        out: List[str] = []
+        for p in patterns:
+            g = _glob_indices(p)
+            q = g if g != p and not _matches_any(g, rest) else p
+            if q not in out:
+                out.append(q)
+        return out
+
+    a, b = collapse(by_module), collapse(by_suffix)
+    return a if len(a) <= len(b) else b
+
+
+def describe_params(tree: ModuleTree, fqns: List[str], *, within: str = "", others=(), limit: int = 4) -> str:
+    """``"tok.*, ln_f.* (3 params, 49.2K elements)"``: a parameter group for a message."""
+    pats = param_patterns(tree, fqns, within=within, others=others)
+    shown = ", ".join(pats[:limit]) + (f" and {len(pats) - limit} more" if len(pats) > limit else "")
+    numel = sum(tree.params[f].numel for f in fqns)
+    n = len(fqns)
+    return f"{shown} ({n} param{'s' if n != 1 else ''}, {numel:,} elements)"
+
+
+def uniform_cover(tree: ModuleTree, unit_module: str, params: List[str], key) -> Dict[object, Optional[List[str]]]:
+    """For each value of ``key(ParamInfo)`` among a unit's `params`: the outermost sub-modules of
+    `unit_module` whose unit-owned parameters all have that value (wrapping them as their own units
+    leaves the unit without it), or None when some parameter with that value sits directly on a
+    module that also holds parameters with another value (no wrapping can separate them)."""
+    owned = set(params)
+    values = {f: key(tree.params[f]) for f in params}
+    under: Dict[str, List[str]] = {}
+    for fqn in tree.modules:
+        if fqn == unit_module or not (unit_module == "" or fqn.startswith(unit_module + ".")):
+            continue
+        mine = [p for p in tree.params_under(fqn) if p in owned]
+        if mine:
+            under[fqn] = mine
+    out: Dict[object, Optional[List[str]]] = {}
+    for value in dict.fromkeys(values.values()):
+        pure = {m for m, ps in under.items() if all(values[p] == value for p in ps)}
+        tops = [m for m in pure if not any(tree.is_ancestor(o, m) for o in pure)]
+        covered = {p for m in tops for p in under[m]}
+        wanted = {p for p, v in values.items() if v == value}
+        out[value] = [m for m in tree.modules if m in tops] if covered >= wanted else None
+    return out

@@ -1,0 +1,432 @@
+"""FSD201 mixed-requires-grad.
+
+Also home of the helpers FSD202 and FSD203 share with it: which statement froze or cast a
+parameter, and the concrete grouping that makes every unit uniform.
+"""
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from fsdp_lint.rule import Example, Rule
+from fsdp_lint.tree import ModuleTree, describe_params, param_patterns, uniform_cover
+
+_MODEL = '''
+import torch
+import torch.nn as nn
+
+class Adapter(nn.Module):
+    """A LoRA-style wrapper: the pretrained `base` stays frozen, `lora_a`/`lora_b` train."""
+    def __init__(self, base, r=4):
+        super().__init__()
+        self.base = base
+        self.lora_a = nn.Linear(base.in_features, r, bias=False)
+        self.lora_b = nn.Linear(r, base.out_features, bias=False)
+
+    def forward(self, x):
+        return self.base(x) + self.lora_b(self.lora_a(x))
+
+class Block(nn.Module):
+    def __init__(self, dim=64):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.q = nn.Linear(dim, dim)
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return x + self.fc(self.q(self.norm(x)))
+
+class Net(nn.Module):
+    def __init__(self, vocab=256, dim=64, layers=2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList([Block(dim) for _ in range(layers)])
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+def add_adapters(model):
+    for layer in model.layers:
+        layer.q = Adapter(layer.q)
+    return model
+'''
+
+_FSDP1 = '''
+import functools
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy, transformer_auto_wrap_policy
+'''
+
+_LORA = _MODEL + _FSDP1 + '''
+model = Net()
+model.requires_grad_(False)
+add_adapters(model)
+'''
+
+
+# --------------------------------------------------------------------------------------------
+# helpers shared with FSD202 / FSD203
+# --------------------------------------------------------------------------------------------
+def unit_name(module: str) -> str:
+    return module if module else "the root"
+
+
+def where(path: str, line: int, ctx_path: str) -> str:
+    import os
+
+    if not line:
+        return ""
+    if os.path.abspath(path) == os.path.abspath(ctx_path):
+        return f"line {line}"
+    return f"{os.path.basename(path)}:{line}"
+
+
+def event_lines(ctx, fqns: Sequence[str], kind: str, before_seq: int,
+                accept: Callable[[object], bool] = lambda v: True) -> List[str]:
+    """Where the parameters got their current state: for each of `fqns` the last `kind` event
+    ("freeze" | "dtype") before the wrap call, when its value passes `accept`; as "line N", in
+    source order."""
+    out: Dict[Tuple[str, int], None] = {}
+    for f in fqns:
+        evs = [e for e in ctx.plan.param_events.get(f, []) if e.kind == kind and e.seq < before_seq]
+        if evs and accept(evs[-1].value):
+            out[(evs[-1].path, evs[-1].line)] = None
+    return [where(p, ln, ctx.path) for p, ln in sorted(out, key=lambda k: (k[0] != ctx.path, k[1]))]
+
+
+def join_lines(lines: List[str]) -> str:
+    if len(lines) <= 1:
+        return "".join(lines)
+    return ", ".join(lines[:-1]) + " and " + lines[-1]
+
+
+def call_unit(plan, unit):
+    """The unit of the FSDP1 call that auto-wrapped `unit` (itself for a call unit)."""
+    if unit.origin != "policy":
+        return unit
+    for u in plan.units:
+        if u.seq == unit.seq and u.origin != "policy":
+            return u
+    return unit
+
+
+def policy_of(plan, unit):
+    for pol in plan.policies:
+        if pol.path == unit.path and pol.line == unit.line:
+            return pol
+    return None
+
+
+def attr_path(fqn: str, root: str = "model") -> str:
+    """``layers.0.q`` -> ``model.layers[0].q``."""
+    out = root
+    for part in fqn.split(".") if fqn else []:
+        out += f"[{part}]" if part.isdigit() else f".{part}"
+    return out
+
+
+def _glob(fqn: str) -> str:
+    return ".".join("*" if p.isdigit() else p for p in fqn.split("."))
+
+
+def split_grouping(ctx, units, key: Callable, predicate: Callable[[object], str]) -> Optional[dict]:
+    """The modules to wrap as their own units so that every unit in `units` becomes uniform in
+    ``key(ParamInfo)``, and a policy/call that does it. None when some module holds parameters of
+    both kinds directly (no wrapping separates them).
+
+    `predicate(value)` renders the test on a parameter ``p`` for a policy lambda
+    (``"p.requires_grad"``, ``"p.dtype == torch.bfloat16"``)."""
+    tree: ModuleTree = ctx.tree
+    plan = ctx.plan
+    chosen: List[str] = []
+    side_values = set()
+    for u in units:
+        covers = uniform_cover(tree, u.module, u.params, key)
+        options = []
+        for value, mods in covers.items():
+            if mods is None:
+                continue
+            numel = sum(tree.params[p].numel for p in u.params if key(tree.params[p]) == value)
+            options.append((len(mods), numel, str(value), value, mods))
+        if not options:
+            return None
+        options.sort(key=lambda o: o[:3])
+        _, _, _, value, mods = options[0]
+        side_values.add(value)
+        chosen += [m for m in mods if m not in chosen]
+    globs = list(dict.fromkeys(_glob(m) for m in chosen))
+    classes = sorted({tree.modules[m].cls for m in chosen})
+    out = {"modules": chosen, "globs": globs, "classes": classes, "code": None}
+    first = units[0]
+    pol = policy_of(plan, call_unit(plan, first))
+    if pol is not None:
+        existing = list(pol.classes)
+        if len(side_values) == 1:
+            value = next(iter(side_values))
+            pure = _class_policy_ok(tree, classes, key, len(chosen))
+            if existing and pure:
+                out["code"] = f"auto_wrap_policy=ModuleWrapPolicy({{{', '.join(dict.fromkeys(existing + classes))}}})"
+            elif existing and _leaf_policy_ok(tree, chosen, key, value):
+                isin = existing[0] if len(existing) == 1 else "(" + ", ".join(existing) + ")"
+                out["code"] = (f"auto_wrap_policy=CustomPolicy(lambda m: isinstance(m, {isin}) or "
+                               f"(not list(m.children()) and any({predicate(value)} for p in m.parameters())))")
+        if out["code"] is None:
+            out["code"] = ("a `CustomPolicy` whose lambda also returns True for these modules "
+                           "(nested FSDP wraps before an auto-wrapping FSDP call are rejected)")
+    else:
+        calls = [f"{attr_path(m)} = FSDP({attr_path(m)}, ...)" for m in chosen[:2]]
+        more = f" (and the same for the other {len(chosen) - 2})" if len(chosen) > 2 else ""
+        out["code"] = "before the FSDP call that wraps them now: `" + "`; `".join(calls) + "`" + more
+    return out
+
+
+def _class_policy_ok(tree: ModuleTree, classes: List[str], key, n_chosen: int) -> bool:
+    """Wrapping every instance of `classes` keeps each new unit uniform and adds few other units."""
+    instances = [f for f, info in tree.modules.items() if f and info.cls in classes]
+    if len(instances) > 2 * n_chosen:
+        return False
+    for f in instances:
+        if len({key(tree.params[p]) for p in tree.params_under(f)}) > 1:
+            return False
+    return True
+
+
+def _leaf_policy_ok(tree: ModuleTree, chosen: List[str], key, value) -> bool:
+    """The chosen modules are leaves, and every leaf holding a `value` parameter holds only those
+    (so the lambda wraps exactly uniform leaves, not many more than needed)."""
+    if any(tree.modules[m].children for m in chosen):
+        return False
+    hits = 0
+    for f, info in tree.modules.items():
+        if not f or info.children:
+            continue
+        vals = [key(tree.params[p]) for p in tree.params_under(f)]
+        if value in vals:
+            if len(set(vals)) > 1:
+                return False
+            hits += 1
+    return hits <= 2 * len(chosen)
+
+
+def shared_owner(tree: ModuleTree, params: List[str], key) -> str:
+    """A module that holds parameters of two kinds directly, for the "cannot be separated" message."""
+    owned = set(params)
+    for fqn, info in tree.modules.items():
+        direct = [tree.canonical(a) for a in info.direct_params if tree.canonical(a) in owned]
+        if len({key(tree.params[p]) for p in direct}) > 1:
+            names = ", ".join(a.rpartition(".")[2] for a in info.direct_params)
+            return f"{unit_name(fqn)} ({info.cls}: {names})"
+    return "one module"
+
+
+def group_units(units, signature: Callable) -> List[list]:
+    """Units with the same wrap line and the same relative signature, reported once."""
+    groups: Dict[tuple, list] = {}
+    for u in units:
+        groups.setdefault((u.path, u.line, u.cls, signature(u)), []).append(u)
+    return list(groups.values())
+
+
+def units_label(units, noun: str = "FSDP unit") -> str:
+    names = [unit_name(u.module) for u in units]
+    if len(names) == 1:
+        return (f"the root {noun} ({units[0].cls})" if not units[0].module
+                else f"{noun} {names[0]} ({units[0].cls})")
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"{len(names)} {noun}s ({shown}; {units[0].cls})"
+
+
+def requires_grad_split(ctx, u) -> Tuple[List[str], List[str]]:
+    """Frozen and trainable floating-point parameters of a unit (integer ones are FSD204's)."""
+    tree = ctx.tree
+    floating = [p for p in u.params if tree.params[p].is_floating]
+    frozen = [p for p in floating if not tree.params[p].requires_grad]
+    trainable = [p for p in floating if tree.params[p].requires_grad]
+    return frozen, trainable
+
+
+def describe_mix(ctx, u) -> Tuple[str, str]:
+    frozen, trainable = requires_grad_split(ctx, u)
+    rel = u.module
+    return (describe_params(ctx.tree, frozen, within=rel, others=trainable),
+            describe_params(ctx.tree, trainable, within=rel, others=frozen))
+
+
+def mix_signature(ctx):
+    def sig(u):
+        frozen, trainable = requires_grad_split(ctx, u)
+        return (tuple(param_patterns(ctx.tree, frozen, within=u.module, others=trainable)),
+                tuple(param_patterns(ctx.tree, trainable, within=u.module, others=frozen)))
+    return sig
+
+
+def mixed_units(ctx) -> List:
+    out = []
+    for u in ctx.plan.units:
+        frozen, trainable = requires_grad_split(ctx, u)
+        if frozen and trainable:
+            out.append(u)
+    return out
+
+
+def freeze_story(ctx, units) -> str:
+    """"frozen at line 102" / "made trainable at line 110"."""
+    seq = min(u.seq for u in units)
+    frozen = [p for u in units for p in requires_grad_split(ctx, u)[0]]
+    trainable = [p for u in units for p in requires_grad_split(ctx, u)[1]]
+    parts = []
+    fl = event_lines(ctx, frozen, "freeze", seq, lambda v: v is False)
+    if fl:
+        parts.append(f"frozen at {join_lines(fl)}")
+    tl = event_lines(ctx, trainable, "freeze", seq, lambda v: v is True)
+    if tl:
+        parts.append(f"made trainable at {join_lines(tl)}")
+    return "; ".join(parts)
+
+
+def grad_numels(ctx, u) -> Tuple[int, int]:
+    """torch's numbers (``_validate_frozen_params``): all managed parameters' numel, and the
+    trainable ones', before sharding."""
+    frozen, trainable = requires_grad_split(ctx, u)
+    tree = ctx.tree
+    return (sum(tree.params[p].numel for p in frozen + trainable), sum(tree.params[p].numel for p in trainable))
+
+
+def split_fix_text(ctx, units) -> Optional[str]:
+    grouping = split_grouping(ctx, units, key=lambda p: p.requires_grad,
+                              predicate=lambda v: "p.requires_grad" if v else "not p.requires_grad")
+    if grouping is None:
+        return None
+    mods = grouping["globs"]
+    shown = ", ".join(f"`{m}`" for m in mods[:4]) + (f" and {len(mods) - 4} more" if len(mods) > 4 else "")
+    n = len(grouping["modules"])
+    return (f"wrap {shown} ({', '.join(grouping['classes'])}, {n} module{'s' if n != 1 else ''}) as "
+            f"{'their' if n != 1 else 'its'} own FSDP unit{'s' if n != 1 else ''}, so that every unit is "
+            f"uniformly frozen or trainable: {grouping['code']}")
+
+
+class MixedRequiresGrad(Rule):
+    """An FSDP1 unit mixes frozen and trainable parameters with `use_orig_params=False`.
+
+    ## What it does
+    Flags FSDP1 units (auto-wrapped blocks, manual wraps and the root unit with the leftovers)
+    whose parameters are partly frozen (`requires_grad=False`) and partly trainable while
+    `use_orig_params=False` (the default). It names the unit, the frozen and the trainable
+    parameters, the statement that froze them and the wrap call, and the grouping that fixes it.
+
+    ## Why is this bad?
+    FSDP1 flattens each unit's parameters into one `FlatParameter`, which has a single
+    `requires_grad`. With `use_orig_params=False` torch refuses to build it and raises at wrap
+    time: `ValueError: Must flatten tensors with uniform requires_grad when use_orig_params=False`
+    (with a `ModuleWrapPolicy`/`CustomPolicy`: `<module> has both parameters with
+    requires_grad=True and False`). Fine-tuning setups hit it all the time: LoRA adapters inside
+    frozen blocks, or a frozen embedding left in the root unit next to a trainable head.
+
+    ## Example
+    ```python
+    model.requires_grad_(False)          # freeze the pretrained model
+    add_adapters(model)                  # new trainable lora_a / lora_b inside every Block
+    model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
+    ```
+
+    ## Fix
+    Give the frozen and the trainable parameters their own units, e.g. wrap the adapters
+    separately:
+    ```python
+    model = FSDP(model, auto_wrap_policy=CustomPolicy(
+        lambda m: isinstance(m, Block)
+        or (not list(m.children()) and any(p.requires_grad for p in m.parameters()))))
+    ```
+    or pass `use_orig_params=True`, which accepts mixed units but allocates gradient memory for
+    the frozen parameters too (FSD202).
+    """
+
+    code = "FSD201"
+    name = "mixed-requires-grad"
+    severity = "error"
+    summary = "an FSDP1 unit mixes frozen and trainable params with use_orig_params=False (torch raises)"
+    applies_to = ("fsdp1",)
+
+    VALID = [
+        # the adapters are units of their own: every unit is uniformly frozen or trainable
+        Example(_LORA + '''
+policy = CustomPolicy(lambda m: isinstance(m, Block)
+                      or (not list(m.children()) and any(p.requires_grad for p in m.parameters())))
+model = FSDP(model, auto_wrap_policy=policy)
+'''),
+        # the frozen embedding is its own unit; the root keeps only the trainable head
+        Example(_MODEL + _FSDP1 + '''
+model = Net()
+model.embed.requires_grad_(False)
+model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block, nn.Embedding}))
+'''),
+        # manual wraps: the frozen blocks by hand, the trainable leftovers in the root
+        Example(_MODEL + _FSDP1 + '''
+model = Net()
+for layer in model.layers:
+    layer.requires_grad_(False)
+for i, layer in enumerate(model.layers):
+    model.layers[i] = FSDP(layer)
+model = FSDP(model)
+'''),
+    ]
+    INVALID = [
+        # LoRA: frozen base weights and trainable adapters share each Block unit (callable policy)
+        Example(_LORA + '''
+policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
+model = FSDP(model, auto_wrap_policy=policy)
+'''),
+        # a partly frozen model: the root unit keeps the frozen embedding and the trainable head
+        Example(_MODEL + _FSDP1 + '''
+model = Net()
+model.embed.requires_grad_(False)
+model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
+'''),
+        # frozen norms inside trainable blocks, manual wraps
+        Example(_MODEL + _FSDP1 + '''
+model = Net()
+for n, p in model.named_parameters():
+    if "norm" in n:
+        p.requires_grad = False
+for i, layer in enumerate(model.layers):
+    model.layers[i] = FSDP(layer, use_orig_params=False)
+model = FSDP(model)
+'''),
+    ]
+
+    def check(self, ctx):
+        plan = ctx.plan
+        if plan.api != "fsdp1" or plan.use_orig_params or plan.origin not in ("file", "cli"):
+            return
+        for units in group_units(mixed_units(ctx), mix_signature(ctx)):
+            u = units[0]
+            frozen_desc, trainable_desc = describe_mix(ctx, u)
+            story = freeze_story(ctx, units)
+            pol = policy_of(plan, call_unit(plan, u))
+            total, trainable = grad_numels(ctx, u)
+            if u.origin == "policy" and pol is not None and pol.is_policy_object:
+                top = call_unit(plan, u).module
+                rel = u.module[len(top) + 1:] if top else u.module
+                torch_says = (f"ValueError: {rel} has both parameters with requires_grad=True and False. "
+                              f"FSDP does not support wrapping such modules when use_orig_params=False.")
+            else:
+                torch_says = "ValueError: Must flatten tensors with uniform `requires_grad` when `use_orig_params=False`"
+            how = (f"auto-wrapped by {pol.desc}" if u.origin == "policy" and pol is not None
+                   else "wrapped")
+            mixes = "each mix" if len(units) > 1 else "mixes"
+            msg = (f"{units_label(units)} {mixes} frozen and trainable parameters with use_orig_params=False "
+                   f"({how} at {where(u.path, u.line, ctx.path)}): frozen: {frozen_desc}; trainable: {trainable_desc}"
+                   + (f" ({story})" if story else "")
+                   + f". torch raises at wrap time: `{torch_says}`")
+            split = split_fix_text(ctx, units)
+            orig = (f"pass `use_orig_params=True`: FSDP1 then accepts the unit but allocates gradients for the whole "
+                    f"FlatParameter ({total:,} numel instead of {trainable:,} numel before sharding{', per unit' if len(units) > 1 else ''})")
+            if split:
+                fix = f"{split}; or {orig}"
+            else:
+                fix = (f"frozen and trainable parameters sit directly on the same module "
+                       f"({shared_owner(ctx.tree, u.params, lambda p: p.requires_grad)}), so no FSDP1 grouping "
+                       f"separates them: {orig}, or move the trainable parameters into a sub-module of their own")
+            yield self.finding(ctx, msg, line=u.line, col=u.col, path=u.path, module=u.module, fix=fix,
+                               units=[x.module for x in units])
