@@ -1,0 +1,187 @@
+"""FSD102 over-fine-units."""
+from fsdp_lint.rule import Example, Rule
+from fsdp_lint.rules.fsd101_whole_model_unit import _MODEL, block_wrap_fix, per_block_layout, unit_bytes
+
+
+def _collectives(layout) -> str:
+    return (f"{layout.collectives_per_step} collectives per step ({layout.all_gathers_per_step} all-gathers + "
+            f"{layout.reduce_scatters_per_step} reduce-scatters)")
+
+
+class OverFineUnits(Rule):
+    """Units finer than the repeated block: too many small collectives.
+
+    ## What it does
+    Flags two shapes of over-fine plans and compares the number of collectives per training
+    step with the per-block plan's:
+
+    - most units (more than `over-fine-fraction`) sit inside instances of the model's repeated
+      block class: every `Linear`, every attention projection (`ModuleWrapPolicy({nn.Linear})`,
+      `fully_shard(block.attn.q_proj)`, ...);
+    - most units all-gather less than `collective-floor-bytes` (default 1 MiB) per rank, and
+      together they move at least twice the floor, so merging them would give units above it
+      (a toy model whose whole weight is below that is left alone).
+
+    A per-block plan with a few extra groups (torchtitan's embedding group and `[norm, output]`
+    group) is not flagged for the first reason, and neither is one extra group per block (an MoE
+    block's experts).
+
+    ## Why is this bad?
+    Every unit costs an all-gather in forward, another in backward and a reduce-scatter of its
+    gradients, each with a fixed launch and synchronisation latency. Tiny units make the step
+    latency-bound, defeat the overlap of communication with compute (there is too little
+    compute per unit to hide the next all-gather behind), and do not lower the peak memory much
+    further than per-block units do.
+
+    ## Example
+    ```python
+    model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+    ```
+
+    ## Fix
+    Make the repeated block the unit:
+    ```python
+    model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
+    ```
+    FSDP2: `fully_shard(block)` for each block instead of its sub-modules.
+    """
+
+    code = "FSD102"
+    name = "over-fine-units"
+    severity = "warning"
+    summary = "units are finer than the repeated block (e.g. every Linear): too many small collectives"
+
+    VALID = [
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Block}))
+'''),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = Net()
+for layer in model.layers:
+    fully_shard(layer)
+fully_shard(model.head)
+fully_shard(model)
+''', note="one extra group beside the blocks"),
+    ]
+    INVALID = [
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+''', note="every Linear"),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = Net()
+for layer in model.layers:
+    fully_shard(layer.fc1)
+    fully_shard(layer.fc2)
+fully_shard(model)
+''', note="FSDP2 sub-modules of each block"),
+        Example('''
+import functools
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(256, 256)
+        self.mixers = nn.ModuleList([nn.Linear(256, 256) for _ in range(16)])
+        self.head = nn.Linear(256, 1000)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for m in self.mixers:
+            x = m(x).relu()
+        return self.head(x)
+
+policy = functools.partial(size_based_auto_wrap_policy, min_num_params=10_000)
+model = FSDP(Net(), auto_wrap_policy=policy)
+''', note="a size policy below the collective floor on a model of bare layers"),
+    ]
+
+    def check(self, ctx):
+        plan, tree, layout, settings = ctx.plan, ctx.tree, ctx.layout, ctx.settings
+        if plan.origin not in ("file", "cli") or len(plan.units) < 2 or plan.sharding_strategy == "NO_SHARD":
+            return
+        frac = settings.over_fine_fraction
+        block = tree.repeated_block_class()
+        blocks = tree.instances_of(block) if block else []
+        nonroot = [ul for ul in layout.units if not ul.unit.is_root and ul.numel]
+        if not nonroot:
+            return
+        alt, alt_layout = per_block_layout(ctx, block) if block else (None, None)
+
+        inner = [ul for ul in nonroot
+                 if blocks and all(any(tree.is_ancestor(b, m) for b in blocks) for m in ul.unit.modules)]
+        if blocks and len(inner) >= 2 and len(inner) > frac * len(nonroot) \
+                and alt_layout is not None and layout.collectives_per_step > alt_layout.collectives_per_step:
+            yield self._inner(ctx, block, inner, nonroot, alt_layout)
+            return
+
+        ws = max((ul.world_size for ul in layout.units), default=1)
+        if ws <= 1:
+            return
+        with_params = [ul for ul in layout.units if ul.numel]
+        floor = settings.collective_floor_bytes
+        small = [ul for ul in with_params if ul.all_gather_bytes < floor]
+        if len(small) < 2 or len(small) <= frac * len(with_params):
+            return
+        # only when merging them could give units above the floor (toy models stay quiet)
+        if sum(ul.all_gather_bytes for ul in small) < 2 * floor:
+            return
+        yield self._small(ctx, block, small, with_params, alt_layout, floor)
+
+    def _inner(self, ctx, block, inner, nonroot, alt_layout):
+        from fsdp_lint.report import human_bytes
+
+        plan, tree, layout = ctx.plan, ctx.tree, ctx.layout
+        classes = sorted({ul.unit.cls for ul in inner})
+        examples = ", ".join(ul.unit.module for ul in inner[:4]) + (f", ... ({len(inner) - 4} more)"
+                                                                    if len(inner) > 4 else "")
+        avg = sum(ul.all_gather_bytes for ul in inner) // len(inner)
+        msg = (f"{len(inner)} of {len(nonroot)} units are inside the repeated block {block} ({', '.join(classes)}: "
+               f"{examples}); the plan issues {_collectives(layout)} vs {alt_layout.collectives_per_step} with one "
+               f"unit per {block}, each all-gather moving {human_bytes(avg)} per rank on average")
+        first = inner[0].unit
+        fix = "make the block the unit instead of its sub-modules: " + block_wrap_fix(tree, plan.api, block)
+        return self.finding(ctx, msg, line=first.line or 1, col=first.col or 1,
+                            path=ctx.path if first.path.startswith("<") else first.path, module=first.module,
+                            fix=fix, block=block, units_inside_block=len(inner),
+                            collectives_per_step=layout.collectives_per_step,
+                            per_block_collectives_per_step=alt_layout.collectives_per_step)
+
+    def _small(self, ctx, block, small, with_params, alt_layout, floor):
+        from fsdp_lint.report import human_bytes
+
+        plan, tree, layout = ctx.plan, ctx.tree, ctx.layout
+        sizes = sorted(ul.all_gather_bytes for ul in small)
+        median = sizes[len(sizes) // 2]
+        msg = (f"{len(small)} of {len(with_params)} units all-gather less than {human_bytes(floor)} per rank "
+               f"(median {human_bytes(median)}); the plan issues {_collectives(layout)}")
+        finer = alt_layout is not None and layout.collectives_per_step > alt_layout.collectives_per_step
+        if finer:
+            msg += f" vs {alt_layout.collectives_per_step} with one unit per {block}"
+        if finer:
+            fix = "use coarser units: " + block_wrap_fix(tree, plan.api, block)
+        else:
+            itemsize = max(1, small[0].padded_numel and unit_bytes(small[0]) // small[0].padded_numel)
+            ws = max(2, small[0].world_size)
+            min_params = -(-floor * ws // ((ws - 1) * itemsize))
+            if plan.api == "fsdp1":
+                fix = (f"use coarser units: `functools.partial(size_based_auto_wrap_policy, "
+                       f"min_num_params={min_params:_})` or a policy on a parent module, so each unit moves at "
+                       f"least {human_bytes(floor)}")
+            else:
+                fix = (f"use coarser groups: pass several neighbouring modules to one call, "
+                       f"`fully_shard([{tree.expr(small[0].unit.module)}, ...])`, about {min_params:,} parameters "
+                       f"per group, so each all-gather moves at least {human_bytes(floor)}")
+        first = min((ul.unit for ul in small if not ul.unit.is_root), key=lambda u: u.seq, default=small[0].unit)
+        return self.finding(ctx, msg, line=first.line or 1, col=first.col or 1,
+                            path=ctx.path if first.path.startswith("<") else first.path, module=first.module,
+                            fix=fix, small_units=len(small), collectives_per_step=layout.collectives_per_step,
+                            per_block_collectives_per_step=alt_layout.collectives_per_step if alt_layout else None)
