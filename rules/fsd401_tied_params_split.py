@@ -180,6 +180,7 @@ model = FSDP(model, use_orig_params=True)
             f"`{m or '<root>'}` in {_unit_name(u)}" + (f" (line {u.line})" if u is not None and u.line else "")
             for m, u in unit_of.items())
         msg = f"tied parameter {names} is split across FSDP units: {where}"
+        details = {}
         if plan.api == "fsdp2":
             if any(u is None for u in unit_of.values()):
                 msg += (": only the sharded module gets the DTensor parameter, the other keeps a plain replicated "
@@ -188,6 +189,7 @@ model = FSDP(model, use_orig_params=True)
                 msg += (f": torch raises at the first forward (\"Parameter '{info.aliases[0]}' is shared with a "
                         "parameter already managed by another FSDP group\")")
             fix = self._fsdp2_fix(owners, unit_of, outer)
+            details["group"] = self._members(owners, unit_of, outer)
         else:
             if plan.use_orig_params:
                 msg += ": with use_orig_params=True the forward crashes with a shape error (\"'weight' must be 2-D\")"
@@ -196,7 +198,7 @@ model = FSDP(model, use_orig_params=True)
                         "after the first optimizer step")
             fix = self._fsdp1_fix(owners, unit_of, outer, culprits)
         return self.finding(ctx, msg, line=anchor.line, col=anchor.col, path=anchor.path, module=owners[-1],
-                            fix=fix, param=info.fqn, modules=owners)
+                            fix=fix, param=info.fqn, modules=owners, **details)
 
     @staticmethod
     def _members(owners, unit_of, outer) -> List[str]:
