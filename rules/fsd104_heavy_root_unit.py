@@ -1,0 +1,298 @@
+"""FSD104 heavy-root-unit."""
+from typing import Dict, List, Set
+
+from fsdp_lint.rule import Example, Rule
+from fsdp_lint.rules.fsd101_whole_model_unit import unit_bytes
+
+_MODEL = '''
+import torch.nn as nn
+
+class Block(nn.Module):
+    def __init__(self, dim=64):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return x + self.fc2(self.fc1(self.norm(x)).relu())
+
+class LM(nn.Module):
+    def __init__(self, vocab=32000, dim=64, layers=4, tied=False):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList([Block(dim) for _ in range(layers)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x))
+'''
+
+
+class HeavyRootUnit(Rule):
+    """The root unit's own parameters outweigh every other unit.
+
+    ## What it does
+    Compares the parameters the root unit keeps for itself (what no nested unit took: typically
+    the embeddings, the output head and the final norm) with the largest other unit, in
+    all-gathered bytes. When the root is larger, it names the modules that make it heavy and
+    suggests the grouping that moves them out of the root: FSDP2
+    `fully_shard(model.embed)` before the blocks and `fully_shard([model.norm, model.head])`
+    after them (torchtitan's plan); FSDP1 units of their own through the auto-wrap policy.
+
+    When the only way out would split a tied weight between units (FSDP1 with an output head
+    tied to the embedding, whose modules share no ancestor but the root), the finding is
+    reported as info: that root is the price of the tie under FSDP1.
+
+    A root whose unsharded parameters are below `collective-floor-bytes` (default 1 MiB) is
+    not reported (splitting it would only add tiny collectives), nor is an FSDP2 root sharded
+    with an explicit `reshard_after_forward=True`.
+
+    ## Why is this bad?
+    FSDP never reshards the root after forward (FSDP1 never does; FSDP2 does not by default):
+    its parameters are all-gathered before the first block and stay unsharded until the end of
+    backward. A root heavier than a block therefore sets the peak memory on every rank, and the
+    per-block wrapping buys less than it seems. With large vocabularies (32K-256K tokens) the
+    embedding and head often outweigh several blocks.
+
+    ## Example
+    ```python
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)  # keeps embed (32000 x 4096) and head (4096 x 32000) unsharded
+    ```
+
+    ## Fix
+    ```python
+    fully_shard(model.embed)
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard([model.norm, model.head])
+    fully_shard(model)
+    ```
+    """
+
+    code = "FSD104"
+    name = "heavy-root-unit"
+    severity = "warning"
+    summary = "the root unit (embeddings, head, norms) is larger than the largest block unit"
+
+    VALID = [
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = LM()
+fully_shard(model.embed)
+for layer in model.layers:
+    fully_shard(layer)
+fully_shard([model.norm, model.head])
+fully_shard(model)
+''', note="torchtitan-style grouping"),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = LM(vocab=256)
+for layer in model.layers:
+    fully_shard(layer)
+fully_shard(model)
+''', note="small vocabulary: the root is lighter than a block"),
+    ]
+    INVALID = [
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = LM()
+for layer in model.layers:
+    fully_shard(layer)
+fully_shard(model)
+'''),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+model = FSDP(LM(), auto_wrap_policy=ModuleWrapPolicy({Block}))
+'''),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+model = FSDP(LM(tied=True), auto_wrap_policy=ModuleWrapPolicy({Block}))
+''', note="FSDP1 with a tied head: info"),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = LM(tied=True)
+for layer in model.layers:
+    fully_shard(layer)
+fully_shard(model)
+''', note="FSDP2 with a tied head: one group for both"),
+    ]
+
+    def check(self, ctx):
+        plan, tree, layout, settings = ctx.plan, ctx.tree, ctx.layout, ctx.settings
+        if plan.origin not in ("file", "cli") or not plan.root_wrapped or plan.sharding_strategy == "NO_SHARD":
+            return
+        root = plan.root_unit
+        rl = layout.for_unit(root) if root is not None else None
+        if rl is None or not rl.numel:
+            return
+        if plan.api == "fsdp2" and root.reshard_after_forward_explicit and root.reshard_after_forward:
+            return
+        others = [ul for ul in layout.units if not ul.unit.is_root and ul.numel]
+        if not others:
+            return  # one unit for everything: FSD101
+        root_bytes = unit_bytes(rl)
+        largest = max(others, key=unit_bytes)
+        if root_bytes <= unit_bytes(largest) or root_bytes < settings.collective_floor_bytes:
+            return
+        yield self._finding(ctx, root, rl, largest, others)
+
+    # ------------------------------------------------------------------------------------
+    def _tops(self, tree, owned: Set[str], root_params: List[str]) -> Dict[str, List[str]]:
+        """The largest sub-modules (not the root, not containers) all of whose parameters the root
+        owns, each with the root-owned parameters under it; "" collects parameters registered on
+        the root itself."""
+        tops: Dict[str, List[str]] = {}
+        cache: Dict[str, bool] = {}
+
+        def movable(fqn: str) -> bool:
+            if fqn not in cache:
+                info = tree.modules[fqn]
+                cache[fqn] = bool(fqn) and info.has_forward and all(p in owned for p in tree.params_under(fqn))
+            return cache[fqn]
+
+        for p in root_params:
+            for alias in tree.params[p].all_fqns:       # a tied weight sits in every module using it
+                owner = alias.rpartition(".")[0]
+                if not owner or owner not in tree.modules or not movable(owner):
+                    top = ""
+                else:
+                    top = owner
+                    while True:
+                        parent = tree.modules[top].parent
+                        if not parent or not movable(parent):
+                            break
+                        top = parent
+                if p not in tops.setdefault(top, []):
+                    tops[top].append(p)
+        return tops
+
+    def _finding(self, ctx, root, rl, largest, others):
+        from fsdp_lint.report import human_bytes, human_count
+
+        plan, tree = ctx.plan, ctx.tree
+        owned = set(root.params)
+        tops = self._tops(tree, owned, root.params)
+        stuck = tops.pop("", [])
+        order = {f: i for i, f in enumerate(tree.modules)}
+        movable = sorted(tops, key=lambda f: order[f])
+        size = {t: sum(tree.params[p].numel for p in tops[t]) for t in movable}
+
+        # where each top sits relative to the other units: before them (inputs) or after (outputs)
+        positions = [order[m] for ul in others for m in ul.unit.modules if m in order]
+        lo, hi = min(positions), max(positions)
+        side = {t: "input" if order[t] < lo else "output" if order[t] > hi else "middle" for t in movable}
+
+        # tied weights: top modules that share a parameter must stay in one unit
+        top_of_alias: Dict[str, str] = {}
+        for t in movable:
+            prefix = t + "."
+            for alias, canonical in tree.alias_to_canonical.items():
+                if alias.startswith(prefix) and canonical in owned:
+                    top_of_alias[alias] = t
+        ties: List[Set[str]] = []
+        tied_names: List[str] = []
+        for p in root.params:
+            holders = {top_of_alias.get(a, "") for a in tree.params[p].all_fqns}
+            if len(holders) > 1:
+                ties.append(holders)
+                tied_names.append(" = ".join(tree.params[p].all_fqns))
+
+        parts = ", ".join(f"`{t}` {human_count(size[t])}" for t in sorted(movable, key=lambda t: -size[t])[:5])
+        if stuck:
+            parts += f", {len(stuck)} parameter(s) of the root itself ({human_count(sum(tree.params[p].numel for p in stuck))})"
+        ratio = unit_bytes(rl) / max(1, unit_bytes(largest))
+        held = "FSDP1 never reshards the root" if plan.api == "fsdp1" else "FSDP2 does not reshard the root"
+        msg = (f"the root unit keeps {human_count(rl.numel)} parameters of its own ({parts}): "
+               f"{human_bytes(unit_bytes(rl))} unsharded from the first forward to the end of backward ({held} "
+               f"after forward), {ratio:.3g}x the largest other unit `{largest.unit.module}` "
+               f"({human_bytes(unit_bytes(largest))})")
+        severity = None
+        if not movable:
+            fix = "the root's own parameters cannot move to a sub-module unit; register them in a sub-module"
+        elif plan.api == "fsdp1":
+            fix, split = self._fsdp1_fix(ctx, movable, ties, others)
+            if split:
+                severity = "info"
+                msg += (f"; the weight tied across them ({'; '.join(tied_names)}) cannot leave the root without being "
+                        f"split between FSDP1 units, so this root is the price of the tie")
+        else:
+            fix = self._fsdp2_fix(tree, movable, side, ties)
+        return self.finding(ctx, msg, line=root.line or 1, col=root.col or 1,
+                            path=ctx.path if root.path.startswith("<") else root.path, module="", fix=fix,
+                            severity=severity, root_bytes=unit_bytes(rl), largest_unit=largest.unit.module,
+                            largest_bytes=unit_bytes(largest), movable=movable)
+
+    @staticmethod
+    def _merge(groups: List[List[str]], ties: List[Set[str]]) -> List[List[str]]:
+        for tie in ties:
+            hit = [g for g in groups if tie & set(g)]
+            if len(hit) > 1:
+                merged = [m for g in hit for m in g]
+                groups = [g for g in groups if g not in hit] + [merged]
+        return groups
+
+    def _fsdp2_fix(self, tree, movable, side, ties) -> str:
+        order = {f: i for i, f in enumerate(tree.modules)}
+        inputs = [t for t in movable if side[t] == "input"]
+        outputs = [t for t in movable if side[t] == "output"]
+        middle = [[t] for t in movable if side[t] == "middle"]
+        groups = ([inputs] if inputs else []) + middle + ([outputs] if outputs else [])
+        groups = self._merge(groups, ties)
+        groups = [sorted(g, key=lambda f: order[f]) for g in groups]
+
+        def call(g: List[str]) -> str:
+            if len(g) == 1:
+                return f"fully_shard({tree.expr(g[0])})"
+            return "fully_shard([" + ", ".join(tree.expr(m) for m in g) + "])"
+
+        before = [call(g) for g in groups if all(side[m] == "input" for m in g)]
+        after = [call(g) for g in groups if not all(side[m] == "input" for m in g)]
+        out = []
+        if before:
+            out.append("`" + "`, `".join(before) + "` before the blocks")
+        if after:
+            out.append("`" + "`, `".join(after) + "` after them")
+        return "shard them as groups of their own: " + " and ".join(out) + ", then `fully_shard(model)`"
+
+    def _fsdp1_fix(self, ctx, movable, ties, others):
+        """(fix, splits_a_tie): FSDP1 units are single modules; tied tops must share one."""
+        tree, plan = ctx.tree, ctx.plan
+        units: List[str] = list(movable)
+        split = False
+        for tie in ties:
+            members = [t for t in tie if t]
+            lca = members[0]
+            for m in members[1:]:
+                while lca and not (m == lca or tree.is_ancestor(lca, m)):
+                    lca = tree.modules[lca].parent or ""
+            taken = [m for ul in others for m in ul.unit.modules]
+            if not lca or any(m == lca or tree.is_ancestor(lca, m) for m in taken):
+                split = True
+                units = [u for u in units if u not in members]
+                continue
+            units = [u for u in units if u not in members and not tree.is_ancestor(lca, u)] + [lca]
+        if split:
+            tied = sorted({t for tie in ties for t in tie if t}, key=lambda f: list(tree.modules).index(f))
+            group = "fully_shard([" + ", ".join(tree.expr(t) for t in tied) + "])"
+            return (f"keep the tie in the root (FSDP1 cannot split it), untie the weights, or move to FSDP2, "
+                    f"whose `{group}` holds tied modules in one group that reshards after forward", True)
+        exprs = [tree.expr(u) for u in units]
+        classes = sorted({ul.unit.cls for ul in others})
+        if plan.policies:
+            cond = " or ".join([f"isinstance(m, {c})" for c in classes[:2]] + [f"m is {e}" for e in exprs])
+            fix = (f"make them units of their own: `auto_wrap_policy=functools.partial(lambda_auto_wrap_policy, "
+                   f"lambda_fn=lambda m: {cond})`")
+        else:
+            fix = "wrap them before the root: " + "; ".join(f"`{e} = FSDP({e}, ...)`" for e in exprs)
+        return fix, split
