@@ -1,0 +1,137 @@
+"""FSD105 container-unit."""
+from fsdp_lint.rule import Example, Rule
+from fsdp_lint.rules.fsd101_whole_model_unit import _MODEL
+
+
+class ContainerUnit(Rule):
+    """A container without `forward` (`ModuleList`, `ModuleDict`) is an FSDP unit.
+
+    ## What it does
+    Flags units whose module has no `forward` of its own: `fully_shard(model.layers)` or
+    `FSDP(model.layers)` on an `nn.ModuleList`/`nn.ModuleDict`, `ModuleWrapPolicy({nn.ModuleList})`,
+    or a custom module class that only holds other modules. It points at the wrap call and
+    names the elements that should be the units instead.
+
+    ## Why is this bad?
+    FSDP all-gathers a unit's parameters in hooks around the unit's `forward`. A container's
+    `forward` is never called: its parent iterates over it and calls the elements. FSDP2 refuses
+    a lone `ModuleList`/`ModuleDict` (`ValueError: fully_shard does not support containers that do
+    not implement forward`); inside a `fully_shard([...])` list, or as a custom class, it is
+    accepted and its parameters are never gathered in time. FSDP1 accepts the container
+    with only a warning and never all-gathers its FlatParameter: the layers inside run on sharded
+    storage.
+    Even where it worked, one unit holding every layer would all-gather the whole stack at once.
+
+    ## Example
+    ```python
+    fully_shard(model.layers)  # nn.ModuleList
+    fully_shard(model)
+    ```
+
+    ## Fix
+    Shard the elements, one unit each:
+    ```python
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    ```
+    """
+
+    code = "FSD105"
+    name = "container-unit"
+    severity = "error"
+    summary = "a container without forward (ModuleList, ModuleDict) is an FSDP unit"
+
+    VALID = [
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = Net()
+for layer in model.layers:
+    fully_shard(layer)
+fully_shard(model)
+'''),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.Sequential(Block(), Block())
+        self.head = nn.Linear(256, 10)
+
+    def forward(self, x):
+        return self.head(self.blocks(x))
+
+model = Stack()
+fully_shard(model.blocks)
+fully_shard(model)
+''', note="nn.Sequential has a forward"),
+    ]
+    INVALID = [
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = Net()
+fully_shard(model.layers)
+fully_shard(model)
+''', note="FSDP2 raises ValueError"),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+model = Net()
+model.layers = FSDP(model.layers)
+model = FSDP(model)
+''', note="FSDP1 accepts it silently"),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({nn.ModuleList}))
+''', note="FSDP1 policy naming the container class"),
+    ]
+
+    def check(self, ctx):
+        plan, tree = ctx.plan, ctx.tree
+        if plan.origin not in ("file", "cli"):
+            return
+        for unit in plan.units:
+            for m in unit.modules:
+                info = tree.modules.get(m)
+                if info is None or info.has_forward or not m:
+                    continue
+                yield self._finding(ctx, unit, m)
+
+    def _finding(self, ctx, unit, fqn):
+        from fsdp_lint.report import human_count
+
+        plan, tree = ctx.plan, ctx.tree
+        info = tree.modules[fqn]
+        is_dict = "ModuleDict" in info.mro
+        torch_container = is_dict or "ModuleList" in info.mro
+        kids = [tree.modules[c] for c in info.children]
+        kid_classes = sorted({k.cls for k in kids})
+        numel = sum(tree.params[p].numel for p in tree.params_under(fqn))
+        expr = tree.expr(fqn)
+        what = (f"`{expr}` ({info.cls}, {len(kids)} element(s): {', '.join(kid_classes) or 'none'}; "
+                f"{human_count(numel)} parameters) is an FSDP unit, but it has no `forward`")
+        if plan.api == "fsdp2":
+            if len(unit.modules) == 1 and torch_container:
+                why = ("torch raises `ValueError: fully_shard does not support containers that do not implement "
+                       "forward`")
+            else:
+                why = ("its forward is never called, so FSDP2's hooks never all-gather its parameters before the "
+                       "elements use them")
+            it = expr + (".values()" if is_dict else "")
+            fix = f"shard the elements instead: `for layer in {it}: fully_shard(layer)`, then `fully_shard(model)`"
+        else:
+            why = ("FSDP1 accepts it with only a warning (\"FSDP will not all-gather parameters for containers "
+                   "that do not implement forward\"): it gathers a unit in the wrapper's forward, which the parent "
+                   "never calls (it iterates the container), so the elements run on sharded parameters")
+            if unit.origin == "policy" and len(kid_classes) == 1:
+                fix = (f"name the element class in the policy, not the container: "
+                       f"`ModuleWrapPolicy({{{kid_classes[0]}}})`")
+            elif len(kid_classes) == 1:
+                fix = (f"wrap the elements, not the container: `auto_wrap_policy=ModuleWrapPolicy("
+                       f"{{{kid_classes[0]}}})` on the outer `FSDP(model)`")
+            else:
+                fix = "wrap the elements of the container, not the container"
+        return self.finding(ctx, f"{what}: {why}", line=unit.line or 1, col=unit.col or 1,
+                            path=ctx.path if unit.path.startswith("<") else unit.path, module=fqn, fix=fix,
+                            container_class=info.cls)
