@@ -127,10 +127,13 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
         base = load_settings(files[0] if files else os.getcwd(), config_path)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
+    cli_selection = {"select": _split_codes(select), "ignore": _split_codes(ignore),
+                     "extend_select": _split_codes(extend_select)}
     settings = base.with_overrides(
         world_size=world_size, api=api, wrap=list(wrap), use_orig_params=use_orig_params, model=model_target,
-        select=_split_codes(select), ignore=_split_codes(ignore), extend_select=_split_codes(extend_select),
-        fail_on=fail_on)
+        fail_on=fail_on, cli_selection=cli_selection if any(cli_selection.values()) else None)
+    if run_ and os.environ.get("WORLD_SIZE", "").isdigit() and os.environ.get("RANK") and os.environ.get("MASTER_ADDR"):
+        nproc = int(os.environ["WORLD_SIZE"])   # under torchrun every process is one rank
     if run_ and world_size is None:
         settings = settings.with_overrides(world_size=nproc)
     try:

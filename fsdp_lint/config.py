@@ -29,6 +29,9 @@ class Settings:
     padding_fraction: float = 0.05           # FSD601
     replay_timeout: float = 120.0
     config_path: Optional[str] = None
+    # --select/--ignore/--extend-select from the command line: a second layer over the config's
+    # (ruff's model: a layer with `select` starts the selection afresh; one without only adds/removes)
+    cli_selection: Optional[Dict[str, Any]] = None
 
     def with_overrides(self, **kwargs) -> "Settings":
         clean = {k: v for k, v in kwargs.items() if v is not None and v != [] and v != ()}
@@ -36,6 +39,7 @@ class Settings:
 
 
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(Settings)}
+_INTERNAL = {"config_path", "cli_selection"}
 
 
 def find_pyproject(start: str) -> Optional[str]:
@@ -72,7 +76,7 @@ def load_settings(start: str, explicit: Optional[str] = None) -> Settings:
     values: Dict[str, Any] = {}
     for key, value in section.items():
         name = _KEYS.get(key) or _KEYS.get(key.replace("_", "-"))
-        if name is None or name == "config_path":
+        if name is None or name in _INTERNAL:
             raise ConfigError(f"{path}: unknown key [tool.fsdp-lint] {key!r}")
         values[name] = value
     settings = replace(settings, config_path=path)

@@ -383,6 +383,18 @@ def repo_root(start: Optional[str] = None) -> str:
         probe = parent
 
 
+def _artifact_location(path: str, root: str) -> dict:
+    """A repo-relative URI (what GitHub code scanning maps to the file); absolute outside the repo."""
+    from pathlib import Path
+    from urllib.parse import quote
+
+    ap = os.path.abspath(path)
+    rel = os.path.relpath(ap, root)
+    if rel.startswith(".."):
+        return {"uri": Path(ap).as_uri()}
+    return {"uri": quote(rel.replace(os.sep, "/")), "uriBaseId": "%SRCROOT%"}
+
+
 def render_sarif(results, failures=()) -> str:
     from fsdp_lint.rule import all_rules
 
@@ -404,14 +416,13 @@ def render_sarif(results, failures=()) -> str:
     out_results = []
     for res in results:
         for f in res.findings:
-            uri = os.path.relpath(os.path.abspath(f.path), root).replace(os.sep, "/")
             result = {
                 "ruleId": f.code,
                 "ruleIndex": index.get(f.code, 0),
                 "level": _SARIF_LEVEL[f.severity],
                 "message": {"text": f.message + (f" Fix: {f.fix}" if f.fix else "")},
                 "locations": [{"physicalLocation": {
-                    "artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"},
+                    "artifactLocation": _artifact_location(f.path, root),
                     "region": {"startLine": max(1, f.line), "startColumn": max(1, f.col)},
                 }}],
             }
@@ -423,8 +434,7 @@ def render_sarif(results, failures=()) -> str:
     notifications = [{
         "level": "error",
         "message": {"text": message},
-        "locations": [{"physicalLocation": {"artifactLocation": {
-            "uri": os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/"), "uriBaseId": "%SRCROOT%"}}}],
+        "locations": [{"physicalLocation": {"artifactLocation": _artifact_location(path, root)}}],
     } for path, message in failures]
     doc = {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",

@@ -45,13 +45,26 @@ def codes_from_module_names() -> List[str]:
     return codes
 
 
+def _layers(settings: Settings):
+    """(select or None, extend_select, ignore, origin) per layer: the config's, then the command line's."""
+    yield (list(settings.select) if settings.select is not None else None, list(settings.extend_select),
+           list(settings.ignore), "")
+    cli = settings.cli_selection
+    if cli:
+        yield (list(cli["select"]) if cli.get("select") else None, list(cli.get("extend_select") or ()),
+               list(cli.get("ignore") or ()), "--")
+
+
 def check_all_selectors(settings: Settings) -> None:
     """Raise ConfigError for a selector that matches no rule. Checked against the rule modules' names
     first, and only imported (all_rules) when that cheap check fails, so that linting files that get
     skipped never imports torch through a rule module."""
-    groups = [(settings.select, "--select/select"), (settings.ignore, "--ignore/ignore"),
-              (settings.extend_select, "--extend-select/extend-select")]
-    groups += [(codes, f"per-file-ignores {pattern!r}") for pattern, codes in (settings.per_file_ignores or {}).items()]
+    groups = []
+    cfg = f"{settings.config_path}: [tool.fsdp-lint] " if settings.config_path else ""
+    for select, extend, ignore, dash in _layers(settings):
+        where = dash or cfg
+        groups += [(select or [], f"{where}select"), (ignore, f"{where}ignore"), (extend, f"{where}extend-select")]
+    groups += [(codes, f"{cfg}per-file-ignores {pattern!r}") for pattern, codes in (settings.per_file_ignores or {}).items()]
     try:
         cheap = codes_from_module_names()
         for selectors, origin in groups:
@@ -65,15 +78,24 @@ def check_all_selectors(settings: Settings) -> None:
 
 
 def rule_enabled(code: str, settings: Settings, path: str) -> bool:
-    selected = _matches(code, list(settings.select) + list(settings.extend_select))
-    if not selected:
+    """ruff's model: within a layer the more specific selector wins (ties go to ignore); a layer with
+    `select` decides afresh, one without only changes what its extend-select/ignore match; the
+    command line is the last layer; per-file-ignores always win."""
+    enabled = False
+    for select, extend, ignore, _ in _layers(settings):
+        ignored = _matches(code, ignore)
+        if select is not None:
+            enabled = _matches(code, select + extend) > ignored
+        else:
+            added = _matches(code, extend)
+            if added or ignored:
+                enabled = added > ignored
+    if not enabled:
         return False
-    ignored = _matches(code, settings.ignore)
     for pattern, codes in (settings.per_file_ignores or {}).items():
-        if _path_matches(path, pattern, settings):
-            ignored = max(ignored, _matches(code, codes))
-    # ruff's rule: the more specific selector wins; ties go to ignore
-    return selected > ignored
+        if _matches(code, codes) and _path_matches(path, pattern, settings):
+            return False
+    return True
 
 
 def _path_matches(path: str, pattern: str, settings: Settings) -> bool:

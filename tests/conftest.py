@@ -1,0 +1,58 @@
+"""Shared test helpers: run the CLI in-process, the repository root, and ``--update-goldens``."""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--update-goldens", action="store_true", default=False,
+        help="rewrite tests/golden/* from the current output instead of comparing against them",
+    )
+
+
+@pytest.fixture
+def update_goldens(request) -> bool:
+    return bool(request.config.getoption("--update-goldens"))
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """``cli("path.py", "--world-size", "4", cwd=...)`` runs ``fsdp_lint.cli.main`` in this process
+    (torch is imported once for the whole session) and returns exit code, stdout and stderr."""
+    from fsdp_lint.cli import main
+
+    def run(*argv: str, cwd: str = REPO) -> CliResult:
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            main(list(argv))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run
+
+
+def run_subprocess(args, cwd=REPO, timeout=120, env=None):
+    import subprocess
+
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=full_env)
