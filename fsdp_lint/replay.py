@@ -854,6 +854,15 @@ def replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget] = 
         except Exception as exc:
             raise ReplayError(_describe_failure(basename, exc, path)) from exc
 
+        if isinstance(override, _LazyOverride) and override.callable is None:
+            # --model names something in the linted file itself: it must exist even when the file
+            # builds and wraps its own model (an unknown --model is a usage error, exit 2)
+            obj = ns.get(target.name.split(".")[0])
+            for part in target.name.split(".")[1:]:
+                obj = getattr(obj, part, None)
+            if not callable(obj):
+                raise ReplayError(f"--model {target.text}: {target.name!r} is not defined in {basename}")
+
         if not rec.wrap_calls:
             # library-style files: wrap helpers that the file defines but never calls; entry points
             # without required arguments (``main()`` run by ``fire``/``typer``) build their own model

@@ -138,6 +138,12 @@ def parse_source(path: str, text: str) -> SourceFacts:
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
+        try:  # Python's own message and line are clearer ("expected ':'") than libcst's
+            compile(text, path, "exec", dont_inherit=True)
+        except SyntaxError as py_exc:
+            raise SourceError(f"{path}:{py_exc.lineno}:{py_exc.offset or 1}: syntax error: {py_exc.msg}") from None
+        except Exception:
+            pass
         msg = str(exc).strip().splitlines()[0]
         raise SourceError(f"{path}:{exc.raw_line}:{exc.raw_column + 1}: syntax error: {msg}") from None
     except Exception as exc:  # libcst raises a few other types on odd input
