@@ -115,6 +115,13 @@ fully_shard([model.tok_emb, model.lm_head])
 fully_shard(model)
 '''),
         Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = GPT()
+for block in model.blocks:
+    fully_shard(block)
+fully_shard(model)
+''', note="both tied modules stay in the root group"),
+        Example(_MODEL + '''
 import functools
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
@@ -157,7 +164,9 @@ model = FSDP(model, use_orig_params=True)
             owners: List[str] = []
             for name in info.all_fqns:
                 mod = name.rpartition(".")[0]
-                if mod not in owners:
+                # a path missing from the tree is a module instance registered twice (e.g. one block
+                # repeated in a ModuleList): the same module, not a second one sharing the tensor
+                if mod in tree.modules and mod not in owners:
                     owners.append(mod)
             unit_of = {m: plan.unit_of_module(m) for m in owners}
             distinct = []

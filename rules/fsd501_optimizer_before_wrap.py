@@ -112,6 +112,14 @@ model = Net()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 model = FSDP(model, use_orig_params=True)
 ''', note="warning: use_orig_params=True keeps the Parameter objects"),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = Net()
+for layer in model.layers:
+    fully_shard(layer)
+optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+fully_shard(model)
+''', note="the root's own parameters (embed, head) are replaced after the optimizer is built"),
     ]
 
     def check(self, ctx):
@@ -133,16 +141,20 @@ model = FSDP(model, use_orig_params=True)
             last = wraps[-1]
             wrap_lines = _lines(u.line for u in wraps)
             n, total = len(replaced), len(opt.params)
-            held = f"{n} of its {total} parameters" if n < total else f"all {total} of its parameters"
+            if n < total:
+                held = (f"{n} of its {total} parameters (" + ", ".join(f"`{p}`" for p in replaced[:4])
+                        + (f" and {n - 4} more" if n > 4 else "") + ")")
+                effect = "never updates them"
+            else:
+                held = f"all {total} of its parameters"
+                effect = "updates nothing"
             severity = self.severity
             if plan.api == "fsdp2":
                 why = (f"`fully_shard` at {wrap_lines} replaces {held} with new sharded DTensor parameters; the "
-                       "optimizer keeps the old tensors, which get no gradients, so `optimizer.step()` updates "
-                       "nothing")
+                       f"optimizer keeps the old tensors, which get no gradients, so `optimizer.step()` {effect}")
             elif not plan.use_orig_params:
                 why = (f"FSDP at {wrap_lines} flattens {held} into FlatParameters (use_orig_params=False); the "
-                       "optimizer keeps the original tensors, which get no gradients, so `optimizer.step()` "
-                       "updates nothing")
+                       f"optimizer keeps the original tensors, which get no gradients, so `optimizer.step()` {effect}")
             else:
                 severity = "warning"
                 why = (f"FSDP at {wrap_lines} wraps {held}; it works only because use_orig_params=True keeps the "

@@ -82,6 +82,12 @@ for layer in model.layers:
     fully_shard(layer)
 fully_shard(model, ignored_params=set(model.head.parameters()))
 '''),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+model = Net()
+model = FSDP(model, ignored_modules=[model.backbone])
+model.backbone.requires_grad_(False)
+''', note="frozen after the wrap, before training"),
     ]
     INVALID = [
         Example(_MODEL + '''

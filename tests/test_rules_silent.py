@@ -117,6 +117,12 @@ fully_shard(model, mesh=mesh)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
 '''
 
+FSDP1_OPTIMIZER_BEFORE = _NET + '''
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+model = FSDP(model, device_id=cpu, use_orig_params=False)
+'''
+
 FSDP1_IGNORED_TRAINABLE = _NET + '''
 model = Net()
 model = FSDP(model, ignored_modules=[model.embed], device_id=cpu)
@@ -337,6 +343,23 @@ def test_fsd501_optimizer_built_before_fully_shard_updates_nothing(tmp_path):
     for r in good:                                  # control: built after the wrap, the step trains
         assert r["shared"] == r["n_model"]
         assert all(not torch.equal(b, r["after"][f]) for f, b in r["before"].items())
+
+
+@pytest.mark.parametrize("use_orig_params", [False, True])
+def test_fsd501_fsdp1(tmp_path, use_orig_params):
+    source = FSDP1_OPTIMIZER_BEFORE.replace("use_orig_params=False", f"use_orig_params={use_orig_params}")
+    hits = _codes(_lint(tmp_path, source), "FSD501")
+    assert len(hits) == 1 and hits[0].line == _line_of(source, "optimizer = torch.optim.SGD")
+    assert hits[0].severity == ("warning" if use_orig_params else "error")
+
+    for r in run_ranks(rank_optimizer_refs, source, world_size=WS, timeout=TIMEOUT):
+        changed = [f for f, b in r["before"].items() if not torch.equal(b, r["after"][f])]
+        if use_orig_params:
+            # FSDP1 keeps the original Parameter objects: the step does train (hence only a warning)
+            assert r["shared"] == r["n_model"] > 0 and changed
+        else:
+            # the FlatParameters are new: the optimizer holds none of them and the model does not move
+            assert r["shared"] == 0 and r["grads"] == r["n_model"] > 0 and not changed
 
 
 def test_fsd501_fixture():
