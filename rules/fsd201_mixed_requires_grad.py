@@ -5,6 +5,7 @@ parameter, and the concrete grouping that makes every unit uniform.
 """
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from fsdp_lint.layout import fsdp1_flatten_error
 from fsdp_lint.rule import Example, Rule
 from fsdp_lint.tree import ModuleTree, describe_params, param_patterns, uniform_cover
 
@@ -118,12 +119,20 @@ def policy_of(plan, unit):
     return None
 
 
-def attr_path(fqn: str, root: str = "model") -> str:
-    """``layers.0.q`` -> ``model.layers[0].q``."""
-    out = root
-    for part in fqn.split(".") if fqn else []:
-        out += f"[{part}]" if part.isdigit() else f".{part}"
-    return out
+def fsdp1_torch_error(ctx, u) -> Optional[str]:
+    """What torch raises for FSDP1 unit `u` at wrap time: the frozen-parameter check that a
+    `_Policy` (ModuleWrapPolicy, CustomPolicy) runs on its targets before wrapping anything, then
+    the FlatParameter's own checks (dtype, requires_grad)."""
+    plan, tree = ctx.plan, ctx.tree
+    infos = [tree.params[p] for p in u.params]
+    pol = policy_of(plan, call_unit(plan, u))
+    if u.origin == "policy" and pol is not None and pol.is_policy_object and not plan.use_orig_params \
+            and len({p.requires_grad for p in infos}) > 1:
+        top = call_unit(plan, u).module
+        rel = u.module[len(top) + 1:] if top else u.module
+        return (f"{rel} has both parameters with requires_grad=True and False. "
+                f"FSDP does not support wrapping such modules when use_orig_params=False.")
+    return fsdp1_flatten_error(infos, bool(plan.use_orig_params))
 
 
 def _glob(fqn: str) -> str:
@@ -157,7 +166,7 @@ def split_grouping(ctx, units, key: Callable, predicate: Callable[[object], str]
         chosen += [m for m in mods if m not in chosen]
     globs = list(dict.fromkeys(_glob(m) for m in chosen))
     classes = sorted({tree.modules[m].cls for m in chosen})
-    out = {"modules": chosen, "globs": globs, "classes": classes, "code": None}
+    out = {"modules": chosen, "globs": globs, "classes": classes, "code": None, "policy": None}
     first = units[0]
     pol = policy_of(plan, call_unit(plan, first))
     if pol is not None:
@@ -166,16 +175,21 @@ def split_grouping(ctx, units, key: Callable, predicate: Callable[[object], str]
             value = next(iter(side_values))
             pure = _class_policy_ok(tree, classes, key, len(chosen))
             if existing and pure:
-                out["code"] = f"auto_wrap_policy=ModuleWrapPolicy({{{', '.join(dict.fromkeys(existing + classes))}}})"
+                spelled = {("nn." + tree.modules[m].cls if tree.modules[m].cls_qualname.startswith("torch.nn.")
+                            else tree.modules[m].cls) for m in chosen}
+                names = list(dict.fromkeys(existing + sorted(spelled)))
+                out["policy"] = f"ModuleWrapPolicy({{{', '.join(names)}}})"
             elif existing and _leaf_policy_ok(tree, chosen, key, value):
                 isin = existing[0] if len(existing) == 1 else "(" + ", ".join(existing) + ")"
-                out["code"] = (f"auto_wrap_policy=CustomPolicy(lambda m: isinstance(m, {isin}) or "
-                               f"(not list(m.children()) and any({predicate(value)} for p in m.parameters())))")
+                out["policy"] = (f"CustomPolicy(lambda m: isinstance(m, {isin}) or "
+                                 f"(not list(m.children()) and any({predicate(value)} for p in m.parameters())))")
+            if out["policy"]:
+                out["code"] = f"`auto_wrap_policy={out['policy']}`"
         if out["code"] is None:
             out["code"] = ("a `CustomPolicy` whose lambda also returns True for these modules "
                            "(nested FSDP wraps before an auto-wrapping FSDP call are rejected)")
     else:
-        calls = [f"{attr_path(m)} = FSDP({attr_path(m)}, ...)" for m in chosen[:2]]
+        calls = [f"{tree.expr(m)} = FSDP({tree.expr(m)}, ...)" for m in chosen[:2]]
         more = f" (and the same for the other {len(chosen) - 2})" if len(chosen) > 2 else ""
         out["code"] = "before the FSDP call that wraps them now: `" + "`; `".join(calls) + "`" + more
     return out
@@ -293,7 +307,8 @@ def grad_numels(ctx, u) -> Tuple[int, int]:
     return (sum(tree.params[p].numel for p in frozen + trainable), sum(tree.params[p].numel for p in trainable))
 
 
-def split_fix_text(ctx, units) -> Optional[str]:
+def split_fix(ctx, units) -> Optional[dict]:
+    """The requires_grad grouping for `units`, with its fix text under "text"."""
     grouping = split_grouping(ctx, units, key=lambda p: p.requires_grad,
                               predicate=lambda v: "p.requires_grad" if v else "not p.requires_grad")
     if grouping is None:
@@ -301,9 +316,10 @@ def split_fix_text(ctx, units) -> Optional[str]:
     mods = grouping["globs"]
     shown = ", ".join(f"`{m}`" for m in mods[:4]) + (f" and {len(mods) - 4} more" if len(mods) > 4 else "")
     n = len(grouping["modules"])
-    return (f"wrap {shown} ({', '.join(grouping['classes'])}, {n} module{'s' if n != 1 else ''}) as "
-            f"{'their' if n != 1 else 'its'} own FSDP unit{'s' if n != 1 else ''}, so that every unit is "
-            f"uniformly frozen or trainable: {grouping['code']}")
+    grouping["text"] = (f"wrap {shown} ({', '.join(grouping['classes'])}, {n} module{'s' if n != 1 else ''}) as "
+                        f"{'their' if n != 1 else 'its'} own FSDP unit{'s' if n != 1 else ''}, so that every unit is "
+                        f"uniformly frozen or trainable: {grouping['code']}")
+    return grouping
 
 
 class MixedRequiresGrad(Rule):
@@ -370,6 +386,10 @@ for i, layer in enumerate(model.layers):
     model.layers[i] = FSDP(layer)
 model = FSDP(model)
 '''),
+        # use_orig_params=True accepts mixed units (at a gradient-memory cost, FSD202)
+        Example(_LORA + '''
+model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=True)
+'''),
     ]
     INVALID = [
         # LoRA: frozen base weights and trainable adapters share each Block unit (callable policy)
@@ -393,6 +413,10 @@ for i, layer in enumerate(model.layers):
     model.layers[i] = FSDP(layer, use_orig_params=False)
 model = FSDP(model)
 '''),
+        # a policy object: torch checks every target before wrapping ("has both parameters with ...")
+        Example(_LORA + '''
+model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
+'''),
     ]
 
     def check(self, ctx):
@@ -405,13 +429,9 @@ model = FSDP(model)
             story = freeze_story(ctx, units)
             pol = policy_of(plan, call_unit(plan, u))
             total, trainable = grad_numels(ctx, u)
-            if u.origin == "policy" and pol is not None and pol.is_policy_object:
-                top = call_unit(plan, u).module
-                rel = u.module[len(top) + 1:] if top else u.module
-                torch_says = (f"ValueError: {rel} has both parameters with requires_grad=True and False. "
-                              f"FSDP does not support wrapping such modules when use_orig_params=False.")
-            else:
-                torch_says = "ValueError: Must flatten tensors with uniform `requires_grad` when `use_orig_params=False`"
+            torch_error = fsdp1_torch_error(ctx, u) or \
+                "Must flatten tensors with uniform `requires_grad` when `use_orig_params=False`"
+            torch_says = f"ValueError: {torch_error}"
             how = (f"auto-wrapped by {pol.desc}" if u.origin == "policy" and pol is not None
                    else "wrapped")
             mixes = "each mix" if len(units) > 1 else "mixes"
@@ -419,14 +439,16 @@ model = FSDP(model)
                    f"({how} at {where(u.path, u.line, ctx.path)}): frozen: {frozen_desc}; trainable: {trainable_desc}"
                    + (f" ({story})" if story else "")
                    + f". torch raises at wrap time: `{torch_says}`")
-            split = split_fix_text(ctx, units)
+            split = split_fix(ctx, units)
             orig = (f"pass `use_orig_params=True`: FSDP1 then accepts the unit but allocates gradients for the whole "
                     f"FlatParameter ({total:,} numel instead of {trainable:,} numel before sharding{', per unit' if len(units) > 1 else ''})")
             if split:
-                fix = f"{split}; or {orig}"
+                fix = f"{split['text']}; or {orig}"
             else:
                 fix = (f"frozen and trainable parameters sit directly on the same module "
                        f"({shared_owner(ctx.tree, u.params, lambda p: p.requires_grad)}), so no FSDP1 grouping "
                        f"separates them: {orig}, or move the trainable parameters into a sub-module of their own")
             yield self.finding(ctx, msg, line=u.line, col=u.col, path=u.path, module=u.module, fix=fix,
-                               units=[x.module for x in units])
+                               units=[x.module for x in units], policy=split["policy"] if split else None,
+                               torch_exception="ValueError", torch_error=torch_error,
+                               grad_numel=total, trainable_numel=trainable)

@@ -2,7 +2,7 @@
 from fsdp_lint.rule import Example, Rule
 from fsdp_lint.rules.fsd201_mixed_requires_grad import (
     _FSDP1, _LORA, _MODEL, call_unit, describe_mix, freeze_story, grad_numels, group_units, mix_signature,
-    mixed_units, policy_of, split_fix_text, units_label, where,
+    mixed_units, policy_of, split_fix, units_label, where,
 )
 
 
@@ -91,9 +91,9 @@ model = FSDP(model, auto_wrap_policy=policy, use_orig_params=True)
                    f"expected ({total:,} numel instead of {trainable:,} numel before sharding via reduce-scatter"
                    f"{', per unit' if len(units) > 1 else ''}{per_rank}); frozen: {frozen_desc}; "
                    f"trainable: {trainable_desc}" + (f" ({story})" if story else ""))
-            split = split_fix_text(ctx, units)
+            split = split_fix(ctx, units)
             if split:
-                fix = split
+                fix = split["text"]
             else:
                 from fsdp_lint.rules.fsd201_mixed_requires_grad import shared_owner
 
@@ -102,4 +102,5 @@ model = FSDP(model, auto_wrap_policy=policy, use_orig_params=True)
                        f"separates them: move the trainable parameters into a sub-module of their own and wrap "
                        f"it separately, or accept the extra gradient memory")
             yield self.finding(ctx, msg, line=u.line, col=u.col, path=u.path, module=u.module, fix=fix,
-                               units=[x.module for x in units], grad_numel=total, trainable_numel=trainable)
+                               units=[x.module for x in units], grad_numel=total, trainable_numel=trainable,
+                               policy=split["policy"] if split else None)

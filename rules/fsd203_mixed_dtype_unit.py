@@ -1,10 +1,9 @@
 """FSD203 mixed-dtype-unit."""
 from typing import List
 
-from fsdp_lint.layout import fsdp1_flatten_error
 from fsdp_lint.rule import Example, Rule
 from fsdp_lint.rules.fsd201_mixed_requires_grad import (
-    _FSDP1, _MODEL, attr_path, call_unit, event_lines, group_units, join_lines, policy_of, split_grouping,
+    _FSDP1, _MODEL, call_unit, event_lines, fsdp1_torch_error, group_units, join_lines, policy_of, split_grouping,
     uniform_cover, unit_name, units_label, where,
 )
 from fsdp_lint.tree import describe_params, param_patterns
@@ -173,10 +172,11 @@ fully_shard(model)
         if plan.api == "fsdp1":
             pol = policy_of(plan, call_unit(plan, u))
             how = f"auto-wrapped by {pol.desc}" if u.origin == "policy" and pol is not None else "wrapped"
-            torch_says = fsdp1_flatten_error([tree.params[p] for p in u.params], bool(plan.use_orig_params)) \
+            torch_says = fsdp1_torch_error(ctx, u) \
                 or f"Must flatten tensors with uniform dtype but got torch.{list(groups)[0]} and torch.{list(groups)[1]}"
             msg = (f"{units_label(units)} {mixes} parameter dtypes ({how} at {at}): {'; '.join(parts)} ({cast}). "
                    f"torch raises at wrap time: `ValueError: {torch_says}`")
+            exc, torch_error = "ValueError", torch_says
             remedy = ("keep every parameter in one dtype before wrapping (e.g. `model.to(torch.float32)`) and get "
                       "low-precision compute from `mixed_precision=MixedPrecision(param_dtype=torch.bfloat16)`")
         else:
@@ -184,33 +184,36 @@ fully_shard(model)
             msg = (f"{label} (fully_shard at {at}) {mixes} dtypes among trainable parameters: {'; '.join(parts)} ({cast}). "
                    f"fully_shard accepts it, but the first forward fails: "
                    f"`AssertionError: FSDP expects uniform original parameter dtype but got {dtypes_set}`")
+            exc, torch_error = "AssertionError", f"FSDP expects uniform original parameter dtype but got {dtypes_set}"
             remedy = ("keep every parameter in one dtype (e.g. `model.to(torch.float32)`) and get low-precision compute "
                       "from `fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))`")
-        fix = remedy + self._split(ctx, units, odd)
-        return self.finding(ctx, msg, line=u.line, col=u.col, path=u.path, module=u.module, fix=fix,
-                            units=[x.module for x in units], dtypes=sorted(groups))
+        split, policy = self._split(ctx, units, odd)
+        return self.finding(ctx, msg, line=u.line, col=u.col, path=u.path, module=u.module, fix=remedy + split,
+                            units=[x.module for x in units], dtypes=sorted(groups), policy=policy,
+                            torch_exception=exc, torch_error=torch_error)
 
-    def _split(self, ctx, units, odd: str) -> str:
-        """"; or give the bf16 modules a unit/group of their own: ..."."""
+    def _split(self, ctx, units, odd: str):
+        """("; or give the bf16 modules a unit/group of their own: ...", the FSDP1 policy expression)."""
         tree, plan = ctx.tree, ctx.plan
         if plan.api == "fsdp1":
             grouping = split_grouping(ctx, units, key=lambda p: p.dtype,
                                       predicate=lambda v: f"p.dtype == torch.{v}")
             if grouping is None:
-                return ""
+                return "", None
             mods = grouping["globs"]
             shown = ", ".join(f"`{m}`" for m in mods[:4]) + (f" and {len(mods) - 4} more" if len(mods) > 4 else "")
-            return f"; or wrap {shown} ({', '.join(grouping['classes'])}) as FSDP units of their own: {grouping['code']}"
+            return (f"; or wrap {shown} ({', '.join(grouping['classes'])}) as FSDP units of their own: "
+                    f"{grouping['code']}", grouping["policy"])
         # FSDP2: a group of their own for the odd-dtype modules (trainable params only count)
         chosen: List[str] = []
         for u in units:
             considered = self._considered(ctx, u)
             cover = uniform_cover(tree, u.module, considered, key=lambda p: p.dtype).get(odd)
             if not cover:
-                return ""
+                return "", None
             chosen += [m for m in cover if m not in chosen]
-        calls = [f"fully_shard({attr_path(m)})" for m in chosen[:3]]
+        calls = [f"fully_shard({tree.expr(m)})" for m in chosen[:3]]
         more = f" (and {len(chosen) - 3} more)" if len(chosen) > 3 else ""
         return (f"; or shard the {odd} modules as groups of their own before "
                 f"{'their parents' if len(units) > 1 or units[0].module else 'the root'}: "
-                f"`{'`, `'.join(calls)}`{more}")
+                f"`{'`, `'.join(calls)}`{more}", None)

@@ -1,8 +1,7 @@
 """FSD204 integer-param-in-unit."""
-from fsdp_lint.layout import fsdp1_flatten_error
 from fsdp_lint.rule import Example, Rule
 from fsdp_lint.rules.fsd201_mixed_requires_grad import (
-    attr_path, call_unit, group_units, policy_of, units_label, where,
+    call_unit, fsdp1_torch_error, group_units, policy_of, units_label, where,
 )
 
 _MODEL = '''
@@ -39,6 +38,11 @@ class Net(nn.Module):
 
 _AS_PARAM = "self.positions = nn.Parameter(torch.arange(max_len), requires_grad=False)"
 _AS_BUFFER = 'self.register_buffer("positions", torch.arange(max_len), persistent=False)'
+
+
+def _param_expr(tree, fqn: str) -> str:
+    owner, _, leaf = fqn.rpartition(".")
+    return f"{tree.expr(owner)}.{leaf}"
 
 
 class IntegerParamInUnit(Rule):
@@ -120,9 +124,7 @@ model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
             pol = policy_of(plan, call_unit(plan, u))
             how = f"auto-wrapped by {pol.desc}" if u.origin == "policy" and pol is not None else "wrapped"
             holds = "each hold" if len(units) > 1 else "holds"
-            torch_says = fsdp1_flatten_error([tree.params[p] for p in u.params], bool(plan.use_orig_params))
-            if torch_says is None or "uniform `requires_grad`" in torch_says:
-                torch_says = "Cannot flatten integer dtype tensors"
+            torch_says = fsdp1_torch_error(ctx, u) or "Cannot flatten integer dtype tensors"
             msg = (f"{units_label(units)} {holds} non-floating parameter{'s' if len(ints) > 1 else ''} {shown}{more} "
                    f"({how} at {where(u.path, u.line, ctx.path)}): a FlatParameter is floating point, so torch "
                    f"raises at wrap time: `ValueError: {torch_says}`")
@@ -130,9 +132,10 @@ model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
             owner, _, leaf = first.rpartition(".")
             owner_cls = tree.modules[owner].cls if owner in tree.modules else "its module"
             every = [p for x in units for p in x.params if not tree.params[p].is_floating]
-            listed = ", ".join(attr_path(p) for p in every[:2]) + (", ..." if len(every) > 2 else "")
+            listed = ", ".join(_param_expr(tree, p) for p in every[:2]) + (", ..." if len(every) > 2 else "")
             fix = (f"register it as a buffer instead (an integer tensor never has a gradient): "
                    f"`self.register_buffer(\"{leaf}\", ...)` in {owner_cls}, "
                    f"or exclude it: `ignored_states=[{listed}]` in the FSDP call")
             yield self.finding(ctx, msg, line=u.line, col=u.col, path=u.path, module=u.module, fix=fix,
-                               params=every, units=[x.module for x in units])
+                               params=every, units=[x.module for x in units],
+                               torch_exception="ValueError", torch_error=torch_says)

@@ -139,9 +139,9 @@ fully_shard(model)
                              f"(`model.modules()` and `named_modules()` visit a parent before its children)")
                 else:
                     order = f"{anc} was already sharded at line {related_line}"
+                exc, torch_error = "TypeError", "Invariant encountered: value was None when it should not be"
                 msg = (f"fully_shard on {what} runs after fully_shard on an ancestor: {order}. The ancestor's group "
-                       f"already manages these parameters, and torch fails here with `TypeError: Invariant "
-                       f"encountered: value was None when it should not be`")
+                       f"already manages these parameters, and torch fails here with `{exc}: {torch_error}`")
                 if related_line == line:
                     fix = ("shard children before parents: iterate `reversed(list(model.modules()))`, or skip the root "
                            "in the loop and call `fully_shard(model)` after it")
@@ -150,10 +150,12 @@ fully_shard(model)
                            f"sub-modules: children first, root last")
             else:
                 what = _shown([_name(m) for m in mods])
+                exc, torch_error = ("AssertionError",
+                                    "Each distinct composable distributed API can only be applied to a module once.")
                 msg = (f"fully_shard is applied to {what} a second time (first at line {first.related_line}): torch "
-                       f"raises `AssertionError: Each distinct composable distributed API can only be applied to a "
-                       f"module once`")
+                       f"raises `{exc}: {torch_error}`")
                 fix = (f"remove one of the calls (lines {first.related_line} and {line}): each module belongs to "
                        f"exactly one fully_shard group")
             yield self.finding(ctx, msg, line=line, col=first.col, path=path, module=mods[0], fix=fix,
-                               modules=mods, related=related, related_line=related_line)
+                               modules=mods, related=related, related_line=related_line,
+                               torch_exception=exc, torch_error=torch_error)
