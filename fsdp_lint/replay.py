@@ -76,6 +76,7 @@ class OptimizerCall:
     seq: int
     param_ids: List[int]
     pos: Position
+    obj: Any = None                           # the optimizer itself (real replays only: --run steps it)
 
 
 @dataclass
@@ -97,6 +98,7 @@ class ReplayResult:
     skipped: List[Tuple[int, str]]            # (line, error) of setup statements that failed harmlessly
     world_size: int
     mesh_sizes: List[Tuple[int, ...]]
+    namespace: Optional[Dict[str, Any]] = None   # the replayed file's globals (--run: example_inputs())
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,20 +131,38 @@ class _Transformer:
         self.dropped = facts.dropped_loop_lines
         # (function name, first line) -> list of (start, end) line spans that are terminal
         self.terminal_spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
+        self.synthetic: Set[int] = set()          # ids of statements the transform inserted
+        self.imported: Set[str] = set()           # names bound by imports anywhere in the file
+        self.torch_names: Set[str] = set()        # ... of them, those bound from torch
 
     def is_relevant(self, stmt: ast.stmt) -> bool:
         return stmt.lineno in self.relevant
 
     def module(self, tree: ast.Module) -> ast.Module:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                base = node.module or "" if isinstance(node, ast.ImportFrom) else ""
+                for alias in node.names:
+                    if alias.name == "*":
+                        continue
+                    local = alias.asname or alias.name.split(".")[0]
+                    self.imported.add(local)
+                    if (base or alias.name).split(".")[0] == "torch":
+                        self.torch_names.add(local)
         body: List[ast.stmt] = []
+
+        def synthetic(node: ast.stmt) -> ast.stmt:
+            self.synthetic.add(id(node))
+            return node
+
         for stmt in tree.body:
             if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-                body.append(self._tolerant_import(stmt))
-                body.append(_call_stmt(_REBIND, ast.Call(ast.Name("globals", ast.Load()), [], []), like=stmt))
+                body.append(synthetic(self._tolerant_import(stmt)))
+                body.append(synthetic(_call_stmt(_REBIND, ast.Call(ast.Name("globals", ast.Load()), [], []), like=stmt)))
             elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 # transformed by self._body below (exactly once)
                 body.append(stmt)
-                body.append(_call_stmt(_REBIND, ast.Call(ast.Name("globals", ast.Load()), [], []), like=stmt))
+                body.append(synthetic(_call_stmt(_REBIND, ast.Call(ast.Name("globals", ast.Load()), [], []), like=stmt)))
             elif _is_main_guard(stmt):
                 if any(self._contains_relevant(s) for s in stmt.body):
                     stmt.test = ast.copy_location(ast.Constant(True), stmt.test)
@@ -185,10 +205,12 @@ class _Transformer:
         return False
 
     def _body(self, stmts: List[ast.stmt], spans: List[Tuple[int, int]], top: bool,
-              terminal: bool = True) -> List[ast.stmt]:
+              terminal: bool = True, needed_after: Optional[Set[str]] = None) -> List[ast.stmt]:
         """Transform one statement list; `terminal` says whether its last relevant statement ends
-        the enclosing function's relevant work (then a checkpoint follows it)."""
+        the enclosing function's relevant work (then a checkpoint follows it). `needed_after`:
+        names the code after this statement list reads (see `_slice`)."""
         last_relevant = max((i for i, s in enumerate(stmts) if self._is_rel(s)), default=None)
+        skip, needed_at = self._slice(stmts, last_relevant, terminal, top, needed_after or set())
         out: List[ast.stmt] = []
         for i, stmt in enumerate(stmts):
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -198,6 +220,12 @@ class _Transformer:
             if stmt.lineno in self.dropped or (isinstance(stmt, (ast.For, ast.While, ast.AsyncFor))
                                                 and not self._is_rel(stmt) and stmt.lineno in self.dropped):
                 out.append(ast.copy_location(ast.Pass(), stmt))
+                continue
+            if i in skip:
+                out.append(ast.copy_location(ast.Pass(), stmt))
+                continue
+            if id(stmt) in self.synthetic:
+                out.append(stmt)
                 continue
             if not self._is_rel(stmt):
                 if isinstance(stmt, ast.While):
@@ -213,14 +241,18 @@ class _Transformer:
                 for attr in ("body", "orelse", "finalbody"):
                     sub = getattr(stmt, attr, None)
                     if sub:
-                        setattr(stmt, attr, self._body(sub, inner_spans, top=False, terminal=is_last))
+                        setattr(stmt, attr, self._body(sub, inner_spans, top=False, terminal=is_last,
+                                                       needed_after=needed_at[i]))
                 for handler in getattr(stmt, "handlers", []) or []:
-                    handler.body = self._body(handler.body, inner_spans, top=False, terminal=is_last)
+                    handler.body = self._body(handler.body, inner_spans, top=False, terminal=is_last,
+                                              needed_after=needed_at[i])
                 if is_last:
                     spans.extend(inner_spans or [(stmt.lineno, stmt.end_lineno or stmt.lineno)])
             elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+                loop_needed = needed_at[i] | _reads(stmt)     # the next iteration reads them too
                 for attr in ("body", "orelse"):
-                    setattr(stmt, attr, self._body(getattr(stmt, attr), [], top=False, terminal=False)
+                    setattr(stmt, attr, self._body(getattr(stmt, attr), [], top=False, terminal=False,
+                                                   needed_after=loop_needed)
                             or [ast.copy_location(ast.Pass(), stmt)])
                 if is_last:
                     spans.append((stmt.lineno, stmt.end_lineno or stmt.lineno))
@@ -238,12 +270,124 @@ class _Transformer:
             return False
         return self._contains_relevant(stmt)
 
+    def _slice(self, stmts: List[ast.stmt], last_relevant: Optional[int], terminal: bool, top: bool,
+               needed_after: Set[str]) -> Tuple[Set[int], Dict[int, Set[str]]]:
+        """Which statements before the last relevant one can be left out, and which names are
+        needed after each statement.
+
+        Setup code runs only as far as the wrap plan depends on it: a statement before the last
+        relevant statement runs when it binds a name that code running later reads, or may change
+        an object such code uses (a method call on it, an attribute assignment, passing it to a
+        function), or calls torch (``torch.manual_seed``, ``torch.set_default_dtype``) or changes
+        ``sys.path``/``os.environ``. Data sets, loaders, downloads, checkpoints directories, logging
+        and profiling set-up that the model does not depend on never run.
+        """
+        needed_at: Dict[int, Set[str]] = {}
+        if last_relevant is None:
+            return set(), {i: set(needed_after) for i in range(len(stmts))}
+        needed = set(needed_after)
+        for stmt in stmts[last_relevant + 1:]:
+            # statements after the last relevant one run only when the function is not where the
+            # replay stops; a `return` hands its values back in any case
+            if isinstance(stmt, ast.Return) or not terminal:
+                needed |= _reads(stmt)
+        for stmt in stmts:
+            if isinstance(stmt, (ast.Global, ast.Nonlocal)):
+                needed |= set(stmt.names)
+            elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                # a function reads the names of its enclosing scope when it is called, whenever
+                # it was defined
+                needed |= self._def_reads(stmt)
+        skip: Set[int] = set()
+        for i in range(len(stmts) - 1, -1, -1):
+            stmt = stmts[i]
+            needed_at[i] = set(needed)
+            if i > last_relevant:
+                continue
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if stmt.lineno in self.dropped:
+                continue
+            if (id(stmt) in self.synthetic or isinstance(stmt, _NEVER_WRAP) or self._is_rel(stmt)
+                    or self._keeps(stmt, needed)):
+                needed |= _reads(stmt)
+                continue
+            skip.add(i)
+        return skip, needed_at
+
+    def _def_reads(self, node: ast.stmt) -> Set[str]:
+        """Names a definition may read when it runs; functions with a training loop never run."""
+        if not isinstance(node, ast.ClassDef) and any(
+                isinstance(n, (ast.For, ast.While, ast.AsyncFor)) and n.lineno in self.dropped
+                for n in ast.walk(node)):
+            return set()
+        return _reads(node)
+
+    def _keeps(self, stmt: ast.stmt, needed: Set[str]) -> bool:
+        if _binds(stmt) & needed:
+            return True
+        objects = needed - self.imported
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call):
+                root = _root_name(node.func)
+                if root in self.torch_names or root in ("sys",):
+                    return True
+                if isinstance(node.func, ast.Attribute) and root in objects:
+                    return True                  # model.apply(init), config.update(...)
+                for arg in list(node.args) + [k.value for k in node.keywords]:
+                    if isinstance(arg, ast.Starred):
+                        arg = arg.value
+                    if isinstance(arg, ast.Name) and arg.id in objects:
+                        return True              # apply_activation_checkpointing(model, ...)
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                for t in targets:
+                    for sub in ast.walk(t):
+                        if isinstance(sub, (ast.Attribute, ast.Subscript)):
+                            root = _root_name(sub)
+                            if root in objects or root in self.torch_names or _dotted_name(sub).startswith(
+                                    ("os.environ", "sys.")):
+                                return True      # model.head.weight = ..., cfg["layers"] = 2
+        return False
+
     def _tolerant(self, stmt: ast.stmt) -> ast.stmt:
         handler = ast.ExceptHandler(
             type=ast.Name("Exception", ast.Load()), name="__fsdp_lint_exc__",
             body=[_call_stmt(_SKIP, ast.Constant(stmt.lineno), ast.Name("__fsdp_lint_exc__", ast.Load()), like=stmt)],
         )
         return ast.copy_location(ast.Try(body=[stmt], handlers=[handler], orelse=[], finalbody=[]), stmt)
+
+
+def _reads(node: ast.AST) -> Set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _binds(node: ast.AST) -> Set[str]:
+    out = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+    for n in ast.walk(node):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            out |= {a.asname or a.name.split(".")[0] for a in n.names}
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            out.add(n.name)
+    return out
+
+
+def _root_name(node: ast.AST) -> Optional[str]:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _dotted_name(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted_name(node.value)}.{node.attr}"
+    if isinstance(node, ast.Subscript):
+        return _dotted_name(node.value)
+    return ""
 
 
 def compile_replay(facts: SourceFacts):
@@ -496,6 +640,7 @@ def sandbox(rec: Recorder, directory: str):
         "get_device_name": lambda *a, **k: "simulated", "get_device_capability": lambda *a, **k: (9, 0),
     }.items():
         patch(torch.cuda, name, value)
+    patch(torch, "save", noop())          # checkpoints are never written
     if not rec.real:
         patch(torch, "compile", lambda model=None, *a, **k: model if model is not None else (lambda f: f))
 
@@ -517,7 +662,8 @@ def sandbox(rec: Recorder, directory: str):
         if rec.real:
             # a real CPU mesh over the (fake) process group, built outside the meta-device modes
             with torch._C.DisableTorchFunction():
-                return real_init_mesh("cpu", tuple(mesh_shape), mesh_dim_names=mesh_dim_names)
+                mesh_type = rec.device.type if getattr(rec, "device", None) is not None else "cpu"
+                return real_init_mesh(mesh_type, tuple(mesh_shape), mesh_dim_names=mesh_dim_names)
         return FakeMesh(device_type, tuple(mesh_shape), mesh_dim_names)
 
     patch(dm_mod, "init_device_mesh", init_device_mesh)
@@ -526,7 +672,8 @@ def sandbox(rec: Recorder, directory: str):
 
     # -- devices: everything lives on meta; real FSDP1 needs real tensors (CPU) ----------------
     target_device = torch.device("meta")
-    if rec.real and getattr(rec, "api", None) != "fsdp2":
+    if rec.real and (getattr(rec, "api", None) != "fsdp2" or getattr(rec, "device", None) is not None):
+        # --run passes the rank's device: the model is materialised there, FSDP2 included
         target_device = getattr(rec, "device", None) or torch.device("cpu")
     real_module_to = nn.Module.to
 
@@ -596,9 +743,15 @@ def sandbox(rec: Recorder, directory: str):
         params = list(params)
         real_opt_init(self, params, *args, **kwargs)
         ids = [id(p) for g in self.param_groups for p in g["params"]]
-        rec.optimizers.append(OptimizerCall(type(self).__name__, next(rec.seq), ids, rec.position()))
+        rec.optimizers.append(OptimizerCall(type(self).__name__, next(rec.seq), ids, rec.position(),
+                                            obj=self if rec.real else None))
 
     patch(torch.optim.Optimizer, "__init__", opt_init)
+    # `add_param_group` is wrapped in torch._disable_dynamo, whose first call imports torch._dynamo
+    # (seconds); nothing is compiled here, so call the plain function
+    add_pg = torch.optim.Optimizer.__dict__.get("add_param_group")
+    if getattr(add_pg, "__wrapped__", None) is not None:
+        patch(torch.optim.Optimizer, "add_param_group", add_pg.__wrapped__)
 
     # -- FSDP ------------------------------------------------------------------------------------
     if not rec.real:
@@ -825,7 +978,7 @@ def replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget] = 
     module.__file__ = path
     ns = module.__dict__
     ns.update({
-        "__builtins__": builtins,
+        "__builtins__": _guarded_builtins(),
         _CHECKPOINT: rec.checkpoint,
         _SKIP: rec.skip,
         _STUB_IMPORT: _stub_import,
@@ -899,11 +1052,25 @@ def replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget] = 
         raise ReplayError(f"{basename}: could not find the model")
     return ReplayResult(model=root, target=how, wrap_calls=rec.wrap_calls, optimizers=rec.optimizers,
                         param_events=rec.param_events, skipped=rec.skipped, world_size=world_size,
-                        mesh_sizes=rec.mesh_sizes)
+                        mesh_sizes=rec.mesh_sizes, namespace=ns)
 
 
 class _ReplayTimeout(BaseException):
     pass
+
+
+def _guarded_open(file, mode="r", *args, **kwargs):
+    if isinstance(mode, str) and any(c in mode for c in "wax+"):
+        raise PermissionError(f"fsdp-lint does not let the replayed file write {file!r}")
+    return builtins.open(file, mode, *args, **kwargs)
+
+
+def _guarded_builtins() -> dict:
+    """The replayed file's builtins: ``open`` reads but never writes (logs, checkpoints, configs
+    dumped next to the script are not the linter's business)."""
+    out = dict(builtins.__dict__)
+    out["open"] = _guarded_open
+    return out
 
 
 @contextlib.contextmanager
@@ -1050,7 +1217,7 @@ def _load_target(target: ModelTarget, facts: SourceFacts, ns: dict, rec: Recorde
         mod.__file__ = os.path.abspath(src)
         sys.modules.setdefault(stem, mod)
         mod.__dict__.update({_CHECKPOINT: lambda: None, _SKIP: rec.skip, _STUB_IMPORT: _stub_import,
-                             _REBIND: lambda g: None})
+                             _REBIND: lambda g: None, "__builtins__": _guarded_builtins()})
         sys.path.insert(0, os.path.dirname(os.path.abspath(src)))
         try:
             exec(sub_code, mod.__dict__)
