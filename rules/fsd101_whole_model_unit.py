@@ -89,6 +89,22 @@ def block_wrap_fix(tree, api: Optional[str], block: str) -> str:
     return f"`{header} fully_shard({var})` before `fully_shard(model)`: one group per {block}"
 
 
+def model_line(ctx) -> int:
+    """Line of the model class in the linted file (where a `--wrap` plan's findings point), else 1."""
+    for name, line in getattr(ctx.facts, "module_classes", None) or []:
+        if name == ctx.tree.root_class:
+            return line
+    return 1
+
+
+def where(ctx, path: str, line: int, col: int = 1) -> dict:
+    """`finding()` keywords for a wrap call, policy or unit position; plans from `--wrap` (path
+    `<cli>`) point at the model class."""
+    if not path or path.startswith("<") or not line:
+        return {"path": ctx.path, "line": model_line(ctx), "col": 1}
+    return {"path": path, "line": line, "col": col or 1}
+
+
 def largest_submodule(tree) -> Tuple[str, int]:
     sizes = tree.subtree_numels()
     best = max((f for f in sizes if f), key=lambda f: sizes[f], default="")
@@ -237,16 +253,15 @@ fully_shard(model)
                f"{human_count(managed)} parameters, {len(inside)} {block} blocks): {cause}. Every rank "
                f"all-gathers all of it at once: peak unsharded parameters per rank {human_bytes(peak)} vs "
                f"{human_bytes(alt_peak)} with one unit per {block} ({n_alt} {block} units + root)")
-        fix = "make every " + block + " a unit: " + block_wrap_fix(tree, plan.api, block)
-        return self.finding(ctx, msg, line=unit.line or 1, col=unit.col or 1, path=self._path(ctx, unit),
-                            module=unit.module, fix=fix, block=block, peak_bytes=peak,
+        if plan.origin == "cli":
+            fix = f"make every {block} a unit: `--wrap {block}`"
+        else:
+            fix = "make every " + block + " a unit: " + block_wrap_fix(tree, plan.api, block)
+        return self.finding(ctx, msg, **where(ctx, unit.path, unit.line, unit.col), module=unit.module, fix=fix,
+                            block=block, peak_bytes=peak,
                             per_block_peak_bytes=alt_peak, per_block_units=n_alt + 1,
                             collectives_per_step=ctx.layout.collectives_per_step,
                             per_block_collectives_per_step=alt_layout.collectives_per_step)
-
-    @staticmethod
-    def _path(ctx, unit) -> str:
-        return ctx.path if unit.path.startswith("<") else unit.path
 
     def _cause(self, ctx, unit, ul, managed) -> str:
         from fsdp_lint.report import human_count

@@ -1,6 +1,7 @@
 """FSD102 over-fine-units."""
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules.fsd101_whole_model_unit import _MODEL, block_wrap_fix, per_block_layout, unit_bytes
+from fsdp_lint.rules.fsd101_whole_model_unit import (_MODEL, block_wrap_fix, per_block_layout, unit_bytes,
+                                                     where)
 
 
 def _collectives(layout) -> str:
@@ -149,8 +150,7 @@ model = FSDP(Net(), auto_wrap_policy=policy)
                f"unit per {block}, each all-gather moving {human_bytes(avg)} per rank on average")
         first = inner[0].unit
         fix = "make the block the unit instead of its sub-modules: " + block_wrap_fix(tree, plan.api, block)
-        return self.finding(ctx, msg, line=first.line or 1, col=first.col or 1,
-                            path=ctx.path if first.path.startswith("<") else first.path, module=first.module,
+        return self.finding(ctx, msg, **where(ctx, first.path, first.line, first.col), module=first.module,
                             fix=fix, block=block, units_inside_block=len(inner),
                             collectives_per_step=layout.collectives_per_step,
                             per_block_collectives_per_step=alt_layout.collectives_per_step)
@@ -181,7 +181,6 @@ model = FSDP(Net(), auto_wrap_policy=policy)
                        f"`fully_shard([{tree.expr(small[0].unit.module)}, ...])`, about {min_params:,} parameters "
                        f"per group, so each all-gather moves at least {human_bytes(floor)}")
         first = min((ul.unit for ul in small if not ul.unit.is_root), key=lambda u: u.seq, default=small[0].unit)
-        return self.finding(ctx, msg, line=first.line or 1, col=first.col or 1,
-                            path=ctx.path if first.path.startswith("<") else first.path, module=first.module,
+        return self.finding(ctx, msg, **where(ctx, first.path, first.line, first.col), module=first.module,
                             fix=fix, small_units=len(small), collectives_per_step=layout.collectives_per_step,
                             per_block_collectives_per_step=alt_layout.collectives_per_step if alt_layout else None)

@@ -4,7 +4,7 @@ import re
 from typing import Dict, List
 
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules.fsd101_whole_model_unit import _MODEL
+from fsdp_lint.rules.fsd101_whole_model_unit import _MODEL, where
 
 _CONTAINERS = ("torch.nn.modules.container.",)
 
@@ -165,8 +165,7 @@ model = Net()
             msg = (f"`--wrap {name}` matches no module (class name or FQN glob) of {tree.root_class}; "
                    f"the model has {found}.{hint}")
             fix = f"`--wrap {best}`" if best else "pass a class name or FQN glob the model has"
-            line, col = self._model_line(ctx), 1
-            path = ctx.path
+            loc = where(ctx, "<cli>", 0)
         else:
             msg = (f"the auto-wrap policy `{pol.desc}` names `{name}`, but no module of {tree.root_class} is a "
                    f"`{name}`; the model has {found}.{hint}")
@@ -174,9 +173,8 @@ model = Net()
                 fix = f"name the model's class: `{policy_with(pol, name, best)}`"
             else:
                 fix = "name a class the model has"
-            line, col = pol.line or 1, 1
-            path = ctx.path if pol.path.startswith("<") else pol.path
-        return self.finding(ctx, msg, line=line, col=col, path=path, module="", fix=fix, missing=name,
+            loc = where(ctx, pol.path, pol.line)
+        return self.finding(ctx, msg, **loc, module="", fix=fix, missing=name,
                             suggestions=close, block=block)
 
     def _root_only(self, ctx, pol, name, inventory):
@@ -185,13 +183,5 @@ model = Net()
         msg = (f"the auto-wrap policy `{pol.desc}` names only the root class `{name}`: an auto-wrap policy never "
                f"wraps the root again, so it wraps nothing" + (f"; the repeated block is `{block}`" if block else ""))
         fix = f"name the block class: `{policy_with(pol, name, block)}`" if block else "name a sub-module class"
-        return self.finding(ctx, msg, line=pol.line or 1, col=1,
-                            path=ctx.path if pol.path.startswith("<") else pol.path, module="", fix=fix,
+        return self.finding(ctx, msg, **where(ctx, pol.path, pol.line), module="", fix=fix,
                             missing=name, block=block)
-
-    @staticmethod
-    def _model_line(ctx) -> int:
-        for name, line in getattr(ctx.facts, "module_classes", []) or []:
-            if name == ctx.tree.root_class:
-                return line
-        return 1

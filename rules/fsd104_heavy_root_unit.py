@@ -2,7 +2,7 @@
 from typing import Dict, List, Set
 
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules.fsd101_whole_model_unit import unit_bytes
+from fsdp_lint.rules.fsd101_whole_model_unit import unit_bytes, where
 
 _MODEL = '''
 import torch.nn as nn
@@ -210,7 +210,8 @@ fully_shard(model)
 
         parts = ", ".join(f"`{t}` {human_count(size[t])}" for t in sorted(movable, key=lambda t: -size[t])[:5])
         if stuck:
-            parts += f", {len(stuck)} parameter(s) of the root itself ({human_count(sum(tree.params[p].numel for p in stuck))})"
+            stuck_numel = sum(tree.params[p].numel for p in stuck)
+            parts += f", {len(stuck)} parameter(s) of the root itself ({human_count(stuck_numel)})"
         ratio = unit_bytes(rl) / max(1, unit_bytes(largest))
         held = "FSDP1 never reshards the root" if plan.api == "fsdp1" else "FSDP2 does not reshard the root"
         msg = (f"the root unit keeps {human_count(rl.numel)} parameters of its own ({parts}): "
@@ -228,8 +229,7 @@ fully_shard(model)
                         f"split between FSDP1 units, so this root is the price of the tie")
         else:
             fix = self._fsdp2_fix(tree, movable, side, ties)
-        return self.finding(ctx, msg, line=root.line or 1, col=root.col or 1,
-                            path=ctx.path if root.path.startswith("<") else root.path, module="", fix=fix,
+        return self.finding(ctx, msg, **where(ctx, root.path, root.line, root.col), module="", fix=fix,
                             severity=severity, root_bytes=unit_bytes(rl), largest_unit=largest.unit.module,
                             largest_bytes=unit_bytes(largest), movable=movable)
 

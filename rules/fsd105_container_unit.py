@@ -1,6 +1,6 @@
 """FSD105 container-unit."""
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules.fsd101_whole_model_unit import _MODEL
+from fsdp_lint.rules.fsd101_whole_model_unit import _MODEL, where
 
 
 class ContainerUnit(Rule):
@@ -79,7 +79,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 model = Net()
 model.layers = FSDP(model.layers)
 model = FSDP(model)
-''', note="FSDP1 accepts it silently"),
+''', note="FSDP1 only warns"),
         Example(_MODEL + '''
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -132,6 +132,5 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({nn.ModuleList}))
                        f"{{{kid_classes[0]}}})` on the outer `FSDP(model)`")
             else:
                 fix = "wrap the elements of the container, not the container"
-        return self.finding(ctx, f"{what}: {why}", line=unit.line or 1, col=unit.col or 1,
-                            path=ctx.path if unit.path.startswith("<") else unit.path, module=fqn, fix=fix,
+        return self.finding(ctx, f"{what}: {why}", **where(ctx, unit.path, unit.line, unit.col), module=fqn, fix=fix,
                             container_class=info.cls)

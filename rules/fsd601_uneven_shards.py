@@ -2,6 +2,7 @@
 from typing import Dict, List, Tuple
 
 from fsdp_lint.rule import Example, Rule
+from fsdp_lint.rules.fsd101_whole_model_unit import where
 
 _MODEL = '''
 import torch.nn as nn
@@ -138,8 +139,7 @@ model = FSDP(model, use_orig_params=True)
                    "parameters out of sharding (`ignored_params`) or shard them on another dim (`shard_placement_fn`)")
         else:
             fix = "nothing is required; the FlatParameter is padded to a multiple of the world size"
-        return self.finding(ctx, msg, line=line or 1, col=ul.unit.col or 1,
-                            path=ctx.path if path.startswith("<") else path, module=ul.unit.module, fix=fix,
+        return self.finding(ctx, msg, **where(ctx, path, line, ul.unit.col), module=ul.unit.module, fix=fix,
                             units=[i[0].unit.module for i in items],
                             empty_params=[(p.fqn, list(p.shape), k) for p, k in empty])
 

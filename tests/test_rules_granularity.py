@@ -221,6 +221,16 @@ def test_fsd103_suggests_close_names_case_insensitively():
     assert close_names("TransformerDecoderLayer", ["DecoderLayer", "Linear"])[0] == "DecoderLayer"
 
 
+def test_fsd103_wrap_glob_from_the_command_line_points_at_the_model_class():
+    path = os.path.join(ROOT, "fixtures", "article_model.py")
+    res = lint_file(path, Settings(world_size=4, wrap=["transformerblock"]))
+    (f,) = [f for f in res.findings if f.code == "FSD103"]
+    assert f.line == _line_of(path, "class Transformer(")
+    assert f.fix == "`--wrap TransformerBlock`"
+    ok = lint_file(path, Settings(world_size=4, wrap=["TransformerBlock"]))
+    assert not [f for f in ok.findings if f.code in MINE and f.severity != "info"]
+
+
 # ---------------------------------------------------------------------------- FSD104 vs torch
 def test_fsd104_root_is_torchs_root_group_and_the_fix_empties_it():
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
