@@ -323,7 +323,7 @@ def test_fsd105_fsdp1_only_warns(tmp_path):
 
     from fsdp_lint.rules.fsd105_container_unit import ContainerUnit
 
-    ex = _example(ContainerUnit, "FSDP1 accepts it silently")
+    ex = _example(ContainerUnit, "FSDP1 only warns")
     (f,) = [f for f in _lint_source(tmp_path, ex).findings if f.code == "FSD105"]
     assert f.module == "layers"
     ns = {}
