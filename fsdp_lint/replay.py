@@ -569,6 +569,7 @@ def sandbox(rec: Recorder, directory: str):
 
     import torch
     import torch.distributed as dist
+    import torch.distributed.fsdp  # noqa: F401  before any patch: its modules bind init_device_mesh on import
     import torch.nn as nn
     from torch.overrides import TorchFunctionMode
 
