@@ -187,7 +187,8 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
         reshards = unit.reshard_after_forward and not unit.is_root and strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
         ags = 0 if (no_shard or not has_params) else 1 + (1 if reshards else 0)
         rss = 1 if (has_params and any_trainable and not no_shard) else 0
-        ars = 1 if (has_params and any_trainable and no_shard and ws > 1) else 0
+        # NO_SHARD all-reduces the gradients, also on one rank (torch 2.13 issues the call)
+        ars = 1 if (has_params and any_trainable and no_shard) else 0
         grad_numel = shard if any_trainable else 0
     else:
         params = []
@@ -218,8 +219,9 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
         has_params = bool(infos)
         # the root does not reshard after forward unless the file asks for it explicitly
         reshards = unit.reshard_after_forward and not (unit.is_root and not unit.reshard_after_forward_explicit)
-        ags = (1 + (1 if reshards else 0)) if has_params else 0
-        rss = 1 if (has_params and any_trainable) else 0
+        # on a 1-rank mesh FSDP2 skips both collectives (FSDPParamGroup.unshard, foreach_reduce)
+        ags = (1 + (1 if reshards else 0)) if has_params and ws > 1 else 0
+        rss = 1 if (has_params and any_trainable and ws > 1) else 0
         ars = 0
     return UnitLayout(
         unit=unit, numel=numel, trainable_numel=trainable, dtypes=dtypes, param_dtype=param_dtype,

@@ -481,13 +481,17 @@ def _assign_params(plan: WrapPlan, tree: ModuleTree) -> None:
                     seen.add(canonical)
                     owned.append(canonical)
         else:
+            # use_orig_params=True marks every flattened parameter; a later unit (a sibling holding a
+            # tied alias, or an ancestor) skips it. With use_orig_params=False the mark is not seen
+            # and the later unit flattens its own copy of a tied parameter (torch 2.13).
+            flattened: Set[str] = {p for u in applied for p in u.params} if plan.use_orig_params else set()
             for mod in unit.modules:
                 prefix = mod + "." if mod else ""
                 for alias, canonical in tree.alias_to_canonical.items():
                     if mod and not alias.startswith(prefix):
                         continue
                     owner = alias.rpartition(".")[0]
-                    if inside_nested(owner) or canonical in seen or canonical in ignored:
+                    if inside_nested(owner) or canonical in seen or canonical in ignored or canonical in flattened:
                         continue
                     seen.add(canonical)
                     owned.append(canonical)
