@@ -23,6 +23,8 @@ class OverFineUnits(Rule):
       together they move at least twice the floor, so merging them would give units above it
       (a toy model whose whole weight is below that is left alone).
 
+    Units inside a block that separate its trainable parameters from its frozen ones (PEFT's
+    FSDP1 LoRA policy wraps every adapter) are deliberate and do not count.
     A per-block plan with a few extra groups (torchtitan's embedding group and `[norm, output]`
     group) is not flagged for the first reason, and neither is one extra group per block (an MoE
     block's experts).
@@ -66,6 +68,36 @@ for layer in model.layers:
 fully_shard(model.head)
 fully_shard(model)
 ''', note="one extra group beside the blocks"),
+        Example(_MODEL + '''
+import functools
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy, transformer_auto_wrap_policy
+
+class LoRA(nn.Module):
+    def __init__(self, base, r=8):
+        super().__init__()
+        self.base = base
+        self.lora_A = nn.Linear(base.in_features, r, bias=False)
+        self.lora_B = nn.Linear(r, base.out_features, bias=False)
+
+    def forward(self, x):
+        return self.base(x) + self.lora_B(self.lora_A(x))
+
+model = Net()
+model.requires_grad_(False)
+for layer in model.layers:
+    layer.fc1 = LoRA(layer.fc1)
+    layer.fc2 = LoRA(layer.fc2)
+
+def lora_leaf(m):
+    return not list(m.named_children()) and getattr(m, "weight", None) is not None and m.weight.requires_grad
+
+policy = functools.partial(_or_policy, policies=[
+    functools.partial(lambda_auto_wrap_policy, lambda_fn=lora_leaf),
+    functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}),
+])
+model = FSDP(model, auto_wrap_policy=policy, use_orig_params=False)
+''', note="PEFT-style: trainable adapters as units of their own inside frozen blocks"),
     ]
     INVALID = [
         Example(_MODEL + '''
@@ -118,7 +150,8 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         alt, alt_layout = per_block_layout(ctx, block) if block else (None, None)
 
         inner = [ul for ul in nonroot
-                 if blocks and all(any(tree.is_ancestor(b, m) for b in blocks) for m in ul.unit.modules)]
+                 if blocks and all(any(tree.is_ancestor(b, m) for b in blocks) for m in ul.unit.modules)
+                 and not self._splits_requires_grad(tree, ul.unit, blocks)]
         if blocks and len(inner) >= 2 and len(inner) > frac * len(nonroot) \
                 and alt_layout is not None and layout.collectives_per_step > alt_layout.collectives_per_step:
             yield self._inner(ctx, block, inner, nonroot, alt_layout)
@@ -127,7 +160,8 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         ws = max((ul.world_size for ul in layout.units), default=1)
         if ws <= 1:
             return
-        with_params = [ul for ul in layout.units if ul.numel]
+        with_params = [ul for ul in layout.units
+                       if ul.numel and not (blocks and self._splits_requires_grad(tree, ul.unit, blocks))]
         floor = settings.collective_floor_bytes
         small = [ul for ul in with_params if ul.all_gather_bytes < floor]
         if len(small) < 2 or len(small) <= frac * len(with_params):
@@ -136,6 +170,21 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         if sum(ul.all_gather_bytes for ul in small) < 2 * floor:
             return
         yield self._small(ctx, block, small, with_params, alt_layout, floor)
+
+    @staticmethod
+    def _splits_requires_grad(tree, unit, blocks) -> bool:
+        """A unit inside a block that holds only trainable (or only frozen) parameters while the
+        rest of its block holds the other kind: the deliberate FSDP1 way to keep FlatParameters
+        uniform (PEFT's LoRA policy wraps every adapter like this), not over-fine wrapping."""
+        kinds = {tree.params[p].requires_grad for p in unit.params}
+        if len(kinds) != 1:
+            return False
+        mine = set(unit.params)
+        for b in blocks:
+            if any(tree.is_ancestor(b, m) for m in unit.modules):
+                rest = [p for p in tree.params_under(b) if p not in mine]
+                return any(tree.params[p].requires_grad != next(iter(kinds)) for p in rest)
+        return False
 
     def _inner(self, ctx, block, inner, nonroot, alt_layout):
         from fsdp_lint.report import human_bytes
