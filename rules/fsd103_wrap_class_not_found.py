@@ -120,6 +120,11 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Block, Blok}))
         Example(_MODEL + '''
 model = Net()
 ''', options={"wrap": ["block"]}, note="--wrap with the wrong case"),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
+''', note="the policy names only the root class"),
     ]
 
     def check(self, ctx):
