@@ -74,7 +74,12 @@ class RunOptions:
 
 
 class RunError(Exception):
-    """The run could not be carried out (one line; exit code 2)."""
+    """The run could not be carried out (one line; exit code 2). `summary`: what the run did for
+    the files it could run (the report still shows it)."""
+
+    def __init__(self, message: str, summary: Optional[dict] = None):
+        super().__init__(message)
+        self.summary = summary
 
 
 # ============================================================================================
@@ -226,11 +231,23 @@ def _confirm_spawn(runnable, settings, opts: RunOptions, t0: float) -> dict:
     if device == "cpu":
         _check_host_memory(runnable, ranks)
     files = []
+    failed = []
     for res in runnable:
         spec = _spec_for(res, settings, opts)
-        per_rank = _launch(spec, ranks, backend, device, deadline, opts)
+        try:
+            if time.monotonic() >= deadline:
+                raise RunError(f"no time left for this file within --run-timeout {opts.timeout:g} s")
+            per_rank = _launch(spec, ranks, backend, device, deadline, opts)
+        except RunError as exc:
+            failed.append(f"{_display(res.path)}: {exc}" if len(runnable) > 1 else str(exc))
+            for f in res.findings:
+                f.confirmed, f.evidence = None, f"not run: {exc}"
+            continue
         files.append(_apply_evidence(res, per_rank, spec, ranks, opts))
-    return _summary(files, backend, device, ranks, opts, "spawn", t0)
+    summary = _summary(files, backend, device, ranks, opts, "spawn", t0)
+    if failed:
+        raise RunError("; ".join(failed), summary=summary)
+    return summary
 
 
 def _summary(files, backend, device, ranks, opts, mode, t0) -> dict:
@@ -706,6 +723,16 @@ def _find_example_inputs(namespace, model):
     return None
 
 
+def _class_name(model) -> str:
+    """The user's class name (FSDP2 swaps in a `FSDP<Name>` subclass)."""
+    cls = type(_inner(model))
+    for c in cls.__mro__:
+        if not c.__module__.startswith("torch.distributed") and not (
+                c.__name__.startswith("FSDP") and c.__module__ == cls.__module__ and c is cls and len(c.__bases__) > 1):
+            return c.__name__
+    return cls.__name__
+
+
 def _inner(model):
     """The user's root module inside an FSDP1 wrapper."""
     seen = 0
@@ -764,7 +791,7 @@ def _make_inputs(spec, model, device, rank: int, step: int, example_fn):
             return [t], {}, f"float [{b}, {first.in_channels}, {', '.join(map(str, spatial))}] (first layer: {conv.__name__})"
     what = type(first).__name__ if first is not None else "no layer with parameters"
     raise _InputError(
-        f"cannot infer inputs for {type(_inner(model)).__name__} (first layer: {what}); pass "
+        f"cannot infer inputs for {_class_name(model)} (first layer: {what}); pass "
         f"--input-shape D0,D1,... (with --input-dtype long for token ids) or define example_inputs() "
         f"in the model file")
 
@@ -1112,7 +1139,11 @@ def _resolve(model, fqn: str):
 # --------------------------------------------------------------------------------------------
 def _describe_exception(exc: BaseException, phase: str) -> dict:
     frames = traceback.extract_tb(exc.__traceback__)
-    last = frames[-1] if frames else None
+    # the frame that raised: the deepest one in the user's code or in torch.distributed (FSDP
+    # itself), else the deepest that is not fsdp-lint's own or torch's dispatch plumbing
+    shown = ([f for f in frames if not _is_library_file(f.filename) or _in_fsdp(f.filename)]
+             or [f for f in frames if not _is_plumbing(f.filename)] or frames)
+    last = shown[-1] if shown else None
     user = None
     for f in reversed(frames):
         if not _is_library_file(f.filename):
@@ -1127,6 +1158,11 @@ def _describe_exception(exc: BaseException, phase: str) -> dict:
         "user_line": user.lineno if user else None,
         "in_fsdp": any(_in_fsdp(f.filename) for f in frames),
     }
+
+
+def _is_plumbing(filename: str) -> bool:
+    norm = filename.replace("\\", "/")
+    return "/fsdp_lint/" in norm or norm.endswith(("/torch/_ops.py", "/torch/utils/_python_dispatch.py"))
 
 
 def _is_library_file(filename: str) -> bool:
@@ -1457,8 +1493,8 @@ class _Watchdog:
                 state.append({"phase": phase, "order": order, "done": done, "closed": False})
             msg = _describe_timeout(state, self.timeout)
             with contextlib.suppress(Exception):
-                sys.stderr.write(f"fsdp-lint: error: --run: {msg}\n")
-                sys.stderr.flush()
+                # the file descriptor: sys.stderr may be redirected while the user's code runs
+                os.write(2, f"fsdp-lint: error: --run: {msg}\n".encode())
         else:
             time.sleep(2.0)
         os._exit(2)
