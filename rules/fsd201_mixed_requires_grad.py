@@ -83,17 +83,54 @@ def where(path: str, line: int, ctx_path: str) -> str:
     return f"{os.path.basename(path)}:{line}"
 
 
-def event_lines(ctx, fqns: Sequence[str], kind: str, before_seq: int,
-                accept: Callable[[object], bool] = lambda v: True) -> List[str]:
+def wrap_seq(units) -> float:
+    """When the units were wrapped, in the replay's order of records; a `--wrap` plan is applied
+    after everything the file does."""
+    if any(u.origin not in ("call", "policy") for u in units):
+        return float("inf")
+    return min(u.seq for u in units)
+
+
+def event_positions(ctx, fqns: Sequence[str], kind: str, before_seq: float,
+                    accept: Callable[[object], bool] = lambda v: True) -> List[Tuple[str, int]]:
     """Where the parameters got their current state: for each of `fqns` the last `kind` event
-    ("freeze" | "dtype") before the wrap call, when its value passes `accept`; as "line N", in
-    source order."""
+    ("freeze" | "dtype") before the wrap call, when its value passes `accept`; (path, line) in
+    source order, the linted file first."""
+    import os
+
+    here = os.path.abspath(ctx.path)
     out: Dict[Tuple[str, int], None] = {}
     for f in fqns:
         evs = [e for e in ctx.plan.param_events.get(f, []) if e.kind == kind and e.seq < before_seq]
         if evs and accept(evs[-1].value):
             out[(evs[-1].path, evs[-1].line)] = None
-    return [where(p, ln, ctx.path) for p, ln in sorted(out, key=lambda k: (k[0] != ctx.path, k[1]))]
+    return sorted(out, key=lambda k: (os.path.abspath(k[0]) != here, k[1]))
+
+
+def event_lines(ctx, fqns: Sequence[str], kind: str, before_seq: float,
+                accept: Callable[[object], bool] = lambda v: True) -> List[str]:
+    """`event_positions` as "line N"."""
+    return [where(p, ln, ctx.path) for p, ln in event_positions(ctx, fqns, kind, before_seq, accept)]
+
+
+def anchor(ctx, u, positions: Sequence[Tuple[str, int]] = ()) -> dict:
+    """Where a finding about unit `u` points: its wrap call; for a `--wrap` plan (no call in the
+    file) the statement that caused the problem, else the file's first line."""
+    if u.line and not u.path.startswith("<"):
+        return {"path": u.path, "line": u.line, "col": u.col}
+    for path, line in positions:
+        if line:
+            return {"path": path, "line": line, "col": 1}
+    return {"path": ctx.path, "line": 1, "col": 1}
+
+
+def wrapped_how(ctx, u) -> str:
+    """"auto-wrapped by ModuleWrapPolicy({Block}) at line 52" / "wrapped at line 52" / "wrapped by --wrap"."""
+    if u.path.startswith("<") or not u.line:
+        return "wrapped by --wrap" if u.origin == "cli" else "wrapped"
+    pol = policy_of(ctx.plan, call_unit(ctx.plan, u))
+    how = f"auto-wrapped by {pol.desc}" if u.origin == "policy" and pol is not None else "wrapped"
+    return f"{how} at {where(u.path, u.line, ctx.path)}"
 
 
 def join_lines(lines: List[str]) -> str:
@@ -286,7 +323,7 @@ def mixed_units(ctx) -> List:
 
 def freeze_story(ctx, units) -> str:
     """"frozen at line 102" / "made trainable at line 110"."""
-    seq = min(u.seq for u in units)
+    seq = wrap_seq(units)
     frozen = [p for u in units for p in requires_grad_split(ctx, u)[0]]
     trainable = [p for u in units for p in requires_grad_split(ctx, u)[1]]
     parts = []
@@ -297,6 +334,11 @@ def freeze_story(ctx, units) -> str:
     if tl:
         parts.append(f"made trainable at {join_lines(tl)}")
     return "; ".join(parts)
+
+
+def freeze_positions(ctx, units) -> List[Tuple[str, int]]:
+    frozen = [p for u in units for p in requires_grad_split(ctx, u)[0]]
+    return event_positions(ctx, frozen, "freeze", wrap_seq(units), lambda v: v is False)
 
 
 def grad_numels(ctx, u) -> Tuple[int, int]:
@@ -427,16 +469,13 @@ model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
             u = units[0]
             frozen_desc, trainable_desc = describe_mix(ctx, u)
             story = freeze_story(ctx, units)
-            pol = policy_of(plan, call_unit(plan, u))
             total, trainable = grad_numels(ctx, u)
             torch_error = fsdp1_torch_error(ctx, u) or \
                 "Must flatten tensors with uniform `requires_grad` when `use_orig_params=False`"
             torch_says = f"ValueError: {torch_error}"
-            how = (f"auto-wrapped by {pol.desc}" if u.origin == "policy" and pol is not None
-                   else "wrapped")
             mixes = "each mix" if len(units) > 1 else "mixes"
             msg = (f"{units_label(units)} {mixes} frozen and trainable parameters with use_orig_params=False "
-                   f"({how} at {where(u.path, u.line, ctx.path)}): frozen: {frozen_desc}; trainable: {trainable_desc}"
+                   f"({wrapped_how(ctx, u)}): frozen: {frozen_desc}; trainable: {trainable_desc}"
                    + (f" ({story})" if story else "")
                    + f". torch raises at wrap time: `{torch_says}`")
             split = split_fix(ctx, units)
@@ -448,7 +487,7 @@ model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
                 fix = (f"frozen and trainable parameters sit directly on the same module "
                        f"({shared_owner(ctx.tree, u.params, lambda p: p.requires_grad)}), so no FSDP1 grouping "
                        f"separates them: {orig}, or move the trainable parameters into a sub-module of their own")
-            yield self.finding(ctx, msg, line=u.line, col=u.col, path=u.path, module=u.module, fix=fix,
+            yield self.finding(ctx, msg, **anchor(ctx, u, freeze_positions(ctx, units)), module=u.module, fix=fix,
                                units=[x.module for x in units], policy=split["policy"] if split else None,
                                torch_exception="ValueError", torch_error=torch_error,
                                grad_numel=total, trainable_numel=trainable)

@@ -1,8 +1,8 @@
 """FSD202 mixed-requires-grad-memory."""
 from fsdp_lint.rule import Example, Rule
 from fsdp_lint.rules.fsd201_mixed_requires_grad import (
-    _FSDP1, _LORA, _MODEL, call_unit, describe_mix, freeze_story, grad_numels, group_units, mix_signature,
-    mixed_units, policy_of, split_fix, units_label, where,
+    _FSDP1, _LORA, _MODEL, anchor, describe_mix, freeze_positions, freeze_story, grad_numels, group_units,
+    mix_signature, mixed_units, split_fix, units_label, wrapped_how,
 )
 
 
@@ -79,15 +79,13 @@ model = FSDP(model, auto_wrap_policy=policy, use_orig_params=True)
             frozen_desc, trainable_desc = describe_mix(ctx, u)
             story = freeze_story(ctx, units)
             total, trainable = grad_numels(ctx, u)
-            pol = policy_of(plan, call_unit(plan, u))
-            how = f"auto-wrapped by {pol.desc}" if u.origin == "policy" and pol is not None else "wrapped"
             ul = ctx.layout.for_unit(u) if ctx.layout is not None else None
             per_rank = ""
             if ul is not None and ul.grad_numel:
                 per_rank = f"; each of the {ul.world_size} ranks holds a {ul.grad_numel:,}-element gradient shard for it"
             mixes = "each mix" if len(units) > 1 else "mixes"
             msg = (f"{units_label(units)} {mixes} frozen and trainable parameters with use_orig_params=True "
-                   f"({how} at {where(u.path, u.line, ctx.path)}): the gradient memory usage will be higher than "
+                   f"({wrapped_how(ctx, u)}): the gradient memory usage will be higher than "
                    f"expected ({total:,} numel instead of {trainable:,} numel before sharding via reduce-scatter"
                    f"{', per unit' if len(units) > 1 else ''}{per_rank}); frozen: {frozen_desc}; "
                    f"trainable: {trainable_desc}" + (f" ({story})" if story else ""))
@@ -101,6 +99,6 @@ model = FSDP(model, auto_wrap_policy=policy, use_orig_params=True)
                        f"({shared_owner(ctx.tree, u.params, lambda p: p.requires_grad)}), so no FSDP1 grouping "
                        f"separates them: move the trainable parameters into a sub-module of their own and wrap "
                        f"it separately, or accept the extra gradient memory")
-            yield self.finding(ctx, msg, line=u.line, col=u.col, path=u.path, module=u.module, fix=fix,
+            yield self.finding(ctx, msg, **anchor(ctx, u, freeze_positions(ctx, units)), module=u.module, fix=fix,
                                units=[x.module for x in units], grad_numel=total, trainable_numel=trainable,
                                policy=split["policy"] if split else None)

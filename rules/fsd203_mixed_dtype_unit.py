@@ -3,8 +3,8 @@ from typing import List
 
 from fsdp_lint.rule import Example, Rule
 from fsdp_lint.rules.fsd201_mixed_requires_grad import (
-    _FSDP1, _MODEL, call_unit, event_lines, fsdp1_torch_error, group_units, join_lines, policy_of, split_grouping,
-    uniform_cover, unit_name, units_label, where,
+    _FSDP1, _MODEL, anchor, event_positions, fsdp1_torch_error, group_units, join_lines, split_grouping,
+    uniform_cover, units_label, where, wrap_seq, wrapped_how,
 )
 from fsdp_lint.tree import describe_params, param_patterns
 
@@ -148,7 +148,7 @@ fully_shard(model)
         u = units[0]
         considered = self._considered(ctx, u)
         groups = _dtype_groups(tree, considered)
-        seq = min(x.seq for x in units)
+        seq = wrap_seq(units)
         # the dtype that some statement changed last is the odd one out
         last_change = {}
         for d in groups:
@@ -163,32 +163,31 @@ fully_shard(model)
             parts.append(f"{d}: {describe_params(tree, fs, within=u.module, others=others)}")
         odd = max(groups, key=lambda d: (last_change.get(d, -1), -sum(tree.params[p].numel for p in groups[d])))
         odd_params = [p for x in units for p in _dtype_groups(tree, self._considered(ctx, x)).get(odd, [])]
-        lines = event_lines(ctx, odd_params, "dtype", seq)
+        positions = event_positions(ctx, odd_params, "dtype", seq)
+        lines = [where(p, ln, ctx.path) for p, ln in positions]
         cast = (f"cast to {odd} at {join_lines(lines)}" if lines
                 else f"the {odd} parameters are created that way by the model")
         mixes = "each mix" if len(units) > 1 else "mixes"
-        at = where(u.path, u.line, ctx.path)
         dtypes_set = "{" + ", ".join(f"torch.{d}" for d in sorted(groups)) + "}"
         if plan.api == "fsdp1":
-            pol = policy_of(plan, call_unit(plan, u))
-            how = f"auto-wrapped by {pol.desc}" if u.origin == "policy" and pol is not None else "wrapped"
             torch_says = fsdp1_torch_error(ctx, u) \
                 or f"Must flatten tensors with uniform dtype but got torch.{list(groups)[0]} and torch.{list(groups)[1]}"
-            msg = (f"{units_label(units)} {mixes} parameter dtypes ({how} at {at}): {'; '.join(parts)} ({cast}). "
+            msg = (f"{units_label(units)} {mixes} parameter dtypes ({wrapped_how(ctx, u)}): {'; '.join(parts)} ({cast}). "
                    f"torch raises at wrap time: `ValueError: {torch_says}`")
             exc, torch_error = "ValueError", torch_says
             remedy = ("keep every parameter in one dtype before wrapping (e.g. `model.to(torch.float32)`) and get "
                       "low-precision compute from `mixed_precision=MixedPrecision(param_dtype=torch.bfloat16)`")
         else:
             label = units_label(units, "FSDP2 group")
-            msg = (f"{label} (fully_shard at {at}) {mixes} dtypes among trainable parameters: {'; '.join(parts)} ({cast}). "
+            how = wrapped_how(ctx, u).replace("wrapped at", "fully_shard at")
+            msg = (f"{label} ({how}) {mixes} dtypes among trainable parameters: {'; '.join(parts)} ({cast}). "
                    f"fully_shard accepts it, but the first forward fails: "
                    f"`AssertionError: FSDP expects uniform original parameter dtype but got {dtypes_set}`")
             exc, torch_error = "AssertionError", f"FSDP expects uniform original parameter dtype but got {dtypes_set}"
             remedy = ("keep every parameter in one dtype (e.g. `model.to(torch.float32)`) and get low-precision compute "
                       "from `fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))`")
         split, policy = self._split(ctx, units, odd)
-        return self.finding(ctx, msg, line=u.line, col=u.col, path=u.path, module=u.module, fix=remedy + split,
+        return self.finding(ctx, msg, **anchor(ctx, u, positions), module=u.module, fix=remedy + split,
                             units=[x.module for x in units], dtypes=sorted(groups), policy=policy,
                             torch_exception=exc, torch_error=torch_error)
 

@@ -1,7 +1,7 @@
 """FSD204 integer-param-in-unit."""
 from fsdp_lint.rule import Example, Rule
 from fsdp_lint.rules.fsd201_mixed_requires_grad import (
-    call_unit, fsdp1_torch_error, group_units, policy_of, units_label, where,
+    anchor, fsdp1_torch_error, group_units, units_label, wrapped_how,
 )
 
 _MODEL = '''
@@ -121,12 +121,10 @@ model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
             ints = [p for p in u.params if not tree.params[p].is_floating]
             shown = ", ".join(f"{rel(u, p)} ({tree.params[p].dtype}, {list(tree.params[p].shape)})" for p in ints[:4])
             more = f" and {len(ints) - 4} more" if len(ints) > 4 else ""
-            pol = policy_of(plan, call_unit(plan, u))
-            how = f"auto-wrapped by {pol.desc}" if u.origin == "policy" and pol is not None else "wrapped"
             holds = "each hold" if len(units) > 1 else "holds"
             torch_says = fsdp1_torch_error(ctx, u) or "Cannot flatten integer dtype tensors"
             msg = (f"{units_label(units)} {holds} non-floating parameter{'s' if len(ints) > 1 else ''} {shown}{more} "
-                   f"({how} at {where(u.path, u.line, ctx.path)}): a FlatParameter is floating point, so torch "
+                   f"({wrapped_how(ctx, u)}): a FlatParameter is floating point, so torch "
                    f"raises at wrap time: `ValueError: {torch_says}`")
             first = ints[0]
             owner, _, leaf = first.rpartition(".")
@@ -136,6 +134,6 @@ model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
             fix = (f"register it as a buffer instead (an integer tensor never has a gradient): "
                    f"`self.register_buffer(\"{leaf}\", ...)` in {owner_cls}, "
                    f"or exclude it: `ignored_states=[{listed}]` in the FSDP call")
-            yield self.finding(ctx, msg, line=u.line, col=u.col, path=u.path, module=u.module, fix=fix,
+            yield self.finding(ctx, msg, **anchor(ctx, u), module=u.module, fix=fix,
                                params=every, units=[x.module for x in units],
                                torch_exception="ValueError", torch_error=torch_says)

@@ -316,3 +316,13 @@ def test_fixture_fsdp2_frozen_is_clean():
     path = IDIOMS / "fsdp2_frozen.py"
     findings = lint_file(str(path), Settings(world_size=WS)).findings
     assert not [f for f in findings if f.code in ("FSD201", "FSD202", "FSD203", "FSD204", "FSD302")]
+
+
+def test_wrap_option_plan_points_at_the_freezing_statement():
+    """`--wrap` plans have no wrap call in the file: the finding points at what froze the params."""
+    path = BAD / "fsdp1_lora_mixed.py"
+    res = lint_file(str(path), Settings(world_size=WS, wrap=["TransformerLayer"]))
+    (finding,) = [f for f in res.findings if f.code == "FSD201"]
+    assert Path(finding.path).resolve() == path.resolve()
+    assert finding.line == _line_of(path, "model.requires_grad_(False)")
+    assert "--wrap" in finding.message
