@@ -26,7 +26,6 @@ import contextlib
 import functools
 import inspect
 import math
-import os
 import sys
 import textwrap
 import warnings
@@ -224,7 +223,38 @@ class LoraNet(nn.Module):
             fully_shard(model{kw})
         """,
     ),
+    # outside the matrix: one sub-module registered under two names, ignored modules/params
+    "shared": dict(
+        src='''
+class Shared(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(5, 7)
+        self.inner = nn.Sequential(nn.Linear(7, 7), nn.LayerNorm(7))
+        self.b = self.a
+        self.c = nn.Linear(7, 3)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Shared(), Shared()])
+        self.head = nn.Linear(3, 2)
+        self.gain = nn.Parameter(torch.ones(3))
+''',
+        ctor="Net()",
+        fsdp1="""
+            model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({{Shared}}), ignored_modules=[model.head],
+                         device_id=torch.device("cpu"){kw})
+        """,
+        fsdp2="""
+            for blk in model.blocks:
+                fully_shard(blk{kw})
+            fully_shard(model, ignored_params={{model.gain}}{kw})
+        """,
+    ),
 }
+MATRIX_MODELS = ["article", "tied", "uneven", "mixed"]
 
 
 def _kw(api: str, uop, bf16: bool, extra: str = "") -> str:
@@ -353,7 +383,7 @@ def torch_fsdp2(model: str, wrap_code: str, ws: int, rank: int) -> List[dict]:
 
 # ----------------------------------------------------------------------------- FSDP1 matrix
 def _fsdp1_cases():
-    for model in MODELS:
+    for model in MATRIX_MODELS:
         for ws in WORLD_SIZES:
             for uop in (True, False):
                 if model == "mixed" and not uop:
@@ -498,9 +528,27 @@ def test_fsdp1_tied_split_across_units():
             assert split == ["embed", "lm_head"]  # two copies: the tie is silently broken
 
 
+@pytest.mark.parametrize("api,uop", [("fsdp1", True), ("fsdp1", False), ("fsdp2", None)])
+def test_shared_submodule_and_ignored_states(api, uop):
+    """A sub-module registered twice is owned once, under its first name; ignored modules/params
+    belong to no unit."""
+    code = _wrap_code("shared", api, uop, False)
+    res = lint("shared", code, 3)
+    if api == "fsdp1":
+        want = [(o["module"], o["params"], o["padded_numel"]) for o in torch_fsdp1("shared", code, 3, 0)]
+        assert [(u.unit.module, u.unit.params, u.padded_numel) for u in res.layout.units] == want
+        assert res.plan.ignored_params == ["head.weight", "head.bias"]
+    else:
+        want = [(g["modules"], [p["fqn"] for p in g["params"]], sum(math.prod(p["padded_local_shape"]) for p in
+                                                                    g["params"])) for g in torch_fsdp2("shared", code, 3, 0)]
+        assert [(u.unit.modules, u.unit.params, u.shard_numel) for u in res.layout.units] == want
+        assert res.plan.ignored_params == ["gain"]
+    assert res.plan.leftover_params == []
+
+
 # ----------------------------------------------------------------------------- FSDP2 matrix
 def _fsdp2_cases():
-    for model in MODELS:
+    for model in MATRIX_MODELS:
         for ws in WORLD_SIZES:
             for bf16 in (False, True):
                 yield pytest.param(model, ws, bf16, id=f"{model}-ws{ws}-{'bf16' if bf16 else 'fp32'}")
