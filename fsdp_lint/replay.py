@@ -193,7 +193,12 @@ class _Transformer:
                     self._visit_defs(item)
             return
         spans: List[Tuple[int, int]] = []
-        node.body = self._body(node.body, spans, top=True)
+        if self._contains_relevant(node):
+            node.body = self._body(node.body, spans, top=True)
+        else:
+            # code that does not touch the plan (model constructors, helpers) runs as written:
+            # an error in a model's __init__ is an error; only training loops never run
+            _DropLoops(self.dropped).visit(node)
         self.terminal_spans[(node.name, node.lineno)] = spans
 
     def _contains_relevant(self, stmt: ast.stmt) -> bool:
@@ -324,16 +329,23 @@ class _Transformer:
         return _reads(node)
 
     def _keeps(self, stmt: ast.stmt, needed: Set[str]) -> bool:
-        if _binds(stmt) & needed:
+        binds = _binds(stmt)
+        if binds & needed:
             return True
         objects = needed - self.imported
+        # a statement that only computes a value nobody needs (`loader = DataLoader(dataset, ...)`)
+        # runs only for a method call on a needed object; a bare call also for torch/sys calls and
+        # for passing a needed object along
+        bare = not binds
         for node in ast.walk(stmt):
             if isinstance(node, ast.Call):
                 root = _root_name(node.func)
-                if root in self.torch_names or root in ("sys",):
-                    return True
+                if bare and (root in self.torch_names or root == "sys"):
+                    return True                  # torch.manual_seed(0), torch.set_default_dtype(...)
                 if isinstance(node.func, ast.Attribute) and root in objects:
                     return True                  # model.apply(init), config.update(...)
+                if not bare:
+                    continue
                 for arg in list(node.args) + [k.value for k in node.keywords]:
                     if isinstance(arg, ast.Starred):
                         arg = arg.value
@@ -356,6 +368,21 @@ class _Transformer:
             body=[_call_stmt(_SKIP, ast.Constant(stmt.lineno), ast.Name("__fsdp_lint_exc__", ast.Load()), like=stmt)],
         )
         return ast.copy_location(ast.Try(body=[stmt], handlers=[handler], orelse=[], finalbody=[]), stmt)
+
+
+class _DropLoops(ast.NodeTransformer):
+    def __init__(self, dropped: Set[int]):
+        self.dropped = dropped
+
+    def generic_visit(self, node):
+        node = super().generic_visit(node)
+        for attr in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, attr, None)
+            if isinstance(stmts, list) and stmts and all(isinstance(x, ast.stmt) for x in stmts):
+                setattr(node, attr, [ast.copy_location(ast.Pass(), x)
+                                     if isinstance(x, (ast.For, ast.AsyncFor, ast.While)) and x.lineno in self.dropped
+                                     else x for x in stmts])
+        return node
 
 
 def _reads(node: ast.AST) -> Set[str]:
@@ -584,6 +611,10 @@ def sandbox(rec: Recorder, directory: str):
     saved_argv = list(sys.argv)
     saved_path = list(sys.path)
     saved_modules = set(sys.modules)
+    # torch's process-wide defaults a script may change (torch.set_default_dtype(torch.bfloat16),
+    # torch.manual_seed(0), torch.set_grad_enabled(False), torch.set_num_threads(1))
+    saved_torch = (torch.get_default_dtype(), torch.random.get_rng_state(), torch.is_grad_enabled(),
+                   torch.get_num_threads(), torch.get_default_device())
     os.environ.update({
         "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(ws), "LOCAL_WORLD_SIZE": str(ws),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "GROUP_RANK": "0", "NODE_RANK": "0",
@@ -795,6 +826,13 @@ def sandbox(rec: Recorder, directory: str):
                     pass
             else:
                 setattr(obj, name, old)
+        torch.set_default_dtype(saved_torch[0])
+        torch.random.set_rng_state(saved_torch[1])
+        torch.set_grad_enabled(saved_torch[2])
+        if torch.get_num_threads() != saved_torch[3]:
+            torch.set_num_threads(saved_torch[3])
+        if torch.get_default_device() != saved_torch[4]:
+            torch.set_default_device(saved_torch[4] if saved_torch[4].type != "cpu" else None)
         os.environ.clear()
         os.environ.update(saved_env)
         sys.argv = saved_argv
@@ -1006,7 +1044,7 @@ def replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget] = 
         except ReplayError:
             raise
         except Exception as exc:
-            raise ReplayError(_describe_failure(basename, exc, path)) from exc
+            raise ReplayError(_describe_failure(basename, exc, path, rec, facts)) from exc
 
         if isinstance(override, _LazyOverride) and override.callable is None:
             # --model names something in the linted file itself: it must exist even when the file
@@ -1041,7 +1079,7 @@ def replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget] = 
                         except _StopReplay:
                             pass
                         except Exception as exc:
-                            raise ReplayError(_describe_failure(basename, exc, path)) from exc
+                            raise ReplayError(_describe_failure(basename, exc, path, rec, facts)) from exc
         if rec.wrap_calls:
             root = _root_of(rec)
             how = how or _describe_root(root, ns, basename)
@@ -1100,9 +1138,17 @@ def _stub_import(names, globs):
         globs.setdefault(name, _Stub(name))
 
 
-def _describe_failure(basename: str, exc: BaseException, path: str) -> str:
+def _describe_failure(basename: str, exc: BaseException, path: str, rec: Optional[Recorder] = None,
+                      facts: Optional[SourceFacts] = None) -> str:
     import traceback
 
+    where_real = "with the real FSDP APIs" if rec is not None and rec.real else "on the meta device"
+    cause = _skipped_cause(exc, rec, facts) if rec is not None and facts is not None else None
+    if cause is not None:
+        # a name is missing because the statement that binds it failed earlier (typically the
+        # model's constructor): that failure is the one to report
+        line, err = cause
+        return f"{basename}:{line}: setup code failed {where_real}: {err}"[:400]
     line = None
     for fs in reversed(traceback.extract_tb(exc.__traceback__)):
         if os.path.abspath(fs.filename) == path:
@@ -1110,7 +1156,31 @@ def _describe_failure(basename: str, exc: BaseException, path: str) -> str:
             break
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     where = f"{basename}:{line}" if line else basename
-    return f"{where}: setup code failed on the meta device: {type(exc).__name__}: {msg}"[:400]
+    return f"{where}: setup code failed {where_real}: {type(exc).__name__}: {msg}"[:400]
+
+
+def _skipped_cause(exc: BaseException, rec: Recorder, facts: SourceFacts) -> Optional[Tuple[int, str]]:
+    if not isinstance(exc, NameError) or not rec.skipped:
+        return None
+    name = getattr(exc, "name", None)
+    if not name:
+        m = re.search(r"'([A-Za-z_][A-Za-z0-9_]*)'", str(exc))
+        name = m.group(1) if m else None
+    if not name:
+        return None
+    try:
+        tree = ast.parse(facts.text)
+    except SyntaxError:
+        return None
+    binders = {node.lineno for node in ast.walk(tree)
+               if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                      ast.ClassDef, ast.For, ast.While, ast.If,
+                                                                      ast.With, ast.Try))
+               and name in _binds(node)}
+    for line, err in reversed(rec.skipped):
+        if line in binders:
+            return line, err
+    return None
 
 
 def _root_of(rec: Recorder):

@@ -229,6 +229,15 @@ def _dotted(node) -> str:
     return ""
 
 
+def _expr_text(node) -> str:
+    import libcst as cst
+
+    try:
+        return cst.Module(body=[]).code_for_node(node)
+    except Exception:
+        return _dotted(node)
+
+
 def _collector_base():
     import libcst as cst
 
@@ -324,12 +333,18 @@ class _Collector(_collector_base()):  # type: ignore[misc]
         line = self._pos(node)[0]
         self.loop_lines.add(line)
         self._loop_stack.append(line)
-        # a loop that iterates a data loader or steps an optimizer is a training loop
+        # a loop over a data loader / epochs, or one that steps an optimizer (see visit_Call), is
+        # a training loop; a `while` only when its condition talks about steps, epochs or data
+        # (``while step < max_steps``); other `while` loops before the wrap never run anyway, and
+        # the ones in model code (``while dim % 8: dim += 1``) must
+        words = ("loader", "dataset", "batch", "epoch", "data", "step", "iter")
         if isinstance(node, cst.While):
-            self.training_loop_lines.add(line)
+            text = _expr_text(node.test).lower()
+            if any(w in text for w in words):
+                self.training_loop_lines.add(line)
         else:
             it = _dotted(node.iter).lower()
-            if any(w in it for w in ("loader", "dataset", "batch", "epoch", "data")):
+            if any(w in it for w in words[:5]):
                 self.training_loop_lines.add(line)
 
     def _leave_loop(self, node):
