@@ -117,10 +117,8 @@ def _check_options(opts: RunOptions) -> None:
 def parse_input_shape(text: Optional[str]) -> Optional[Tuple[int, ...]]:
     if text is None:
         return None
-    try:
-        dims = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
-    except ValueError:
-        dims = ()
+    parts = [d.strip() for d in re.split(r"[,x]", text.strip())]
+    dims = tuple(int(d) for d in parts) if all(d.isdigit() for d in parts) else ()
     if not dims or any(d < 1 for d in dims):
         raise RunError(f"--input-shape must be positive integers separated by commas (e.g. 2,128), got {text!r}")
     return dims
@@ -508,6 +506,11 @@ def _child_entry(rank, ranks, spec, conn, backend, device, wall_deadline, debug,
 
         if device == "cuda":
             torch.cuda.set_device(rank)
+        if os.path.exists("/sys/class/net/lo"):
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")   # all ranks are on this host
+        if dist.is_initialized():      # a process group the parent had (fork): not ours to use
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
         rep.phase("init", 1)
         store = dist.TCPStore("127.0.0.1", port, None, False, timeout=_td(remaining() + _PG_TIMEOUT_MARGIN_S))
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=ranks,
