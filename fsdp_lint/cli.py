@@ -172,6 +172,7 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
             run_summary = confirm(results, settings, opts)
         except RunError as exc:
             click.echo(f"fsdp-lint: error: --run: {exc}", err=True)
+            run_summary = getattr(exc, "summary", None)
             errors += 1
         if run_summary is None and os.environ.get("RANK") and os.environ.get("RANK") != "0":
             return EXIT_ERROR if errors else EXIT_CLEAN

@@ -666,7 +666,7 @@ def sandbox(rec: Recorder, directory: str):
 
     # -- cuda: simulated (rank 0's device) ---------------------------------------------------
     for name, value in {
-        "set_device": noop(), "current_device": lambda: 0, "is_available": lambda: True,
+        "set_device": noop(), "current_device": lambda: _current_cuda_index(rec), "is_available": lambda: True,
         "device_count": lambda: ws, "manual_seed": noop(), "manual_seed_all": noop(), "synchronize": noop(),
         "empty_cache": noop(), "is_bf16_supported": lambda *a, **k: True, "reset_peak_memory_stats": noop(),
         "get_device_name": lambda *a, **k: "simulated", "get_device_capability": lambda *a, **k: (9, 0),
@@ -843,6 +843,14 @@ def sandbox(rec: Recorder, directory: str):
             fname = getattr(mod, "__file__", None) or ""
             if not fname or not _is_library(fname) or name.startswith("__fsdp_lint_replay"):
                 sys.modules.pop(name, None)
+
+
+def _current_cuda_index(rec) -> int:
+    """Simulated ranks are rank 0; a --run rank on a GPU is on its own device (FSDP asks for it)."""
+    device = getattr(rec, "device", None)
+    if rec.real and device is not None and device.type == "cuda" and device.index is not None:
+        return device.index
+    return 0
 
 
 @contextlib.contextmanager

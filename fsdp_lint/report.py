@@ -231,7 +231,7 @@ def format_finding_full(f, base=None) -> str:
     if f.fix:
         out.append(f"     = fix: {f.fix}")
     if f.evidence:
-        state = {True: "confirmed", False: "not confirmed", None: "not run"}[f.confirmed]
+        state = {True: "confirmed", False: "not confirmed", None: "undetermined"}[f.confirmed]
         out.append(f"     = --run: {state}: {f.evidence}")
     return "\n".join(out)
 
@@ -277,8 +277,34 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
         tail += f"; {len(failures)} could not be linted (errors on stderr)"
     blocks.append(tail + ".")
     if run_summary is not None:
-        blocks.append("--run: " + ", ".join(f"{k} {v}" for k, v in run_summary.items() if not isinstance(v, (dict, list))))
+        blocks.append(run_summary_text(run_summary))
     return "\n\n".join(blocks) + "\n"
+
+
+def run_summary_text(run: dict) -> str:
+    """The `--run` summary: backend, ranks, steps, wall time, then per file what was measured."""
+    if "files" not in run:
+        return "--run: " + ", ".join(f"{k} {v}" for k, v in run.items() if not isinstance(v, (dict, list)))
+    lines = [f"--run: {run['backend']} on {run['device']}, {run['ranks']} rank{'s' if run['ranks'] != 1 else ''} "
+             f"({run['mode']}), {run['steps']} step{'s' if run['steps'] != 1 else ''}, {run['wall_time_s']} s: "
+             f"{run['confirmed']} confirmed, {run['not_confirmed']} not confirmed, {run['undetermined']} undetermined"]
+    for fs in run["files"]:
+        parts = [fs["status"]]
+        if fs.get("inputs"):
+            parts.append(f"inputs {fs['inputs']}")
+        m, st = fs.get("measured") or {}, fs.get("static") or {}
+        if m and fs.get("status") == "completed":
+            parts.append(f"measured per step {m['all_gathers_per_step']} all-gathers "
+                         f"({human_bytes(m['all_gather_bytes_per_step'])}/rank) + {m['reduce_scatters_per_step']} "
+                         f"reduce-scatters ({human_bytes(m['reduce_scatter_bytes_per_step'])}/rank), static "
+                         f"{st['all_gathers_per_step']} ({human_bytes(st['all_gather_bytes_per_step'])}) + "
+                         f"{st['reduce_scatters_per_step']} ({human_bytes(st['reduce_scatter_bytes_per_step'])})")
+        peaks = [p for p in fs.get("peak_memory_bytes") or [] if p]
+        if peaks:
+            parts.append(f"peak memory {human_bytes(max(peaks))}/rank ({fs.get('memory_measure')}), static estimate "
+                         f"{human_bytes(st.get('memory_per_rank_bytes', 0))}")
+        lines.append(f"  {fs['path']}: " + "; ".join(parts))
+    return "\n".join(lines)
 
 
 def statistics_table(results) -> str:
@@ -402,6 +428,11 @@ def render_sarif(results, failures=()) -> str:
     rules = all_rules()
     index = {r.code: i for i, r in enumerate(rules)}
     sarif_rules = []
+    extra = {}   # codes no rule owns (--run's "RUN" findings): described from the finding itself
+    for res in results:
+        for f in res.findings:
+            if f.code not in index and f.code not in extra:
+                extra[f.code] = f
     for r in rules:
         doc = r.doc()
         sarif_rules.append({
@@ -413,6 +444,11 @@ def render_sarif(results, failures=()) -> str:
             "defaultConfiguration": {"level": _SARIF_LEVEL[r.severity]},
             "properties": {"tags": ["fsdp", r.name]},
         })
+    for code, f in extra.items():
+        index[code] = len(sarif_rules)
+        sarif_rules.append({"id": code, "name": f.name, "shortDescription": {"text": f.name},
+                            "defaultConfiguration": {"level": _SARIF_LEVEL[f.severity]},
+                            "properties": {"tags": ["fsdp", f.name]}})
     out_results = []
     for res in results:
         for f in res.findings:
@@ -428,6 +464,8 @@ def render_sarif(results, failures=()) -> str:
             }
             if f.module:
                 result["properties"] = {"module": f.module}
+            if f.confirmed is not None or f.evidence:
+                result.setdefault("properties", {}).update({"confirmed": f.confirmed, "evidence": f.evidence})
             out_results.append(result)
     from pathlib import Path
 
