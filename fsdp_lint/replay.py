@@ -709,13 +709,30 @@ def sandbox(rec: Recorder, directory: str):
         target_device = getattr(rec, "device", None) or torch.device("cpu")
     real_module_to = nn.Module.to
 
+    # one user statement is one event: the tensor-level calls a module-level call makes inside
+    # (``Module.requires_grad_`` -> ``Parameter.requires_grad_``) are not recorded again
+    inner = [0]
+
+    @contextlib.contextmanager
+    def quiet():
+        inner[0] += 1
+        try:
+            yield
+        finally:
+            inner[0] -= 1
+
+    def event(kind, params, value):
+        if not inner[0]:
+            rec.param_events.append(ParamEvent(kind, next(rec.seq), [id(p) for p in params], value,
+                                               rec.position()))
+
     def module_to(self, *args, **kwargs):
         device, dtype = _parse_to_args(args, kwargs)
         if dtype is not None:
             before = [p for p in self.parameters()]
-            out = real_module_to(self, dtype=dtype)
-            rec.param_events.append(ParamEvent("dtype", next(rec.seq), [id(p) for p in before],
-                                               str(dtype).replace("torch.", ""), rec.position()))
+            with quiet():
+                out = real_module_to(self, dtype=dtype)
+            event("dtype", before, str(dtype).replace("torch.", ""))
             return out
         return self
 
@@ -723,11 +740,11 @@ def sandbox(rec: Recorder, directory: str):
         real = getattr(nn.Module, name)
 
         def cast(self, *args, **kwargs):
-            out = real(self, *args, **kwargs)
+            with quiet():
+                out = real(self, *args, **kwargs)
             dtype = next((p.dtype for p in self.parameters() if p.is_floating_point()), None)
             if dtype is not None:
-                rec.param_events.append(ParamEvent("dtype", next(rec.seq), [id(p) for p in self.parameters()],
-                                                   str(dtype).replace("torch.", ""), rec.position()))
+                event("dtype", list(self.parameters()), str(dtype).replace("torch.", ""))
             return out
         return cast
 
@@ -742,9 +759,9 @@ def sandbox(rec: Recorder, directory: str):
     real_requires_grad_ = nn.Module.requires_grad_
 
     def module_requires_grad_(self, requires_grad=True):
-        out = real_requires_grad_(self, requires_grad)
-        rec.param_events.append(ParamEvent("freeze", next(rec.seq), [id(p) for p in self.parameters()],
-                                           bool(requires_grad), rec.position()))
+        with quiet():
+            out = real_requires_grad_(self, requires_grad)
+        event("freeze", list(self.parameters()), bool(requires_grad))
         return out
 
     patch(nn.Module, "requires_grad_", module_requires_grad_)
@@ -754,16 +771,18 @@ def sandbox(rec: Recorder, directory: str):
         return rg_descriptor.__get__(self)
 
     def rg_set(self, value):
-        rg_descriptor.__set__(self, value)
-        rec.param_events.append(ParamEvent("freeze", next(rec.seq), [id(self)], bool(value), rec.position()))
+        with quiet():
+            rg_descriptor.__set__(self, value)
+        event("freeze", [self], bool(value))
 
     patch(nn.Parameter, "requires_grad", property(rg_get, rg_set))
     real_tensor_rg_ = torch.Tensor.requires_grad_
 
     def tensor_requires_grad_(self, requires_grad=True):
-        out = real_tensor_rg_(self, requires_grad)
+        with quiet():
+            out = real_tensor_rg_(self, requires_grad)
         if isinstance(self, nn.Parameter):
-            rec.param_events.append(ParamEvent("freeze", next(rec.seq), [id(self)], bool(requires_grad), rec.position()))
+            event("freeze", [self], bool(requires_grad))
         return out
 
     patch(torch.Tensor, "requires_grad_", tensor_requires_grad_)

@@ -97,7 +97,8 @@ def torch_units(path: str, world_size: int) -> tuple[list[dict], object]:
     else:
         for st in states:
             unit = {"modules": [mod_name[id(m)] for m in st._modules], "params": [], "dtypes": set(),
-                    "requires_grad": {}, "reshard_after_forward": None, "param_dtype": None}
+                    "requires_grad": {}, "reshard_after_forward": None, "param_dtype": None,
+                    "shard_size": None}
             for pg in st._fsdp_param_groups:
                 for fp in pg.fsdp_params:
                     sp = fp.sharded_param
@@ -106,6 +107,7 @@ def torch_units(path: str, world_size: int) -> tuple[list[dict], object]:
                     unit["dtypes"].add(dtype_name(sp.dtype))
                     unit["requires_grad"][name] = bool(sp.requires_grad)
                 unit["reshard_after_forward"] = pg.post_forward_mesh_info is not None
+                unit["shard_size"] = pg.mesh_info.shard_mesh_size
                 mp = pg.mp_policy.param_dtype
                 unit["param_dtype"] = dtype_name(mp) if mp is not None else None
             units.append(unit)
@@ -136,6 +138,7 @@ def assert_plan_matches_torch(path: str, world_size: int):
             assert (plan.sharding_strategy or "FULL_SHARD") == ref["sharding_strategy"], where
         elif ref["params"]:
             assert unit.reshard_after_forward == ref["reshard_after_forward"], where
+            assert unit.shard_size == ref["shard_size"], where
     return res, real
 
 
@@ -166,3 +169,285 @@ def test_bad_fixture_plan_equals_real_torch_or_torch_rejects_a_planned_wrap_call
         assert line in [ln for _, ln in res.plan.wrap_call_lines], str(exc)
         return
     assert_plan_matches_torch(path, 4)
+
+
+# --------------------------------------------------------------------------------------------
+# variations of the idioms (issue 2 §4), each compared with what torch builds from the same file
+# --------------------------------------------------------------------------------------------
+MODEL = '''
+import torch
+import torch.nn as nn
+
+
+class Block(nn.Module):
+    def __init__(self, d=8, idx=0):
+        super().__init__()
+        self.idx = idx
+        self.attn = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+
+    def forward(self, x):
+        return x + self.mlp(self.attn(x))
+
+
+class Model(nn.Module):
+    def __init__(self, n_layers=4, d=8, vocab=32):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleDict({str(i): Block(d, i) for i in range(n_layers)})
+        self.norm = nn.LayerNorm(d)
+        self.out = nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for block in self.layers.values():
+            x = block(x)
+        return self.out(self.norm(x))
+'''
+
+VARIATIONS = {
+    # ModuleDict .values(), **config dict, a kwarg computed from the loop variable, a helper called
+    # from the __main__ guard with a constructor that returns the model
+    "fsdp2_values_config_expr": '''
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+def apply_fsdp(model, world_size):
+    mesh = init_device_mesh("cuda", (world_size,))
+    fsdp_config = {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16)}
+    n = len(model.layers)
+    for i, block in enumerate(model.layers.values()):
+        fully_shard(block, **fsdp_config, reshard_after_forward=i < n - 1)
+    fully_shard(model, **fsdp_config)
+    return model
+
+
+if __name__ == "__main__":
+    import os
+    model = apply_fsdp(Model(n_layers=3), int(os.environ["WORLD_SIZE"]))
+    model.to_empty(device="cuda")
+''',
+    # model built under torch.device("meta"), a 2-D (HSDP) mesh, a list group, .items()
+    "fsdp2_meta_hsdp_list": '''
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+dist.init_process_group("nccl")
+with torch.device("meta"):
+    model = Model()
+mesh = init_device_mesh("cuda", (2, dist.get_world_size() // 2), mesh_dim_names=("replicate", "shard"))
+for name, layer in model.layers.items():
+    fully_shard(layer, mesh=mesh)
+fully_shard([model.norm, model.out], mesh=mesh, reshard_after_forward=False)
+fully_shard(model, mesh=mesh)
+model.to_empty(device="cuda")
+''',
+    # model.modules() + isinstance with an extra condition; no mesh
+    "fsdp2_modules_filter": '''
+from torch.distributed.fsdp import fully_shard
+
+model = Model(n_layers=5).cuda()
+for m in model.modules():
+    if isinstance(m, Block) and m.idx % 2 == 0:
+        fully_shard(m)
+fully_shard(model)
+''',
+    # FSDP1: ModuleWrapPolicy through a kwargs dict, SHARD_GRAD_OP, fp16 mixed precision,
+    # ignored_modules, use_orig_params=False, device_id=torch.cuda.current_device()
+    "fsdp1_kwargs_dict": '''
+import os
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+
+def main():
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    model = Model()
+    model.embed.requires_grad_(False)
+    fsdp_kwargs = dict(
+        auto_wrap_policy=ModuleWrapPolicy({Block}),
+        sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
+        mixed_precision=MixedPrecision(param_dtype=torch.float16),
+        use_orig_params=False,
+        device_id=torch.cuda.current_device(),
+    )
+    model = FSDP(model, ignored_modules=[model.embed], **fsdp_kwargs)
+
+
+if __name__ == "__main__":
+    main()
+''',
+    # FSDP1: manual child wraps in a loop (index assignment), then the root
+    "fsdp1_manual_loop": '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+model = Model(n_layers=3)
+for key in list(model.layers.keys()):
+    model.layers[key] = FSDP(model.layers[key], device_id=torch.cuda.current_device())
+model.out = FSDP(model.out, device_id=torch.cuda.current_device())
+model = FSDP(model, device_id=torch.cuda.current_device())
+''',
+    # FSDP1: lambda policy with a lambda passed inline
+    "fsdp1_lambda_inline": '''
+import functools
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+model = FSDP(Model(), use_orig_params=True,
+             auto_wrap_policy=functools.partial(lambda_auto_wrap_policy,
+                                                lambda_fn=lambda m: isinstance(m, Block) and m.idx != 1))
+''',
+    # FSDP1: size policy whose threshold comes from argparse (defaults apply), bare
+    # size_based_auto_wrap_policy for a second model is not what is linted
+    "fsdp1_size_argparse": '''
+import argparse
+import functools
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+
+
+def get_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--min-params", type=int, default=300)
+    parser.add_argument("--layers", type=int, default=2)
+    return parser.parse_args()
+
+
+def main():
+    args = get_args()
+    model = Model(n_layers=args.layers)
+    policy = functools.partial(size_based_auto_wrap_policy, min_num_params=args.min_params)
+    model = FSDP(model, auto_wrap_policy=policy, device_id=torch.device("cuda", 0))
+
+
+main()
+''',
+    # FSDP1: bare size_based_auto_wrap_policy (default 1e8 threshold) on a model with a large table
+    "fsdp1_size_bare": '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
+
+model = FSDP(Model(n_layers=2), auto_wrap_policy=size_based_auto_wrap_policy)
+''',
+}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("name", sorted(VARIATIONS))
+def test_variation_plan_equals_real_torch(tmp_path, name, world_size):
+    path = tmp_path / f"{name}.py"
+    path.write_text(MODEL + VARIATIONS[name])
+    res, real = assert_plan_matches_torch(str(path), world_size)
+    assert len(res.plan.units) >= 2 or name == "fsdp1_size_bare"
+
+
+def test_kwargs_from_loop_variable_and_config_dicts_reach_the_plan(tmp_path):
+    path = tmp_path / "v.py"
+    path.write_text(MODEL + VARIATIONS["fsdp2_values_config_expr"])
+    res = analyse(str(path), Settings(world_size=4))
+    units = res.plan.units
+    assert [u.reshard_after_forward for u in units[:3]] == [True, True, False]
+    assert all(u.param_dtype == "bfloat16" for u in units)
+    assert all(u.reshard_after_forward_explicit for u in units[:3]) and not units[3].reshard_after_forward_explicit
+
+
+def test_hsdp_mesh_shards_over_the_last_mesh_dim(tmp_path):
+    path = tmp_path / "v.py"
+    path.write_text(MODEL + VARIATIONS["fsdp2_meta_hsdp_list"])
+    res = analyse(str(path), Settings(world_size=4))
+    # torch: FSDPParamGroup.mesh_info.shard_mesh_size is 2 on a (2, 2) mesh
+    real, _ = torch_units(str(path), 4)
+    assert [u.shard_size for u in res.plan.units if u.params] == [r["shard_size"] for r in real if r["params"]] == [2] * 6
+
+
+def _line_of(text: str, marker: str) -> int:
+    (line,) = [i for i, ln in enumerate(text.splitlines(), start=1) if ln.rstrip().endswith("# " + marker)]
+    return line
+
+
+def test_freezing_and_casts_before_the_wrap_are_in_the_tree_and_the_plan_events(tmp_path):
+    text = MODEL + '''
+from torch.distributed.fsdp import fully_shard
+
+
+def build():
+    model = Model(n_layers=2)
+    model.embed.requires_grad_(False)  # FREEZE-MODULE
+    for n, p in model.named_parameters():
+        if "mlp" in n:
+            p.requires_grad = False  # FREEZE-PARAM
+    return model
+
+
+model = build()
+model.out.to(torch.bfloat16)  # CAST-TO
+model.layers["0"].half()  # CAST-HALF
+model.layers["0"].attn.float()  # CAST-FLOAT
+for block in model.layers.values():
+    fully_shard(block)
+fully_shard(model)
+optimizer = torch.optim.AdamW(p for p in model.parameters() if p.requires_grad)
+'''
+    path = tmp_path / "frozen_cast.py"
+    path.write_text(text)
+    # the tree at wrap time (requires_grad and dtype of every parameter) equals torch's DTensors
+    res, _ = assert_plan_matches_torch(str(path), 2)
+    tree, events = res.tree, res.plan.param_events
+
+    def ev(fqn):
+        return [(e.kind, e.line, e.value) for e in events.get(fqn, [])]
+
+    freeze_m, freeze_p = _line_of(text, "FREEZE-MODULE"), _line_of(text, "FREEZE-PARAM")
+    cast_to, cast_half, cast_float = (_line_of(text, m) for m in ("CAST-TO", "CAST-HALF", "CAST-FLOAT"))
+    assert ev("embed.weight") == [("freeze", freeze_m, False)]
+    assert ev("layers.0.mlp.0.weight") == [("freeze", freeze_p, False), ("dtype", cast_half, "float16")]
+    assert ev("layers.1.mlp.2.bias") == [("freeze", freeze_p, False)]
+    assert ev("layers.0.attn.weight") == [("dtype", cast_half, "float16"), ("dtype", cast_float, "float32")]
+    assert ev("out.weight") == [("dtype", cast_to, "bfloat16")]
+    assert ev("norm.weight") == []
+    assert (tree.params["layers.0.mlp.0.weight"].dtype, tree.params["layers.0.mlp.0.weight"].requires_grad) == (
+        "float16", False)
+    assert tree.params["layers.0.attn.weight"].dtype == "float32"
+    # the optimizer holds the trainable parameters only, and is built after the last wrap call
+    (opt,) = res.plan.optimizers
+    assert opt.line == len(text.splitlines()) and opt.seq > max(u.seq for u in res.plan.units)
+    assert set(opt.params) == {p for p, info in tree.params.items() if info.requires_grad}
+
+
+OPTIMIZER_CASES = {
+    "fsdp2": ("from torch.distributed.fsdp import fully_shard",
+              "for b in model.layers.values():\n    fully_shard(b)\nfully_shard(model)"),
+    "fsdp1-flat": ("from torch.distributed.fsdp import FullyShardedDataParallel as FSDP",
+                   "model = FSDP(model, use_orig_params=False)"),
+    "fsdp1-orig": ("from torch.distributed.fsdp import FullyShardedDataParallel as FSDP",
+                   "model = FSDP(model, use_orig_params=True)"),
+}
+
+
+@pytest.mark.parametrize("before", [True, False], ids=["optimizer-before-wrap", "optimizer-after-wrap"])
+@pytest.mark.parametrize("case", sorted(OPTIMIZER_CASES))
+def test_optimizer_order_relative_to_the_wrap(tmp_path, case, before):
+    """plan.optimizers says where the optimizer was built relative to the wrap calls; torch says
+    what that means: built before FSDP2 / FSDP1 with flat parameters, it holds tensors that are no
+    longer the model's parameters (FSD501's premise); FSDP1 with use_orig_params=True keeps them."""
+    imports, wrap = OPTIMIZER_CASES[case]
+    opt = "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # OPTIMIZER"
+    text = MODEL + f"\n{imports}\n\nmodel = Model(n_layers=2)\n" + (
+        f"{opt}\n{wrap}\n" if before else f"{wrap}\n{opt}\n")
+    path = tmp_path / "opt.py"
+    path.write_text(text)
+    res, _ = assert_plan_matches_torch(str(path), 2)
+    (info,) = res.plan.optimizers
+    assert info.line == _line_of(text, "OPTIMIZER")
+    assert (info.seq < min(u.seq for u in res.plan.units)) == before
+    assert (info.seq > max(u.seq for u in res.plan.units)) == (not before)
+    assert len(info.params) == len(res.tree.params) and info.foreign == 0
+
+    real = replay(read_source(str(path)), 2, real=True)
+    held = {id(p) for g in real.optimizers[0].obj.param_groups for p in g["params"]}
+    models = {id(p) for p in real.model.parameters()}
+    stale = not held <= models
+    assert stale == (before and case != "fsdp1-orig")
