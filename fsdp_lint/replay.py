@@ -178,10 +178,14 @@ class _Transformer:
 
     def _tolerant_import(self, stmt: ast.stmt) -> ast.stmt:
         names = [a.asname or a.name.split(".")[0] for a in stmt.names if a.name != "*"]
+        if isinstance(stmt, ast.ImportFrom):
+            module = stmt.module or ""
+        else:
+            module = ", ".join(a.name for a in stmt.names)
         handler = ast.ExceptHandler(
             type=ast.Name("ImportError", ast.Load()), name=None,
             body=[_call_stmt(_STUB_IMPORT, ast.List([ast.Constant(n) for n in names], ast.Load()), ast.Call(ast.Name("globals", ast.Load()), [], []),
-                             like=stmt)],
+                             ast.Constant(module.split(".")[0] if module else None), like=stmt)],
         )
         node = ast.Try(body=[stmt], handlers=[handler], orelse=[], finalbody=[])
         return ast.copy_location(node, stmt)
@@ -1031,6 +1035,20 @@ class ModelTarget:
 # --------------------------------------------------------------------------------------------
 def replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget] = None, real: bool = False,
            timeout: Optional[float] = None, device=None) -> ReplayResult:
+    missing: List[str] = []
+    try:
+        return _replay(facts, world_size, target, real, timeout, device, missing)
+    except ReplayError as exc:
+        if not missing:
+            raise
+        # the file imports something that is not installed here (transformers, peft, a package
+        # of the training repository): that is most likely why it failed
+        names = ", ".join(dict.fromkeys(missing))
+        raise ReplayError(f"{exc} (not importable here: {names}; install it to lint this file)") from exc
+
+
+def _replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget], real: bool,
+            timeout: Optional[float], device, missing: List[str]) -> ReplayResult:
     import torch.nn as nn
 
     path = os.path.abspath(facts.path)
@@ -1047,7 +1065,8 @@ def replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget] = 
         "__builtins__": _guarded_builtins(),
         _CHECKPOINT: rec.checkpoint,
         _SKIP: rec.skip,
-        _STUB_IMPORT: _stub_import,
+        _STUB_IMPORT: lambda names, globs, module=None: (missing.append(module or names[0]),
+                                                         _stub_import(names, globs)),
         _REBIND: lambda g: None,
     })
     basename = os.path.basename(path)
@@ -1160,7 +1179,7 @@ def _alarm(seconds: Optional[float]):
         signal.signal(signal.SIGALRM, old)
 
 
-def _stub_import(names, globs):
+def _stub_import(names, globs, module=None):
     for name in names:
         globs.setdefault(name, _Stub(name))
 

@@ -381,3 +381,23 @@ def test_a_file_that_needs_an_unbuildable_model_fails_with_one_line(tmp_path, cl
     assert res.code == 2
     assert len(res.err.strip().splitlines()) == 1 and "needs a checkpoint on disk" in res.err
     assert not dist.is_initialized()
+
+
+def test_a_model_from_a_package_that_is_not_installed_names_the_package(tmp_path, cli):
+    path = _write(tmp_path, '''
+        import torch
+        from torch.distributed.fsdp import fully_shard
+        from not_installed_modelzoo.models import BigModel
+        import wandb_not_installed_either as wandb
+
+        wandb.init(project="x")
+        model = BigModel(layers=4)
+        for layer in model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters())
+    ''')
+    res = cli(path, "--world-size", "2")
+    assert res.code == 2
+    assert len(res.err.strip().splitlines()) == 1
+    assert "not importable here: not_installed_modelzoo, wandb_not_installed_either" in res.err
