@@ -133,6 +133,9 @@ def _check_plan(res, settings) -> None:
             raise RunError(f"{name}: --run applies the file's own wrap code; drop --wrap to run it")
         if settings.api and settings.api != _file_api(res):
             raise RunError(f"{name}: --run applies the file's own wrap code ({_file_api(res)}); drop --api {settings.api}")
+        if settings.use_orig_params is not None and plan.api == "fsdp1":
+            raise RunError(f"{name}: --run applies the file's own wrap code with its own use_orig_params; "
+                           f"drop --{'' if settings.use_orig_params else 'no-'}use-orig-params")
 
 
 def _file_api(res) -> Optional[str]:
@@ -304,8 +307,9 @@ def _launch(spec: dict, ranks: int, backend: str, device: str, deadline: float, 
                     st["closed"] = True
             if all(st["done"] or st["closed"] for st in state):
                 break
+            # a rank that ends without "done" crashed: nobody stops ranks before this loop ends
             crashed = [r for r, st in enumerate(state) if st["crash"] is not None
-                       or (st["closed"] and not st["done"] and st["result"] is None)]
+                       or (st["closed"] and not st["done"])]
             if crashed:
                 raise RunError(_describe_crash(crashed[0], state[crashed[0]], procs[crashed[0]]))
             results = [st["result"] for st in state]
@@ -758,7 +762,9 @@ def _make_inputs(spec, model, device, rank: int, step: int, example_fn):
         args, kwargs = _as_call(value)
         moved = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
         return [moved(a) for a in args], {k: moved(v) for k, v in kwargs.items()}, "example_inputs()"
-    float_dtype = _float_dtype(model)
+    first = _first_layer(model)
+    float_dtype = _float_dtype(first if first is not None and any(
+        p.is_floating_point() for p in first.parameters(recurse=False)) else model)
     if spec["input_shape"]:
         shape = spec["input_shape"]
         dtype = getattr(torch, _DTYPES[spec["input_dtype"] or "float"])
@@ -769,7 +775,6 @@ def _make_inputs(spec, model, device, rank: int, step: int, example_fn):
         else:
             t = torch.randn(shape, device=device, dtype=dtype)
         return [t], {}, f"--input-shape {','.join(map(str, shape))} ({str(dtype).replace('torch.', '')})"
-    first = _first_layer(model)
     nn = torch.nn
     if spec["input_dtype"] and first is not None and not isinstance(first, nn.Embedding):
         float_dtype = getattr(torch, _DTYPES[spec["input_dtype"]])
@@ -894,7 +899,8 @@ def _train(spec, rank, ws, device, model, optimizers, phase, out, example_fn) ->
         out["steps_done"] = step
     out["peak_memory"], out["memory_measure"] = _peak_memory(device)
     after = _local_fingerprints(model)
-    trainable = [n for n, (fp, rg) in before.items() if rg]
+    # trainable parameters this rank holds a piece of (FSDP leaves some ranks an empty shard)
+    trainable = [n for n, (fp, rg, numel) in before.items() if rg and numel]
     out["params_changed"] = sum(1 for n in trainable if n in after and after[n][0] != before[n][0])
     out["params_trainable"] = len(trainable)
 
@@ -959,7 +965,8 @@ def _peak_memory(device) -> Tuple[int, str]:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak RSS of the rank process (CPU)"
 
 
-def _local_fingerprints(model) -> Dict[str, Tuple[Tuple[float, float], bool]]:
+def _local_fingerprints(model) -> Dict[str, Tuple[Tuple[float, float], bool, int]]:
+    """Per parameter: (sum, sum of squares) of this rank's local piece, requires_grad, numel."""
     import torch
 
     out = {}
@@ -968,10 +975,10 @@ def _local_fingerprints(model) -> Dict[str, Tuple[Tuple[float, float], bool]]:
             t = p.to_local() if hasattr(p, "to_local") else p
             t = t.detach()
             if t.numel() == 0:
-                out[name] = ((0.0, 0.0), bool(p.requires_grad))
+                out[name] = ((0.0, 0.0), bool(p.requires_grad), 0)
                 continue
             d = t.double()
-            out[name] = ((float(d.sum()), float((d * d).sum())), bool(p.requires_grad))
+            out[name] = ((float(d.sum()), float((d * d).sum())), bool(p.requires_grad), t.numel())
     return out
 
 
@@ -1221,29 +1228,32 @@ def _apply_evidence(res, per_rank: List[dict], spec: dict, ranks: int, opts: Run
             if not completed or compare is None:
                 f.evidence = stopped
                 continue
+            if ranks < 2 and code != "FSD401":
+                f.evidence = "parameters cannot differ across ranks in a 1-rank run (use --nproc 2 or more)"
+                continue
             if code == "FSD401":
                 hits = tied
                 if hits:
                     f.confirmed = True
-                    f.evidence = (f"after {opts.steps} steps tied weights are no longer equal: "
+                    f.evidence = (f"after {_steps(opts.steps)} tied weights are no longer equal: "
                                   + "; ".join(f"{t['fqns'][0]} vs {t['fqns'][1]} max |diff| {_num(t['max_diff'])}"
                                               for t in hits[:4]))
                     explained.update(x for t in hits for x in t["fqns"])
                 else:
                     f.confirmed = False
-                    f.evidence = f"after {opts.steps} steps every tied group is still equal"
+                    f.evidence = f"after {_steps(opts.steps)} every tied group is still equal"
                 continue
             pool = plan.leftover_params if code == "FSD301" else plan.ignored_params
             hits = [(n, diverged[n]) for n in pool if n in diverged]
             if hits:
                 f.confirmed = True
-                f.evidence = (f"after {opts.steps} steps {len(hits)} of {len(pool)} parameters differ across "
+                f.evidence = (f"after {_steps(opts.steps)} {len(hits)} of {len(pool)} parameters differ across "
                               f"ranks: " + ", ".join(f"{n} (max |diff| {_num(d)})" for n, d in hits[:6])
                               + (", ..." if len(hits) > 6 else ""))
                 explained.update(n for n, _ in hits)
             else:
                 f.confirmed = False
-                f.evidence = (f"after {opts.steps} steps the {len(pool)} parameter{'s' if len(pool) != 1 else ''} "
+                f.evidence = (f"after {_steps(opts.steps)} the {len(pool)} parameter{'s' if len(pool) != 1 else ''} "
                               f"{'outside every unit' if code == 'FSD301' else 'ignored by FSDP'} are identical on "
                               f"all ranks")
         elif code in _EXCEPTION_CODES:
@@ -1263,7 +1273,8 @@ def _apply_evidence(res, per_rank: List[dict], spec: dict, ranks: int, opts: Run
             bad = [o for o in infos if o["held"] > o["held_of_model"]]
             changed = r0.get("params_changed")
             total = r0.get("params_trainable")
-            tail = (f"; {changed} of {total} trainable model parameters changed in {r0.get('steps_done', 0)} steps"
+            tail = (f"; {changed} of the {total} trainable model parameters rank 0 holds changed in "
+            f"{_steps(r0.get('steps_done', 0))}"
                     if changed is not None else "")
             if bad:
                 f.confirmed = True
@@ -1293,7 +1304,7 @@ def _apply_evidence(res, per_rank: List[dict], spec: dict, ranks: int, opts: Run
         if unexplained:
             run_findings.append(Finding(
                 code=RUN_CODE, name=RUN_NAME, severity="error", path=res.path, line=_first_wrap_line(res),
-                message=(f"--run: after {opts.steps} steps {len(unexplained)} parameter"
+                message=(f"--run: after {_steps(opts.steps)} {len(unexplained)} parameter"
                          f"{'s' if len(unexplained) != 1 else ''} differ across ranks and no rule predicted it: "
                          + ", ".join(f"{n} (max |diff| {_num(d)})" for n, d in unexplained[:6])),
                 confirmed=True, evidence="parameters compared after the steps (all-gathered fingerprints)"))
@@ -1305,8 +1316,8 @@ def _apply_evidence(res, per_rank: List[dict], spec: dict, ranks: int, opts: Run
                 line=o["line"] or 1,
                 message=(f"--run: {o['cls']} holds {o['held']} tensors, only {o['held_of_model']} of them the "
                          f"model's parameters after wrapping, and no rule predicted it"),
-                confirmed=True, evidence=f"{r0.get('params_changed')} of {r0.get('params_trainable')} trainable "
-                                         f"model parameters changed in {opts.steps} steps"))
+                confirmed=True, evidence=f"{r0.get('params_changed')} of the {r0.get('params_trainable')} trainable "
+                                         f"model parameters rank 0 holds changed in {_steps(opts.steps)}"))
     res.findings.extend(run_findings)
 
     file_summary = {
@@ -1406,6 +1417,10 @@ def _cost_evidence(static: dict, measured: dict, ranks: int, per_rank) -> Tuple[
         text += (f"; peak memory {_human_bytes(max(peaks))}/rank ({per_rank[0].get('memory_measure')}), "
                  f"static estimate {_human_bytes(static['memory_per_rank_bytes'])}")
     return counts_equal and (bytes_equal or not same_ws), text
+
+
+def _steps(n: int) -> str:
+    return f"{n} step{'s' if n != 1 else ''}"
 
 
 def _num(x: float) -> str:

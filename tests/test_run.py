@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -171,7 +172,54 @@ def test_fsd501_confirmed_optimizer_holds_stale_tensors(bad_run):
     assert f["confirmed"] is True
     assert "0 of them the model's parameters after wrapping" in f["evidence"]
     # and the consequence: nothing trains
-    assert "0 of " in f["evidence"].split(";")[-1] and "changed" in f["evidence"]
+    assert re.search(r"; 0 of the [1-9]\d* trainable model parameters rank 0 holds changed in 2 steps", f["evidence"])
+
+
+FSDP1_ORIG_PARAMS_OPTIMIZER_FIRST = """
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+
+class Block(nn.Module):
+    def __init__(self, dim=32):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 2 * dim)
+        self.fc2 = nn.Linear(2 * dim, dim)
+
+    def forward(self, x):
+        return x + self.fc2(self.fc1(x).relu())
+
+
+class Net(nn.Module):
+    def __init__(self, vocab=100, dim=32, layers=2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.Sequential(*[Block(dim) for _ in range(layers)])
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens):
+        return self.head(self.layers(self.embed(tokens)))
+
+
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=True)
+"""
+
+
+def test_fsd501_not_confirmed_when_torch_keeps_the_parameter_objects(tmp_path):
+    # FSDP1 with use_orig_params=True keeps the Parameter objects: the early optimizer still trains
+    path = tmp_path / "train.py"
+    path.write_text(FSDP1_ORIG_PARAMS_OPTIMIZER_FIRST)
+    code, out, err = _cli(str(path), "--run", "--format", "json")
+    doc = json.loads(out)
+    (f,) = _only(doc["files"][0]["findings"], "FSD501")
+    assert f["confirmed"] is False, f["evidence"]
+    assert "holds only the model's parameters" in f["evidence"]
+    changed, held = map(int, re.search(r"(\d+) of the (\d+) trainable", f["evidence"]).groups())
+    assert changed == held > 0
 
 
 def test_run_summary_and_exit_code(bad_run):
