@@ -359,3 +359,26 @@ def test_under_torchrun_each_process_is_one_rank():
     (f,) = _only(doc["files"][0]["findings"], "FSD301")
     assert f["confirmed"] is True and "differ across ranks" in f["evidence"]
     assert _with_marker("fsdp2_no_root.py") == []
+
+
+def _json_paths(obj, prefix=""):
+    out = set()
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            p = f"{prefix}.{k}" if prefix else k
+            out.add(p)
+            out |= _json_paths(v, p)
+    elif isinstance(obj, list):
+        for v in obj:
+            out |= _json_paths(v, prefix + "[]")
+    return out
+
+
+def test_every_run_field_is_documented_in_the_readme(bad_run):
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        section = fh.read().split("<!-- json-schema:start -->")[1].split("<!-- json-schema:end -->")[0]
+    documented = set(re.findall(r"^\| `([^`]+)` \|", section, re.MULTILINE))
+    produced = _json_paths({"run": bad_run["run"]})
+    assert "run.files[].error.phase" in produced and "run.files[].diverged[].max_diff" in produced
+    assert produced - documented == set()
+    assert {p for p in documented if p.startswith("run")} - produced == set()
