@@ -384,7 +384,7 @@ def render_json(results, *, layout: Optional[str] = None, run_summary: Optional[
         "schema_version": SCHEMA_VERSION,
         "files": files,
         "summary": {"files": len(files), **counts, "skipped": sum(1 for r in results if r.skipped),
-                    "errors": len(failures)},
+                    "failed": len(failures)},
     }
     if run_summary is not None:
         doc["run"] = run_summary

@@ -434,3 +434,45 @@ def test_debug_shows_the_traceback_of_an_internal_error(tmp_path, monkeypatch):
     assert proc.stderr.count("\n") == 1 and "simulated bug" in proc.stderr and "Traceback" not in proc.stderr
     proc = run_subprocess(["-c", probe, path, "--debug"], cwd=str(tmp_path))
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# the README contract: documented configuration keys, the CI command, the pre-commit hook
+# ------------------------------------------------------------------------------------------------
+def _readme():
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        return fh.read()
+
+
+def test_every_config_key_is_documented():
+    from fsdp_lint.config import _INTERNAL, _KEYS
+
+    section = _readme().split("<!-- config-keys:start -->")[1].split("<!-- config-keys:end -->")[0]
+    import re
+
+    documented = set(re.findall(r"^\| `([a-z-]+)` \|", section, re.MULTILINE))
+    keys = {k for k, name in _KEYS.items() if name not in _INTERNAL}
+    assert documented == keys
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = _readme()
+    test_cmd = "pip install torch==2.13.0 && pip install -e '.[test]' && python -m pytest"
+    assert test_cmd in readme
+    assert "pip install torch==2.13.0 && pip install -e . && fsdp-lint fixtures/article_fsdp2.py --world-size 4" in readme
+    with open(os.path.join(REPO, ".ci", "run")) as fh:
+        script = fh.read()
+    commands = [ln.strip() for ln in script.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert "set -euo pipefail" in commands
+    steps = [c for c in commands if c.startswith(("pip ", "python "))]
+    assert " && ".join(steps) == test_cmd
+    assert os.access(os.path.join(REPO, ".ci", "run"), os.X_OK)
+
+
+def test_pre_commit_hook_definition():
+    with open(os.path.join(REPO, ".pre-commit-hooks.yaml")) as fh:
+        text = fh.read()
+    lines = {ln.strip() for ln in text.splitlines()}
+    for required in ("- id: fsdp-lint", "entry: fsdp-lint", "language: python", "types: [python]",
+                     "require_serial: true", "args: [--format, concise]"):
+        assert required in lines, required

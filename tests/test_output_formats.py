@@ -1,0 +1,306 @@
+"""The output contract: full/concise text, JSON (schema_version 1, documented in README.md), SARIF 2.1.0
+that GitHub code scanning accepts, GitHub workflow annotations, and the --layout tables.
+
+Numbers asserted here come from the article (../shared/reference/fsdp-sharding-article.txt): a block
+unit of the 12-layer transformer holds 3,152,384 parameters; on 4 ranks each rank holds 788,096; rank
+0's FSDP1 shard is norm1.*, all of self_attn.in_proj_weight and 640 elements of in_proj_bias; with
+bf16 param_dtype a block's all-gather moves 4,728,576 bytes per rank.
+"""
+import json
+import os
+import re
+
+import pytest
+
+from conftest import REPO
+
+ARTICLE1 = "fixtures/article_fsdp1.py"
+ARTICLE2 = "fixtures/article_fsdp2.py"
+NO_ROOT = "fixtures/bad/fsdp2_no_root.py"
+
+
+@pytest.fixture(scope="module")
+def article_json():
+    """Both article fixtures, a skipped file and a broken one, in one JSON document (4 ranks)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsdp_lint", ARTICLE1, ARTICLE2, "fsdp_lint/__init__.py", "--world-size", "4",
+         "--format", "json", "--layout", "ranks"],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _files(doc):
+    return {f["path"]: f for f in doc["files"]}
+
+
+# ------------------------------------------------------------------------------------------------
+# text
+# ------------------------------------------------------------------------------------------------
+def test_full_shows_source_line_caret_fix_then_table(cli):
+    res = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301")
+    assert res.code == 1
+    lines = res.out.splitlines()
+    head = next(i for i, ln in enumerate(lines) if re.match(rf"{re.escape(NO_ROOT)}:\d+:\d+: FSD301 \[error\]", ln))
+    line_no = int(lines[head].split(":")[1])
+    with open(os.path.join(REPO, NO_ROOT)) as fh:
+        src = fh.read().splitlines()[line_no - 1]
+    assert "fully_shard" in src
+    gutter, shown = lines[head + 1].split("| ", 1)
+    assert gutter.strip() == str(line_no) and shown == src
+    caret_line = lines[head + 2]
+    caret_at = caret_line.index("^") - caret_line.index("|") - 2
+    assert src[caret_at:].startswith("fully_shard"), (src, caret_line)
+    assert any(ln.strip().startswith("= fix:") and "fully_shard(model" in ln for ln in lines[head + 3:head + 6])
+    table = next(i for i, ln in enumerate(lines) if ln.split()[:3] == ["#", "unit", "class"])
+    assert table > head
+    assert lines[-1].startswith("Found 1 finding (1 error, 0 warning, 0 info) in 1 file")
+
+
+def test_full_is_human_readable(cli):
+    res = cli(ARTICLE2, "--world-size", "4")
+    assert res.code == 0
+    header = res.out.splitlines()[0]
+    assert header.startswith(f"{ARTICLE2}: Transformer (37.8M params")
+    assert "fsdp2" in header and "world size 4" in header and "13 units" in header
+    block_rows = [ln.split() for ln in res.out.splitlines() if re.match(r"\d+\s+layers\.\d+\s", ln)]
+    assert len(block_rows) == 12
+    for row in block_rows:
+        # params, trainable, dtype, padded, shard/rank, all-gather/rank
+        assert row[3:5] == ["3.15M", "3.15M"] and row[5] == "float32→bfloat16"
+        assert row[6:8] == ["3.15M", "788K"] and row[8:10] == ["4.73", "MB"]
+
+
+def test_concise_is_one_line_per_finding(cli):
+    res = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--format", "concise")
+    body = [ln for ln in res.out.splitlines() if ln.strip()]
+    assert len(body) == 2, res.out
+    assert re.fullmatch(rf"{re.escape(NO_ROOT)}:\d+:\d+: FSD301 \[error\] .+", body[0])
+    assert body[1].startswith("Found 1 finding")
+
+
+def test_layout_ranks_fsdp1_matches_the_article(cli):
+    res = cli(ARTICLE1, "--world-size", "4", "--layout", "ranks")
+    assert res.code == 0
+    lines = res.out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.split()[:3] == ["unit", "rank", "flat"])
+    rank0 = lines[start + 2]
+    assert rank0.split()[:5] == ["layers.0", "0", "0:788,096", "788,096", "0"]
+    holds = rank0.split(None, 5)[5]
+    assert holds == "norm1.weight, norm1.bias, self_attn.in_proj_weight, self_attn.in_proj_bias[0:640]"
+    rank1 = lines[start + 3].split()
+    assert rank1[:4] == ["1", "788,096:1,576,192", "788,096", "0"]
+    assert rank1[4] == "self_attn.in_proj_bias[640:1536],"
+
+
+def test_layout_params_fsdp2_local_shapes(cli):
+    res = cli(ARTICLE2, "--world-size", "3", "--layout", "params")
+    lines = res.out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["unit", "parameter"])
+    assert "local (rank 0)" in lines[start] and "local (rank 2)" in lines[start]
+    ffn = next(ln for ln in lines[start + 2:] if "layers.0.ffn.0.weight" in ln)
+    # torch.chunk: 2048 rows on 3 ranks -> 683, 683, 682 (+1 padding row of 512 elements)
+    assert "[2048, 512]" in ffn and "[683, 512]" in ffn and "[682, 512]" in ffn and "512 (1 row)" in ffn
+    inproj = next(ln for ln in lines[start + 2:] if "layers.0.self_attn.in_proj_weight" in ln)
+    assert inproj.split()[-4:] == ["[512,", "512]", "[512,", "512]"]  # 1536 rows split evenly, no padding
+
+
+# ------------------------------------------------------------------------------------------------
+# JSON
+# ------------------------------------------------------------------------------------------------
+def test_json_exact_numbers(article_json):
+    doc = article_json
+    assert doc["schema_version"] == 1
+    files = _files(doc)
+    for path, api in ((ARTICLE1, "fsdp1"), (ARTICLE2, "fsdp2")):
+        f = files[path]
+        assert f["plan"]["api"] == api and f["plan"]["world_size"] == 4 and f["plan"]["root_wrapped"] is True
+        units = f["plan"]["units"]
+        assert [u["module"] for u in units] == [f"layers.{i}" for i in range(12)] + [""]
+        block = units[0]
+        assert block["numel"] == 3_152_384 and block["shard_numel"] == 788_096
+        assert isinstance(block["line"], int) and block["line"] > 0
+    assert files[ARTICLE2]["plan"]["units"][0]["param_dtype"] == "bfloat16"
+    assert files[ARTICLE2]["plan"]["units"][0]["all_gather_bytes"] == 4_728_576
+    rank0 = files[ARTICLE1]["plan"]["units"][0]["ranks"][0]
+    assert [(s["fqn"], s["start"], s["end"]) for s in rank0] == [
+        ("layers.0.norm1.weight", 0, 512), ("layers.0.norm1.bias", 0, 512),
+        ("layers.0.self_attn.in_proj_weight", 0, 786_432), ("layers.0.self_attn.in_proj_bias", 0, 640)]
+    assert files["fsdp_lint/__init__.py"]["skipped"]
+    assert doc["summary"] == {"files": 3, "error": 0, "warning": 0, "info": doc["summary"]["info"],
+                              "skipped": 1, "failed": 0}
+
+
+def test_json_lists_files_that_failed(cli, tmp_path):
+    bad = tmp_path / "broken.py"
+    bad.write_text("import torch.nn as nn\nclass A(nn.Module)\n    pass\n")
+    res = cli(str(bad), "--format", "json", cwd=str(tmp_path))
+    assert res.code == 2
+    doc = json.loads(res.out)
+    assert doc["files"] == [{"path": "broken.py", "error": doc["files"][0]["error"]}]
+    assert "syntax error" in doc["files"][0]["error"]
+    assert doc["summary"]["failed"] == 1
+
+
+def _json_paths(obj, prefix="", out=None):
+    out = set() if out is None else out
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            p = f"{prefix}.{k}" if prefix else k
+            out.add(p)
+            if p.endswith("memory.breakdown"):
+                continue  # a map: name -> bytes
+            _json_paths(v, p, out)
+    elif isinstance(obj, list):
+        for v in obj:
+            _json_paths(v, prefix + "[]", out)
+    return out
+
+
+def _documented_json_paths():
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    section = text.split("<!-- json-schema:start -->")[1].split("<!-- json-schema:end -->")[0]
+    return set(re.findall(r"^\| `([^`]+)` \|", section, re.MULTILINE))
+
+
+def test_every_json_field_is_documented_in_the_readme(article_json, cli, tmp_path):
+    produced = _json_paths(article_json)
+    res = cli(NO_ROOT, "--world-size", "4", "--format", "json", "--layout", "params")
+    produced |= _json_paths(json.loads(res.out))
+    bad = tmp_path / "broken.py"
+    bad.write_text("import torch.nn as nn\nclass A(nn.Module)\n    pass\n")
+    produced |= _json_paths(json.loads(cli(str(bad), "--format", "json", cwd=str(tmp_path)).out))
+    documented = _documented_json_paths()
+    assert produced - documented == set(), "fields missing from README's JSON schema"
+    optional = {"run"}  # present with --run only
+    stale = {p for p in documented - produced if not any(p == o or p.startswith(o + ".") for o in optional)}
+    assert stale == set(), "README documents fields the JSON does not have"
+
+
+# ------------------------------------------------------------------------------------------------
+# SARIF 2.1.0
+# ------------------------------------------------------------------------------------------------
+_LEVELS = {"none", "note", "warning", "error"}
+
+
+def _text_message(m, where):
+    assert isinstance(m, dict) and isinstance(m.get("text"), str) and m["text"], where
+
+
+def validate_sarif(doc):
+    """The SARIF 2.1.0 schema's required properties and value constraints for what fsdp-lint emits,
+    plus what GitHub code scanning needs (rule descriptions and help, repo-relative URIs, startLine)."""
+    assert doc["version"] == "2.1.0"
+    assert doc["$schema"].endswith("sarif-2.1.0.json") or "sarif-schema-2.1.0" in doc["$schema"]
+    assert isinstance(doc["runs"], list) and doc["runs"]
+    for run in doc["runs"]:
+        driver = run["tool"]["driver"]
+        assert isinstance(driver["name"], str) and driver["name"]
+        rules = driver.get("rules", [])
+        ids = [r["id"] for r in rules]
+        assert len(ids) == len(set(ids))
+        for r in rules:
+            assert isinstance(r["id"], str) and r["id"]
+            for key in ("shortDescription", "fullDescription", "help"):
+                _text_message(r[key], (r["id"], key))
+            assert len(r["shortDescription"]["text"]) <= 1024
+            assert r["defaultConfiguration"]["level"] in _LEVELS
+            assert all(isinstance(t, str) for t in r.get("properties", {}).get("tags", []))
+        for key, base in run.get("originalUriBaseIds", {}).items():
+            assert re.match(r"^[a-z]+://", base["uri"]) and base["uri"].endswith("/"), (key, base)
+        for inv in run.get("invocations", []):
+            assert isinstance(inv["executionSuccessful"], bool)
+            for note in inv.get("toolExecutionNotifications", []):
+                _text_message(note["message"], "notification")
+        for res in run["results"]:
+            _text_message(res["message"], res)
+            assert res["level"] in _LEVELS
+            assert res["ruleId"] in ids
+            if "ruleIndex" in res:
+                assert rules[res["ruleIndex"]]["id"] == res["ruleId"]
+            assert res["locations"]
+            for loc in res["locations"]:
+                phys = loc["physicalLocation"]
+                art = phys["artifactLocation"]
+                assert isinstance(art["uri"], str) and art["uri"]
+                if "uriBaseId" in art:
+                    assert art["uriBaseId"] in run["originalUriBaseIds"]
+                    assert not art["uri"].startswith(("/", "..")) and "://" not in art["uri"]
+                region = phys["region"]
+                assert isinstance(region["startLine"], int) and region["startLine"] >= 1
+                assert region.get("startColumn", 1) >= 1
+
+
+def test_sarif_is_valid_and_repo_relative(cli):
+    res = cli(NO_ROOT, ARTICLE2, "--world-size", "4", "--format", "sarif")
+    assert res.code == 1
+    doc = json.loads(res.out)
+    validate_sarif(doc)
+    run = doc["runs"][0]
+    from fsdp_lint.rule import all_rules
+
+    assert [r["id"] for r in run["tool"]["driver"]["rules"]] == [r.code for r in all_rules()]
+    fsd301 = next(r for r in run["tool"]["driver"]["rules"] if r["id"] == "FSD301")
+    assert "## Fix" in fsd301["help"]["markdown"]
+    hits = [r for r in run["results"] if r["ruleId"] == "FSD301"]
+    assert len(hits) == 1
+    loc = hits[0]["locations"][0]["physicalLocation"]
+    assert loc["artifactLocation"] == {"uri": NO_ROOT, "uriBaseId": "%SRCROOT%"}
+    assert hits[0]["level"] == "error"
+    assert run["originalUriBaseIds"]["%SRCROOT%"]["uri"] == "file://" + REPO.rstrip("/") + "/"
+    assert run["invocations"][0]["executionSuccessful"] is True
+
+
+def test_sarif_validator_rejects_broken_documents(cli):
+    """The validator above is only worth something if it fails on what GitHub rejects."""
+    res = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--format", "sarif")
+    good = json.loads(res.out)
+    validate_sarif(good)
+    breakages = [
+        lambda d: d.pop("version"),
+        lambda d: d["runs"][0]["tool"]["driver"].pop("name"),
+        lambda d: d["runs"][0]["results"][0].pop("message"),
+        lambda d: d["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["region"].update(startLine=0),
+        lambda d: d["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"].update(
+            uri="/abs/path.py"),
+        lambda d: d["runs"][0]["tool"]["driver"]["rules"][0].pop("help"),
+        lambda d: d["runs"][0]["results"][0].update(ruleId="FSD000"),
+    ]
+    for breakage in breakages:
+        doc = json.loads(json.dumps(good))
+        breakage(doc)
+        with pytest.raises((AssertionError, KeyError)):
+            validate_sarif(doc)
+
+
+# ------------------------------------------------------------------------------------------------
+# GitHub annotations
+# ------------------------------------------------------------------------------------------------
+def test_github_annotations(cli, tmp_path):
+    res = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--format", "github")
+    lines = res.out.splitlines()
+    assert len(lines) == 1
+    m = re.fullmatch(r"::error file=([^,]+),line=(\d+),col=(\d+),title=FSD301::(.+)", lines[0])
+    assert m, lines[0]
+    assert m.group(1) == NO_ROOT and "missing-root-wrap" in m.group(4) and "%0A" not in m.group(4)
+
+
+def test_github_annotation_escaping(tmp_path):
+    from fsdp_lint.report import render_github
+    from fsdp_lint.rule import Finding
+
+    class Res:
+        skipped = None
+        findings = [Finding(code="FSD102", name="over-fine-units", severity="warning",
+                            message="100% of units\nare small, a:b", path=str(tmp_path / "we,ird:name.py"),
+                            line=3, col=5)]
+
+    out = render_github([Res()])
+    assert out.startswith("::warning file=")
+    props, message = out.rstrip("\n").split("::", 2)[1:]
+    assert "we%2Cird%3Aname.py" in props and ",line=3,col=5,title=FSD102" in props
+    assert message == "over-fine-units: 100%25 of units%0Aare small, a:b"
