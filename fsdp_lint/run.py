@@ -427,7 +427,7 @@ def _describe_crash(rank: int, st: dict, proc) -> str:
                 f"{crash['message']}{_at(crash)}")
     code = proc.exitcode
     how = f"was killed by signal {_signal_name(-code)}" if code is not None and code < 0 else f"exited with code {code}"
-    return f"rank {rank} {how} during phase '{st['phase']}'"
+    return f"rank {rank} {how} during phase '{st['phase']}'; all ranks were stopped"
 
 
 def _signal_name(num: int) -> str:
@@ -1500,15 +1500,20 @@ class _Watchdog:
         if self.stop.wait(max(0.0, self.deadline - time.monotonic())):
             return
         if self.rank == 0:
-            state = []
+            state = [{"phase": "unknown", "order": 0, "done": False, "closed": False} for _ in range(self.ws)]
             prefix = self.prefix_fn()
-            for r in range(self.ws):
-                phase, order, done = "unknown", 0, False
-                with contextlib.suppress(Exception):
-                    if self.store.check([f"{prefix}/phase/{r}"]):
-                        phase, order = json.loads(self.store.get(f"{prefix}/phase/{r}"))
-                    done = self.store.check([f"{prefix}/done/{r}"])
-                state.append({"phase": phase, "order": order, "done": done, "closed": False})
+
+            def read() -> None:
+                for r in range(self.ws):
+                    with contextlib.suppress(Exception):
+                        if self.store.check([f"{prefix}/phase/{r}"]):
+                            state[r]["phase"], state[r]["order"] = json.loads(self.store.get(f"{prefix}/phase/{r}"))
+                        state[r]["done"] = self.store.check([f"{prefix}/done/{r}"])
+
+            # the store may be busy with the main thread: read it on the side, a few seconds at most
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            reader.join(timeout=3.0)
             msg = _describe_timeout(state, self.timeout)
             with contextlib.suppress(Exception):
                 # the file descriptor: sys.stderr may be redirected while the user's code runs

@@ -323,6 +323,15 @@ def test_rank_past_the_timeout_is_killed_and_named():
     # (the autouse fixture checks that both ranks are gone)
 
 
+def test_rank_that_dies_is_named_at_once():
+    path = os.path.join("fixtures", "run", "fsdp2_rank_dies.py")
+    start = time.monotonic()
+    code, out, err = _cli(path, "--run", "--run-timeout", "240", "--format", "concise")
+    assert code == 2
+    assert "--run: rank 1 exited with code 7 during phase 'inputs (step 1)'; all ranks were stopped" in err
+    assert time.monotonic() - start < 120     # not the 240 s deadline: rank 0 was stopped at once
+
+
 def test_ctrl_c_leaves_no_process(tmp_path):
     marker = os.path.join("fixtures", "run", "fsdp2_slow_rank.py")
     proc = subprocess.Popen([sys.executable, "-m", "fsdp_lint", marker, "--run", "--run-timeout", "300"],
@@ -382,3 +391,15 @@ def test_every_run_field_is_documented_in_the_readme(bad_run):
     assert "run.files[].error.phase" in produced and "run.files[].diverged[].max_diff" in produced
     assert produced - documented == set()
     assert {p for p in documented if p.startswith("run")} - produced == set()
+
+
+def test_under_torchrun_a_late_rank_is_named_and_every_rank_exits():
+    marker = os.path.join("fixtures", "run", "fsdp2_slow_rank.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "fsdp_lint", "--", marker, "--run", "--run-timeout", "15", "--format", "concise"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode != 0
+    assert ("fsdp-lint: error: --run: rank 1 did not finish within 15 s (last phase: inputs (step 1)); "
+            "waiting for it: rank 0 in forward (step 1)") in proc.stderr, proc.stderr[-3000:]
+    assert _with_marker(marker) == []
