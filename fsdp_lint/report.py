@@ -311,12 +311,20 @@ def statistics_table(results) -> str:
     from tabulate import tabulate
 
     counts: Dict[str, List] = {}
+    confirmed: Dict[str, int] = {}
+    ran = False
     for r in results:
         for f in r.findings:
             row = counts.setdefault(f.code, [0, f.code, f.name, f.severity])
             row[0] += 1
+            confirmed[f.code] = confirmed.get(f.code, 0) + (f.confirmed is True)
+            ran = ran or f.confirmed is not None or bool(f.evidence)
     rows = sorted(counts.values(), key=lambda r: (-r[0], r[1]))
-    return tabulate(rows, headers=["count", "code", "name", "severity"], tablefmt="simple", disable_numparse=True)
+    headers = ["count", "code", "name", "severity"]
+    if ran:  # --run: how many of them the real session confirmed
+        rows = [row + [confirmed[row[1]]] for row in rows]
+        headers.append("confirmed")
+    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
 # --------------------------------------------------------------------------------------------

@@ -281,6 +281,12 @@ def test_unpredicted_error_is_its_own_finding():
     (result,) = [r for r in sarif["results"] if r["ruleId"] == "RUN"]
     assert sarif["tool"]["driver"]["rules"][result["ruleIndex"]]["id"] == "RUN"
     assert result["properties"]["confirmed"] is True
+    # text: the finding line says it is confirmed, the statistics table has a confirmed column
+    code, out, _ = _cli(path, "--run", "--format", "concise", "--statistics")
+    assert f"fsdp2_forward_bug.py:{bug_line}:1: RUN [error]" in out and out.split("\n")[0].endswith("(confirmed)")
+    header = next(line for line in out.splitlines() if line.startswith("count"))
+    assert header.split() == ["count", "code", "name", "severity", "confirmed"]
+    assert "--run: gloo on cpu, 2 ranks (spawn), 2 steps" in out
 
 
 def test_inputs_that_cannot_be_inferred_ask_for_input_shape():
