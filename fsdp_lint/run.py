@@ -762,7 +762,7 @@ def _make_inputs(spec, model, device, rank: int, step: int, example_fn):
         args, kwargs = _as_call(value)
         moved = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
         return [moved(a) for a in args], {k: moved(v) for k, v in kwargs.items()}, "example_inputs()"
-    first = _first_layer(model)
+    first = _first_layer(model, spec["params"])
     float_dtype = _float_dtype(first if first is not None and any(
         p.is_floating_point() for p in first.parameters(recurse=False)) else model)
     if spec["input_shape"]:
@@ -825,8 +825,13 @@ def _float_dtype(model):
     return torch.float32
 
 
-def _first_layer(model):
-    """The first leaf module (no children) that holds parameters, in definition order."""
+def _first_layer(model, params=()):
+    """The first leaf module (no children) that holds parameters, in definition order: read from
+    the static tree's parameter order (FSDP1 unregisters the parameters it flattens)."""
+    for fqn in params:
+        m = _resolve_module(model, fqn.rpartition(".")[0])
+        if m is not None and not any(True for _ in m.children()):
+            return m
     for m in _inner(model).modules():
         name = type(m).__name__
         if name.startswith("FullyShardedDataParallel") or list(m.children()):
@@ -1116,31 +1121,37 @@ def _compare(spec, rank, ws, device, model, out) -> dict:
 _WRAPPER_ATTRS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
 
 
-def _resolve(model, fqn: str):
-    """The tensor a module path names in the wrapped model (wrapper modules skipped)."""
-    def unwrap(m):
-        for _ in range(8):
-            for attr in _WRAPPER_ATTRS:
-                inner = m._modules.get(attr) if hasattr(m, "_modules") else None
-                if inner is not None:
-                    m = inner
-                    break
-            else:
-                return m
-        return m
+def _unwrap(m):
+    """Step through wrapper modules (FSDP1, activation checkpointing, torch.compile)."""
+    for _ in range(8):
+        for attr in _WRAPPER_ATTRS:
+            inner = m._modules.get(attr) if hasattr(m, "_modules") else None
+            if inner is not None:
+                m = inner
+                break
+        else:
+            return m
+    return m
 
-    mod = model
-    parts = fqn.split(".")
+
+def _resolve_module(model, path: str):
+    """The module an FQN of the unwrapped model names in the wrapped one (None if there is none)."""
+    mod = _unwrap(model)
     try:
-        for part in parts[:-1]:
-            mod = unwrap(mod)
-            mod = getattr(mod, part)
-        mod = unwrap(mod)
-        t = getattr(mod, parts[-1])
+        for part in path.split(".") if path else ():
+            mod = _unwrap(getattr(mod, part))
     except AttributeError:
         return None
+    return mod
+
+
+def _resolve(model, fqn: str):
+    """The tensor a parameter FQN of the unwrapped model names in the wrapped one."""
     import torch
 
+    path, _, name = fqn.rpartition(".")
+    mod = _resolve_module(model, path)
+    t = getattr(mod, name, None) if mod is not None else None
     return t if isinstance(t, torch.Tensor) else None
 
 
