@@ -176,6 +176,8 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
             errors += 1
         if run_summary is None and os.environ.get("RANK") and os.environ.get("RANK") != "0":
             return EXIT_ERROR if errors else EXIT_CLEAN
+    elif run_ and os.environ.get("MASTER_ADDR") and os.environ.get("RANK", "0") != "0":
+        return EXIT_ERROR if errors else EXIT_CLEAN   # torchrun, nothing to run: rank 0 reports
 
     from fsdp_lint import report
 

@@ -1579,13 +1579,14 @@ def _confirm_torchrun(runnable, settings, opts: RunOptions, t0: float) -> Option
                 continue
             per_rank = _collect_from_store(store, prefix, ws, remaining)
             files.append(_apply_evidence(res, per_rank, spec, ws, opts))
-        # rank 0 has read everything: release the others
-        if rank == 0:
-            store.set("fsdp_lint/finished", "1")
-        else:
+        if rank != 0:
             with contextlib.suppress(Exception):
                 store.wait(["fsdp_lint/finished"], _td(remaining()))
     finally:
+        if rank == 0:
+            # rank 0 has read everything (or gave up): release the others
+            with contextlib.suppress(Exception):
+                store.set("fsdp_lint/finished", "1")
         dog.cancel()
         if created:
             with contextlib.suppress(Exception):
