@@ -1243,7 +1243,7 @@ def _apply_evidence(res, per_rank: List[dict], spec: dict, ranks: int, opts: Run
                 f.evidence = "parameters cannot differ across ranks in a 1-rank run (use --nproc 2 or more)"
                 continue
             if code == "FSD401":
-                hits = tied
+                hits = _about_module(tied, f.module, lambda t: t["fqns"])
                 if hits:
                     f.confirmed = True
                     f.evidence = (f"after {_steps(opts.steps)} tied weights are no longer equal: "
@@ -1255,6 +1255,7 @@ def _apply_evidence(res, per_rank: List[dict], spec: dict, ranks: int, opts: Run
                     f.evidence = f"after {_steps(opts.steps)} every tied group is still equal"
                 continue
             pool = plan.leftover_params if code == "FSD301" else plan.ignored_params
+            pool = _about_module(pool, f.module, lambda n: [n])
             hits = [(n, diverged[n]) for n in pool if n in diverged]
             if hits:
                 f.confirmed = True
@@ -1348,6 +1349,15 @@ def _apply_evidence(res, per_rank: List[dict], spec: dict, ranks: int, opts: Run
         "_findings": list(res.findings),
     }
     return file_summary
+
+
+def _about_module(items: list, module: str, fqns_of) -> list:
+    """The items with a parameter under the finding's module (all of them when none is, or the
+    finding is about the root)."""
+    if not module:
+        return list(items)
+    mine = [x for x in items if any(n == module or n.startswith(module + ".") for n in fqns_of(x))]
+    return mine or list(items)
 
 
 def _predicted_divergence(res, fqn: str) -> bool:
