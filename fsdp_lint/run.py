@@ -284,7 +284,9 @@ def _launch(spec: dict, ranks: int, backend: str, device: str, deadline: float, 
     try:
         for rank in range(ranks):
             parent_conn, child_conn = ctx.Pipe(duplex=True)
-            p = ctx.Process(target=_child_entry, name=f"fsdp-lint-rank{rank}", daemon=True,
+            # not daemonic: a rank may start processes of its own (a data loader's workers); it is
+            # killed with its whole process group below, and by the kernel if fsdp-lint dies
+            p = ctx.Process(target=_child_entry, name=f"fsdp-lint-rank{rank}", daemon=False,
                             args=(rank, ranks, spec, child_conn, backend, device, _wall_deadline(deadline),
                                   opts.debug, os.getpid()))
             p.start()
@@ -528,7 +530,6 @@ def _child_entry(rank, ranks, spec, conn, backend, device, wall_deadline, debug,
     finally:
         with contextlib.suppress(Exception):
             conn.close()
-        sys.stdout.flush() if not sys.stdout.closed else None
         os._exit(code)
 
 
