@@ -338,8 +338,18 @@ def test_rank_that_dies_is_named_at_once():
     assert time.monotonic() - start < 120     # not the 240 s deadline: rank 0 was stopped at once
 
 
+def _unique_copy(src: str, tmp_path) -> str:
+    """A copy of a fixture under a name no other process has in its command line."""
+    import shutil
+    import uuid
+
+    dst = tmp_path / f"{os.path.splitext(os.path.basename(src))[0]}_{uuid.uuid4().hex[:10]}.py"
+    shutil.copy(os.path.join(REPO, src), dst)
+    return str(dst)
+
+
 def test_ctrl_c_leaves_no_process(tmp_path):
-    marker = os.path.join("fixtures", "run", "fsdp2_slow_rank.py")
+    marker = _unique_copy(os.path.join("fixtures", "run", "fsdp2_slow_rank.py"), tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "fsdp_lint", marker, "--run", "--run-timeout", "300"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -361,10 +371,10 @@ def test_ctrl_c_leaves_no_process(tmp_path):
     assert _with_marker(marker) == []
 
 
-def test_under_torchrun_each_process_is_one_rank():
+def test_under_torchrun_each_process_is_one_rank(tmp_path):
+    path = _unique_copy(os.path.join("fixtures", "bad", "fsdp2_no_root.py"), tmp_path)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "fsdp_lint", "--", os.path.join("fixtures", "bad", "fsdp2_no_root.py"),
-           "--run", "--format", "json", "--exit-zero"]
+           "-m", "fsdp_lint", "--", path, "--run", "--format", "json", "--exit-zero"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -373,7 +383,7 @@ def test_under_torchrun_each_process_is_one_rank():
     assert (run["mode"], run["ranks"], run["backend"]) == ("torchrun", 2, "gloo")
     (f,) = _only(doc["files"][0]["findings"], "FSD301")
     assert f["confirmed"] is True and "differ across ranks" in f["evidence"]
-    assert _with_marker("fsdp2_no_root.py") == []
+    assert _with_marker(os.path.basename(path)) == []
 
 
 def _json_paths(obj, prefix=""):
@@ -399,8 +409,8 @@ def test_every_run_field_is_documented_in_the_readme(bad_run):
     assert {p for p in documented if p.startswith("run")} - produced == set()
 
 
-def test_under_torchrun_a_late_rank_is_named_and_every_rank_exits():
-    marker = os.path.join("fixtures", "run", "fsdp2_slow_rank.py")
+def test_under_torchrun_a_late_rank_is_named_and_every_rank_exits(tmp_path):
+    marker = _unique_copy(os.path.join("fixtures", "run", "fsdp2_slow_rank.py"), tmp_path)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "fsdp_lint", "--", marker, "--run", "--run-timeout", "15", "--format", "concise"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
