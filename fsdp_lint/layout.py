@@ -159,8 +159,23 @@ def flat_param_layout(params: List[Tuple[str, Tuple[int, ...], str, bool, int]],
     return out, total
 
 
+def runs_as_root(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> bool:
+    """Whether `unit` is a root at lazy initialisation: no other unit contains its modules. Roots do
+    not reshard after forward (FSDP1 never; FSDP2 unless reshard_after_forward is given). Without
+    a root wrap every top-level unit is such a root."""
+    if unit.is_root:
+        return True
+    for other in plan.units:
+        if other is unit:
+            continue
+        if any(tree.is_ancestor(om, m) for om in other.modules for m in unit.modules):
+            return False
+    return True
+
+
 def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
     ws = max(1, unit.shard_size or plan.world_size)
+    as_root = runs_as_root(unit, plan, tree)
     infos = [tree.params[f] for f in unit.params]
     numel = sum(p.numel for p in infos)
     trainable = sum(p.numel for p in infos if p.requires_grad)
@@ -184,7 +199,7 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
         ag_bytes = (ws - 1) * shard * dtype_itemsize(param_dtype) if not no_shard else 0
         rs_bytes = (ws - 1) * shard * dtype_itemsize(reduce_dtype) if not no_shard else 0
         has_params = bool(infos)
-        reshards = unit.reshard_after_forward and not unit.is_root and strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
+        reshards = unit.reshard_after_forward and not as_root and strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
         ags = 0 if (no_shard or not has_params) else 1 + (1 if reshards else 0)
         rss = 1 if (has_params and any_trainable and not no_shard) else 0
         # NO_SHARD all-reduces the gradients, also on one rank (torch 2.13 issues the call)
@@ -218,7 +233,7 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
         rs_bytes = (ws - 1) * rs_elems_bytes
         has_params = bool(infos)
         # the root does not reshard after forward unless the file asks for it explicitly
-        reshards = unit.reshard_after_forward and not (unit.is_root and not unit.reshard_after_forward_explicit)
+        reshards = unit.reshard_after_forward and not (as_root and not unit.reshard_after_forward_explicit)
         # on a 1-rank mesh FSDP2 skips both collectives (FSDPParamGroup.unshard, foreach_reduce)
         ags = (1 + (1 if reshards else 0)) if has_params and ws > 1 else 0
         rss = 1 if (has_params and any_trainable and ws > 1) else 0
@@ -258,13 +273,14 @@ def _memory(plan: WrapPlan, tree: ModuleTree, units: List[UnitLayout]) -> Memory
     for fqn in plan.ignored_params:
         p = tree.params[fqn]
         replicated += p.numel * p.itemsize * (1 + (1 + states if p.requires_grad else 0))
-    # unsharded parameters in flight: the root's stay gathered through the step, plus the largest
-    # other unit (two of them when the next one is prefetched)
+    # unsharded parameters in flight: units that do not reshard after forward (roots,
+    # SHARD_GRAD_OP) stay gathered through the step, plus the largest other unit (two of them when
+    # the next one is prefetched)
     unsharded = 0
     others = []
     for u in units:
         b = u.padded_numel * dtype_itemsize(u.param_dtype)
-        if u.unit.is_root:
+        if u.all_gathers_per_step == 1:
             unsharded += b
         else:
             others.append(b)

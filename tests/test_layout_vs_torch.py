@@ -761,3 +761,24 @@ def test_article_rank0_fsdp1_shard():
         ("layers.0.self_attn.in_proj_bias", 0, 640),
     ]
     assert [list(s) for s in spans] == torch_fsdp1("article", code, 4, 0)[0]["spans"]
+
+
+@pytest.mark.parametrize("api,uop", [("fsdp2", None), ("fsdp1", False)])
+def test_units_without_a_root_wrap_run_as_roots(api, uop):
+    """With no root wrap every top-level unit is a root at lazy init and is not resharded after
+    forward: one all-gather per step, not two."""
+    if api == "fsdp2":
+        wrap = """
+            for layer in model.layers:
+                fully_shard(layer{kw})
+        """
+    else:
+        wrap = """
+            for i, layer in enumerate(model.layers):
+                model.layers[i] = FSDP(layer, device_id=torch.device("cpu"){kw})
+        """
+    code = _wrap_code("tied", api, uop, False, wrap=wrap)
+    res = lint("tied", code, 2)
+    assert not res.plan.root_wrapped
+    assert [u.all_gathers_per_step for u in res.layout.units] == [1] * len(res.layout.units)
+    assert _layout_collectives(res.layout) == _torch_step_collectives("tied", api, code, 2)
