@@ -536,6 +536,9 @@ class Recorder:
         self.seq = itertools.count()
         self.terminal_spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
         self.replay_code_names: Set[str] = set()
+        # structural changes after the latest wrap call (record mode), undone at the end so the
+        # tree is the model as it was wrapped: (kind, owner, name, old value, new child, its old parent)
+        self.undo: List[Tuple[str, Any, str, Any, Any, Any]] = []
         self.rebind: Optional[Callable[[dict], None]] = None
 
     def position(self) -> Position:
@@ -622,6 +625,9 @@ def sandbox(rec: Recorder, directory: str):
     os.environ.update({
         "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(ws), "LOCAL_WORLD_SIZE": str(ws),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "GROUP_RANK": "0", "NODE_RANK": "0",
+        # nothing is downloaded or logged remotely while a file is linted (from_pretrained uses
+        # what is cached, wandb.init does nothing)
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled",
     })
     sys.argv = [rec.path]
     sys.path.insert(0, directory)
@@ -633,6 +639,11 @@ def sandbox(rec: Recorder, directory: str):
 
     # -- module tree bookkeeping -------------------------------------------------------------
     def on_register(parent, name, child):
+        if rec.wrap_calls and not rec.real:
+            # e.g. apply_activation_checkpointing(model) after FSDP(model, auto_wrap_policy=...):
+            # FSDP built its units from the model as it was at the wrap
+            rec.undo.append(("module", parent, name, parent._modules.get(name, _MISSING), child,
+                             rec.parents.get(id(child), _MISSING)))
         if child is not None:
             rec.parents[id(child)] = parent
             rec.modules_seen[id(child)] = child
@@ -640,6 +651,13 @@ def sandbox(rec: Recorder, directory: str):
         return None
 
     handle = nn.modules.module.register_module_module_registration_hook(on_register)
+
+    def on_register_param(module, name, param):
+        if rec.wrap_calls and not rec.real:
+            rec.undo.append(("param", module, name, module._parameters.get(name, _MISSING), None, None))
+        return None
+
+    param_handle = nn.modules.module.register_module_parameter_registration_hook(on_register_param)
 
     def noop():
         # a new function object each time: torch._dynamo maps torch functions to trace rules and
@@ -839,6 +857,7 @@ def sandbox(rec: Recorder, directory: str):
             yield
     finally:
         handle.remove()
+        param_handle.remove()
         if owned_pg:
             real_destroy_pg()
         for obj, name, old in reversed(patches):
@@ -897,6 +916,7 @@ def _install_recorders(rec: Recorder, patch) -> None:
         names = ["mesh", "reshard_after_forward", "shard_placement_fn", "mp_policy", "offload_policy", "ignored_params"]
         for name, value in zip(names, args):
             kwargs[name] = value
+        rec.undo.clear()
         rec.wrap_calls.append(WrapCall("fsdp2", next(rec.seq), mods, kwargs, rec.position(), state=rec.snapshot(mods)))
         return module
 
@@ -921,6 +941,7 @@ def _install_recorders(rec: Recorder, patch) -> None:
             if policy is not None:
                 call.auto_wrapped, call.policy_desc, call.policy_classes = resolve_fsdp1_auto_wrap(
                     module, policy, kwargs.get("ignored_modules"), kwargs.get("ignored_states"))
+            rec.undo.clear()
             rec.wrap_calls.append(call)
             return module
 
@@ -1126,6 +1147,8 @@ def _replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget], 
                             pass
                         except Exception as exc:
                             raise ReplayError(_describe_failure(basename, exc, path, rec, facts)) from exc
+        if not rec.real:
+            _undo_after_last_wrap(rec)
         if rec.wrap_calls:
             root = _root_of(rec)
             how = how or _describe_root(root, ns, basename)
@@ -1142,6 +1165,22 @@ def _replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget], 
 
 class _ReplayTimeout(BaseException):
     pass
+
+
+def _undo_after_last_wrap(rec: Recorder) -> None:
+    """Put back the sub-modules and parameters that code after the last wrap call replaced."""
+    for kind, owner, name, old, child, old_parent in reversed(rec.undo):
+        table = owner._modules if kind == "module" else owner._parameters
+        if old is _MISSING:
+            table.pop(name, None)
+        else:
+            table[name] = old
+        if kind == "module" and child is not None:
+            if old_parent is _MISSING:
+                rec.parents.pop(id(child), None)
+            else:
+                rec.parents[id(child)] = old_parent
+    rec.undo.clear()
 
 
 def _guarded_open(file, mode="r", *args, **kwargs):

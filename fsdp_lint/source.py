@@ -459,3 +459,24 @@ class _Collector(_collector_base()):  # type: ignore[misc]
         target = node.target
         if isinstance(target, cst.Attribute) and target.attr.value == "requires_grad":
             self._mark("freeze", _dotted(target), node)
+
+    def visit_Assign(self, node):
+        """``shard = functools.partial(fully_shard, mesh=mesh)`` / ``wrap = partial(FSDP, ...)``:
+        calling the name wraps, like the API itself."""
+        import libcst as cst
+
+        value = node.value
+        if not isinstance(value, cst.Call) or not value.args:
+            return
+        if _dotted(value.func).rsplit(".", 1)[-1] != "partial":
+            return
+        first = _dotted(value.args[0].value)
+        if not first:
+            return
+        name = self._canonical(first)
+        if name not in WRAP_FSDP1 | WRAP_FSDP2 and first != "FSDP":
+            return
+        canonical = "FullyShardedDataParallel" if first == "FSDP" else name
+        for target in node.targets:
+            if isinstance(target.target, cst.Name):
+                self.aliases[target.target.value] = canonical

@@ -34,7 +34,13 @@ from fsdp_lint.replay import replay
 from fsdp_lint.source import read_source
 
 sys.path.insert(0, os.path.dirname(__file__))
-from oracle import _record_calls, dtype_name, strip_wrapper_prefixes  # noqa: E402
+from oracle import _record_calls, dtype_name  # noqa: E402
+
+
+def strip_wrapper_prefixes(fqn: str) -> str:
+    """FQN in the model as the file built it: FSDP1's wrappers removed, other wrappers (activation
+    checkpointing applied before the wrap) kept, as ``named_parameters()`` names them."""
+    return ".".join(p for p in fqn.split(".") if p and p not in ("_fsdp_wrapped_module", "_fpw_module"))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IDIOMS = sorted(glob.glob(os.path.join(ROOT, "fixtures", "idioms", "*.py"))) + [
@@ -324,6 +330,95 @@ def main():
 
 
 main()
+''',
+    # functools.partial(fully_shard, ...) called like the API, named_children(), int(layer_id)
+    "fsdp2_partial": '''
+import functools
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+shard = functools.partial(fully_shard, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+model = Model()
+for layer_id, block in model.layers.named_children():
+    shard(block, reshard_after_forward=int(layer_id) < len(model.layers) - 1)
+shard(model)
+''',
+    # FSDP1: wrap = partial(FSDP, ...) for manual wraps of every layer and the root
+    "fsdp1_partial_wrapper": '''
+from functools import partial
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+wrap = partial(FSDP, device_id=torch.cuda.current_device(), use_orig_params=True)
+model = Model()
+for k in model.layers:
+    model.layers[k] = wrap(model.layers[k])
+model = wrap(model)
+''',
+    # a method of the model shards it (reversed order), called from main()
+    "fsdp2_method": '''
+from torch.distributed.fsdp import fully_shard
+
+
+class Sharded(Model):
+    def shard(self, mesh=None):
+        for block in reversed(list(self.layers.values())):
+            fully_shard(block, mesh=mesh)
+        fully_shard(self, mesh=mesh)
+
+
+def main():
+    model = Sharded(n_layers=3)
+    model.shard()
+    opt = torch.optim.Adam(model.parameters())
+
+
+main()
+''',
+    # torchtitan order: activation checkpointing wraps the blocks, then fully_shard
+    "fsdp2_ac_before": '''
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    apply_activation_checkpointing, checkpoint_wrapper)
+from torch.distributed.fsdp import fully_shard
+
+model = Model()
+apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,
+                               check_fn=lambda m: isinstance(m, Block))
+for block in model.layers.values():
+    fully_shard(block)
+fully_shard(model)
+''',
+    # HF/accelerate order: FSDP1 first, activation checkpointing of the blocks afterwards
+    "fsdp1_ac_after": '''
+import functools
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+model = FSDP(Model(), device_id=torch.cuda.current_device(),
+             auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}))
+apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
+optimizer = torch.optim.AdamW(model.parameters())
+''',
+    # the FSDP module itself imported, a model factory with a config dict, a class-name filter
+    "fsdp2_module_attr": '''
+import torch.distributed as dist
+import torch.distributed.fsdp as fsdp
+
+
+def build(cfg):
+    return Model(**cfg)
+
+
+if __name__ == "__main__":
+    dist.init_process_group(backend="nccl")
+    cfg = {"n_layers": 2, "d": 16}
+    model = build(cfg)
+    for m in list(model.modules()):
+        if type(m).__name__ == "Block":
+            fsdp.fully_shard(m)
+    fsdp.fully_shard(model)
 ''',
     # FSDP1: bare size_based_auto_wrap_policy (default 1e8 threshold) on a model with a large table
     "fsdp1_size_bare": '''
