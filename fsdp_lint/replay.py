@@ -1152,6 +1152,13 @@ def _replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget], 
         if rec.wrap_calls:
             root = _root_of(rec)
             how = how or _describe_root(root, ns, basename)
+            if override is not None and not override.used:
+                # the file wraps a model of its own: applying its wrap code (policies naming the file's
+                # own block classes) to another model would report a plan nobody wrote
+                raise ReplayError(
+                    f"--model {target.text}: {basename} never builds {target.name}; its wrap code wraps its "
+                    f"own {type(root).__name__}. Use --model {basename}:{type(root).__name__}(...) to change that "
+                    f"model's arguments, or lint the file that builds {target.name}")
         elif root is None:
             root, how = _discover_model(facts, ns, rec, override)
         if override is not None and override.used:

@@ -401,3 +401,19 @@ def test_a_model_from_a_package_that_is_not_installed_names_the_package(tmp_path
     assert res.code == 2
     assert len(res.err.strip().splitlines()) == 1
     assert "not importable here: not_installed_modelzoo, wandb_not_installed_either" in res.err
+
+
+def test_model_target_the_file_never_builds_is_a_clear_error(tmp_path):
+    """--model naming another file's class, while the file wraps a model of its own, would apply
+    the file's policies to a model they were not written for: refuse with one line."""
+    from fsdp_lint.replay import ModelTarget, ReplayError, replay
+    from fsdp_lint.source import read_source
+
+    import pytest as _pytest
+
+    with _pytest.raises(ReplayError, match="never builds Transformer"):
+        replay(read_source("fixtures/article_fsdp1.py"), 4,
+               target=ModelTarget.parse("fixtures/article_model.py:Transformer(num_layers=2)"))
+    res = replay(read_source("fixtures/article_fsdp1.py"), 4,
+                 target=ModelTarget.parse("fixtures/article_fsdp1.py:Transformer(num_layers=2)"))
+    assert len(res.model.layers) == 2
