@@ -1,6 +1,6 @@
 """FSD102 over-fine-units."""
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules.fsd101_whole_model_unit import (_MODEL, block_wrap_fix, per_block_layout, unit_bytes,
+from fsdp_lint.rules._granularity import (_MODEL, block_wrap_fix, per_block_layout, unit_bytes,
                                                      where)
 
 

@@ -4,7 +4,7 @@ import re
 from typing import Dict, List
 
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules.fsd101_whole_model_unit import _MODEL, where
+from fsdp_lint.rules._granularity import _MODEL, where
 
 _CONTAINERS = ("torch.nn.modules.container.",)
 

@@ -2,7 +2,7 @@
 from typing import Dict, List, Set
 
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules.fsd101_whole_model_unit import unit_bytes, where
+from fsdp_lint.rules._granularity import unit_bytes, where
 
 _MODEL = '''
 import torch.nn as nn

@@ -1,6 +1,6 @@
 """FSD105 container-unit."""
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules.fsd101_whole_model_unit import _MODEL, where
+from fsdp_lint.rules._granularity import _MODEL, where
 
 
 class ContainerUnit(Rule):

@@ -1,6 +1,6 @@
 """FSD202 mixed-requires-grad-memory."""
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules.fsd201_mixed_requires_grad import (
+from fsdp_lint.rules._flat_params import (
     _FSDP1, _LORA, _MODEL, anchor, describe_mix, freeze_positions, freeze_story, grad_numels, group_units,
     mix_signature, mixed_units, split_fix, units_label, wrapped_how,
 )
@@ -93,7 +93,7 @@ model = FSDP(model, auto_wrap_policy=policy, use_orig_params=True)
             if split:
                 fix = split["text"]
             else:
-                from fsdp_lint.rules.fsd201_mixed_requires_grad import shared_owner
+                from fsdp_lint.rules._flat_params import shared_owner
 
                 fix = (f"frozen and trainable parameters sit directly on the same module "
                        f"({shared_owner(ctx.tree, u.params, lambda p: p.requires_grad)}), so no FSDP1 grouping "

@@ -2,7 +2,7 @@
 from typing import List
 
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules.fsd201_mixed_requires_grad import (
+from fsdp_lint.rules._flat_params import (
     _FSDP1, _MODEL, anchor, event_positions, fsdp1_torch_error, group_units, join_lines, split_grouping,
     uniform_cover, units_label, where, wrap_seq, wrapped_how,
 )

@@ -1,6 +1,6 @@
 """FSD204 integer-param-in-unit."""
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules.fsd201_mixed_requires_grad import (
+from fsdp_lint.rules._flat_params import (
     anchor, fsdp1_torch_error, group_units, units_label, wrapped_how,
 )
 

@@ -2,7 +2,7 @@
 from typing import Dict, List, Tuple
 
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules.fsd101_whole_model_unit import where
+from fsdp_lint.rules._granularity import where
 
 _MODEL = '''
 import torch.nn as nn

@@ -185,7 +185,7 @@ def test_suggested_policy_runs_in_torch(tmp_path, code, i):
 def test_fsd202_numbers_are_torchs(tmp_path):
     """FSD202's "N numel instead of M numel" is torch's own warning, and the per-rank gradient
     shard is the FlatParameter shard torch builds."""
-    from fsdp_lint.rules.fsd201_mixed_requires_grad import _LORA
+    from fsdp_lint.rules._flat_params import _LORA
 
     bad = rule_by_code("FSD202").INVALID[0]           # _LORA + ModuleWrapPolicy({Block}), use_orig_params=True
     path = _write(tmp_path, bad.source)
