@@ -233,6 +233,10 @@ def _with_path(path: str, msg: str) -> str:
 
 def main(argv: Optional[List[str]] = None) -> None:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    import warnings
+
+    # torch CPU wheels do not depend on numpy and warn on import without it: noise for a linter
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     try:
         code = cli.main(args=argv, prog_name="fsdp-lint", standalone_mode=False)
     except click.exceptions.Exit as exc:

@@ -504,3 +504,18 @@ def test_pre_commit_hook_definition():
     for required in ("- id: fsdp-lint", "entry: fsdp-lint", "language: python", "types: [python]",
                      "require_serial: true", "args: [--format, concise]"):
         assert required in lines, required
+
+
+def test_stderr_stays_clean_without_numpy():
+    """torch CPU wheels do not need numpy and warn at import without it; a clean lint prints nothing
+    on stderr (pre-commit and CI logs show stderr)."""
+    probe = textwrap.dedent('''
+        import sys
+        sys.modules["numpy"] = None  # as in a fresh venv with only torch installed
+        from fsdp_lint.cli import main
+        main(["fixtures/article_fsdp1.py", "--world-size", "2", "--format", "concise"])
+        ''')
+    proc = run_subprocess(["-c", probe])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert "Found 0 findings" in proc.stdout
