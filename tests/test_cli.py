@@ -423,7 +423,7 @@ def test_plain_files_are_skipped_without_importing_torch(tmp_path):
         write(tmp_path, f"util_{i}.py", PLAIN + f"\nVALUE = {i}\n")
     write(tmp_path, "data/loader.py", "import json\n\ndef load(p):\n    return json.load(open(p))\n")
     write(tmp_path, "pyproject.toml", '[tool.fsdp-lint]\nselect = ["FSD3"]\n')
-    for fmt in ("full", "json"):
+    for fmt in ("full", "json", "sarif"):
         proc = run_subprocess(["-c", NO_TORCH_PROBE, str(tmp_path), "--format", fmt], cwd=str(tmp_path))
         assert proc.returncode == 0, proc.stderr
         assert "exit 0" in proc.stdout, proc.stdout
