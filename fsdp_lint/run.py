@@ -512,6 +512,11 @@ def _child_entry(rank, ranks, spec, conn, backend, device, wall_deadline, debug,
 
         if device == "cuda":
             torch.cuda.set_device(rank)
+        else:
+            # a forked child inherits the parent's OpenMP pool in a broken state: once the parent has
+            # run a parallel CPU op, the first parallel op in the child deadlocks (as in DataLoader
+            # workers). One intra-op thread per rank avoids the pool and shares the cores fairly.
+            torch.set_num_threads(1)
         if os.path.exists("/sys/class/net/lo"):
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")   # all ranks are on this host
         if dist.is_initialized():      # a process group the parent had (fork): not ours to use

@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -419,3 +420,22 @@ def test_under_torchrun_a_late_rank_is_named_and_every_rank_exits(tmp_path):
     assert ("fsdp-lint: error: --run: rank 1 did not finish within 15 s (last phase: inputs (step 1)); "
             "waiting for it: rank 0 in forward (step 1)") in proc.stderr, proc.stderr[-3000:]
     assert _with_marker(marker) == []
+
+
+def test_run_after_the_parent_used_parallel_cpu_ops(tmp_path):
+    """Forked ranks of a process that already ran a parallel CPU op (a test session, a notebook)
+    must not deadlock in their first parallel op (the parent's OpenMP pool does not survive fork)."""
+    script = tmp_path / "warm_then_run.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, torch
+        x = torch.randn(1500, 1500)
+        (x @ x).sum()
+        from fsdp_lint.cli import main
+        sys.argv = ["fsdp-lint", {os.path.join(BAD, "fsdp2_no_root.py")!r}, "--run", "--format", "json",
+                    "--run-timeout", "90"]
+        main()
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150, cwd=REPO)
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [f["confirmed"] for f in _findings(doc, "fsdp2_no_root.py") if f["code"] == "FSD301"] == [True]
