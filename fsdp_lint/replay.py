@@ -547,9 +547,9 @@ class Recorder:
         while frame is not None:
             fname = frame.f_code.co_filename
             if os.path.abspath(fname) == self.path:
-                return Position(self.path, frame.f_lineno)
+                return Position(self.path, frame.f_lineno, _column(frame))
             if fallback is None and not _is_library(fname):
-                fallback = Position(fname, frame.f_lineno)
+                fallback = Position(fname, frame.f_lineno, _column(frame))
             frame = frame.f_back
         return fallback or Position(self.path, 0)
 
@@ -577,6 +577,19 @@ class Recorder:
             for p in m.parameters():
                 state[id(p)] = (bool(p.requires_grad), p.dtype)
         return state
+
+
+def _column(frame) -> int:
+    """1-based column of the call the frame is executing (Python >= 3.11 keeps positions), else 1."""
+    try:
+        positions = frame.f_code.co_positions()
+        for i, pos in enumerate(positions):
+            if i == frame.f_lasti // 2:
+                line, _, col, _ = pos
+                return col + 1 if col is not None and line == frame.f_lineno else 1
+    except (AttributeError, ValueError):
+        pass
+    return 1
 
 
 def _is_library(fname: str) -> bool:
