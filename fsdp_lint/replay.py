@@ -318,19 +318,26 @@ class _Transformer:
             if stmt.lineno in self.dropped:
                 continue
             if (id(stmt) in self.synthetic or isinstance(stmt, _NEVER_WRAP) or self._is_rel(stmt)
-                    or self._keeps(stmt, needed)):
+                    or _plain_assignment(stmt) or self._keeps(stmt, needed)):
                 needed |= _reads(stmt)
                 continue
             skip.add(i)
         return skip, needed_at
 
     def _def_reads(self, node: ast.stmt) -> Set[str]:
-        """Names a definition may read when it runs; functions with a training loop never run."""
-        if not isinstance(node, ast.ClassDef) and any(
-                isinstance(n, (ast.For, ast.While, ast.AsyncFor)) and n.lineno in self.dropped
-                for n in ast.walk(node)):
-            return set()
-        return _reads(node)
+        """Names a definition may read when it runs. Training loops never run, so what only they
+        read is not needed; the set-up before them (``main()`` building and wrapping the model,
+        then training) does run and reads module-level settings (``learning_rate = 6e-4``)."""
+        out: Set[str] = set()
+        todo = [node]
+        while todo:
+            n = todo.pop()
+            if isinstance(n, (ast.For, ast.While, ast.AsyncFor)) and n.lineno in self.dropped:
+                continue
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                out.add(n.id)
+            todo.extend(ast.iter_child_nodes(n))
+        return out
 
     def _keeps(self, stmt: ast.stmt, needed: Set[str]) -> bool:
         binds = _binds(stmt)
@@ -387,6 +394,13 @@ class _DropLoops(ast.NodeTransformer):
                                      if isinstance(x, (ast.For, ast.AsyncFor, ast.While)) and x.lineno in self.dropped
                                      else x for x in stmts])
         return node
+
+
+def _plain_assignment(stmt: ast.stmt) -> bool:
+    """`batch_size = 12`, `dims = (64, 128)`, `lr = base_lr * 2`: no call, nothing to load; always
+    run, since settings like these are read from places the slice cannot see (``exec``, ``globals()``)."""
+    return isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and not any(
+        isinstance(n, (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr)) for n in ast.walk(stmt))
 
 
 def _reads(node: ast.AST) -> Set[str]:

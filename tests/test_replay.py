@@ -417,3 +417,34 @@ def test_model_target_the_file_never_builds_is_a_clear_error(tmp_path):
     res = replay(read_source("fixtures/article_fsdp1.py"), 4,
                  target=ModelTarget.parse("fixtures/article_fsdp1.py:Transformer(num_layers=2)"))
     assert len(res.model.layers) == 2
+
+
+def test_module_settings_read_by_a_main_that_also_trains(tmp_path):
+    """nanoGPT style: module-level settings, then a `main()` that builds, wraps, builds the
+    optimizer from those settings, and trains. The set-up part of main() runs and needs them."""
+    from fsdp_lint.replay import replay
+    from fsdp_lint.source import read_source
+
+    path = tmp_path / "train.py"
+    path.write_text(
+        "import torch\n"
+        "import torch.nn as nn\n"
+        "from torch.distributed.fsdp import fully_shard\n"
+        "learning_rate = 6e-4\n"
+        "max_iters = 5000\n"
+        "dims = (16, 32)\n"
+        "def main():\n"
+        "    model = nn.Sequential(nn.Linear(*dims), nn.Linear(dims[1], 4))\n"
+        "    for layer in model:\n"
+        "        fully_shard(layer)\n"
+        "    fully_shard(model)\n"
+        "    opt = torch.optim.AdamW(model.parameters(), lr=learning_rate)\n"
+        "    for it in range(max_iters):\n"
+        "        model(torch.randn(2, dims[0])).sum().backward()\n"
+        "        opt.step()\n"
+        "        raise SystemExit('the training loop ran')\n"
+        "if __name__ == '__main__':\n"
+        "    main()\n")
+    res = replay(read_source(str(path)), 4)
+    assert [c.api for c in res.wrap_calls] == ["fsdp2"] * 3
+    assert [o.cls for o in res.optimizers] == ["AdamW"]
