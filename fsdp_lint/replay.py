@@ -1267,7 +1267,7 @@ def _describe_failure(basename: str, exc: BaseException, path: str, rec: Optiona
         # a name is missing because the statement that binds it failed earlier (typically the
         # model's constructor): that failure is the one to report
         line, err = cause
-        return f"{basename}:{line}: setup code failed {where_real}: {err}"[:400]
+        return f"{basename}:{line}: setup code failed {where_real}: {err[:300]}" + _download_hint(err, basename)
     line = None
     for fs in reversed(traceback.extract_tb(exc.__traceback__)):
         if os.path.abspath(fs.filename) == path:
@@ -1275,7 +1275,16 @@ def _describe_failure(basename: str, exc: BaseException, path: str, rec: Optiona
             break
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     where = f"{basename}:{line}" if line else basename
-    return f"{where}: setup code failed {where_real}: {type(exc).__name__}: {msg}"[:400]
+    return f"{where}: setup code failed {where_real}: {type(exc).__name__}: {msg[:300]}" + _download_hint(msg, basename)
+
+
+def _download_hint(msg: str, basename: str) -> str:
+    """fsdp-lint never downloads: a hub model needs its config locally, or a factory from a config."""
+    if "huggingface.co" in msg or "from_pretrained" in msg or "cached files" in msg:
+        return (" (fsdp-lint does not download models or configs: have the model's config.json in the local "
+                "Hugging Face cache (HF_HOME), or build the model from a config in the linted code, e.g. "
+                "AutoModelForCausalLM.from_config(AutoConfig.for_model(...)))")
+    return ""
 
 
 def _skipped_cause(exc: BaseException, rec: Recorder, facts: SourceFacts) -> Optional[Tuple[int, str]]:
