@@ -76,6 +76,11 @@ class UnitLayout:
         return self.padded_numel - self.numel
 
     @property
+    def unsharded_bytes(self) -> int:
+        """Bytes of the unit's parameters while gathered (padded, in the all-gather dtype)."""
+        return self.padded_numel * dtype_itemsize(self.param_dtype)
+
+    @property
     def step_bytes(self) -> int:
         return self.all_gather_bytes * self.all_gathers_per_step + self.reduce_scatter_bytes * self.reduce_scatters_per_step
 
@@ -279,7 +284,7 @@ def _memory(plan: WrapPlan, tree: ModuleTree, units: List[UnitLayout]) -> Memory
     unsharded = 0
     others = []
     for u in units:
-        b = u.padded_numel * dtype_itemsize(u.param_dtype)
+        b = u.unsharded_bytes
         if u.all_gathers_per_step == 1:
             unsharded += b
         else:

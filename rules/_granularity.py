@@ -36,13 +36,6 @@ def pct(part: float, whole: float) -> str:
     return f"{100.0 * part / whole:.0f}%" if whole else "0%"
 
 
-def unit_bytes(ul) -> int:
-    """Bytes of a unit's unsharded (all-gathered) parameters."""
-    from fsdp_lint.tree import dtype_itemsize
-
-    return ul.padded_numel * dtype_itemsize(ul.param_dtype)
-
-
 def managed_numel(ctx) -> int:
     """Elements FSDP manages: the model minus ignored parameters."""
     tree = ctx.tree

@@ -1,6 +1,7 @@
 """FSD102 over-fine-units."""
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules._granularity import (_MODEL, block_wrap_fix, per_block_layout, unit_bytes,
+from fsdp_lint.tree import dtype_itemsize
+from fsdp_lint.rules._granularity import (_MODEL, block_wrap_fix, per_block_layout,
                                                      where)
 
 
@@ -218,7 +219,7 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         if finer:
             fix = "use coarser units: " + block_wrap_fix(tree, plan.api, block)
         else:
-            itemsize = max(1, small[0].padded_numel and unit_bytes(small[0]) // small[0].padded_numel)
+            itemsize = dtype_itemsize(small[0].param_dtype)
             ws = max(2, small[0].world_size)
             min_params = -(-floor * ws // ((ws - 1) * itemsize))
             if plan.api == "fsdp1":

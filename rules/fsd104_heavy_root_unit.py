@@ -2,7 +2,7 @@
 from typing import Dict, List, Set
 
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules._granularity import unit_bytes, where
+from fsdp_lint.rules._granularity import where
 
 _MODEL = '''
 import torch.nn as nn
@@ -129,7 +129,7 @@ fully_shard(model)
     ]
 
     def check(self, ctx):
-        plan, tree, layout, settings = ctx.plan, ctx.tree, ctx.layout, ctx.settings
+        plan, layout, settings = ctx.plan, ctx.layout, ctx.settings
         if plan.origin not in ("file", "cli") or not plan.root_wrapped or plan.sharding_strategy == "NO_SHARD":
             return
         root = plan.root_unit
@@ -141,9 +141,9 @@ fully_shard(model)
         others = [ul for ul in layout.units if not ul.unit.is_root and ul.numel]
         if not others:
             return  # one unit for everything: FSD101
-        root_bytes = unit_bytes(rl)
-        largest = max(others, key=unit_bytes)
-        if root_bytes <= unit_bytes(largest) or root_bytes < settings.collective_floor_bytes:
+        root_bytes = rl.unsharded_bytes
+        largest = max(others, key=lambda ul: ul.unsharded_bytes)
+        if root_bytes <= largest.unsharded_bytes or root_bytes < settings.collective_floor_bytes:
             return
         yield self._finding(ctx, root, rl, largest, others)
 
@@ -212,12 +212,12 @@ fully_shard(model)
         if stuck:
             stuck_numel = sum(tree.params[p].numel for p in stuck)
             parts += f", {len(stuck)} parameter(s) of the root itself ({human_count(stuck_numel)})"
-        ratio = unit_bytes(rl) / max(1, unit_bytes(largest))
+        ratio = rl.unsharded_bytes / max(1, largest.unsharded_bytes)
         held = "FSDP1 never reshards the root" if plan.api == "fsdp1" else "FSDP2 does not reshard the root"
         msg = (f"the root unit keeps {human_count(rl.numel)} parameters of its own ({parts}): "
-               f"{human_bytes(unit_bytes(rl))} unsharded from the first forward to the end of backward ({held} "
+               f"{human_bytes(rl.unsharded_bytes)} unsharded from the first forward to the end of backward ({held} "
                f"after forward), {ratio:.3g}x the largest other unit `{largest.unit.module}` "
-               f"({human_bytes(unit_bytes(largest))})")
+               f"({human_bytes(largest.unsharded_bytes)})")
         severity = None
         if not movable:
             fix = "the root's own parameters cannot move to a sub-module unit; register them in a sub-module"
@@ -230,8 +230,8 @@ fully_shard(model)
         else:
             fix = self._fsdp2_fix(tree, movable, side, ties)
         return self.finding(ctx, msg, **where(ctx, root.path, root.line, root.col), module="", fix=fix,
-                            severity=severity, root_bytes=unit_bytes(rl), largest_unit=largest.unit.module,
-                            largest_bytes=unit_bytes(largest), movable=movable)
+                            severity=severity, root_bytes=rl.unsharded_bytes, largest_unit=largest.unit.module,
+                            largest_bytes=largest.unsharded_bytes, movable=movable)
 
     @staticmethod
     def _merge(groups: List[List[str]], ties: List[Set[str]]) -> List[List[str]]:
