@@ -1,0 +1,253 @@
+"""Recorders that stand in for FSDP1/FSDP2 (or wrap the real APIs) and the simulated mesh."""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from fsdp_lint.replay.records import (
+    OptimizerCall,
+    ParamEvent,
+    Position,
+    WrapCall,
+    _StopReplay,
+)
+
+
+# --------------------------------------------------------------------------------------------
+# the simulated world
+# --------------------------------------------------------------------------------------------
+class FakeMesh:
+    """Stands in for a DeviceMesh built by the file (``init_device_mesh("cuda", (ws,))``)."""
+
+    def __init__(self, device_type: str, shape: Tuple[int, ...], mesh_dim_names=None):
+        self.device_type = device_type
+        self.mesh_shape = tuple(int(s) for s in shape)
+        self.mesh_dim_names = tuple(mesh_dim_names) if mesh_dim_names else None
+        self.ndim = len(self.mesh_shape)
+
+    def size(self, mesh_dim: Optional[int] = None) -> int:
+        if mesh_dim is None:
+            n = 1
+            for s in self.mesh_shape:
+                n *= s
+            return n
+        return self.mesh_shape[mesh_dim]
+
+    @property
+    def shape(self):
+        return self.mesh_shape
+
+    def __getitem__(self, names):
+        if isinstance(names, str):
+            names = (names,)
+        if not self.mesh_dim_names:
+            raise KeyError(names)
+        idx = [self.mesh_dim_names.index(n) for n in names]
+        return FakeMesh(self.device_type, tuple(self.mesh_shape[i] for i in idx), names)
+
+    def get_group(self, *args, **kwargs):
+        return None
+
+    def get_local_rank(self, *args, **kwargs):
+        return 0
+
+    def get_rank(self):
+        return 0
+
+    def _flatten(self, *args, **kwargs):
+        return FakeMesh(self.device_type, (self.size(),), None)
+
+    def __repr__(self):
+        return f"FakeMesh({self.device_type!r}, {self.mesh_shape})"
+
+
+
+class Recorder:
+    """Collects wrap calls, optimizers and parameter events during a replay."""
+
+    def __init__(self, path: str, world_size: int, real: bool = False):
+        self.path = os.path.abspath(path)
+        self.world_size = world_size
+        self.real = real
+        self.wrap_calls: List[WrapCall] = []
+        self.optimizers: List[OptimizerCall] = []
+        self.param_events: List[ParamEvent] = []
+        self.skipped: List[Tuple[int, str]] = []
+        self.parents: Dict[int, Any] = {}        # id(child module) -> parent module
+        self.modules_seen: Dict[int, Any] = {}
+        self.mesh_sizes: List[Tuple[int, ...]] = []
+        self.seq = itertools.count()
+        self.terminal_spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
+        self.replay_code_names: Set[str] = set()
+        # structural changes after the latest wrap call (record mode), undone at the end so the
+        # tree is the model as it was wrapped: (kind, owner, name, old value, new child, its old parent)
+        self.undo: List[Tuple[str, Any, str, Any, Any, Any]] = []
+        self.rebind: Optional[Callable[[dict], None]] = None
+
+    def position(self) -> Position:
+        frame = sys._getframe(1)
+        fallback = None
+        while frame is not None:
+            fname = frame.f_code.co_filename
+            if os.path.abspath(fname) == self.path:
+                return Position(self.path, frame.f_lineno, _column(frame))
+            if fallback is None and not _is_library(fname):
+                fallback = Position(fname, frame.f_lineno, _column(frame))
+            frame = frame.f_back
+        return fallback or Position(self.path, 0)
+
+    def checkpoint(self) -> None:
+        frame = sys._getframe(1)
+        # the checkpoint's own frame is at a terminal position by construction; every replayed
+        # frame above it must be inside its terminal statement too
+        frame = frame.f_back
+        while frame is not None and os.path.abspath(frame.f_code.co_filename) == self.path:
+            key = (frame.f_code.co_name, frame.f_code.co_firstlineno)
+            spans = self.terminal_spans.get(key)
+            if spans is None:
+                return
+            if not any(a <= frame.f_lineno <= b for a, b in spans):
+                return
+            frame = frame.f_back
+        raise _StopReplay()
+
+    def skip(self, line: int, exc: BaseException) -> None:
+        self.skipped.append((line, f"{type(exc).__name__}: {exc}".splitlines()[0][:200]))
+
+    def snapshot(self, modules) -> Dict[int, Tuple[bool, Any]]:
+        state = {}
+        for m in modules:
+            for p in m.parameters():
+                state[id(p)] = (bool(p.requires_grad), p.dtype)
+        return state
+
+
+def _column(frame) -> int:
+    """1-based column of the call the frame is executing (Python >= 3.11 keeps positions), else 1."""
+    try:
+        positions = frame.f_code.co_positions()
+        for i, pos in enumerate(positions):
+            if i == frame.f_lasti // 2:
+                line, _, col, _ = pos
+                return col + 1 if col is not None and line == frame.f_lineno else 1
+    except (AttributeError, ValueError):
+        pass
+    return 1
+
+
+def _is_library(fname: str) -> bool:
+    if fname.startswith("<"):
+        return True
+    norm = fname.replace("\\", "/")
+    return any(s in norm for s in ("/site-packages/", "/dist-packages/", "/lib/python3", "/fsdp_lint/"))
+
+
+
+def _install_recorders(rec: Recorder, patch) -> None:
+    import torch.distributed.fsdp as fsdp_mod
+    from torch.distributed.fsdp import FullyShardedDataParallel as RealFSDP
+
+    def fully_shard(module, *args, **kwargs):
+        mods = list(module) if isinstance(module, (list, tuple)) else [module]
+        names = ["mesh", "reshard_after_forward", "shard_placement_fn", "mp_policy", "offload_policy", "ignored_params"]
+        for name, value in zip(names, args):
+            kwargs[name] = value
+        rec.undo.clear()
+        rec.wrap_calls.append(WrapCall("fsdp2", next(rec.seq), mods, kwargs, rec.position(), state=rec.snapshot(mods)))
+        return module
+
+    class _FSDPMeta(type):
+        def __getattr__(cls, item):
+            return getattr(RealFSDP, item)
+
+        def __instancecheck__(cls, instance):
+            return False
+
+    class RecordingFSDP(metaclass=_FSDPMeta):
+        def __new__(cls, module, *args, **kwargs):
+            from fsdp_lint.plan import resolve_fsdp1_auto_wrap
+
+            names = ["process_group", "sharding_strategy", "cpu_offload", "auto_wrap_policy", "backward_prefetch",
+                     "mixed_precision", "ignored_modules", "param_init_fn", "device_id", "sync_module_states",
+                     "forward_prefetch", "limit_all_gathers", "use_orig_params", "ignored_states", "device_mesh"]
+            for name, value in zip(names, args):
+                kwargs[name] = value
+            call = WrapCall("fsdp1", next(rec.seq), [module], kwargs, rec.position(), state=rec.snapshot([module]))
+            policy = kwargs.get("auto_wrap_policy")
+            if policy is not None:
+                call.auto_wrapped, call.policy_desc, call.policy_classes = resolve_fsdp1_auto_wrap(
+                    module, policy, kwargs.get("ignored_modules"), kwargs.get("ignored_states"))
+            rec.undo.clear()
+            rec.wrap_calls.append(call)
+            return module
+
+    RecordingFSDP.__name__ = "FullyShardedDataParallel"
+    for mod_name in ("torch.distributed.fsdp", "torch.distributed.fsdp.fully_sharded_data_parallel",
+                     "torch.distributed._composable.fsdp", "torch.distributed._composable.fsdp.fully_shard",
+                     "torch.distributed.fsdp._fully_shard", "torch.distributed.fsdp._fully_shard._fully_shard"):
+        mod = sys.modules.get(mod_name)
+        if mod is None:
+            try:
+                __import__(mod_name)
+                mod = sys.modules[mod_name]
+            except Exception:
+                continue
+        if hasattr(mod, "fully_shard"):
+            patch(mod, "fully_shard", fully_shard)
+        if hasattr(mod, "FullyShardedDataParallel"):
+            patch(mod, "FullyShardedDataParallel", RecordingFSDP)
+    del fsdp_mod
+
+
+def _install_real_wrappers(rec: Recorder, patch) -> None:
+    """Real FSDP, but recorded, with devices mapped to this process' device."""
+    import torch
+    import torch.distributed.fsdp as fsdp_mod
+    from torch.distributed.fsdp import FullyShardedDataParallel as RealFSDP
+    from torch.distributed.fsdp import fully_shard as real_fully_shard
+
+    device = getattr(rec, "device", None) or torch.device("cpu")
+
+    def fully_shard(module, *args, **kwargs):
+        mods = list(module) if isinstance(module, (list, tuple)) else [module]
+        mesh = kwargs.get("mesh")
+        if isinstance(mesh, FakeMesh) or mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            kwargs["mesh"] = init_device_mesh(device.type, (rec.world_size,))
+        rec.wrap_calls.append(WrapCall("fsdp2", next(rec.seq), mods, dict(kwargs), rec.position(), state=rec.snapshot(mods)))
+        return real_fully_shard(module, *args, **kwargs)
+
+    def make_fsdp(module, *args, **kwargs):
+        kwargs["device_id"] = device
+        call = WrapCall("fsdp1", next(rec.seq), [module], dict(kwargs), rec.position(), state=rec.snapshot([module]))
+        rec.wrap_calls.append(call)
+        return RealFSDP(module, *args, **kwargs)
+
+    class _FSDPMeta(type):
+        def __getattr__(cls, item):
+            return getattr(RealFSDP, item)
+
+        def __instancecheck__(cls, instance):
+            return isinstance(instance, RealFSDP)
+
+    class RealRecordingFSDP(metaclass=_FSDPMeta):
+        def __new__(cls, module, *args, **kwargs):
+            return make_fsdp(module, *args, **kwargs)
+
+    for mod_name in ("torch.distributed.fsdp", "torch.distributed.fsdp.fully_sharded_data_parallel",
+                     "torch.distributed._composable.fsdp", "torch.distributed._composable.fsdp.fully_shard"):
+        mod = sys.modules.get(mod_name)
+        if mod is None:
+            try:
+                __import__(mod_name)
+                mod = sys.modules[mod_name]
+            except Exception:
+                continue
+        if hasattr(mod, "fully_shard"):
+            patch(mod, "fully_shard", fully_shard)
+        if hasattr(mod, "FullyShardedDataParallel"):
+            patch(mod, "FullyShardedDataParallel", RealRecordingFSDP)
+    del fsdp_mod

@@ -1,0 +1,75 @@
+"""What a replay records: wrap calls, optimizers, parameter events, and the result."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+_counter = itertools.count()
+
+
+class ReplayError(Exception):
+    """The file's setup code could not be replayed (message is one line)."""
+
+
+class _StopReplay(BaseException):
+    """Raised at the terminal checkpoint: everything the plan needs has run."""
+
+
+# --------------------------------------------------------------------------------------------
+# records
+# --------------------------------------------------------------------------------------------
+@dataclass
+class Position:
+    path: str
+    line: int
+    col: int = 1
+
+
+@dataclass
+class WrapCall:
+    api: str                                  # "fsdp1" | "fsdp2"
+    seq: int                                  # order among all records
+    modules: List[Any]                        # module objects as passed (FSDP2 list -> several)
+    kwargs: Dict[str, Any]
+    pos: Position
+    # FSDP1: the units an auto-wrap policy made inside this call, post-order, as module objects
+    auto_wrapped: List[Any] = field(default_factory=list)
+    policy_desc: Optional[str] = None
+    policy_classes: List[str] = field(default_factory=list)   # class names a class-based policy names
+    state: Dict[int, Tuple[bool, Any]] = field(default_factory=dict)  # id(param) -> (requires_grad, dtype)
+
+
+@dataclass
+class OptimizerCall:
+    cls: str
+    seq: int
+    param_ids: List[int]
+    pos: Position
+    obj: Any = None                           # the optimizer itself (real replays only: --run steps it)
+
+
+@dataclass
+class ParamEvent:
+    kind: str          # "freeze" | "dtype"
+    seq: int
+    param_ids: List[int]
+    value: Any         # requires_grad bool, or dtype name
+    pos: Position
+
+
+@dataclass
+class ReplayResult:
+    model: Any                                # the root nn.Module (meta)
+    target: str                               # how it was found, e.g. "train.py:Transformer"
+    wrap_calls: List[WrapCall]
+    optimizers: List[OptimizerCall]
+    param_events: List[ParamEvent]
+    skipped: List[Tuple[int, str]]            # (line, error) of setup statements that failed harmlessly
+    world_size: int
+    mesh_sizes: List[Tuple[int, ...]]
+    namespace: Optional[Dict[str, Any]] = None   # the replayed file's globals (--run: example_inputs())
+
+
+
+_MISSING = object()
