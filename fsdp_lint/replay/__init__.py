@@ -25,6 +25,7 @@ from fsdp_lint.replay.records import (  # noqa: F401
     Position,
     ReplayError,
     ReplayResult,
+    TrainingBoundary,
     WrapCall,
 )
 from fsdp_lint.replay.runner import replay  # noqa: F401

@@ -12,8 +12,18 @@ class ReplayError(Exception):
     """The file's setup code could not be replayed (message is one line)."""
 
 
-class _StopReplay(BaseException):
-    """Raised at the terminal checkpoint: everything the plan needs has run."""
+class TrainingBoundary(BaseException):
+    """Raised where the replay stops: training starts (the first forward of a wrapped model, a
+    ``backward()``, an optimizer ``step()``, a framework's fit/train, iteration over a data loader),
+    or the terminal checkpoint after the last statement that matters for the plan. A BaseException,
+    so that the linted code's ``except Exception`` does not swallow it. `reason` says which."""
+
+    def __init__(self, reason: str = "checkpoint"):
+        super().__init__(reason)
+        self.reason = reason
+
+
+_StopReplay = TrainingBoundary
 
 
 # --------------------------------------------------------------------------------------------
