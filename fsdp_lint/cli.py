@@ -25,7 +25,8 @@ def _split_codes(values) -> List[str]:
     return out
 
 
-def collect_files(paths) -> List[str]:
+def collect_files(paths, missing: Optional[List[str]] = None) -> List[str]:
+    """The files to lint; a path that does not exist raises BadInput, or goes to `missing`."""
     files: List[str] = []
     for p in paths:
         if os.path.isdir(p):
@@ -36,6 +37,8 @@ def collect_files(paths) -> List[str]:
                         files.append(os.path.join(dirpath, name))
         elif os.path.isfile(p):
             files.append(p)
+        elif missing is not None:
+            missing.append(p)
         else:
             raise BadInput(f"no such file or directory: {p}")
     return files
@@ -122,7 +125,8 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
     from fsdp_lint.rule import SEVERITY_RANK
     from fsdp_lint.selection import check_all_selectors
 
-    files = collect_files(paths)
+    missing: List[str] = []
+    files = collect_files(paths, missing)
     try:
         base = load_settings(files[0] if files else os.getcwd(), config_path)
     except ConfigError as exc:
@@ -142,10 +146,14 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
 
-    from fsdp_lint.engine import LintError, lint_file
+    from fsdp_lint.engine import LintError
+    from fsdp_lint.isolation import lint_file   # each file's code runs in a child process
 
     results = []
     failures = []  # (path, one-line message)
+    for path in missing:   # reported, and the other paths are still linted (exit code 2 at the end)
+        failures.append((path, f"{path}: no such file or directory"))
+        click.echo(f"fsdp-lint: error: {path}: no such file or directory", err=True)
     for path in files:
         try:
             results.append(lint_file(path, settings))
@@ -156,7 +164,8 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
         except Exception as exc:  # a bug or an input we did not foresee: still one line
             if debug:
                 raise
-            msg = _with_path(path, f"internal error: {type(exc).__name__}: {_first_line(exc)}"
+            kind = getattr(exc, "type_name", type(exc).__name__)   # isolation: the child's exception
+            msg = _with_path(path, f"internal error: {kind}: {_first_line(exc)}"
                                    f" (rerun with --debug for the traceback)")
             failures.append((path, msg))
             click.echo(f"fsdp-lint: error: {msg}", err=True)

@@ -28,23 +28,35 @@ class FileResult:
 
 def analyse(path: str, settings: Settings, *, keep_model: bool = False) -> FileResult:
     """Build tree, plan and layout for `path` (no rules). Raises LintError on bad input."""
-    from fsdp_lint.source import SourceError, looks_relevant, read_source
+    screened = screen(path, settings)
+    if isinstance(screened, FileResult):
+        return screened
+    return analyse_facts(screened, settings, keep_model=keep_model)
+
+
+def screen(path: str, settings: Settings):
+    """The file's source only (no torch, none of its code runs): a skipped FileResult, or the
+    SourceFacts that `analyse_facts` replays. Raises LintError."""
+    from fsdp_lint.source import SourceError, looks_relevant, parse_source, read_text
 
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_text(path)
+    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
         raise LintError(f"cannot read {path}: {exc}") from None
     if not settings.model and not looks_relevant(text):
         return FileResult(path=path, skipped="no nn.Module and no FSDP use")
     try:
-        facts = read_source(path)
+        facts = parse_source(path, text)
     except SourceError as exc:
         raise LintError(str(exc)) from None
     if not settings.model and not facts.module_classes and not facts.uses_fsdp and not facts.factories() \
             and "from_config" not in text and "from_pretrained" not in text:
         return FileResult(path=path, facts=facts, skipped="no nn.Module and no FSDP use")
+    return facts
 
+
+def analyse_facts(facts, settings: Settings, *, keep_model: bool = False) -> FileResult:
+    """Replay the file (its code runs), then tree, plan and layout. Raises LintError."""
     from fsdp_lint.layout import compute_layout
     from fsdp_lint.plan import PlanOptions, build_plan
     from fsdp_lint.replay import ModelTarget, ReplayError, replay
@@ -62,14 +74,22 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False) -> FileR
     plan = build_plan(result, tree, PlanOptions(world_size=settings.world_size, api=settings.api,
                                                 wrap=list(settings.wrap), use_orig_params=settings.use_orig_params))
     layout = compute_layout(plan, tree)
-    return FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
+    return FileResult(path=facts.path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
                       replay=result if keep_model else None)
 
 
 def lint_file(path: str, settings: Settings) -> FileResult:
-    res = analyse(path, settings)
-    if res.skipped:
-        return res
+    """The whole pipeline for `path` in this process (``fsdp_lint.isolation`` runs it in a child)."""
+    screened = screen(path, settings)
+    if isinstance(screened, FileResult):
+        return screened
+    return lint_facts(screened, settings)
+
+
+def lint_facts(facts, settings: Settings) -> FileResult:
+    """Replay, tree, plan, layout and rules for a screened file. Raises LintError."""
+    path = facts.path
+    res = analyse_facts(facts, settings)
     from fsdp_lint.rule import LintContext
     from fsdp_lint.selection import rule_enabled, suppressed
 

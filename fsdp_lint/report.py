@@ -201,12 +201,14 @@ def _numel_of(ul, fqn: str) -> int:
 
 
 def _source_line(path: str, line: int) -> Optional[str]:
+    import tokenize
+
     try:
-        with open(path, encoding="utf-8") as fh:
+        with tokenize.open(path) as fh:   # the file's own encoding, as Python reads it (BOM, coding line)
             for i, text in enumerate(fh, start=1):
                 if i == line:
                     return text.rstrip("\n")
-    except OSError:
+    except (OSError, UnicodeDecodeError, SyntaxError):
         return None
     return None
 

@@ -122,11 +122,20 @@ def _noqa_lines(text: str) -> Dict[int, Optional[Set[str]]]:
     return out
 
 
+def read_text(path: str) -> str:
+    """The file decoded as Python decodes source: UTF-8, a UTF-8 BOM dropped, or the encoding its
+    ``# -*- coding: ... -*-`` line declares. Raises OSError, UnicodeDecodeError or SyntaxError
+    (an unknown encoding)."""
+    import tokenize
+
+    with tokenize.open(path) as fh:
+        return fh.read()
+
+
 def read_source(path: str) -> SourceFacts:
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_text(path)
+    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
         raise SourceError(f"cannot read {path}: {exc}") from None
     return parse_source(path, text)
 

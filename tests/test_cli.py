@@ -414,7 +414,9 @@ try:
     main(sys.argv[1:])
 except SystemExit as exc:
     print("exit", exc.code)
-print("torch imported:", "torch" in sys.modules)
+from fsdp_lint import isolation
+# torch is imported by the process that lints model files (the fork server), never by this one
+print("torch imported:", "torch" in sys.modules or isolation.server_pid() is not None)
 '''
 
 
@@ -445,23 +447,27 @@ def test_console_entry_points(tmp_path):
     assert proc.returncode == 0 and "fsdp-lint" in proc.stdout
 
 
-def test_debug_shows_the_traceback_of_an_internal_error(tmp_path, monkeypatch):
-    """A bug in fsdp-lint is still one line without --debug, and a traceback with it."""
+def test_debug_shows_the_traceback_of_an_internal_error(tmp_path):
+    """A bug in fsdp-lint is still one line without --debug, and a traceback with it -- also when
+    the bug is met in the process that lints the file (the fork server's child)."""
     path = write(tmp_path, "train.py", GOOD)
-    probe = textwrap.dedent('''
-        import sys
+    # a sitecustomize puts the simulated bug in every python process the command starts
+    write(tmp_path, "site/sitecustomize.py", '''
         import fsdp_lint.engine as engine
-        def boom(path, settings):
+
+        def boom(facts, settings):
             raise ValueError("simulated bug\\nsecond line")
-        engine.lint_file = boom
-        from fsdp_lint.cli import main
-        main(sys.argv[1:])
+
+        engine.lint_facts = boom
         ''')
-    proc = run_subprocess(["-c", probe, path], cwd=str(tmp_path))
+    env = {"PYTHONPATH": str(tmp_path / "site")}
+    proc = run_subprocess(["-m", "fsdp_lint", path], cwd=str(tmp_path), env=env)
     assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and "simulated bug" in proc.stderr and "Traceback" not in proc.stderr
-    proc = run_subprocess(["-c", probe, path, "--debug"], cwd=str(tmp_path))
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "internal error: ValueError: simulated bug (rerun with --debug" in proc.stderr
+    proc = run_subprocess(["-m", "fsdp_lint", path, "--debug"], cwd=str(tmp_path), env=env)
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+    assert "in boom" in proc.stderr           # the child's own traceback
 
 
 # ------------------------------------------------------------------------------------------------

@@ -90,6 +90,7 @@ def sandbox(rec: Recorder, directory: str):
 
     ws = rec.world_size
     saved_env = dict(os.environ)
+    saved_builtins, saved_cwd = dict(builtins.__dict__), os.getcwd()  # issue 10: the file may patch/chdir
     saved_argv = list(sys.argv)
     saved_path = list(sys.path)
     saved_modules = set(sys.modules)
@@ -350,6 +351,9 @@ def sandbox(rec: Recorder, directory: str):
             torch.set_num_threads(saved_torch[3])
         if torch.get_default_device() != saved_torch[4]:
             torch.set_default_device(saved_torch[4] if saved_torch[4].type != "cpu" else None)
+        builtins.__dict__.clear(), builtins.__dict__.update(saved_builtins)  # issue 10
+        with contextlib.suppress(OSError):
+            os.chdir(saved_cwd)  # issue 10
         os.environ.clear()
         os.environ.update(saved_env)
         sys.argv = saved_argv
