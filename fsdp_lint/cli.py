@@ -246,8 +246,14 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     # torch CPU wheels do not depend on numpy and warn on import without it: noise for a linter
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+    from fsdp_lint.reaper import EXIT_TERMINATED, Terminated, sigterm_as_interrupt
+
     try:
-        code = cli.main(args=argv, prog_name="fsdp-lint", standalone_mode=False)
+        with sigterm_as_interrupt():   # SIGTERM cleans up as Ctrl-C does
+            code = cli.main(args=argv, prog_name="fsdp-lint", standalone_mode=False)
+    except Terminated:
+        click.echo("fsdp-lint: terminated (SIGTERM); the processes it started were stopped", err=True)
+        code = EXIT_TERMINATED
     except click.exceptions.Exit as exc:
         code = exc.exit_code
     except click.UsageError as exc:

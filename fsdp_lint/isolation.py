@@ -40,14 +40,13 @@ import sys
 import time
 from typing import Any, List, Optional, Tuple
 
+from fsdp_lint import reaper
 from fsdp_lint.engine import FileResult, LintError
 
 # how long the server may take to start (importing torch on a loaded machine) and to clean up a child
 _START_TIMEOUT_S = 300.0
 _CLEANUP_TIMEOUT_S = 30.0
 _HEADER = struct.Struct("!Q")
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 # the child's way out, bound before any linted code runs (which may replace os._exit, len, ...)
 _exit, _getpid, _write, _pack, _dumps = os._exit, os.getpid, os.write, _HEADER.pack, pickle.dumps
 
@@ -272,7 +271,7 @@ def serve(fd: int) -> None:
     """Body of the fork server: import once, then fork one child per job until the socket closes."""
     sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # fsdp-lint handles Ctrl-C and tells us
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    reaper.prctl(reaper._PR_SET_CHILD_SUBREAPER, 1)
     try:
         _preload()
     except BaseException as exc:  # noqa: BLE001 - reported, then the server ends
@@ -280,13 +279,18 @@ def serve(fd: int) -> None:
             _send_msg(sock, ("error", f"{type(exc).__name__}: {exc}".splitlines()[0]))
         return
     _send_msg(sock, ("ready", os.getpid()))
+    # fsdp-lint's end: its socket closes, or (when processes it forked hold a copy) the process ends
+    parent = _pidfd(os.getppid())
     try:
         while True:
+            ready = select.select([sock] + ([parent] if parent is not None else []), [], [])[0]
+            if parent in ready:
+                break
             msg = _recv_msg(sock)
             if msg is None:
                 break
             if msg[0] == "lint":
-                if not _run_job(sock, msg[1]):
+                if not _run_job(sock, msg[1], parent):
                     break
     finally:
         _kill_descendants()
@@ -304,7 +308,7 @@ def _preload() -> None:
     rule.all_rules()
 
 
-def _run_job(sock: socket.socket, job: dict) -> bool:
+def _run_job(sock: socket.socket, job: dict, parent: Optional[int]) -> bool:
     """Fork a child for `job`, relay its result, clean up after it. False when fsdp-lint is gone."""
     r, w = os.pipe()
     pid = os.fork()
@@ -322,7 +326,7 @@ def _run_job(sock: socket.socket, job: dict) -> bool:
     parent_gone = False
     pidfd = _pidfd(pid)
     try:
-        watch: List[Any] = [r, sock] + ([pidfd] if pidfd is not None else [])
+        watch: List[Any] = [r, sock] + [fd for fd in (pidfd, parent) if fd is not None]
         while status is None:
             ready = select.select(watch, [], [], None if pidfd is not None else 0.05)[0]
             if r in ready:
@@ -331,6 +335,10 @@ def _run_job(sock: socket.socket, job: dict) -> bool:
                     chunks.append(data)
                 else:
                     watch.remove(r)
+            if parent is not None and parent in ready and not parent_gone:
+                parent_gone = True                   # fsdp-lint itself is gone
+                _kill_group(pid)
+                watch.remove(parent)
             if sock in ready:
                 msg = _recv_msg(sock)
                 if msg is None:                      # fsdp-lint itself is gone
@@ -407,58 +415,19 @@ def _kill_descendants() -> int:
     Returns how many processes were killed."""
     killed = 0
     for _ in range(100):
-        children = _children(os.getpid())
-        if not children:
+        left = reaper.children(os.getpid())
+        if not left:
             break
-        for pid in children:
-            with contextlib.suppress(OSError):
-                pg = os.getpgid(pid)
-                if pg != os.getpgid(0):
-                    os.killpg(pg, signal.SIGKILL)
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-        for pid in children:
+        reaper.kill_processes(left, spare_groups={os.getpgid(0)})
+        killed += len(left)
+        for pid in left:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, 0)
-    # zombies of processes that were reparented and already exited
+    # zombies of processes that were reparented here and had already exited
     with contextlib.suppress(ChildProcessError, OSError):
         while os.waitpid(-1, os.WNOHANG)[0]:
             pass
     return killed
-
-
-def _children(pid: int) -> List[int]:
-    """Live children of `pid` (Linux /proc; elsewhere none are found and the group kill is all)."""
-    out: List[int] = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return out
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2:].split()
-        if int(fields[1]) == pid:
-            out.append(int(entry))
-    return out
-
-
-def _prctl(option: int, value: int) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(option, value, 0, 0, 0) == 0
-    except Exception:  # noqa: BLE001
-        return False
 
 
 # ============================================================================================
@@ -469,7 +438,7 @@ def _child(job: dict, w: int) -> None:
     code = 0
     try:
         os.setpgid(0, 0)
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        reaper.prctl(reaper._PR_SET_PDEATHSIG, signal.SIGKILL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGALRM):
             signal.signal(sig, signal.SIG_DFL)

@@ -97,7 +97,10 @@ def confirm(results, settings, opts: RunOptions) -> Optional[dict]:
         _check_plan(res, settings)
     if _under_torchrun():
         return _confirm_torchrun(runnable, settings, opts, t0)
-    return _confirm_spawn(runnable, settings, opts, t0)
+    from fsdp_lint.reaper import RunGuard  # issue 10: what the ranks start dies with the run, even on SIGKILL
+
+    with RunGuard():
+        return _confirm_spawn(runnable, settings, opts, t0)
 
 
 def _under_torchrun() -> bool:
