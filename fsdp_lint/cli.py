@@ -147,16 +147,16 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
         raise BadInput(str(exc)) from None
 
     from fsdp_lint.engine import LintError
-    from fsdp_lint.isolation import lint_file   # each file's code runs in a child process
+    from fsdp_lint.isolation import lint_files   # each file's code runs in a child process
 
     results = []
     failures = []  # (path, one-line message)
     for path in missing:   # reported, and the other paths are still linted (exit code 2 at the end)
         failures.append((path, f"{path}: no such file or directory"))
         click.echo(f"fsdp-lint: error: {path}: no such file or directory", err=True)
-    for path in files:
+    for path, lint in lint_files(files, settings):
         try:
-            results.append(lint_file(path, settings))
+            results.append(lint())
         except LintError as exc:
             msg = _with_path(path, str(exc))
             failures.append((path, msg))

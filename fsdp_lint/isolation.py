@@ -8,26 +8,33 @@ line (exit code 2) and the other files are linted as usual.
 
 How:
 
-* a **fork server** (``python -c ... serve(fd)``, started on the first file that needs a replay and
-  kept for the life of this process) imports torch and fsdp-lint's pipeline once, then forks one
-  **child** per file: ``engine.lint_facts`` (replay, tree, plan, layout, rules) runs there and the
+* this process reads and screens the sources (no torch, none of their code runs); a file that needs
+  a replay becomes a **job** for the **fork server** (``python -c ... serve(fd)``, started on the first
+  such file and kept for the life of this process). The server imports torch and fsdp-lint's
+  pipeline once, warms them up on a small built-in model, then forks one **child** per job (up to one
+  per CPU at a time): ``engine.lint_facts`` -- replay, tree, plan, layout, rules -- runs there and the
   result comes back pickled (plain dataclasses) through a pipe;
-* the child is the leader of its own process group and dies with the server
-  (``PR_SET_PDEATHSIG``); the server is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so every
-  process the linted code starts stays below it, even after a double fork or ``setsid()``;
+* the child leads its own process group and dies with the server (``PR_SET_PDEATHSIG``); the server
+  is a child subreaper (``PR_SET_CHILD_SUBREAPER``), so every process the linted code starts stays
+  below it, even after a double fork or ``setsid()``;
 * the **deadline** (``replay-timeout``) is kept by this process: when it passes, the server kills the
-  child's whole process group. When a child ends (a result, ``os._exit``, a crash or the kill), the
-  server kills whatever it left (its group, then every process reparented to the server) before it
-  reports the job done: nothing a file started outlives its lint;
+  child's whole process group. When a child ends (a result, ``os._exit``, a crash or the kill) its
+  group is killed; what was reparented to the server is killed as soon as no job runs: nothing a
+  file started outlives the lint;
 * the server lives in a session of its own (a Ctrl-C at the terminal reaches fsdp-lint, which stops
-  the child) and ends, killing everything below it, when this process goes away -- exit, crash or
-  SIGKILL (its end of the socket closes).
+  the children) and ends, killing everything below it, when this process goes away -- exit, crash or
+  SIGKILL;
+* installed libraries a child imported (``transformers``, ``peft``: seconds each) are imported by the
+  server too -- in a replay of their import statements, in the same simulated environment -- so that
+  the next files do not pay for them again, as they did not when everything ran in one process. Not
+  the repository's own modules: those run in children only.
 
 Where ``os.fork`` does not exist (Windows) the lint runs in this process, as before.
 """
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import os
 import pickle
@@ -38,17 +45,57 @@ import struct
 import subprocess
 import sys
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from fsdp_lint import reaper
 from fsdp_lint.engine import FileResult, LintError
 
-# how long the server may take to start (importing torch on a loaded machine) and to clean up a child
-_START_TIMEOUT_S = 300.0
-_CLEANUP_TIMEOUT_S = 30.0
+_START_TIMEOUT_S = 300.0      # the server's start (importing torch on a loaded machine)
+_CLEANUP_TIMEOUT_S = 30.0     # a killed child's cleanup
+_MAX_JOBS = 8
 _HEADER = struct.Struct("!Q")
 # the child's way out, bound before any linted code runs (which may replace os._exit, len, ...)
 _exit, _getpid, _write, _pack, _dumps = os._exit, os.getpid, os.write, _HEADER.pack, pickle.dumps
+
+# a small model the server lints once at start, so that what torch and fsdp-lint import or build
+# lazily on a first replay (torch._dynamo behind the meta-device init functions, FSDP1 and FSDP2
+# recorders, the rules) is in place before the first fork
+_WARM_UP = '''
+import functools
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, fully_shard
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+
+class Block(nn.Module):
+    def __init__(self, dim=16):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, 2)
+        self.fc = nn.Linear(dim, dim)
+        self.conv = nn.Conv1d(dim, dim, 1)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(32, 16)
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+        self.head = nn.Linear(16, 32)
+
+
+model = Net()
+model.embed.requires_grad_(False)
+model = model.to(torch.bfloat16)
+{wrap}
+optimizer = torch.optim.AdamW(model.parameters())
+'''
+_WARM_UP_WRAPS = (
+    "for block in model.blocks:\n    fully_shard(block)\nfully_shard(model)",
+    "model = FSDP(model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, "
+    "transformer_layer_cls={Block}), use_orig_params=True)",
+)
 
 
 class IsolatedInternalError(Exception):
@@ -68,34 +115,67 @@ def available() -> bool:
 
 
 def lint_file(path: str, settings) -> FileResult:
-    """`engine.lint_file`, with the part that runs the file's code in a child process.
+    """`engine.lint_file`, with the part that runs the file's code in a child process. Raises
+    LintError (one line) or IsolatedInternalError."""
+    ((_, lint),) = lint_files([path], settings)
+    return lint()
 
-    Reading and screening the source happens here (no torch, no code of the file runs); a file that
-    needs a replay goes to the fork server. Raises LintError (one line) or IsolatedInternalError."""
+
+def lint_files(paths: List[str], settings) -> Iterator[Tuple[str, Callable[[], FileResult]]]:
+    """(path, lint) in the order given; ``lint()`` returns the FileResult or raises as
+    `engine.lint_file` does. The files that need a replay run in child processes, several at once;
+    a Ctrl-C or SIGTERM while waiting stops them all."""
     from fsdp_lint import engine
 
-    screened = engine.screen(path, settings)
-    if isinstance(screened, FileResult):
-        return screened
-    if not available():
-        return engine.lint_facts(screened, settings)
-    return server().lint(screened, settings)
+    pool = _Jobs(settings)
+    screened: List[Any] = []
+    try:
+        for i, path in enumerate(paths):
+            try:
+                screened.append(engine.screen(path, settings))
+            except Exception as exc:  # noqa: BLE001 - raised again in its turn, as lint_file would
+                screened.append(exc)
+            if available() and not isinstance(screened[-1], (FileResult, Exception)):
+                pool.submit(i, screened[-1])         # the server works while we read on
+        for i, (path, item) in enumerate(zip(paths, screened)):
+            if isinstance(item, Exception):
+                yield path, _raiser(item)
+            elif isinstance(item, FileResult):
+                yield path, (lambda item=item: item)
+            elif not available():
+                yield path, (lambda item=item: engine.lint_facts(item, settings))
+            else:
+                yield path, (lambda i=i: pool.result(i))
+    finally:
+        pool.cancel()
+
+
+def _raiser(exc: BaseException) -> Callable[[], FileResult]:
+    def lint() -> FileResult:
+        raise exc
+    return lint
 
 
 # ============================================================================================
-# this side: the server handle
+# this side: the server handle and the jobs
 # ============================================================================================
 _SERVER: Optional["ForkServer"] = None
+_RETIRED: List["ForkServer"] = []   # still finishing the jobs they had started
 
 
 def server() -> "ForkServer":
+    """The running fork server, or a new one."""
     global _SERVER
-    if _SERVER is None or not _SERVER.alive():
-        if _SERVER is not None:
-            _SERVER.close()
-        else:
+    if _SERVER is None or not _SERVER.alive() or _SERVER.retired:
+        avoid: Set[str] = set()
+        if _SERVER is None:
             atexit.register(shutdown)
-        _SERVER = ForkServer()
+        elif _SERVER.retired and _SERVER.alive():
+            avoid = _SERVER.avoid           # the libraries that started a thread there
+            _RETIRED.append(_SERVER)
+        else:
+            _SERVER.close()
+        _SERVER = ForkServer(avoid)
     return _SERVER
 
 
@@ -106,24 +186,28 @@ def server_pid() -> Optional[int]:
 
 def shutdown() -> None:
     global _SERVER
-    if _SERVER is not None:
-        _SERVER.close()
-        _SERVER = None
+    for srv in _RETIRED + ([_SERVER] if _SERVER is not None else []):
+        srv.close()
+    _RETIRED.clear()
+    _SERVER = None
 
 
 class ForkServer:
-    def __init__(self):
+    def __init__(self, avoid: Set[str]):
         ours, theirs = socket.socketpair()
-        code = ("import sys; sys.path[:] = %r; from fsdp_lint.isolation import serve; serve(int(sys.argv[1]))"
-                % (list(sys.path),))
+        code = ("import sys; sys.path[:] = %r; from fsdp_lint.isolation import serve; serve(int(sys.argv[1]), %r)"
+                % (list(sys.path), sorted(avoid)))
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code, str(theirs.fileno())], pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, close_fds=True)
         theirs.close()
-        self.sock = ours
+        self.sock: Optional[socket.socket] = ours
         self.ready = False
-        self.jobs = 0
+        self.retired = False          # the server imported a library that started a thread
+        self.avoid = set(avoid)
+        self.next_id = 0
+        self.started = time.monotonic()
 
     def alive(self) -> bool:
         return self.sock is not None and self.proc.poll() is None
@@ -142,93 +226,167 @@ class ForkServer:
             with contextlib.suppress(Exception):
                 self.proc.wait(timeout=5)
 
-    def _recv(self, deadline: Optional[float]):
-        """The next message from the server; None when it is gone; TimeoutError past `deadline`."""
-        return _recv_msg(self.sock, deadline)
+    def send(self, msg) -> None:
+        _send_msg(self.sock, msg)
 
-    def _wait_ready(self) -> None:
-        if self.ready:
-            return
-        msg = self._recv(time.monotonic() + _START_TIMEOUT_S)
-        if msg is None or msg[0] != "ready":
-            detail = msg[1] if msg is not None and msg[0] == "error" else "it exited"
-            self.close()
-            raise LintError(f"cannot start the process that lints files: {detail}")
-        self.ready = True
 
-    def lint(self, facts, settings) -> FileResult:
-        """Lint one screened file in a child process, within settings.replay_timeout."""
-        self._wait_ready()
-        self.jobs += 1
-        job_id = self.jobs
-        job = {"id": job_id, "facts": facts, "settings": settings, "cwd": os.getcwd(), "env": dict(os.environ),
-               "sys_path": list(sys.path)}
-        name = os.path.basename(facts.path)
+class _Job:
+    def __init__(self, key, facts, settings):
+        self.key, self.facts, self.settings = key, facts, settings
+        self.name = os.path.basename(facts.path)
+        self.server: Optional[ForkServer] = None
+        self.id = 0
+        self.deadline: Optional[float] = None
+        self.killed = False
+        self.outcome: Optional[Callable[[], FileResult]] = None
+
+
+class _Jobs:
+    """Jobs of one lint run on the fork server; results are taken in any order. A few more jobs
+    than the server runs at once are sent ahead; the others wait here."""
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.jobs: Dict[Any, _Job] = {}
+        self.unsent: "collections.deque[_Job]" = collections.deque()
+        self.by_id: Dict[Tuple[int, int], _Job] = {}
+        self.window = 2 * max(1, min(_MAX_JOBS, _cpus()))
+
+    def submit(self, key, facts) -> None:
+        job = _Job(key, facts, self.settings)
+        self.jobs[key] = job
+        self.unsent.append(job)
+        self._top_up()
+
+    def _top_up(self) -> None:
+        in_flight = sum(1 for j in self.jobs.values() if j.server is not None and j.outcome is None)
+        while self.unsent and in_flight < self.window:
+            self._send(self.unsent.popleft(), server())
+            in_flight += 1
+
+    def _send(self, job: _Job, srv: ForkServer) -> None:
+        srv.next_id += 1
+        job.server, job.id = srv, srv.next_id
+        self.by_id[(id(srv), job.id)] = job
+        spec = {"id": job.id, "facts": job.facts, "settings": job.settings, "cwd": os.getcwd(),
+                "env": dict(os.environ), "sys_path": list(sys.path)}
         try:
-            _send_msg(self.sock, ("lint", job))
+            srv.send(("lint", spec))
         except OSError:
-            self.close()
-            raise LintError(f"{name}: the process that lints files is gone; try again") from None
-        timeout = settings.replay_timeout
-        deadline = time.monotonic() + _START_TIMEOUT_S     # until the child has started
-        killed = False
+            self._server_lost(srv)
+
+    def result(self, key) -> FileResult:
+        job = self.jobs[key]
+        while job.outcome is None:
+            self._top_up()
+            # its own server, or, while it waits to be sent, the server of a job sent before it
+            srv = job.server or next((j.server for j in self.jobs.values()
+                                      if j.server is not None and j.outcome is None), None)
+            if srv is None:
+                job.outcome = _raiser(LintError(f"{job.name}: the process that lints files is gone"))
+                break
+            self._pump(srv)
+        self._top_up()
+        return job.outcome()
+
+    def _pump(self, srv: ForkServer) -> None:
+        """Handle the next message of the server, or its jobs' deadlines."""
+        if srv.sock is None:
+            self._server_lost(srv)
+            return
+        open_jobs = [j for j in self.jobs.values() if j.server is srv and j.outcome is None]
+        deadlines = [j.deadline for j in open_jobs if j.deadline is not None]
+        if not srv.ready:
+            deadlines.append(srv.started + _START_TIMEOUT_S)
         try:
-            while True:
-                try:
-                    msg = self._recv(deadline)
-                except TimeoutError:
-                    if killed:              # the server did not clean up in time: start afresh next time
-                        self.close()
-                        raise LintError(f"{name}: the lint process could not be stopped") from None
-                    _send_msg(self.sock, ("kill", job_id))
-                    killed = True
-                    deadline = time.monotonic() + _CLEANUP_TIMEOUT_S
-                    continue
-                if msg is None:
-                    self.close()
-                    raise LintError(f"{name}: the process that lints files ended unexpectedly")
-                kind, mid = msg[0], msg[1]
-                if mid != job_id:
-                    continue                # late news of an earlier, interrupted job
-                if kind == "started" and not killed:
-                    deadline = time.monotonic() + timeout if timeout else None
-                elif kind == "done":
-                    status, payload, leftovers = msg[2], msg[3], msg[4]
-                    break
-        except BaseException:
-            # Ctrl-C, SIGTERM: the child and everything it started are killed before fsdp-lint goes
-            with contextlib.suppress(Exception):
-                _send_msg(self.sock, ("kill", job_id))
-            raise
-        if killed:
-            raise LintError(f"{name}: linting did not finish within replay-timeout = {timeout:g} s (the setup "
-                            f"code may wait for something: a data set, a network, a lock); it was stopped "
-                            f"with every process it started")
-        return _outcome(name, status, payload)
+            msg = _recv_msg(srv.sock, min(deadlines) if deadlines else None)
+        except TimeoutError:
+            now = time.monotonic()
+            if not srv.ready and srv.started + _START_TIMEOUT_S <= now:
+                self._server_lost(srv, f"did not start within {_START_TIMEOUT_S:g} s")
+                return
+            for j in open_jobs:
+                if j.deadline is not None and j.deadline <= now:
+                    if j.killed:             # the server did not clean up in time: start afresh
+                        self._server_lost(srv, "could not stop a child")
+                        return
+                    srv.send(("kill", j.id))
+                    j.killed, j.deadline = True, now + _CLEANUP_TIMEOUT_S
+            return
+        except OSError:
+            msg = None
+        if msg is None:
+            self._server_lost(srv)
+            return
+        if msg[0] == "ready":
+            srv.ready = True
+            return
+        if msg[0] == "error":
+            self._server_lost(srv, f"could not start: {msg[1]}")
+            return
+        kind, job_id = msg[0], msg[1]
+        job = self.by_id.get((id(srv), job_id))
+        if job is None or job.outcome is not None:
+            return
+        if kind == "started" and not job.killed:
+            timeout = job.settings.replay_timeout
+            job.deadline = time.monotonic() + timeout if timeout else None
+        elif kind == "done":
+            job.outcome = _outcome(job, msg[2], msg[3])
+        elif kind == "requeue":
+            # the server imported a library that started a thread: it forks no more; the jobs it
+            # had not started go to a new server that leaves that library alone
+            srv.retired = True
+            srv.avoid |= set(msg[2])
+            job.server = None
+            self.unsent.appendleft(job)
+
+    def _server_lost(self, srv: Optional[ForkServer], how: str = "ended unexpectedly") -> None:
+        for j in self.jobs.values():
+            if j.outcome is None and j.server is srv:
+                j.outcome = _raiser(LintError(f"{j.name}: the process that lints files {how}"))
+        if srv is not None:
+            srv.close()
+
+    def cancel(self) -> None:
+        """Stop the jobs that have no outcome (Ctrl-C, SIGTERM, an error): their children are killed
+        with everything they started."""
+        self.unsent.clear()
+        for job in self.jobs.values():
+            if job.outcome is None and job.server is not None and job.server.sock is not None:
+                with contextlib.suppress(Exception):
+                    job.server.send(("kill", job.id))
 
 
-def _outcome(name: str, status: int, payload: bytes) -> FileResult:
+def _outcome(job: _Job, status: int, payload: bytes) -> Callable[[], FileResult]:
+    name = job.name
+    if job.killed:
+        timeout = job.settings.replay_timeout
+        return _raiser(LintError(
+            f"{name}: linting did not finish within replay-timeout = {timeout:g} s (the setup code may wait for "
+            f"something: a data set, a network, a lock); it was stopped with every process it started"))
     if payload:
         try:
             kind, *rest = pickle.loads(payload)
         except Exception as exc:  # noqa: BLE001 - a result the child could not finish writing
-            raise LintError(f"{name}: the lint process sent an unreadable result ({type(exc).__name__})") from None
+            return _raiser(LintError(f"{name}: the process linting it sent an unreadable result "
+                                     f"({type(exc).__name__})"))
         if kind == "ok":
-            return rest[0]
+            return lambda: rest[0]
         if kind == "lint_error":
-            raise LintError(rest[0])
-        raise IsolatedInternalError(*rest)
-    if os.WIFSIGNALED(status):
+            return _raiser(LintError(rest[0]))
+        return _raiser(IsolatedInternalError(*rest))
+    if status is not None and os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         try:
             signame = signal.Signals(sig).name
         except ValueError:
             signame = str(sig)
-        raise LintError(f"{name}: the process linting it was killed by {signame} before it finished (the file's "
-                        f"code or a library it imports crashed or killed it)")
-    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
-    raise LintError(f"{name}: the file's code ended the process linting it (exit code {code}, e.g. os._exit) "
-                    f"before the lint finished")
+        return _raiser(LintError(f"{name}: the process linting it was killed by {signame} before it finished "
+                                 f"(the file's code or a library it imports crashed or killed it)"))
+    code = os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else status
+    return _raiser(LintError(f"{name}: the file's code ended the process linting it (exit code {code}: "
+                             f"os._exit or similar) before the lint finished"))
 
 
 # ============================================================================================
@@ -244,9 +402,9 @@ def _recv_exact(sock: socket.socket, n: int, deadline: Optional[float]) -> Optio
     while len(buf) < n:
         if deadline is not None:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([sock], [], [], left)[0]:
-                if time.monotonic() >= deadline:
-                    raise TimeoutError
+            if left <= 0:
+                raise TimeoutError
+            if not select.select([sock], [], [], left)[0]:
                 continue
         chunk = sock.recv(min(n - len(buf), 1 << 20))
         if not chunk:
@@ -256,6 +414,7 @@ def _recv_exact(sock: socket.socket, n: int, deadline: Optional[float]) -> Optio
 
 
 def _recv_msg(sock: socket.socket, deadline: Optional[float] = None):
+    """The next message; None at EOF; TimeoutError when none started before `deadline`."""
     head = _recv_exact(sock, _HEADER.size, deadline)
     if head is None:
         return None
@@ -264,11 +423,31 @@ def _recv_msg(sock: socket.socket, deadline: Optional[float] = None):
     return None if data is None else pickle.loads(data)
 
 
+def _frames(raw: bytes) -> List[bytes]:
+    """The whole frames (8-byte length + body) in `raw`; a cut-off one is dropped."""
+    out, pos = [], 0
+    while pos + _HEADER.size <= len(raw):
+        (size,) = _HEADER.unpack(raw[pos:pos + _HEADER.size])
+        body = raw[pos + _HEADER.size:pos + _HEADER.size + size]
+        if len(body) != size:
+            break
+        out.append(body)
+        pos += _HEADER.size + size
+    return out
+
+
 # ============================================================================================
 # the server
 # ============================================================================================
-def serve(fd: int) -> None:
-    """Body of the fork server: import once, then fork one child per job until the socket closes."""
+class _Child:
+    def __init__(self, job: dict, pid: int, r: int):
+        self.job, self.pid, self.r = job, pid, r
+        self.pidfd = _pidfd(pid)
+        self.chunks: List[bytes] = []
+
+
+def serve(fd: int, avoid: List[str] = ()) -> None:
+    """Body of the fork server: import once, then fork one child per job until fsdp-lint is gone."""
     sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # fsdp-lint handles Ctrl-C and tells us
     reaper.prctl(reaper._PR_SET_CHILD_SUBREAPER, 1)
@@ -279,26 +458,17 @@ def serve(fd: int) -> None:
             _send_msg(sock, ("error", f"{type(exc).__name__}: {exc}".splitlines()[0]))
         return
     _send_msg(sock, ("ready", os.getpid()))
-    # fsdp-lint's end: its socket closes, or (when processes it forked hold a copy) the process ends
-    parent = _pidfd(os.getppid())
     try:
-        while True:
-            ready = select.select([sock] + ([parent] if parent is not None else []), [], [])[0]
-            if parent in ready:
-                break
-            msg = _recv_msg(sock)
-            if msg is None:
-                break
-            if msg[0] == "lint":
-                if not _run_job(sock, msg[1], parent):
-                    break
+        _Server(sock, set(avoid)).loop()
     finally:
         _kill_descendants()
         os._exit(0)
 
 
 def _preload() -> None:
-    """What every child needs, imported once here (children inherit it at fork)."""
+    """What every child needs, imported and warmed up once here (children inherit it at fork)."""
+    import gc
+
     import torch  # noqa: F401
     import torch.distributed.fsdp  # noqa: F401
     import torch.nn  # noqa: F401
@@ -306,64 +476,134 @@ def _preload() -> None:
     from fsdp_lint import engine, layout, plan, replay, rule, selection, tree  # noqa: F401
 
     rule.all_rules()
+    for wrap in _WARM_UP_WRAPS:
+        _warm_up(_WARM_UP.format(wrap=wrap))
+    # children never walk (and so never copy) the objects that exist now when they collect garbage
+    gc.collect()
+    gc.freeze()
 
 
-def _run_job(sock: socket.socket, job: dict, parent: Optional[int]) -> bool:
-    """Fork a child for `job`, relay its result, clean up after it. False when fsdp-lint is gone."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:                                     # the child
-        os.close(r)
-        with contextlib.suppress(Exception):
-            sock.close()
-        _child(job, w)                               # never returns
-    os.close(w)
-    with contextlib.suppress(OSError):
-        os.setpgid(pid, pid)                         # as the child does: no window without its own group
-    _send_msg(sock, ("started", job["id"], pid))
-    chunks: List[bytes] = []
-    status = None
-    parent_gone = False
-    pidfd = _pidfd(pid)
+def _warm_up(source: str) -> None:
+    from fsdp_lint import engine
+    from fsdp_lint.config import Settings
+    from fsdp_lint.source import parse_source
+
+    with contextlib.suppress(Exception):
+        engine.lint_facts(parse_source("<fsdp-lint warm-up>", source),
+                          Settings(world_size=4, replay_timeout=None))
+
+
+class _Server:
+    def __init__(self, sock: socket.socket, avoid: Set[str]):
+        self.sock = sock
+        self.parent = _pidfd(os.getppid())   # fsdp-lint's end, also when processes it forked keep the socket
+        self.pending: "collections.deque[dict]" = collections.deque()
+        self.running: Dict[int, _Child] = {}
+        self.slots = max(1, min(_MAX_JOBS, _cpus()))
+        self.avoid = avoid                  # libraries not to import here
+        self.learned: Set[str] = set()      # libraries imported here
+        self.to_learn: Set[str] = set()
+        self.retired = False
+
+    def loop(self) -> None:
+        while True:
+            self._start_pending()
+            watch: List[Any] = [self.sock] + ([self.parent] if self.parent is not None else [])
+            for child in self.running.values():
+                watch += [child.r] if child.r >= 0 else []
+                watch += [child.pidfd] if child.pidfd is not None else []
+            polling = any(c.pidfd is None for c in self.running.values())
+            ready = select.select(watch, [], [], 0.05 if polling else None)[0]
+            if self.parent is not None and self.parent in ready:
+                return
+            if self.sock in ready:
+                msg = _recv_msg(self.sock)
+                if msg is None:
+                    return
+                self._handle(msg)
+            for child in list(self.running.values()):
+                if child.r >= 0 and child.r in ready:
+                    data = os.read(child.r, 1 << 20)
+                    if data:
+                        child.chunks.append(data)
+                    else:
+                        os.close(child.r)
+                        child.r = -1
+                if (child.pidfd is None or child.pidfd in ready) and _exited(child.pid):
+                    self._finish(child)
+            if not self.running and not self.pending:
+                _kill_descendants()         # what was reparented here once no job can own it
+
+    def _handle(self, msg) -> None:
+        if msg[0] == "lint":
+            self.pending.append(msg[1])
+        elif msg[0] == "kill":
+            for child in self.running.values():
+                if child.job["id"] == msg[1]:
+                    _kill_group(child.pid)
+            for job in [j for j in self.pending if j["id"] == msg[1]]:
+                self.pending.remove(job)
+                _send_msg(self.sock, ("done", job["id"], None, b""))
+
+    def _start_pending(self) -> None:
+        while self.pending and len(self.running) < self.slots:
+            if self.to_learn and not self.retired:
+                self._learn()
+            job = self.pending.popleft()
+            if self.retired:
+                _send_msg(self.sock, ("requeue", job["id"], sorted(self.learned)))
+                continue
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:                            # the child
+                os.close(r)
+                for fd in [self.sock.fileno(), self.parent] + [c.r for c in self.running.values()] + \
+                        [c.pidfd for c in self.running.values()]:
+                    with contextlib.suppress(Exception):
+                        if fd is not None and fd >= 0:
+                            os.close(fd)
+                _child(job, w)                      # never returns
+            os.close(w)
+            with contextlib.suppress(OSError):
+                os.setpgid(pid, pid)                # as the child does: no window without its own group
+            self.running[pid] = _Child(job, pid, r)
+            _send_msg(self.sock, ("started", job["id"], pid))
+
+    def _finish(self, child: _Child) -> None:
+        # the group is killed while the child is a zombie: its number cannot be reused yet
+        _kill_group(child.pid)
+        status = os.waitpid(child.pid, 0)[1]
+        if child.r >= 0:
+            child.chunks += _drain(child.r)
+            os.close(child.r)
+        if child.pidfd is not None:
+            os.close(child.pidfd)
+        del self.running[child.pid]
+        frames = _frames(b"".join(child.chunks))
+        if len(frames) > 1:
+            with contextlib.suppress(Exception):
+                self.to_learn |= set(pickle.loads(frames[1])) - self.learned - self.avoid
+        _send_msg(self.sock, ("done", child.job["id"], status, frames[0] if frames else b""))
+
+    def _learn(self) -> None:
+        """Import the libraries children imported, as a replay would (same simulated world)."""
+        import threading
+
+        names = sorted(self.to_learn, key=lambda n: (n.count("."), n))
+        self.to_learn.clear()
+        self.learned |= set(names)
+        source = "".join(f"import {n}\n" for n in names) + _WARM_UP.format(wrap="fully_shard(model)")
+        _warm_up(source)
+        if threading.active_count() > 1:
+            # forking a process with more than one thread is not safe: a new server takes over
+            self.retired = True
+
+
+def _cpus() -> int:
     try:
-        watch: List[Any] = [r, sock] + [fd for fd in (pidfd, parent) if fd is not None]
-        while status is None:
-            ready = select.select(watch, [], [], None if pidfd is not None else 0.05)[0]
-            if r in ready:
-                data = os.read(r, 1 << 20)
-                if data:
-                    chunks.append(data)
-                else:
-                    watch.remove(r)
-            if parent is not None and parent in ready and not parent_gone:
-                parent_gone = True                   # fsdp-lint itself is gone
-                _kill_group(pid)
-                watch.remove(parent)
-            if sock in ready:
-                msg = _recv_msg(sock)
-                if msg is None:                      # fsdp-lint itself is gone
-                    parent_gone = True
-                    _kill_group(pid)
-                    watch.remove(sock)
-                elif msg[0] == "kill" and msg[1] == job["id"]:
-                    _kill_group(pid)
-            if (pidfd is None or pidfd in ready) and _exited(pid):
-                # the group is killed while the child is a zombie: its number cannot be reused yet
-                _kill_group(pid)
-                status = os.waitpid(pid, 0)[1]
-        chunks += _drain(r)
-    finally:
-        os.close(r)
-        if pidfd is not None:
-            os.close(pidfd)
-    leftovers = _kill_descendants()
-    if parent_gone:
-        return False
-    try:
-        _send_msg(sock, ("done", job["id"], status, _framed_payload(b"".join(chunks)), leftovers))
-    except OSError:
-        return False
-    return True
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _drain(fd: int) -> List[bytes]:
@@ -377,15 +617,6 @@ def _drain(fd: int) -> List[bytes]:
                 break
             out.append(data)
     return out
-
-
-def _framed_payload(raw: bytes) -> bytes:
-    """The child's result: 8-byte length + pickle; b"" when it did not write a whole one."""
-    if len(raw) < _HEADER.size:
-        return b""
-    (size,) = _HEADER.unpack(raw[:_HEADER.size])
-    body = raw[_HEADER.size:_HEADER.size + size]
-    return body if len(body) == size else b""
 
 
 def _pidfd(pid: int) -> Optional[int]:
@@ -411,8 +642,8 @@ def _exited(pid: int) -> bool:
 
 
 def _kill_descendants() -> int:
-    """Kill every process left below this (subreaper) server, with their process groups; reap them.
-    Returns how many processes were killed."""
+    """Kill every process below this (subreaper) server but the running jobs' children, with their
+    process groups; reap them. Returns how many processes were killed."""
     killed = 0
     for _ in range(100):
         left = reaper.children(os.getpid())
@@ -442,19 +673,35 @@ def _child(job: dict, w: int) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGALRM):
             signal.signal(sig, signal.SIG_DFL)
+        before = set(sys.modules)
         out = _lint_in_child(job)
         try:
             data = _dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001
             data = _dumps(("internal", type(exc).__name__, f"cannot send the result: {exc}", ""))
+        libraries = _dumps(_new_libraries(before))
         if _getpid() == me:                          # not a fork the file's code made of this process
-            view = memoryview(_pack(data.__len__()) + data)
+            view = memoryview(_pack(data.__len__()) + data + _pack(libraries.__len__()) + libraries)
             while view:
                 view = view[_write(w, view):]
     except BaseException:  # noqa: BLE001
         code = 70
     finally:
         _exit(code)                                  # no atexit hooks, no waiting for the file's threads
+
+
+def _new_libraries(before: Set[str]) -> List[str]:
+    """Modules of installed libraries imported since the fork (not the repository's own code)."""
+    from fsdp_lint.replay.recorders import _is_library
+
+    out = []
+    for name, mod in list(sys.modules.items()):
+        if name in before or name.startswith("__") or "fsdp_lint" in name:
+            continue
+        fname = getattr(mod, "__file__", None)
+        if isinstance(fname, str) and _is_library(fname) and not fname.startswith("<"):
+            out.append(name)
+    return out[:5000]
 
 
 def _lint_in_child(job: dict) -> Tuple:
