@@ -76,9 +76,9 @@ def plan_runs(files: List[Tuple[str, bool]], settings, script_args: Optional[Lis
         mine = [e for e in entries if os.path.abspath(e.path) == os.path.abspath(path)]
         if mine and script_args is None:
             for e in mine:
-                runs.append((path, list(e.args), settings.with_overrides(**e.overrides), explicit))
+                runs.append((path, list(e.args), settings.with_overrides(**e.overrides), explicit, e.cwd))
         else:
-            runs.append((path, list(script_args or []), settings, explicit))
+            runs.append((path, list(script_args or []), settings, explicit, None))
     return runs
 
 
@@ -194,7 +194,7 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
 
     results = []
     failures = []  # (path, one-line message)
-    for path, argv, run_settings, explicit in plan_runs(files, settings, script_args):
+    for path, argv, run_settings, explicit, cwd in plan_runs(files, settings, script_args):
         if explicit and not_python(path):
             msg = _with_path(path, "not a Python file: fsdp-lint lints training scripts and model files (.py); "
                                    "to pass a config to a script, put it after --: "
@@ -203,7 +203,7 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
             click.echo(f"fsdp-lint: error: {msg}", err=True)
             continue
         try:
-            res = lint_file(path, run_settings, argv=argv, explicit=explicit)
+            res = lint_file(path, run_settings, argv=argv, explicit=explicit, cwd=cwd)
             results.append(res)
             if res.skipped and explicit:
                 click.echo(f"fsdp-lint: {_with_path(path, 'not linted: ' + res.skipped)} "

@@ -16,6 +16,7 @@ class EntrySpec:
     arguments, and settings for that run (world size, api, ...)."""
     path: str                                      # absolute
     args: List[str] = field(default_factory=list)
+    cwd: Optional[str] = None                      # launched from: the config file's folder
     overrides: Dict[str, Any] = field(default_factory=dict)   # Settings field -> value
 
 
@@ -135,7 +136,7 @@ def _entries(value: Any, path: str) -> List[EntrySpec]:
         full = os.path.normpath(os.path.join(base, file))
         if not os.path.isfile(full):
             raise ConfigError(f"{where}: no such file {file!r} (paths are relative to {os.path.dirname(path) or '.'})")
-        out.append(EntrySpec(path=full, args=[str(a) for a in args], overrides=overrides))
+        out.append(EntrySpec(path=full, args=[str(a) for a in args], overrides=overrides, cwd=base))
         validate(replace(Settings(), **overrides), origin=where)
     return out
 

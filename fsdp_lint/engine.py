@@ -28,10 +28,11 @@ class FileResult:
     stopped: Any = None                                      # (reason, Position) of the training boundary
     argv: List[str] = field(default_factory=list)            # the script's arguments
     skipped_statements: List[Any] = field(default_factory=list)
+    cwd: Optional[str] = None                                # launched from (an entry's config folder)
 
 
 def analyse(path: str, settings: Settings, *, keep_model: bool = False, argv: Optional[List[str]] = None,
-            explicit: bool = True) -> FileResult:
+            explicit: bool = True, cwd: Optional[str] = None) -> FileResult:
     """Build tree, plan and layout for `path` (no rules). Raises LintError on bad input.
 
     `argv`: the script's own arguments; `explicit`: the file was named on the command line (a
@@ -61,7 +62,7 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False, argv: Op
     try:
         target = ModelTarget.parse(settings.model) if settings.model else None
         result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout, argv=argv,
-                        project=project)
+                        project=project, cwd=cwd)
     except ReplayError as exc:
         err = LintError(str(exc))
         err.user_exception = getattr(exc, "user_exception", None)
@@ -97,8 +98,9 @@ def skip_reason(project, explicit: bool) -> Optional[str]:
 
 
 def lint_file(path: str, settings: Settings, *, argv: Optional[List[str]] = None,
-              explicit: bool = True) -> FileResult:
-    res = analyse(path, settings, argv=argv, explicit=explicit)
+              explicit: bool = True, cwd: Optional[str] = None) -> FileResult:
+    res = analyse(path, settings, argv=argv, explicit=explicit, cwd=cwd)
+    res.cwd = cwd
     if res.skipped:
         return res
     from fsdp_lint.rule import LintContext
@@ -114,6 +116,8 @@ def lint_file(path: str, settings: Settings, *, argv: Optional[List[str]] = None
         if res.plan.api is not None and res.plan.api not in rule.applies_to:
             continue
         for f in rule.check(ctx):
+            if f.call_site is None and os.path.abspath(f.path) != os.path.abspath(path):
+                f.call_site = res.plan.call_sites.get((os.path.abspath(f.path), f.line))
             if not suppressed(f, res.facts):
                 findings.append(f)
     findings.sort(key=lambda f: (os.path.abspath(f.path) != os.path.abspath(path), f.line, f.col, f.code))

@@ -130,6 +130,8 @@ class SourceFacts:
     _module_calls: Set[str] = field(default_factory=set)
     _stmt_calls: Dict[int, Set[str]] = field(default_factory=dict)   # statement line -> names it calls
     loop_calls: Dict[int, Set[str]] = field(default_factory=dict)     # loop line -> names called inside it
+    # of the dropped loops, those that step: they call backward()/step()/zero_grad() (training itself)
+    stepping_loop_lines: Set[int] = field(default_factory=set)
 
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]*(?:\s*,\s*[A-Z]+[0-9]*)*))?", re.IGNORECASE)
@@ -222,6 +224,7 @@ def parse_source(path: str, text: str) -> SourceFacts:
         future_annotations=collector.future_annotations,
     )
     facts._module_calls = module_calls
+    facts.stepping_loop_lines = collector.stepping_loop_lines & dropped
     facts._stmt_calls = {line: calls for line, (_, calls) in stmt_markers.items() if calls}
     for what, value, _, _, loops, _ in collector.events:
         if what == "call":
@@ -299,6 +302,7 @@ class _Collector(ast.NodeVisitor):
         self.aliases: Dict[str, str] = {}
         self.imports: List[ImportInfo] = []
         self.training_loop_lines: Set[int] = set()
+        self.stepping_loop_lines: Set[int] = set()
         # ("mark", kind, open statement lines, function, open loop lines, site index) and
         # ("call", callee name, ...) in source order; relevance is decided after the pass
         self.events: List[Tuple[str, str, Tuple[int, ...], Optional[FunctionFacts], Tuple[int, ...], int]] = []
@@ -510,6 +514,7 @@ class _Collector(ast.NodeVisitor):
             self.uses_framework = True
         if last in ("backward", "step", "zero_grad") and self._loop_stack:
             self.training_loop_lines.update(self._loop_stack)
+            self.stepping_loop_lines.update(self._loop_stack)
         self._call(last)
         # functions handed to launchers count as called: mp.spawn(main, ...), fire.Fire(main)
         for arg in list(node.args) + [k.value for k in node.keywords]:

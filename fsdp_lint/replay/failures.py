@@ -49,13 +49,24 @@ class Failures:
     skips: List[SkipRecord] = field(default_factory=list)
     imports: List[MissingImport] = field(default_factory=list)
     stub_uses: List[StubUse] = field(default_factory=list)
+    argv: List[str] = field(default_factory=list)        # the script's arguments
+
+    def names_an_argument(self, exc: BaseException) -> bool:
+        """A file named in the script's arguments (a config) cannot be read: the launch command is
+        wrong here, and skipping it would plan with defaults nobody launches."""
+        name = getattr(exc, "filename", None)
+        if not isinstance(exc, OSError) or not name:
+            return False
+        name = os.fspath(name)
+        return any(a == name or a.endswith("=" + name) or os.path.abspath(a) == os.path.abspath(name)
+                   for a in self.argv)
 
     # -- decisions while running ---------------------------------------------------------------
     def may_skip(self, exc: BaseException, frame) -> bool:
         """Whether the failure `exc`, caught by the statement running in `frame`, may be skipped."""
         from fsdp_lint.replay.records import ReplayError
 
-        if isinstance(exc, (ReplayError, RecursionError, MemoryError)):
+        if isinstance(exc, (ReplayError, RecursionError, MemoryError)) or self.names_an_argument(exc):
             return False
         # raised inside model construction, a wrap/freeze/cast/optimizer statement, or fsdp-lint
         tb = exc.__traceback__
@@ -145,6 +156,10 @@ class Failures:
             text = self.describe_import_error(exc, importer)
             if text:
                 return f"{loc}: {text}"
+        if self.names_an_argument(exc):
+            return (f"{loc}: `{exc.filename}`, named in the script's arguments, cannot be read "
+                    f"({exc.strerror or type(exc).__name__}); paths in the arguments are relative to "
+                    f"{os.getcwd()}")
         msg = _one_line(exc)
         text = f"{loc}: setup code failed {where_real}: {msg}{_download_hint(msg)}{self._stub_hint(msg)}"
         return text

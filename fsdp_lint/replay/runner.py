@@ -47,12 +47,14 @@ class _ReplayTimeout(BaseException):
 
 def replay(facts: Union[SourceFacts, str], world_size: int, target: Optional[ModelTarget] = None,
            real: bool = False, timeout: Optional[float] = None, device=None, argv: Optional[List[str]] = None,
-           project: Optional[Reach] = None) -> ReplayResult:
+           project: Optional[Reach] = None, cwd: Optional[str] = None) -> ReplayResult:
     """Run the entry point `facts` (SourceFacts, or a path) as rank 0 of `world_size` ranks up to the
-    training boundary. `argv`: the script's own arguments. Raises ReplayError (one line)."""
+    training boundary. `argv`: the script's own arguments; `cwd`: the folder it is launched from
+    (default: the current one). Raises ReplayError (one line)."""
     if isinstance(facts, str):
         facts = facts_for(os.path.abspath(facts))
     run = _Run(facts, world_size, target, real, device, list(argv or []), project)
+    run.cwd = cwd
     return run.execute(timeout)
 
 
@@ -72,13 +74,16 @@ class _Run:
         path = os.path.abspath(self.facts.path)
         self.path = path
         self.display = os.path.basename(path)
+        rel = os.path.relpath(path)
+        self.shown = path if rel.startswith("..") else rel      # the file as notes name it
         self.project = self.project or reach(path, self.facts)
         self.entry: Entry = self.project.entry
         self.relevant_names, self.wrap_names = self.project.relevant_names()
         self.rec = Recorder(path, self.world_size, real=self.real)
         self.rec.device = self.device
         self.rec.api = self.facts.api
-        self.failures = Failures(entry_path=path)
+        self.failures = Failures(entry_path=path, argv=list(self.argv))
+        self.cwd: Optional[str] = None
         self.importer = ProjectImporter(self._load_module)
         self.override: Optional[Override] = None
         self.namespaces: List[dict] = []
@@ -193,6 +198,8 @@ class _Run:
         where_real = "with the real FSDP APIs" if self.real else "on the meta device"
         root = how = None
         with sandbox(self.rec, entry.root, self.argv):
+            if self.cwd:
+                os.chdir(self.cwd)      # restored by the sandbox
             sys.meta_path.insert(0, self.importer)
             try:
                 sys.modules["__main__"] = module
@@ -369,13 +376,13 @@ class _Run:
         if self.ended_after_setup:
             notes.append(f"the script ended after its setup ({self.ended_after_setup}) before training started")
         if not rec.wrap_calls and self.project.wrap_paths and rec.stopped is None:
-            where = ", ".join(sorted({_display(p, self.path, self.display) for p in self.project.wrap_paths}))
+            where = ", ".join(sorted({_display(p, self.path, self.shown) for p in self.project.wrap_paths}))
             notes.append(f"the wrap code in {where} did not run with these arguments; the plan shown is a suggestion")
         if self.failures.skips:
             first = self.failures.skips[0].skipped
             n = len(self.failures.skips)
             notes.append(f"{n} setup statement{'s' if n != 1 else ''} failed here and {'were' if n != 1 else 'was'} "
-                         f"skipped (first: {_display(first.path, self.path, self.display)}:{first.line}: {first.error})")
+                         f"skipped (first: {_display(first.path, self.path, self.shown)}:{first.line}: {first.error})")
         unused = [i for i in self.failures.imports if not i.local]
         if unused:
             names = ", ".join(dict.fromkeys(i.missing for i in unused))

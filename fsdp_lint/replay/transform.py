@@ -82,6 +82,7 @@ class _Transformer:
         self.main = main
         self.relevant = relevant
         self.dropped = dropped
+        self.stepping = dropped & facts.stepping_loop_lines
         self.model_classes = {name for name, _ in facts.module_classes}
         self.tolerant: Dict[int, Tuple[FrozenSet[str], FrozenSet[str]]] = {}
         self.terminal_spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
@@ -101,7 +102,9 @@ class _Transformer:
                     self.imported.add(local)
                     if (base or alias.name).split(".")[0] == "torch":
                         self.torch_names.add(local)
-        _StopAtLoops(self.dropped, self.model_classes).visit(tree)
+        # loops that step an optimizer or call backward() are training: the replay ends where one
+        # starts; the entry's other data/epoch loops do not run (their results matter for nothing)
+        _StopAtLoops(self.stepping, self.dropped if self.main else set(), self.model_classes).visit(tree)
 
         head: List[ast.stmt] = []
         rest = list(tree.body)
@@ -375,10 +378,12 @@ def _is_stop(stmt: ast.stmt) -> bool:
 
 
 class _StopAtLoops(ast.NodeTransformer):
-    """Training loops (outside model classes) become a call that ends the replay there."""
+    """Training loops (outside model classes) become a call that ends the replay there; `skipped`
+    data loops become ``pass``."""
 
-    def __init__(self, dropped: Set[int], model_classes: Set[str]):
-        self.dropped = dropped
+    def __init__(self, stepping: Set[int], skipped: Set[int], model_classes: Set[str]):
+        self.stepping = stepping
+        self.skipped = skipped - stepping
         self.model_classes = model_classes
 
     def visit_ClassDef(self, node):
@@ -391,9 +396,17 @@ class _StopAtLoops(ast.NodeTransformer):
         for attr in ("body", "orelse", "finalbody"):
             stmts = getattr(node, attr, None)
             if isinstance(stmts, list) and stmts and all(isinstance(x, ast.stmt) for x in stmts):
-                setattr(node, attr, [_call_stmt(LOOP, ast.Constant(x.lineno), like=x)
-                                     if isinstance(x, _LOOPS) and x.lineno in self.dropped else x for x in stmts])
+                setattr(node, attr, [self._replace(x) for x in stmts])
         return node
+
+    def _replace(self, stmt: ast.stmt) -> ast.stmt:
+        if not isinstance(stmt, _LOOPS):
+            return stmt
+        if stmt.lineno in self.stepping:
+            return _call_stmt(LOOP, ast.Constant(stmt.lineno), like=stmt)
+        if stmt.lineno in self.skipped:
+            return ast.copy_location(ast.Pass(), stmt)
+        return stmt
 
 
 def _plain_assignment(stmt: ast.stmt) -> bool:
