@@ -102,3 +102,74 @@ def test_a_config_named_in_the_arguments_that_does_not_exist_is_the_error_not_a_
     assert res.code == 2, res.out
     assert len(res.err.strip().splitlines()) == 1
     assert "`configs/8b.yaml`, named in the script's arguments, cannot be read" in res.err
+
+
+# --------------------------------------------------------------------------------------------
+# an llama-recipes-shaped src/ package: fire entry point, policies and configs in other modules
+# --------------------------------------------------------------------------------------------
+RECIPES = os.path.join(REPOS, "recipes_like")
+FINETUNING = os.path.join(RECIPES, "src", "recipes_like", "finetuning.py")
+
+
+@pytest.mark.parametrize("argv", [[], ["--model_name", "small", "--freeze_layers", "True", "--num_freeze_layers", "2",
+                                       "--use_orig_params", "True"]], ids=["defaults", "frozen-orig-params"])
+def test_fire_entry_point_in_a_src_layout_plan_equals_real_torch(argv):
+    res, real = assert_plan_matches_torch(FINETUNING, 4, argv=argv)
+    layers = 6 if argv else 4
+    assert [u.modules for u in res.plan.units] == [[f"layers.{i}"] for i in range(layers)] + [[""]]
+    assert res.plan.api == "fsdp1" and res.plan.use_orig_params is bool(argv)
+    assert not markers(RECIPES)
+
+
+# --------------------------------------------------------------------------------------------
+# a trainer class: a wrap in a method, a wrap function handed over as a callback, a callback object,
+# click options; a helper module that forgets the root; the optimizer built before the wrap
+# --------------------------------------------------------------------------------------------
+MINI = os.path.join(REPOS, "mini_trainer")
+MINI_TRAIN = os.path.join(MINI, "scripts", "train.py")
+
+
+@pytest.mark.parametrize("argv", [[], ["--strategy", "fsdp1"], ["--strategy", "callback", "--depth", "3"]],
+                         ids=["wrap-fn-fsdp2", "trainer-method-fsdp1", "callback-fsdp1"])
+def test_trainer_method_and_callback_wraps_plan_equals_real_torch(argv):
+    res, real = assert_plan_matches_torch(MINI_TRAIN, 4, argv=argv)
+    depth = 3 if "--depth" in argv else 4
+    blocks = [[f"blocks.{i}"] for i in range(depth)]
+    assert [u.modules for u in res.plan.units] == (blocks if not argv else blocks + [[""]])
+    assert not markers(MINI)
+
+
+def test_a_helper_module_that_forgets_the_root_is_fsd301_at_the_helper_with_the_call_site(cli):
+    res = cli(MINI_TRAIN, "--world-size", "4", "--format", "json", "--")
+    doc = json.loads(res.out)
+    (finding,) = doc["files"][0]["findings"]
+    assert finding["code"] == "FSD301" and finding["path"].endswith("mini_trainer/sharding.py")
+    assert finding["call_site"]["path"].endswith("scripts/train.py")
+    src = open(MINI_TRAIN).read().splitlines()
+    assert src[finding["call_site"]["line"] - 1].strip() == "trainer.setup()"
+    assert res.code == 1
+
+
+def test_an_optimizer_built_before_a_helpers_wrap_is_fsd501(cli):
+    res = cli(MINI_TRAIN, "--world-size", "4", "--format", "json", "--", "--optimizer-first")
+    codes = sorted(f["code"] for f in json.loads(res.out)["files"][0]["findings"])
+    assert codes == ["FSD301", "FSD501"]
+
+
+# --------------------------------------------------------------------------------------------
+# Hydra: config groups and overrides chosen on the command line; Hydra writes nothing
+# --------------------------------------------------------------------------------------------
+HYDRA = os.path.join(REPOS, "hydra_app")
+HYDRA_TRAIN = os.path.join(HYDRA, "train.py")
+
+
+@pytest.mark.parametrize("argv", [[], ["model=tied", "trainer.fsdp.reshard_after_forward=false"]],
+                         ids=["defaults", "overrides"])
+def test_hydra_overrides_choose_the_plan_as_at_launch(argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res, real = assert_plan_matches_torch(HYDRA_TRAIN, 4, argv=argv)
+    layers = 3 if argv else 4
+    assert [u.modules for u in res.plan.units] == [[f"blocks.{i}"] for i in range(layers)] + [[""]]
+    assert [u.reshard_after_forward for u in res.plan.units[:-1]] == [not argv] * layers
+    assert res.tree.params["embed.weight"].aliases == (["head.weight"] if argv else [])
+    assert os.listdir(tmp_path) == [] and not markers(HYDRA)       # no outputs/ run folder, no log

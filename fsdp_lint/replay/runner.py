@@ -197,7 +197,9 @@ class _Run:
         self.namespaces.append(ns)
         where_real = "with the real FSDP APIs" if self.real else "on the meta device"
         root = how = None
-        with sandbox(self.rec, entry.root, self.argv):
+        launchers = tuple(sorted({imp.module.split(".")[0] for f in self.project.modules.values()
+                                  for imp in f.imports} & {"hydra"}))
+        with sandbox(self.rec, entry.root, self.argv, launchers=launchers):
             if self.cwd:
                 os.chdir(self.cwd)      # restored by the sandbox
             sys.meta_path.insert(0, self.importer)

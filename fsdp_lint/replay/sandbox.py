@@ -63,8 +63,9 @@ def _noop():
 
 
 @contextlib.contextmanager
-def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None):
-    """Patch torch and the process for a replay; everything is restored on exit."""
+def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launchers: Tuple[str, ...] = ()):
+    """Patch torch and the process for a replay; everything is restored on exit. `launchers`:
+    command-line frameworks the program uses that need a shim (``"hydra"``)."""
     import torch
     import torch.distributed.fsdp  # noqa: F401  before any patch: its modules bind init_device_mesh on import
 
@@ -84,6 +85,7 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None):
     owned_pg = _simulate_dist(rec, patch)
     _simulate_cuda(rec, patch)
     _simulate_launchers(rec, patch)
+    cleanups = [_hydra_without_outputs(patch)] if "hydra" in launchers else []
     _simulate_mesh(rec, patch)
     target_device = _target_device(rec)
     _record_param_changes(rec, patch, target_device)
@@ -106,6 +108,8 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None):
     finally:
         for h in hooks:
             h.remove()
+        for cleanup in cleanups:
+            cleanup()
         if owned_pg:
             saved.real_destroy_pg()
         for obj, name, old in reversed(patches):
@@ -266,6 +270,45 @@ def _simulate_launchers(rec: Recorder, patch: Patch) -> None:
         fn(0, *args)
 
     patch(tmp, "spawn", spawn)
+
+
+def _hydra_without_outputs(patch: Patch) -> Callable[[], None]:
+    """``@hydra.main`` parses ``sys.argv`` (the script's overrides) when the function is called; it
+    also makes a run folder with its config and a log file. The shim adds overrides that keep Hydra
+    from writing anything outside a temporary folder, removed when the replay ends."""
+    import functools
+    import shutil
+    import tempfile
+
+    try:
+        import hydra
+    except ImportError:
+        return lambda: None
+    tmp = tempfile.mkdtemp(prefix="fsdp-lint-hydra-")
+    extra = [f"hydra.run.dir={tmp}", f"hydra.sweep.dir={tmp}", "hydra.output_subdir=null",
+             "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+    real_main = hydra.main
+
+    def main(*args, **kwargs):
+        decorate = real_main(*args, **kwargs)
+
+        def wrap(fn):
+            decorated = decorate(fn)
+
+            @functools.wraps(decorated)
+            def run(*a, **k):
+                saved = list(sys.argv)
+                given = {x.split("=", 1)[0].lstrip("+~") for x in saved[1:]}
+                sys.argv = saved + [x for x in extra if x.split("=", 1)[0].lstrip("+~") not in given]
+                try:
+                    return decorated(*a, **k)
+                finally:
+                    sys.argv = saved
+            return run
+        return wrap
+
+    patch(hydra, "main", main)
+    return lambda: shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _simulate_mesh(rec: Recorder, patch: Patch) -> None:
