@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import click
 
@@ -25,23 +25,64 @@ def _split_codes(values) -> List[str]:
     return out
 
 
-def collect_files(paths, missing: Optional[List[str]] = None) -> List[str]:
-    """The files to lint; a path that does not exist raises BadInput, or goes to `missing`."""
-    files: List[str] = []
+def collect_files(paths, missing: Optional[List[str]] = None) -> List[Tuple[str, bool]]:
+    """(file, named on the command line) for every file to lint: directories are walked for *.py.
+    A path that does not exist raises BadInput, or goes to `missing`."""
+    files: List[Tuple[str, bool]] = []
     for p in paths:
         if os.path.isdir(p):
             for dirpath, dirnames, filenames in os.walk(p):
                 dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
                 for name in sorted(filenames):
                     if name.endswith(".py"):
-                        files.append(os.path.join(dirpath, name))
+                        files.append((os.path.join(dirpath, name), False))
         elif os.path.isfile(p):
-            files.append(p)
+            files.append((p, True))
         elif missing is not None:
             missing.append(p)
         else:
             raise BadInput(f"no such file or directory: {p}")
     return files
+
+
+def split_script_args(argv: List[str]) -> Tuple[List[str], Optional[List[str]]]:
+    """fsdp-lint's own arguments and the script's (after ``--``). A leading ``--`` is dropped:
+    ``torchrun -m fsdp_lint -- train.py --run`` passes it to keep torchrun's parser off the rest."""
+    argv = list(argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, None
+
+
+def not_python(path: str) -> bool:
+    """A file named on the command line that is not Python source (a config, a notebook, data)."""
+    if path.endswith((".py", ".pyw")):
+        return False
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(128)
+    except OSError:
+        return True
+    return not (head.startswith(b"#!") and b"python" in head.split(b"\n", 1)[0])
+
+
+def plan_runs(files: List[Tuple[str, bool]], settings, script_args: Optional[List[str]]):
+    """What to lint: (path, the script's argv, settings, named explicitly). A file with
+    ``[[tool.fsdp-lint.entry]]`` tables runs once per entry (its args and settings) unless arguments
+    were given after ``--``."""
+    runs = []
+    entries = list(getattr(settings, "entries", None) or [])
+    for path, explicit in files:
+        mine = [e for e in entries if os.path.abspath(e.path) == os.path.abspath(path)]
+        if mine and script_args is None:
+            for e in mine:
+                runs.append((path, list(e.args), settings.with_overrides(**e.overrides), explicit, e.cwd))
+        else:
+            runs.append((path, list(script_args or []), settings, explicit, None))
+    return runs
 
 
 def _print_rules() -> None:
@@ -106,15 +147,19 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
         input_shape, input_dtype, run_timeout, debug):
     """Lint PyTorch FSDP wrap code and show the plan FSDP will build.
 
-    PATHS are training or model files, or directories (walked for *.py).
+    PATHS are training or model files, or directories (walked for *.py). Arguments after `--` are the
+    script's own (`fsdp-lint train.py -- --config configs/8b.yaml`). Linting runs the entry point's
+    setup code (its imports, model construction, wrap code) on the meta device up to the training
+    boundary.
     """
+    script_args = (click.get_current_context().obj or {}).get("script_args")
     if list_rules:
         _print_rules()
         return EXIT_CLEAN
     if explain:
         _explain(explain)
         return EXIT_CLEAN
-    if not paths:
+    if not paths and not _configured_entries(config_path):
         raise BadInput("no paths given (try: fsdp-lint train.py; fsdp-lint --help)")
     if world_size is not None and world_size < 1:
         raise BadInput(f"--world-size must be at least 1, got {world_size}")
@@ -128,9 +173,12 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
     missing: List[str] = []
     files = collect_files(paths, missing)
     try:
-        base = load_settings(files[0] if files else os.getcwd(), config_path)
+        base = load_settings(files[0][0] if files else os.getcwd(), config_path)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
+    if not files and not missing:
+        # no paths: the launch commands of [[tool.fsdp-lint.entry]]
+        files = [(e.path, True) for e in dict((e.path, e) for e in base.entries).values()]
     cli_selection = {"select": _split_codes(select), "ignore": _split_codes(ignore),
                      "extend_select": _split_codes(extend_select)}
     settings = base.with_overrides(
@@ -147,17 +195,40 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
         raise BadInput(str(exc)) from None
 
     from fsdp_lint.engine import LintError
-    from fsdp_lint.isolation import lint_files   # each file's code runs in a child process
+    from fsdp_lint.isolation import lint_runs   # each file's code runs in a child process
 
     results = []
     failures = []  # (path, one-line message)
     for path in missing:   # reported, and the other paths are still linted (exit code 2 at the end)
         failures.append((path, f"{path}: no such file or directory"))
         click.echo(f"fsdp-lint: error: {path}: no such file or directory", err=True)
-    for path, lint in lint_files(files, settings):
+    runs = list(plan_runs(files, settings, script_args))
+    linted = lint_runs([(path, run_settings, argv, explicit, cwd) for path, argv, run_settings, explicit, cwd
+                        in runs if not (explicit and not_python(path))])
+    for path, argv, run_settings, explicit, cwd in runs:
+        if explicit and not_python(path):
+            msg = _with_path(path, "not a Python file: fsdp-lint lints training scripts and model files (.py); "
+                                   "to pass a config to a script, put it after --: "
+                                   f"fsdp-lint train.py -- --config {path}")
+            failures.append((path, msg))
+            click.echo(f"fsdp-lint: error: {msg}", err=True)
+            continue
         try:
-            results.append(lint())
+            res = next(linted)()
+            results.append(res)
+            if res.skipped and explicit:
+                click.echo(f"fsdp-lint: {_with_path(path, 'not linted: ' + res.skipped)} "
+                           f"(to lint a model built elsewhere, pass --model path.py:Class or path.py:factory)",
+                           err=True)
         except LintError as exc:
+            if debug and getattr(exc, "user_exception", None) is not None:
+                import traceback
+
+                user = exc.user_exception
+                click.echo("".join(traceback.format_exception(type(user), user, user.__traceback__)).rstrip(),
+                           err=True)
+            elif debug and getattr(exc, "user_traceback", None):   # formatted in the child that linted it
+                click.echo(exc.user_traceback.rstrip(), err=True)
             msg = _with_path(path, str(exc))
             failures.append((path, msg))
             click.echo(f"fsdp-lint: error: {msg}", err=True)
@@ -169,6 +240,7 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
                                    f" (rerun with --debug for the traceback)")
             failures.append((path, msg))
             click.echo(f"fsdp-lint: error: {msg}", err=True)
+    linted.close()
     errors = len(failures)
 
     run_summary = None
@@ -240,8 +312,18 @@ def _with_path(path: str, msg: str) -> str:
     return f"{shown}: {msg}"
 
 
+def _configured_entries(config_path: Optional[str]) -> bool:
+    from fsdp_lint.config import ConfigError, load_settings
+
+    try:
+        return bool(load_settings(os.getcwd(), config_path).entries)
+    except ConfigError:
+        return config_path is not None      # the error is reported when the settings are loaded
+
+
 def main(argv: Optional[List[str]] = None) -> None:
-    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    own, script_args = split_script_args(argv if argv is not None else sys.argv[1:])
+    debug = "--debug" in own
     import warnings
 
     # torch CPU wheels do not depend on numpy and warn on import without it: noise for a linter
@@ -250,7 +332,8 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     try:
         with sigterm_as_interrupt():   # SIGTERM cleans up as Ctrl-C does
-            code = cli.main(args=argv, prog_name="fsdp-lint", standalone_mode=False)
+            code = cli.main(args=own, prog_name="fsdp-lint", standalone_mode=False,
+                            obj={"script_args": script_args})
     except Terminated:
         click.echo("fsdp-lint: terminated (SIGTERM); the processes it started were stopped", err=True)
         code = EXIT_TERMINATED

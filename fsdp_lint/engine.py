@@ -24,49 +24,71 @@ class FileResult:
     layout: Any = None
     findings: List[Finding] = field(default_factory=list)
     replay: Any = None
+    notes: List[str] = field(default_factory=list)          # what the report says about the replay
+    stopped: Any = None                                      # (reason, Position) of the training boundary
+    argv: List[str] = field(default_factory=list)            # the script's arguments
+    skipped_statements: List[Any] = field(default_factory=list)
+    cwd: Optional[str] = None                                # launched from (an entry's config folder)
 
 
-def analyse(path: str, settings: Settings, *, keep_model: bool = False) -> FileResult:
-    """Build tree, plan and layout for `path` (no rules). Raises LintError on bad input."""
-    screened = screen(path, settings)
+@dataclass
+class Screened:
+    """A file that needs a replay: its source facts and the project modules it reaches."""
+    facts: Any
+    project: Any = None
+
+
+def analyse(path: str, settings: Settings, *, keep_model: bool = False, argv: Optional[List[str]] = None,
+            explicit: bool = True, cwd: Optional[str] = None) -> FileResult:
+    """Build tree, plan and layout for `path` (no rules). Raises LintError on bad input.
+
+    `argv`: the script's own arguments; `explicit`: the file was named on the command line (a
+    directory walk skips files that only import a model and do not use FSDP)."""
+    screened = screen(path, settings, explicit=explicit)
     if isinstance(screened, FileResult):
         return screened
-    return analyse_facts(screened, settings, keep_model=keep_model)
+    return analyse_facts(screened, settings, keep_model=keep_model, argv=argv, cwd=cwd)
 
 
-def screen(path: str, settings: Settings):
-    """The file's source only (no torch, none of its code runs): a skipped FileResult, or the
-    SourceFacts that `analyse_facts` replays. Raises LintError."""
-    from fsdp_lint.source import SourceError, looks_relevant, parse_source, read_text
+def screen(path: str, settings: Settings, *, explicit: bool = True):
+    """The file's source and the project modules it imports, read, never run (no torch): a skipped
+    FileResult, or what `analyse_facts` replays. Raises LintError."""
+    from fsdp_lint.project import reach
+    from fsdp_lint.source import SourceError, read_source
 
     try:
-        text = read_text(path)
-    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
-        raise LintError(f"cannot read {path}: {exc}") from None
-    if not settings.model and not looks_relevant(text):
-        return FileResult(path=path, skipped="no nn.Module and no FSDP use")
-    try:
-        facts = parse_source(path, text)
+        facts = read_source(path)
     except SourceError as exc:
         raise LintError(str(exc)) from None
-    if not settings.model and not facts.module_classes and not facts.uses_fsdp and not facts.factories() \
-            and "from_config" not in text and "from_pretrained" not in text:
-        return FileResult(path=path, facts=facts, skipped="no nn.Module and no FSDP use")
-    return facts
+    project = None
+    if not settings.model:
+        try:
+            project = reach(path, facts)
+        except (OSError, SourceError) as exc:   # pragma: no cover - the entry itself parsed
+            raise LintError(str(exc)) from None
+        why = skip_reason(project, explicit)
+        if why:
+            return FileResult(path=path, facts=facts, skipped=why)
+    return Screened(facts, project)
 
 
-def analyse_facts(facts, settings: Settings, *, keep_model: bool = False) -> FileResult:
+def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = False,
+                  argv: Optional[List[str]] = None, cwd: Optional[str] = None) -> FileResult:
     """Replay the file (its code runs), then tree, plan and layout. Raises LintError."""
     from fsdp_lint.layout import compute_layout
     from fsdp_lint.plan import PlanOptions, build_plan
     from fsdp_lint.replay import ModelTarget, ReplayError, replay
     from fsdp_lint.tree import build_module_tree
 
+    facts, project, path = screened.facts, screened.project, screened.facts.path
     try:
         target = ModelTarget.parse(settings.model) if settings.model else None
-        result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout)
+        result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout, argv=argv,
+                        project=project, cwd=cwd)
     except ReplayError as exc:
-        raise LintError(str(exc)) from None
+        err = LintError(str(exc))
+        err.user_exception = getattr(exc, "user_exception", None)
+        raise err from None
     state = {}
     for call in result.wrap_calls:
         state.update(call.state)
@@ -74,22 +96,46 @@ def analyse_facts(facts, settings: Settings, *, keep_model: bool = False) -> Fil
     plan = build_plan(result, tree, PlanOptions(world_size=settings.world_size, api=settings.api,
                                                 wrap=list(settings.wrap), use_orig_params=settings.use_orig_params))
     layout = compute_layout(plan, tree)
-    return FileResult(path=facts.path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
-                      replay=result if keep_model else None)
+    res = FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
+                     replay=result if keep_model else None)
+    res.notes = list(result.notes)
+    res.stopped = result.stopped
+    res.argv = list(result.argv)
+    res.skipped_statements = list(result.skipped)
+    return res
 
 
-def lint_file(path: str, settings: Settings) -> FileResult:
-    """The whole pipeline for `path` in this process (``fsdp_lint.isolation`` runs it in a child)."""
-    screened = screen(path, settings)
+def skip_reason(project, explicit: bool) -> Optional[str]:
+    """Why a file is not linted (None: it is): decided from its syntax tree and the project-local
+    modules it imports, never from text patterns."""
+    facts = project.modules[project.entry.path]
+    if project.reaches_fsdp or facts.defines_model:
+        return None
+    if project.reaches_model:
+        if explicit:
+            return None
+        models = ", ".join(sorted(os.path.relpath(p) for p in project.model_paths)[:3])
+        return f"imports a model ({models}) but neither wraps it nor uses FSDP; the model is linted where it is defined"
+    return "no nn.Module and no FSDP use (in the file or the project modules it imports)"
+
+
+def lint_file(path: str, settings: Settings, *, argv: Optional[List[str]] = None,
+              explicit: bool = True, cwd: Optional[str] = None) -> FileResult:
+    """The whole pipeline for `path` in this process (``fsdp_lint.isolation`` runs the part that
+    runs the file's code in a child process)."""
+    screened = screen(path, settings, explicit=explicit)
     if isinstance(screened, FileResult):
+        screened.cwd = cwd
         return screened
-    return lint_facts(screened, settings)
+    return lint_facts(screened, settings, argv=argv, cwd=cwd)
 
 
-def lint_facts(facts, settings: Settings) -> FileResult:
+def lint_facts(screened: Screened, settings: Settings, *, argv: Optional[List[str]] = None,
+               cwd: Optional[str] = None) -> FileResult:
     """Replay, tree, plan, layout and rules for a screened file. Raises LintError."""
-    path = facts.path
-    res = analyse_facts(facts, settings)
+    path = screened.facts.path
+    res = analyse_facts(screened, settings, argv=argv, cwd=cwd)
+    res.cwd = cwd
     from fsdp_lint.rule import LintContext
     from fsdp_lint.selection import rule_enabled, suppressed
 
@@ -103,6 +149,8 @@ def lint_facts(facts, settings: Settings) -> FileResult:
         if res.plan.api is not None and res.plan.api not in rule.applies_to:
             continue
         for f in rule.check(ctx):
+            if f.call_site is None and os.path.abspath(f.path) != os.path.abspath(path):
+                f.call_site = res.plan.call_sites.get((os.path.abspath(f.path), f.line))
             if not suppressed(f, res.facts):
                 findings.append(f)
     findings.sort(key=lambda f: (os.path.abspath(f.path) != os.path.abspath(path), f.line, f.col, f.code))

@@ -114,38 +114,47 @@ def available() -> bool:
     return hasattr(os, "fork") and sys.platform != "win32"
 
 
-def lint_file(path: str, settings) -> FileResult:
+def lint_file(path: str, settings, *, argv: Optional[List[str]] = None, explicit: bool = True,
+              cwd: Optional[str] = None) -> FileResult:
     """`engine.lint_file`, with the part that runs the file's code in a child process. Raises
     LintError (one line) or IsolatedInternalError."""
-    ((_, lint),) = lint_files([path], settings)
-    return lint()
+    linted = lint_runs([(path, settings, argv, explicit, cwd)])
+    try:
+        return next(linted)()
+    finally:
+        linted.close()
 
 
-def lint_files(paths: List[str], settings) -> Iterator[Tuple[str, Callable[[], FileResult]]]:
-    """(path, lint) in the order given; ``lint()`` returns the FileResult or raises as
-    `engine.lint_file` does. The files that need a replay run in child processes, several at once;
-    a Ctrl-C or SIGTERM while waiting stops them all."""
+def lint_runs(runs) -> Iterator[Callable[[], FileResult]]:
+    """For each run ``(path, settings, argv, explicit, cwd)`` in order, a ``lint()`` that returns
+    its FileResult or raises as `engine.lint_file` does. The sources are read and screened here;
+    the files that need a replay run in child processes, several at once. Closing the iterator
+    (or a Ctrl-C / SIGTERM while waiting) stops the children that are still running."""
     from fsdp_lint import engine
 
-    pool = _Jobs(settings)
+    pool = _Jobs()
     screened: List[Any] = []
     try:
-        for i, path in enumerate(paths):
+        for i, (path, settings, argv, explicit, cwd) in enumerate(runs):
             try:
-                screened.append(engine.screen(path, settings))
+                item = engine.screen(path, settings, explicit=explicit)
             except Exception as exc:  # noqa: BLE001 - raised again in its turn, as lint_file would
-                screened.append(exc)
-            if available() and not isinstance(screened[-1], (FileResult, Exception)):
-                pool.submit(i, screened[-1])         # the server works while we read on
-        for i, (path, item) in enumerate(zip(paths, screened)):
+                item = exc
+            if isinstance(item, FileResult):
+                item.cwd = cwd
+            elif not isinstance(item, Exception) and available():
+                pool.submit(i, item, settings, argv, cwd)    # the server works while we read on
+            screened.append(item)
+        for i, ((path, settings, argv, explicit, cwd), item) in enumerate(zip(runs, screened)):
             if isinstance(item, Exception):
-                yield path, _raiser(item)
+                yield _raiser(item)
             elif isinstance(item, FileResult):
-                yield path, (lambda item=item: item)
+                yield (lambda item=item: item)
             elif not available():
-                yield path, (lambda item=item: engine.lint_facts(item, settings))
+                yield (lambda item=item, settings=settings, argv=argv, cwd=cwd:
+                       engine.lint_facts(item, settings, argv=argv, cwd=cwd))
             else:
-                yield path, (lambda i=i: pool.result(i))
+                yield (lambda i=i: pool.result(i))
     finally:
         pool.cancel()
 
@@ -231,9 +240,9 @@ class ForkServer:
 
 
 class _Job:
-    def __init__(self, key, facts, settings):
-        self.key, self.facts, self.settings = key, facts, settings
-        self.name = os.path.basename(facts.path)
+    def __init__(self, key, screened, settings, argv, cwd):
+        self.key, self.screened, self.settings, self.argv, self.cwd = key, screened, settings, argv, cwd
+        self.name = os.path.basename(screened.facts.path)
         self.server: Optional[ForkServer] = None
         self.id = 0
         self.deadline: Optional[float] = None
@@ -245,15 +254,14 @@ class _Jobs:
     """Jobs of one lint run on the fork server; results are taken in any order. A few more jobs
     than the server runs at once are sent ahead; the others wait here."""
 
-    def __init__(self, settings):
-        self.settings = settings
+    def __init__(self):
         self.jobs: Dict[Any, _Job] = {}
         self.unsent: "collections.deque[_Job]" = collections.deque()
         self.by_id: Dict[Tuple[int, int], _Job] = {}
         self.window = 2 * max(1, min(_MAX_JOBS, _cpus()))
 
-    def submit(self, key, facts) -> None:
-        job = _Job(key, facts, self.settings)
+    def submit(self, key, screened, settings, argv, cwd) -> None:
+        job = _Job(key, screened, settings, argv, cwd)
         self.jobs[key] = job
         self.unsent.append(job)
         self._top_up()
@@ -268,8 +276,8 @@ class _Jobs:
         srv.next_id += 1
         job.server, job.id = srv, srv.next_id
         self.by_id[(id(srv), job.id)] = job
-        spec = {"id": job.id, "facts": job.facts, "settings": job.settings, "cwd": os.getcwd(),
-                "env": dict(os.environ), "sys_path": list(sys.path)}
+        spec = {"id": job.id, "screened": job.screened, "settings": job.settings, "argv": job.argv,
+                "cwd": job.cwd, "process_cwd": os.getcwd(), "env": dict(os.environ), "sys_path": list(sys.path)}
         try:
             srv.send(("lint", spec))
         except OSError:
@@ -374,7 +382,9 @@ def _outcome(job: _Job, status: int, payload: bytes) -> Callable[[], FileResult]
         if kind == "ok":
             return lambda: rest[0]
         if kind == "lint_error":
-            return _raiser(LintError(rest[0]))
+            err = LintError(rest[0])
+            err.user_traceback = rest[1]             # the linted code's own exception, for --debug
+            return _raiser(err)
         return _raiser(IsolatedInternalError(*rest))
     if status is not None and os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -489,7 +499,7 @@ def _warm_up(source: str) -> None:
     from fsdp_lint.source import parse_source
 
     with contextlib.suppress(Exception):
-        engine.lint_facts(parse_source("<fsdp-lint warm-up>", source),
+        engine.lint_facts(engine.Screened(parse_source("<fsdp-lint warm-up>", source)),
                           Settings(world_size=4, replay_timeout=None))
 
 
@@ -679,7 +689,10 @@ def _child(job: dict, w: int) -> None:
             data = _dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # noqa: BLE001
             data = _dumps(("internal", type(exc).__name__, f"cannot send the result: {exc}", ""))
-        libraries = _dumps(_new_libraries(before))
+        try:
+            libraries = _dumps(_new_libraries(before))
+        except Exception:  # noqa: BLE001 - only an optimisation
+            libraries = _dumps([])
         if _getpid() == me:                          # not a fork the file's code made of this process
             view = memoryview(_pack(data.__len__()) + data + _pack(libraries.__len__()) + libraries)
             while view:
@@ -692,14 +705,17 @@ def _child(job: dict, w: int) -> None:
 
 def _new_libraries(before: Set[str]) -> List[str]:
     """Modules of installed libraries imported since the fork (not the repository's own code)."""
-    from fsdp_lint.replay.recorders import _is_library
+    from fsdp_lint.project import is_local
 
     out = []
     for name, mod in list(sys.modules.items()):
-        if name in before or name.startswith("__") or "fsdp_lint" in name:
+        if name in before or name.startswith(("__", "fsdp_lint")):
             continue
         fname = getattr(mod, "__file__", None)
-        if isinstance(fname, str) and _is_library(fname) and not fname.startswith("<"):
+        if not isinstance(fname, str) or fname.startswith("<"):
+            continue
+        norm = fname.replace("\\", "/")
+        if (not is_local(fname)) if fname.endswith(".py") else ("-packages/" in norm or "/lib/python3" in norm):
             out.append(name)
     return out[:5000]
 
@@ -710,23 +726,25 @@ def _lint_in_child(job: dict) -> Tuple:
 
     from fsdp_lint import engine
 
-    facts, settings = job["facts"], job["settings"]
-    name = os.path.basename(facts.path)
+    screened, settings = job["screened"], job["settings"]
+    name = os.path.basename(screened.facts.path)
     try:
-        os.chdir(job["cwd"])
+        os.chdir(job["process_cwd"])
         os.environ.clear()
         os.environ.update(job["env"])
         sys.path[:] = job["sys_path"]
         # the deadline is kept from outside (fsdp-lint kills this process group), not by SIGALRM,
         # which the file's code could ignore or use itself
         settings = dataclasses.replace(settings, replay_timeout=None)
-        return ("ok", engine.lint_facts(facts, settings))
+        return ("ok", engine.lint_facts(screened, settings, argv=job["argv"], cwd=job["cwd"]))
     except LintError as exc:
-        return ("lint_error", str(exc))
+        user = getattr(exc, "user_exception", None)
+        text = "".join(traceback.format_exception(type(user), user, user.__traceback__)) if user is not None else ""
+        return ("lint_error", str(exc), text)
     except SystemExit as exc:
-        return ("lint_error", f"{name}: the file's code called sys.exit({exc.code!r}) while it was linted")
+        return ("lint_error", f"{name}: the file's code called sys.exit({exc.code!r}) while it was linted", "")
     except KeyboardInterrupt:
-        return ("lint_error", f"{name}: interrupted")
+        return ("lint_error", f"{name}: interrupted", "")
     except BaseException as exc:  # noqa: BLE001 - a bug: the parent says so in one line
         text = str(exc).strip()
         return ("internal", type(exc).__name__, text.splitlines()[0] if text else "", traceback.format_exc())

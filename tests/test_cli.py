@@ -455,7 +455,7 @@ def test_debug_shows_the_traceback_of_an_internal_error(tmp_path):
     write(tmp_path, "site/sitecustomize.py", '''
         import fsdp_lint.engine as engine
 
-        def boom(facts, settings):
+        def boom(screened, settings, **kwargs):
             raise ValueError("simulated bug\\nsecond line")
 
         engine.lint_facts = boom
