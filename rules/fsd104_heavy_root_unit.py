@@ -324,18 +324,22 @@ fully_shard(model)
                 units = [u for u in units if u not in members]
                 continue
             units = [u for u in units if u not in members and not tree.is_ancestor(lca, u)] + [lca]
+        keep = ""
         if split:
             tied = sorted({t for tie in ties for t in tie if t}, key=lambda f: list(tree.modules).index(f))
             group = "fully_shard([" + ", ".join(tree.expr(t) for t in tied) + "])"
-            return (f"keep the tie in the root (FSDP1 cannot split it), untie the weights, or move to FSDP2, "
-                    f"whose `{group}` holds tied modules in one group that reshards after forward", True)
+            keep = (f"keep the tie in the root (FSDP1 cannot split it), untie the weights, or move to FSDP2, "
+                    f"whose `{group}` holds tied modules in one group that reshards after forward")
+            if not left:
+                return keep, True
+            # blocks left in the root can still leave it: the root is heavier than the tie makes it
         exprs = [tree.expr(u) for u in units]
         classes = sorted({ul.unit.cls for ul in others})
         blocks = sorted({tree.modules[b].cls for b in left} - set(classes[:2]))
-        if plan.policies or blocks:
+        if plan.policies or left:
             cond = " or ".join([f"isinstance(m, {c})" for c in classes[:2] + blocks] + [f"m is {e}" for e in exprs])
             fix = (f"make them units of their own: `auto_wrap_policy=functools.partial(lambda_auto_wrap_policy, "
                    f"lambda_fn=lambda m: {cond})`")
         else:
             fix = "wrap them before the root: " + "; ".join(f"`{e} = FSDP({e}, ...)`" for e in exprs)
-        return fix, split
+        return (f"{fix}; for the tied weight, {keep}" if keep else fix), False
