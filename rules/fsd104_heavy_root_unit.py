@@ -46,6 +46,9 @@ class HeavyRootUnit(Rule):
     suggests the grouping that moves them out of the root: FSDP2
     `fully_shard(model.embed)` before the blocks and `fully_shard([model.norm, model.head])`
     after them (torchtitan's plan); FSDP1 units of their own through the auto-wrap policy.
+    Whole blocks left in the root (the vision tower of a vision-language model whose plan wraps
+    only the language model's layers, the decoder layers of an encoder-decoder whose policy
+    names only the encoder's) become units of their own, one per block.
 
     When the only way out would split a tied weight between units (FSDP1 with an output head
     tied to the embedding, whose modules share no ancestor but the root), the finding is
@@ -191,8 +194,9 @@ fully_shard(model)
         return tops
 
     @staticmethod
-    def _blocks_left(tree, owned: Set[str]) -> List[str]:
-        """Instances of the model's repeated blocks whose parameters all stay in the root."""
+    def _blocks_left(tree, owned: Set[str]) -> Dict[str, List[str]]:
+        """Instances of the model's repeated blocks whose parameters all stay in the root, each with
+        its parameters (pre-order)."""
         instances = tree.instances_of(tree.repeated_blocks())
         inside: Dict[str, List[str]] = {b: [] for b in instances}
         for alias, canonical in tree.alias_to_canonical.items():
@@ -201,7 +205,7 @@ fully_shard(model)
                 up = up.rpartition(".")[0]
             if up:
                 inside[up].append(canonical)
-        return [b for b in instances if inside[b] and all(p in owned for p in inside[b])]
+        return {b: inside[b] for b in instances if inside[b] and all(p in owned for p in inside[b])}
 
     def _finding(self, ctx, root, rl, largest, others):
         from fsdp_lint.report import human_bytes, human_count
@@ -209,8 +213,9 @@ fully_shard(model)
         plan, tree = ctx.plan, ctx.tree
         owned = set(root.params)
         # whole blocks left in the root (a second tower) become units of their own, one per block
-        left = self._blocks_left(tree, owned)
-        in_left = {p for b in left for p in tree.params_under(b)}
+        left_params = self._blocks_left(tree, owned)
+        left = list(left_params)
+        in_left = {p for ps in left_params.values() for p in ps}
         rest = [p for p in root.params if p not in in_left]
         tops = self._tops(tree, owned, rest)
         stuck = tops.pop("", [])
