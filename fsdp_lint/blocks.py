@@ -75,14 +75,27 @@ class _Finder:
         return is_torch_leaf(info) or not any(self.sizes.get(c, 0) for c in info.children)
 
     # ---------------------------------------------------------------------------- stacks
+    def members(self, parent: str) -> List[str]:
+        """The children of `parent`; a container's children that are containers without a
+        `forward` are looked through (``layers = ModuleList([ModuleList([Attention,
+        FeedForward]), ...])``, lucidrains-style)."""
+        out: List[str] = []
+        for child in self.mods[parent].children:
+            info = self.mods[child]
+            if is_container(self.mods[parent]) and is_container(info) and not info.has_forward:
+                out += self.members(child)
+            else:
+                out.append(child)
+        return out
+
     def stacks(self, leaves: bool) -> List[Tuple[int, str, Dict[str, List[str]]]]:
-        """(weight, parent, {class: repeated children}) for every module with two or more
-        children of one class (non-leaf ones, or leaf ones when `leaves`), heaviest first."""
+        """(weight, parent, {class: repeated members}) for every module with two or more
+        members of one class (non-leaf ones, or leaf ones when `leaves`), heaviest first."""
         order = {f: i for i, f in enumerate(self.mods)}
         out = []
-        for parent, info in self.mods.items():
+        for parent in self.mods:
             by_cls: Dict[str, List[str]] = {}
-            for child in info.children:
+            for child in self.members(parent):
                 if self.unit_like(child) and self.leaf(child) == leaves:
                     by_cls.setdefault(self.mods[child].cls, []).append(child)
             repeated = {c: kids for c, kids in by_cls.items() if len(kids) >= 2}
@@ -136,20 +149,22 @@ class _Finder:
         if not stacks:
             return self.bare_layer()
         classes: List[str] = []
-        instances: List[str] = []
+        instances: Set[str] = set()
         ancestors: Set[str] = set()
+        largest = 0
         for weight, parent, repeated in stacks:
             kids = [k for ks in repeated.values() for k in ks]
             if classes:
-                if any(k in ancestors for k in kids) or self.inside(parent, set(instances)):
+                if any(k in ancestors for k in kids) or self.inside(parent, instances):
                     continue  # a stack of blocks already found, or inside a block (MoE experts)
-                if weight < max(self.sizes[i] for i in instances):
+                if weight < largest:
                     break     # stacks are heaviest first: the rest stay with the root
             new = [c for c in self.descend(parent, kids) if c not in classes]
             if not new:
                 continue
             classes += new
-            instances = self.tree.instances_of(classes)
+            instances = set(self.tree.instances_of(classes))
+            largest = max(self.sizes[i] for i in instances)
             ancestors = set(instances)
             for i in instances:
                 up = self.mods[i].parent

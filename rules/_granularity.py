@@ -1,7 +1,7 @@
 """Helpers the granularity rules (FSD101-FSD105, FSD601) share: the per-block alternative in the user's
 terms, where a finding points, and the example model of their VALID/INVALID lists.
 """
-from typing import Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 _MODEL = '''
 import torch.nn as nn
@@ -69,19 +69,20 @@ def block_loop(tree, block, instances=None) -> Tuple[str, str]:
     `isinstance` walk (a list of the instances when only some are meant)."""
     some = instances is not None
     instances = list(instances) if some else tree.instances_of(block)
-    parents = list(dict.fromkeys(tree.modules[f].parent for f in instances))
+    by_parent: Dict[str, List[str]] = {}
+    for f in instances:
+        by_parent.setdefault(tree.modules[f].parent, []).append(f)
     its = []
-    for parent in parents:
+    for parent, kids in by_parent.items():
         info = tree.modules.get(parent)
         is_container = info is not None and any(c in info.mro for c in ("ModuleList", "ModuleDict", "Sequential"))
-        if not (parent and is_container and sorted(info.children) == sorted(f for f in instances
-                                                                            if tree.modules[f].parent == parent)):
+        if not (parent and is_container and sorted(info.children) == sorted(kids)):
             its = []
             break
         its.append(tree.expr(parent) + (".values()" if "ModuleDict" in info.mro else ""))
     if len(its) == 1:
         return f"for block in {its[0]}:", "block"
-    if its:
+    if its and (len(its) == 2 or some):  # two stacks (encoder and decoder, two towers)
         return "for block in [" + ", ".join(f"*{it}" for it in its) + "]:", "block"
     if some:
         return "for block in [" + ", ".join(tree.expr(f) for f in instances) + "]:", "block"
@@ -97,7 +98,7 @@ def block_wrap_fix(tree, api: Optional[str], block) -> str:
         return (f"`auto_wrap_policy=ModuleWrapPolicy({classes})` (or `functools.partial("
                 f"transformer_auto_wrap_policy, transformer_layer_cls={classes})`): one unit per {label}")
     header, var = block_loop(tree, block)
-    header = header.replace("\n", " ")
+    header = " ".join(header.split())
     return f"`{header} fully_shard({var})` before `fully_shard(model)`: one group per {label}"
 
 

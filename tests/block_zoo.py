@@ -12,6 +12,8 @@ the block-detection tests: what matters is how each names, nests and subclasses 
   ``Bottleneck`` s, each stage's first one with a ``downsample``).
 * ``ConvNeXt``: timm's layout: ``stages`` is a ``Sequential`` of ``ConvNeXtStage`` s (each with its
   own width and depth), each holding ``blocks``, a ``Sequential`` of ``ConvNeXtBlock`` s.
+* ``LucidViT``: lucidrains/vit-pytorch: ``transformer.layers`` is a ``ModuleList`` of
+  ``ModuleList([Attention, FeedForward])`` pairs: the two classes are the blocks.
 """
 import torch
 import torch.nn as nn
@@ -291,3 +293,60 @@ class ConvNeXt(nn.Module):
 
     def forward(self, x):
         return self.head(self.stages(self.stem(x)).mean((2, 3)))
+
+
+# ------------------------------------------------------------------------ lucidrains ViT
+class LucidFeedForward(nn.Module):
+    def __init__(self, dim, hidden_dim):
+        super().__init__()
+        self.net = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, hidden_dim), nn.GELU(), nn.Dropout(0.0),
+                                 nn.Linear(hidden_dim, dim), nn.Dropout(0.0))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class LucidAttention(nn.Module):
+    def __init__(self, dim, heads=8, dim_head=64):
+        super().__init__()
+        self.heads = heads
+        self.norm = nn.LayerNorm(dim)
+        self.attend = nn.Softmax(dim=-1)
+        self.to_qkv = nn.Linear(dim, heads * dim_head * 3, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(0.0))
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in self.to_qkv(self.norm(x)).chunk(3, dim=-1))
+        return self.to_out(self.attend(q @ k.transpose(-1, -2)).matmul(v).transpose(1, 2).reshape(b, n, -1))
+
+
+class LucidTransformer(nn.Module):
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.layers = nn.ModuleList([])
+        for _ in range(depth):
+            self.layers.append(nn.ModuleList([LucidAttention(dim, heads, dim_head), LucidFeedForward(dim, mlp_dim)]))
+
+    def forward(self, x):
+        for attn, ff in self.layers:
+            x = attn(x) + x
+            x = ff(x) + x
+        return self.norm(x)
+
+
+class LucidViT(nn.Module):
+    def __init__(self, dim=256, depth=6, heads=8, dim_head=32, mlp_dim=512, patch_dim=768, num_patches=64,
+                 num_classes=1000):
+        super().__init__()
+        self.to_patch_embedding = nn.Sequential(nn.LayerNorm(patch_dim), nn.Linear(patch_dim, dim), nn.LayerNorm(dim))
+        self.pos_embedding = nn.Parameter(torch.randn(1, num_patches + 1, dim))
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim))
+        self.transformer = LucidTransformer(dim, depth, heads, dim_head, mlp_dim)
+        self.mlp_head = nn.Linear(dim, num_classes)
+
+    def forward(self, patches):
+        x = self.to_patch_embedding(patches)
+        x = torch.cat([self.cls_token.expand(x.size(0), -1, -1), x], dim=1) + self.pos_embedding
+        return self.mlp_head(self.transformer(x)[:, 0])

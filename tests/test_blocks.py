@@ -83,6 +83,8 @@ LAYOUTS = {
     "torchvision-resnet50": (lambda: block_zoo.ResNet(), ["Bottleneck"]),
     # stages of their own width and depth are stacks of blocks
     "timm-convnext": (lambda: block_zoo.ConvNeXt(), ["ConvNeXtBlock"]),
+    # lucidrains pairs, ModuleList([Attention, FeedForward]) in a ModuleList: both classes
+    "vit-pytorch-pairs": (lambda: block_zoo.LucidViT(), ["LucidFeedForward", "LucidAttention"]),
     # two towers, two block classes; the heavier stack first
     "vision-language": (lambda: _fixture("vlm_text_layers_only.py").VisionLanguageModel(),
                         ["VisionBlock", "DecoderLayer"]),
