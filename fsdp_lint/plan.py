@@ -449,14 +449,12 @@ def _post_order(tree: ModuleTree, fqns: List[str]) -> List[str]:
 
 def _default_plan(plan: WrapPlan, tree: ModuleTree, options: PlanOptions) -> None:
     """A model file without wrap code: show the recommended per-block plan."""
-    block = tree.repeated_block_class()
+    classes = tree.repeated_blocks()
     plan.origin = "default"
     plan.api = options.api or "fsdp2"
-    blocks = [f for f, info in tree.modules.items() if f and info.cls == block] if block else []
-    # the outermost instances only
-    blocks = [f for f in blocks if not any(tree.is_ancestor(o, f) for o in blocks)]
+    blocks = tree.instances_of(classes) if classes else []   # the outermost instances only
     for seq, f in enumerate(_post_order(tree, blocks)):
-        plan.units.append(Unit(module=f, modules=[f], cls=block, path="<default>", line=0, col=0, seq=seq,
+        plan.units.append(Unit(module=f, modules=[f], cls=tree.modules[f].cls, path="<default>", line=0, col=0, seq=seq,
                                origin="default", shard_size=options.world_size))
     plan.units.append(Unit(module="", modules=[""], cls=tree.modules[""].cls, path="<default>", line=0, col=0,
                            seq=len(plan.units), origin="default", shard_size=options.world_size))
@@ -540,13 +538,14 @@ def _managed_modules_post_order(tree: ModuleTree, roots: List[str], nested_roots
 # --------------------------------------------------------------------------------------------
 # the per-block alternative (what FSD101/FSD102 compare a plan with)
 # --------------------------------------------------------------------------------------------
-def per_block_plan(tree: ModuleTree, plan: WrapPlan, block: Optional[str] = None) -> Optional[WrapPlan]:
+def per_block_plan(tree: ModuleTree, plan: WrapPlan, block=None) -> Optional[WrapPlan]:
     """The per-block plan for `plan`'s model: one unit per outermost instance of the repeated block
-    class (``tree.repeated_block_class()`` unless `block` is given), children first, then the root;
+    classes (``tree.repeated_blocks()`` unless `block`, a class or several, is given), children
+    first, then the root;
     with `plan`'s API, world size and options (sharding strategy, ``use_orig_params``, mixed
     precision and shard size of its root unit, ignored modules and parameters). Feed it to
     ``compute_layout`` to compare peaks and collectives. None when the model has no repeated block."""
-    block = block or tree.repeated_block_class()
+    block = block or tree.repeated_blocks()
     if not block:
         return None
     instances = tree.instances_of(block)
