@@ -60,10 +60,23 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False) -> FileR
         state.update(call.state)
     tree = build_module_tree(result.model, state)
     plan = build_plan(result, tree, PlanOptions(world_size=settings.world_size, api=settings.api,
-                                                wrap=list(settings.wrap), use_orig_params=settings.use_orig_params))
+                                                wrap=list(settings.wrap), use_orig_params=settings.use_orig_params,
+                                                gpus_per_node=settings.gpus_per_node,
+                                                world_size_source=settings.world_size_source))
+    if plan.unsupported and not settings.allow_partial:
+        raise LintError(unsupported_message(path, plan.unsupported))
     layout = compute_layout(plan, tree)
     return FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
                       replay=result if keep_model else None)
+
+
+def unsupported_message(path: str, unsupported) -> str:
+    """One line: what fsdp-lint does not model in this plan (the first element, and how many more)."""
+    first = unsupported[0]
+    where = f"{os.path.basename(first.path)}:{first.line}: " if first.path and first.line else ""
+    more = f" (and {len(unsupported) - 1} more)" if len(unsupported) > 1 else ""
+    return (f"{where}the plan uses what fsdp-lint does not model: {first.detail}{more}; its numbers would be "
+            f"incomplete. Pass --allow-partial to report the rest, with these listed as unsupported")
 
 
 def lint_file(path: str, settings: Settings) -> FileResult:

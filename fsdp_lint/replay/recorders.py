@@ -156,6 +156,7 @@ def _install_recorders(rec: Recorder, patch) -> None:
             kwargs[name] = value
         rec.undo.clear()
         rec.wrap_calls.append(WrapCall("fsdp2", next(rec.seq), mods, kwargs, rec.position(), state=rec.snapshot(mods)))
+        rec.parallel.on_wrap_call(rec.wrap_calls[-1])  # issue 11: its mesh, DTensor params
         return module
 
     class _FSDPMeta(type):
@@ -181,6 +182,7 @@ def _install_recorders(rec: Recorder, patch) -> None:
                     module, policy, kwargs.get("ignored_modules"), kwargs.get("ignored_states"))
             rec.undo.clear()
             rec.wrap_calls.append(call)
+            rec.parallel.on_wrap_call(call)  # issue 11: its process groups / device mesh
             return module
 
     RecordingFSDP.__name__ = "FullyShardedDataParallel"
@@ -218,12 +220,14 @@ def _install_real_wrappers(rec: Recorder, patch) -> None:
 
             kwargs["mesh"] = init_device_mesh(device.type, (rec.world_size,))
         rec.wrap_calls.append(WrapCall("fsdp2", next(rec.seq), mods, dict(kwargs), rec.position(), state=rec.snapshot(mods)))
+        rec.parallel.on_wrap_call(rec.wrap_calls[-1])  # issue 11
         return real_fully_shard(module, *args, **kwargs)
 
     def make_fsdp(module, *args, **kwargs):
         kwargs["device_id"] = device
         call = WrapCall("fsdp1", next(rec.seq), [module], dict(kwargs), rec.position(), state=rec.snapshot([module]))
         rec.wrap_calls.append(call)
+        rec.parallel.on_wrap_call(call)  # issue 11
         return RealFSDP(module, *args, **kwargs)
 
     class _FSDPMeta(type):

@@ -79,6 +79,7 @@ class ReplayResult:
     world_size: int
     mesh_sizes: List[Tuple[int, ...]]
     namespace: Optional[Dict[str, Any]] = None   # the replayed file's globals (--run: example_inputs())
+    parallel: Any = None                      # issue 11: meshes, groups, DTensor params (replay/parallel.py)
 
 
 

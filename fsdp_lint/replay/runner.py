@@ -152,7 +152,8 @@ def _replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget], 
         raise ReplayError(f"{basename}: could not find the model")
     return ReplayResult(model=root, target=how, wrap_calls=rec.wrap_calls, optimizers=rec.optimizers,
                         param_events=rec.param_events, skipped=rec.skipped, world_size=world_size,
-                        mesh_sizes=rec.mesh_sizes, namespace=ns)
+                        mesh_sizes=rec.mesh_sizes, namespace=ns,
+                        parallel=getattr(rec, "parallel", None))  # issue 11
 
 
 class _ReplayTimeout(BaseException):

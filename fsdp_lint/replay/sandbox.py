@@ -15,6 +15,7 @@ from fsdp_lint.replay.recorders import (
     _install_recorders,
     _is_library,
 )
+from fsdp_lint.replay import parallel  # issue 11
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
 
 
@@ -198,6 +199,8 @@ def sandbox(rec: Recorder, directory: str):
     patch(dm_mod, "init_device_mesh", init_device_mesh)
     if hasattr(dist, "init_device_mesh"):
         patch(dist, "init_device_mesh", init_device_mesh)
+    # issue 11: real meshes, process groups and parallelize_module (fsdp_lint/replay/parallel.py)
+    parallel.install(rec, patch, real_init_mesh)
 
     # -- devices: everything lives on meta; real FSDP1 needs real tensors (CPU) ----------------
     target_device = torch.device("meta")
@@ -333,6 +336,7 @@ def sandbox(rec: Recorder, directory: str):
     finally:
         handle.remove()
         param_handle.remove()
+        parallel.uninstall(rec)  # issue 11: the fake process group of the meshes
         if owned_pg:
             real_destroy_pg()
         for obj, name, old in reversed(patches):
