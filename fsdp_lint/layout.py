@@ -307,6 +307,16 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
         backward_all_gather_bytes=bwd_ag_bytes, post_forward_numel=post_forward)
 
 
+def param_local_shape(plan: WrapPlan, unit: Unit, p: ParamLayout, rank: int) -> Tuple[int, ...]:
+    """FSDP2: parameter `p`'s local shape on global rank `rank` (its TP/EP local tensor on that
+    rank, then FSDP's dim-0 chunk at the rank's coordinate in the unit's shard group)."""
+    sharding = plan.param_sharding.get(p.fqn)
+    pre = sharding.local_shape(p.shape, rank) if sharding is not None else p.shape
+    ws = max(1, unit.shard_size)
+    coord = unit.mesh.shard.coordinate(rank) if unit.mesh is not None else rank % ws
+    return fsdp2_local_shape(tuple(pre), coord, ws)
+
+
 def ring_all_reduce_bytes(nbytes: int, group: int) -> int:
     """Bytes one rank sends (and receives) in a ring all-reduce of an `nbytes` tensor over `group`
     ranks: a reduce-scatter and an all-gather, 2 (n - 1) / n x the tensor (rounded down)."""

@@ -337,6 +337,28 @@ def uninstall(rec) -> None:
         with contextlib.suppress(Exception):
             c10d.destroy_process_group()
         state.owns_pg = False
+        clear_dtensor_caches()
+
+
+def clear_dtensor_caches() -> None:
+    """DTensor caches sharding decisions and redistribution plans keyed by meshes that compare by
+    value: after the process group is gone, a later file's equal mesh would reuse groups that no
+    longer exist."""
+    with contextlib.suppress(Exception):
+        import torch
+
+        torch._C._clear_DTensor_sharding_propagator_cache()   # the C++ fast path's cache (torch >= 2.9)
+    with contextlib.suppress(Exception):
+        from torch.distributed.tensor import DTensor
+
+        prop = DTensor._op_dispatcher.sharding_propagator
+        prop.propagate_op_sharding.cache_clear()
+        prop._propagate_tensor_meta_cached.cache_clear()
+    with contextlib.suppress(Exception):
+        from torch.distributed.tensor import _redistribute
+
+        _redistribute.clear_redistribute_planner_cache()
+        _redistribute._gen_transform_infos.cache_clear()
 
 
 def _off_meta(fn):

@@ -1,0 +1,298 @@
+"""Multi-dimensional plans (issue 11) against real torch: TP + FSDP2, HSDP 2-D and 3-D, FSDP1
+HYBRID_SHARD with a device mesh, with a (shard, replicate) process-group pair and with node groups,
+``reshard_after_forward`` as an int.
+
+Every case is one wrap snippet over the Llama-shaped model of ``fixtures/multidim/model.py`` (uneven
+dims: a 203-token vocabulary, 2 KV heads, a 250-wide FFN) with the tensor-parallel plan of
+``fixtures/multidim/parallelize.py``. The snippet is linted in a file laid out like a training repo
+(``model.py`` and ``parallelize.py`` beside it) and run for real by ``tests/oracle_nd.py`` under the
+fake process group, as rank 0, the last rank and a middle rank; compared:
+
+* every parameter's local shape on those ranks, its padded shard and its placements (FSDP2), every
+  FlatParameter's shard size and the element spans the ranks hold (FSDP1);
+* the collectives of one forward + backward recorded from torch (count, group size, bytes per rank)
+  against the units' all-gathers, reduce-scatters and replica all-reduces.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from oracle import fsdp1_units  # noqa: E402
+from oracle_nd import device_count, fsdp2_nd, step_collectives  # noqa: E402
+
+from fsdp_lint.config import Settings  # noqa: E402
+from fsdp_lint.engine import analyse  # noqa: E402
+from fsdp_lint.layout import ring_all_reduce_bytes  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "fixtures" / "multidim"
+
+HEADER = '''\
+import functools
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy, ShardingStrategy, fully_shard
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+from model import ModelArgs, Transformer, TransformerBlock
+from parallelize import apply_tp
+'''
+
+BF16 = "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)"
+
+# name -> (api, mesh shape, mesh dim names, wrap snippet); the snippet sees `model`, `world_mesh`, `device`
+CASES = {
+    "tp-sp": ("fsdp2", (4, 2), ("dp", "tp"), f"""
+apply_tp(model, world_mesh["tp"])
+for block in model.layers.values():
+    fully_shard(block, mesh=world_mesh["dp"], mp_policy={BF16})
+fully_shard(model, mesh=world_mesh["dp"], mp_policy={BF16})
+"""),
+    "tp-plain": ("fsdp2", (4, 2), ("dp", "tp"), """
+apply_tp(model, world_mesh["tp"], sequence_parallel=False)
+for block in model.layers.values():
+    fully_shard(block, mesh=world_mesh["dp"])
+fully_shard(model, mesh=world_mesh["dp"])
+"""),
+    "hsdp-2d": ("fsdp2", (2, 4), ("dp_replicate", "dp_shard"), f"""
+for block in model.layers.values():
+    fully_shard(block, mesh=world_mesh, mp_policy={BF16})
+fully_shard(model, mesh=world_mesh, mp_policy={BF16})
+"""),
+    "hsdp-tp-3d": ("fsdp2", (2, 2, 2), ("dp_replicate", "dp_shard", "tp"), """
+apply_tp(model, world_mesh["tp"])
+dp_mesh = world_mesh["dp_replicate", "dp_shard"]
+for block in model.layers.values():
+    fully_shard(block, mesh=dp_mesh)
+fully_shard(model, mesh=dp_mesh)
+"""),
+    "reshard-int": ("fsdp2", (8,), ("dp",), """
+for block in model.layers.values():
+    fully_shard(block, mesh=world_mesh, reshard_after_forward=2)
+fully_shard(model, mesh=world_mesh, reshard_after_forward=4)
+"""),
+    "hsdp-reshard-int": ("fsdp2", (2, 4), ("dp_replicate", "dp_shard"), f"""
+for block in model.layers.values():
+    fully_shard(block, mesh=world_mesh, reshard_after_forward=2, mp_policy={BF16})
+fully_shard(model, mesh=world_mesh, mp_policy={BF16})
+"""),
+    "fsdp1-hybrid-mesh": ("fsdp1", (2, 4), ("replicate", "shard"), """
+model = FSDP(model, device_mesh=world_mesh, sharding_strategy=ShardingStrategy.HYBRID_SHARD,
+             auto_wrap_policy=ModuleWrapPolicy({TransformerBlock}), use_orig_params=True, device_id=device)
+"""),
+    "fsdp1-hybrid-zero2-flat": ("fsdp1", (2, 4), ("replicate", "shard"), """
+model = FSDP(model, device_mesh=world_mesh, sharding_strategy=ShardingStrategy._HYBRID_SHARD_ZERO2,
+             auto_wrap_policy=ModuleWrapPolicy({TransformerBlock}), device_id=device,
+             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16))
+"""),
+    "fsdp1-hybrid-groups": ("fsdp1", None, None, """
+# a (shard, replicate) pair: shard inside a node of 4, replicate across the 2 nodes
+rank, node = dist.get_rank(), 4
+shard_groups = [dist.new_group(list(range(n * node, (n + 1) * node))) for n in range(dist.get_world_size() // node)]
+replicate_groups = [dist.new_group(list(range(i, dist.get_world_size(), node))) for i in range(node)]
+model = FSDP(model, process_group=(shard_groups[rank // node], replicate_groups[rank % node]),
+             sharding_strategy=ShardingStrategy.HYBRID_SHARD, use_orig_params=True,
+             auto_wrap_policy=ModuleWrapPolicy({TransformerBlock}), device_id=device)
+"""),
+    "fsdp1-hybrid-nodes": ("fsdp1", None, None, """
+model = FSDP(model, sharding_strategy=ShardingStrategy.HYBRID_SHARD, use_orig_params=True,
+             auto_wrap_policy=ModuleWrapPolicy({TransformerBlock}), device_id=device)
+"""),
+}
+WORLD = 8
+NODE = 4            # fsdp1-hybrid-nodes: --gpus-per-node 4 / torch's device_count() 4
+
+
+def _file_text(name: str) -> str:
+    api, shape, names, snippet = CASES[name]
+    mesh = f'world_mesh = init_device_mesh("cuda", {shape!r}, mesh_dim_names={names!r})\n' if shape else ""
+    return (f"{HEADER}\ndist.init_process_group(\"nccl\")\ndevice = torch.device(\"cuda\", int(os.environ['LOCAL_RANK']))\n"
+            f"{mesh}model = Transformer(ModelArgs())\n{snippet}")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """A training repository: the case files beside the model and the parallelize helpers."""
+    root = tmp_path_factory.mktemp("multidim_repo")
+    for helper in ("model.py", "parallelize.py"):
+        shutil.copy(FIXTURES / helper, root / helper)
+    for name in CASES:
+        (root / f"train_{name.replace('-', '_')}.py").write_text(_file_text(name))
+    return root
+
+
+@functools.lru_cache(maxsize=None)
+def _lint(root: str, name: str):
+    settings = Settings(world_size=WORLD, gpus_per_node=NODE)
+    res = analyse(os.path.join(root, f"train_{name.replace('-', '_')}.py"), settings)
+    assert res.skipped is None and not res.plan.unsupported, (res.skipped, res.plan.unsupported)
+    return res
+
+
+def _namespace() -> dict:
+    sys.path.insert(0, str(FIXTURES))
+    try:
+        ns: dict = {"__name__": "multidim_case"}
+        exec(compile(HEADER, "<header>", "exec"), ns)
+    finally:
+        sys.path.remove(str(FIXTURES))
+    return ns
+
+
+_oracle_cache: dict = {}
+
+
+def _wrap_fn(name: str):
+    import torch
+
+    snippet = CASES[name][3]
+
+    def wrap(model, mesh):
+        g = dict(_namespace(), model=model, world_mesh=mesh, device=torch.device("cpu"))
+        exec(compile(snippet, f"<{name}>", "exec"), g)
+        return g["model"]
+    return wrap
+
+
+def _model_fn():
+    ns = _namespace()
+    return lambda: ns["Transformer"](ns["ModelArgs"]())
+
+
+def torch_fsdp2(name: str, rank: int):
+    key = ("fsdp2", name, rank)
+    if key not in _oracle_cache:
+        _, shape, names, _ = CASES[name]
+        _oracle_cache[key] = fsdp2_nd(_model_fn(), _wrap_fn(name), world_size=WORLD, rank=rank, mesh_shape=shape,
+                                      mesh_dim_names=names)
+    return _oracle_cache[key]
+
+
+def torch_fsdp1(name: str, rank: int):
+    key = ("fsdp1", name, rank)
+    if key not in _oracle_cache:
+        _, shape, names, _ = CASES[name]
+        wrap = _wrap_fn(name)
+
+        def apply(model, FSDP):
+            from oracle_nd import _mesh
+
+            return wrap(model, _mesh(shape, names) if shape else None)
+
+        with device_count(NODE):
+            _oracle_cache[key] = fsdp1_units(_model_fn(), world_size=WORLD, rank=rank, apply=apply)
+    return _oracle_cache[key]
+
+
+def torch_collectives(name: str):
+    import torch
+
+    key = ("step", name)
+    if key not in _oracle_cache:
+        api, shape, names, _ = CASES[name]
+        with device_count(NODE):
+            _oracle_cache[key] = step_collectives(_model_fn(), _wrap_fn(name), lambda: torch.randint(0, 203, (2, 8)),
+                                                  world_size=WORLD, rank=0, mesh_shape=shape, mesh_dim_names=names)
+    return _oracle_cache[key]
+
+
+RANKS = (0, 3, WORLD - 1)      # first, a middle one ((1, 1) on a 4x2 mesh), last
+FSDP2_CASES = [n for n, c in CASES.items() if c[0] == "fsdp2"]
+FSDP1_CASES = [n for n, c in CASES.items() if c[0] == "fsdp1"]
+
+
+def _local_shape_at(res, ul, p, rank):
+    from fsdp_lint.layout import param_local_shape
+
+    return list(param_local_shape(res.plan, ul.unit, p, rank))
+
+
+@pytest.mark.parametrize("name", FSDP2_CASES)
+def test_fsdp2_local_shapes_placements_and_padding(repo, name):
+    res = _lint(str(repo), name)
+    for rank in RANKS:
+        want = torch_fsdp2(name, rank)
+        assert [u.unit.modules for u in res.layout.units] == [g["modules"] for g in want]
+        for ul, g in zip(res.layout.units, want):
+            assert [p.fqn for p in ul.params] == [t["fqn"] for t in g["params"]], ul.unit.module
+            for p, t in zip(ul.params, g["params"]):
+                assert list(p.shape) == t["shape"]
+                assert _local_shape_at(res, ul, p, rank) == t["local_shape"], (p.fqn, rank)
+                assert p.placements == t["placements"], p.fqn
+                assert p.mesh_dims == t["mesh_dims"], p.fqn
+                if rank == 0:
+                    assert list(p.local_shape_first) == t["local_shape"], p.fqn
+                    assert p.padded_numel == math.prod(t["padded_local_shape"]) * ul.world_size, p.fqn
+                if rank == WORLD - 1:
+                    assert list(p.local_shape_last) == t["local_shape"], p.fqn
+            if rank == 0:
+                assert ul.shard_numel == sum(math.prod(t["padded_local_shape"]) for t in g["params"])
+
+
+@pytest.mark.parametrize("name", FSDP1_CASES)
+def test_fsdp1_hybrid_shards_and_spans(repo, name):
+    res = _lint(str(repo), name)
+    units = [u for u in res.layout.units if u.unit.params]
+    for rank in RANKS:
+        want = torch_fsdp1(name, rank)
+        assert [u.unit.module for u in units] == [o["module"] for o in want]
+        for ul, o in zip(units, want):
+            assert ul.unit.params == o["params"]
+            assert (ul.padded_numel, ul.shard_numel) == (o["padded_numel"], o["shard_numel"]), ul.unit.module
+            shard_rank = ul.unit.mesh.shard.coordinate(rank)
+            assert [[s.fqn, s.start, s.end] for s in ul.rank_spans(shard_rank)] == o["spans"], (ul.unit.module, rank)
+            assert ul.world_size == 4 and ul.replicate_size == 2
+
+
+def _torch_counter(log):
+    """torch's collectives as (kind, group size, bytes one rank sends): all-gather (n-1) x its input,
+    reduce-scatter (n-1) x its output, all-reduce 2 (n-1)/n x the tensor (ring)."""
+    out = collections.Counter()
+    for kind, size, nbytes, source in log:
+        if source != "c10d":
+            continue
+        per_rank = ring_all_reduce_bytes(nbytes, size) if kind == "all_reduce" else (size - 1) * nbytes
+        out[(kind, size, per_rank)] += 1
+    return out
+
+
+def _layout_counter(layout):
+    out = collections.Counter()
+    for ul in layout.units:
+        unit = ul.unit
+        raf = unit.reshard_after_forward
+        if ul.all_gathers_per_step:
+            out[("all_gather", ul.world_size, ul.all_gather_bytes)] += 1
+        if ul.all_gathers_per_step == 2:
+            if ul.backward_all_gather_bytes is not None:
+                out[("all_gather", raf, ul.backward_all_gather_bytes)] += 1
+            else:
+                out[("all_gather", ul.world_size, ul.all_gather_bytes)] += 1
+        if ul.reduce_scatters_per_step:
+            out[("reduce_scatter", ul.world_size, ul.reduce_scatter_bytes)] += ul.reduce_scatters_per_step
+        if ul.all_reduces_per_step:
+            out[("all_reduce", ul.replicate_size, ul.all_reduce_bytes)] += ul.all_reduces_per_step
+    return out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fsdp_collectives_of_one_step_match_torch(repo, name):
+    res = _lint(str(repo), name)
+    assert _layout_counter(res.layout) == _torch_counter(torch_collectives(name))
+    lay = res.layout
+    assert lay.step_bytes == sum(u.all_gather_bytes_per_step + u.reduce_scatter_bytes_per_step
+                                 + u.all_reduce_bytes_per_step for u in lay.units)
