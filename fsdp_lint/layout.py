@@ -134,6 +134,7 @@ class Layout:
     world_size: int
     units: List[UnitLayout]
     memory: Memory
+    tp_collectives: List = field(default_factory=list)   # tensor parallelism's (tp_comms.TPCollective)
 
     @property
     def all_gathers_per_step(self) -> int:
@@ -412,8 +413,11 @@ def _memory(plan: WrapPlan, tree: ModuleTree, units: List[UnitLayout]) -> Memory
 
 
 def compute_layout(plan: WrapPlan, tree: ModuleTree) -> Layout:
+    from fsdp_lint.tp_comms import tp_collectives
+
     units = [_unit_layout(u, plan, tree) for u in plan.units]
-    return Layout(api=plan.api, world_size=plan.world_size, units=units, memory=_memory(plan, tree, units))
+    return Layout(api=plan.api, world_size=plan.world_size, units=units, memory=_memory(plan, tree, units),
+                  tp_collectives=tp_collectives(plan.tp_styles))
 
 
 def fsdp1_flatten_error(params, use_orig_params: bool) -> Optional[str]:

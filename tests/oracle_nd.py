@@ -12,10 +12,11 @@ back what torch built:
     prints them) and ``mesh_dims`` (the sharded DTensor's mesh dim names).
 ``step_collectives(model_fn, wrap, input_fn, *, world_size, rank, mesh_shape, mesh_dim_names)``
     one real forward + backward on CPU; every collective torch issued, in order, as
-    ``(kind, group_size, tensor_bytes, source)``: ``kind`` all_gather / reduce_scatter / all_reduce /
-    all_to_all, ``tensor_bytes`` the bytes of the *sharded* side (all-gather input, reduce-scatter
-    output, all-reduce tensor), ``source`` ``"c10d"`` (FSDP's process-group calls) or
-    ``"functional"`` (DTensor's collectives: tensor parallelism).
+    ``(kind, group_size, tensor_bytes, source, full_numel)``: ``kind`` all_gather / reduce_scatter /
+    all_reduce / all_to_all, ``tensor_bytes`` the bytes of the *sharded* side (all-gather input,
+    reduce-scatter output, all-reduce tensor), ``source`` ``"c10d"`` (FSDP's process-group calls) or
+    ``"functional"`` (DTensor's collectives: tensor parallelism), ``full_numel`` (functional only) the
+    elements of the unsharded tensor.
 
 ``wrap(model, world_mesh)`` runs the wrap code (the same statements the linted file runs).
 """
@@ -103,11 +104,11 @@ def _nbytes(t) -> int:
 
 
 class _Collectives(TorchDispatchMode):
-    """Every c10d / functional collective issued while active: (kind, group size, bytes, source)."""
+    """Every c10d / functional collective issued while active: (kind, group size, bytes, source, numel)."""
 
     def __init__(self):
         super().__init__()
-        self.log: List[Tuple[str, int, int, str]] = []
+        self.log: List[Tuple[str, int, int, str, int]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -145,18 +146,20 @@ class _Collectives(TorchDispatchMode):
             tensor = _nbytes(args[0])              # the local input (gather) / full input (scatter, reduce)
             if kind == "reduce_scatter":
                 tensor //= size
-            return kind, size, tensor, "functional"
+            # elements of the unsharded tensor (gathered output, scattered input, reduced tensor)
+            full = args[0].numel() * (size if kind == "all_gather" else 1)
+            return kind, size, tensor, "functional", full
         if kind == "all_gather":
             tensor = _nbytes(args[1])              # (output, input, ...) or (outputs, inputs, ...)
         elif kind == "reduce_scatter":
             tensor = _nbytes(args[0])
         else:
             tensor = _nbytes(args[0])
-        return kind, size, tensor, "c10d"
+        return kind, size, tensor, "c10d", 0
 
 
 def step_collectives(model_fn, wrap, input_fn, *, world_size: int, rank: int, mesh_shape, mesh_dim_names,
-                     fsdp1: bool = False) -> List[Tuple[str, int, int, str]]:
+                     fsdp1: bool = False) -> List[Tuple[str, int, int, str, int]]:
     """One forward + backward of a CPU model (seeded) after `wrap`; the collectives, in order."""
     with fake_pg(world_size, rank), warnings.catch_warnings():
         warnings.simplefilter("ignore")

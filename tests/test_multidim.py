@@ -262,7 +262,7 @@ def _torch_counter(log):
     """torch's collectives as (kind, group size, bytes one rank sends): all-gather (n-1) x its input,
     reduce-scatter (n-1) x its output, all-reduce 2 (n-1)/n x the tensor (ring)."""
     out = collections.Counter()
-    for kind, size, nbytes, source in log:
+    for kind, size, nbytes, source, _ in log:
         if source != "c10d":
             continue
         per_rank = ring_all_reduce_bytes(nbytes, size) if kind == "all_reduce" else (size - 1) * nbytes
@@ -296,3 +296,20 @@ def test_fsdp_collectives_of_one_step_match_torch(repo, name):
     lay = res.layout
     assert lay.step_bytes == sum(u.all_gather_bytes_per_step + u.reduce_scatter_bytes_per_step
                                  + u.all_reduce_bytes_per_step for u in lay.units)
+
+
+TOKENS = 2 * 8      # the inputs of torch_collectives: batch 2 x sequence 8
+
+
+@pytest.mark.parametrize("name", ["tp-sp", "tp-plain", "hsdp-tp-3d"])
+def test_tp_collectives_of_one_step_match_torch(repo, name):
+    """Every DTensor collective of a forward + backward (tensor parallelism): kind, group size and the
+    elements moved (activations: elements per token x tokens; SequenceParallel weights: their numel)."""
+    res = _lint(str(repo), name)
+    ours = collections.Counter(
+        (c.kind, c.group_size, c.numel if c.numel is not None else c.elements_per_token * TOKENS)
+        for c in res.layout.tp_collectives)
+    theirs = collections.Counter((kind, size, full) for kind, size, _, source, full in torch_collectives(name)
+                                 if source == "functional")
+    assert ours == theirs
+    assert {c.mesh_dim for c in res.layout.tp_collectives} == {"tp"}
