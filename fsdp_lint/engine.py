@@ -52,7 +52,8 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False) -> FileR
 
     try:
         target = ModelTarget.parse(settings.model) if settings.model else None
-        result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout)
+        result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout,
+                        gpus_per_node=settings.gpus_per_node)
     except ReplayError as exc:
         raise LintError(str(exc)) from None
     state = {}

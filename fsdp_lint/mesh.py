@@ -44,6 +44,19 @@ class MeshDim:
     def label(self) -> str:
         return f"{self.name} {self.size}" if self.name else str(self.size)
 
+    def group_ranks(self) -> List[int]:
+        """The global ranks of rank 0's group along this dimension, by coordinate."""
+        if not self.radix:
+            return list(range(self.size))
+        out = []
+        for c in range(self.size):
+            rank, rest = 0, c
+            for size, stride in reversed(self.radix):
+                rank += (rest % size) * stride
+                rest //= size
+            out.append(rank)
+        return out
+
 
 @dataclass
 class MeshInfo:

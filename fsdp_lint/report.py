@@ -71,7 +71,23 @@ def summary_line(res) -> str:
         + (f" + {ars} all-reduces" if ars else "") + " per step",
         f"~{human_bytes(layout.memory.per_rank_bytes)}/rank",
     ]
+    tp = tp_summary(layout)
+    if tp:
+        parts.insert(5, tp)
     return " · ".join(parts)
+
+
+def tp_summary(layout) -> str:
+    """``TP (tp 2): 10 all-gathers + 10 reduce-scatters + 5 all-reduces per step``."""
+    from fsdp_lint.tp_comms import summary
+
+    by_dim = summary(getattr(layout, "tp_collectives", []))
+    out = []
+    for dim, kinds in by_dim.items():
+        size = next(c.group_size for c in layout.tp_collectives if c.mesh_dim == dim)
+        text = " + ".join(f"{n} {k.replace('_', '-')}s" for k, n in sorted(kinds.items()))
+        out.append(f"TP ({dim} {size}): {text} per step")
+    return "; ".join(out)
 
 
 def world_label(plan) -> str:
@@ -440,6 +456,7 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
             "reduce_scatters_per_step": lay.reduce_scatters_per_step,
             "all_reduces_per_step": lay.all_reduces_per_step,
             "step_bytes": lay.step_bytes,
+            "tp_collectives": [_tp_json(c) for c in lay.tp_collectives],
             "mesh": _mesh_json(plan.mesh),
             "world_size_source": plan.world_size_source,
             "unsupported": [item.to_json(display_path) for item in plan.unsupported],
@@ -455,6 +472,12 @@ def _mesh_json(mesh) -> Optional[dict]:
         return None
     return {"shape": list(mesh.shape), "dim_names": list(mesh.names), "size": mesh.size,
             "path": display_path(mesh.path) if mesh.path else None, "line": mesh.line or None}
+
+
+def _tp_json(c) -> dict:
+    return {"module": c.module, "style": c.style, "kind": c.kind, "phase": c.phase, "mesh_dim": c.mesh_dim,
+            "group_size": c.group_size, "what": c.what, "elements_per_token": c.elements_per_token,
+            "numel": c.numel, "path": display_path(c.path) if c.path else None, "line": c.line or None}
 
 
 def _unit_mesh_json(unit) -> Optional[dict]:

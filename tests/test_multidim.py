@@ -313,3 +313,137 @@ def test_tp_collectives_of_one_step_match_torch(repo, name):
                                  if source == "functional")
     assert ours == theirs
     assert {c.mesh_dim for c in res.layout.tp_collectives} == {"tp"}
+
+
+# ----------------------------------------------------------------------------- the fixtures, as a user runs them
+def _json(cli, *args, **kwargs):
+    import json
+
+    res = cli(*args, "--format", "json", **kwargs)
+    return res, json.loads(res.out)
+
+
+def test_tp_entry_point_reports_the_mesh_it_builds_and_tp_shapes(cli, repo):
+    """train_tp.py derives its (dp_shard, tp) mesh from WORLD_SIZE: the header, the JSON and the
+    shapes follow the mesh; the shards are those torch builds for the same plan (case tp-sp)."""
+    res, doc = _json(cli, "fixtures/multidim/train_tp.py", "--world-size", "8")
+    assert res.code == 0, res.err
+    plan = doc["files"][0]["plan"]
+    assert plan["mesh"]["shape"] == [4, 2] and plan["mesh"]["dim_names"] == ["dp_shard", "tp"]
+    assert plan["world_size"] == 8 and plan["world_size_source"] == "mesh" and plan["mesh"]["line"] == 26
+    assert plan["unsupported"] == []
+    want = torch_fsdp2("tp-sp", 0)      # the same TP plan and FSDP wrap, mesh dims named (dp, tp)
+    for unit, g in zip(plan["units"], want):
+        assert unit["shard_numel"] == sum(math.prod(t["padded_local_shape"]) for t in g["params"])
+        assert [p["local_shape"] for p in unit["params"]] == [t["local_shape"] for t in g["params"]]
+        assert [p["placements"] for p in unit["params"]] == [t["placements"] for t in g["params"]]
+        assert unit["all_gather_bytes_per_step"] == unit["all_gather_bytes"] * unit["all_gathers_per_step"]
+    assert {c["mesh_dim"] for c in plan["tp_collectives"]} == {"tp"}
+    text = cli("fixtures/multidim/train_tp.py", "--world-size", "16").out
+    assert "mesh (dp_shard 8, tp 2) at train_tp.py:26" in text.splitlines()[0]
+    assert "TP (tp 2):" in text.splitlines()[0]
+
+
+def test_fsdp1_hybrid_entry_point_shards_inside_a_node(cli):
+    """--world-size 16 with 8 GPUs per node: the file's (replicate, shard) mesh is (2, 8); every
+    FlatParameter is sharded over 8 ranks and all-reduced over 2, as torch does (ranks 0 and 15)."""
+    import torch
+
+    res, doc = _json(cli, "fixtures/multidim/train_fsdp1_hybrid.py", "--world-size", "16")
+    assert res.code == 0, res.err
+    plan = doc["files"][0]["plan"]
+    assert plan["mesh"]["shape"] == [2, 8] and plan["sharding_strategy"] == "HYBRID_SHARD"
+    units = [u for u in plan["units"] if u["numel"]]
+    assert {(u["shard_group_size"], u["replicate_group_size"], u["all_reduces_per_step"]) for u in units} == {(8, 2, 1)}
+    ns = _namespace()
+    from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+    def apply(model, FSDP):
+        from oracle_nd import _mesh
+
+        policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={ns["TransformerBlock"]})
+        return FSDP(model, device_mesh=_mesh((2, 8), ("replicate", "shard")), auto_wrap_policy=policy,
+                    sharding_strategy=ShardingStrategy.HYBRID_SHARD, use_orig_params=True,
+                    mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+                    device_id=torch.device("cpu"))
+
+    for rank in (0, 15):
+        want = fsdp1_units(lambda: ns["Transformer"](ns["ModelArgs"](n_layers=4)), world_size=16, rank=rank,
+                           apply=apply)
+        assert [u["module"] for u in units] == [o["module"] for o in want]
+        assert [(u["padded_numel"], u["shard_numel"]) for u in units] == \
+            [(o["padded_numel"], o["shard_numel"]) for o in want]
+
+
+def test_literal_mesh_launched_on_more_ranks_is_a_finding(cli):
+    """A mesh of 8 written in the file, linted for 128 ranks: the plan is the mesh's (8 ranks, said
+    in the header and the JSON), and FSD703 says what torch does on the other ranks."""
+    res, doc = _json(cli, "fixtures/multidim/train_fixed_mesh.py", "--world-size", "128")
+    assert res.code == 1
+    entry = doc["files"][0]
+    assert entry["plan"]["world_size"] == 8 and entry["plan"]["world_size_source"] == "mesh"
+    assert {u["shard_group_size"] for u in entry["plan"]["units"]} == {8}
+    [finding] = [f for f in entry["findings"] if f["code"] == "FSD703"]
+    assert finding["line"] == 11 and "launched on 128" in finding["message"]
+    assert "IndexError: list index out of range" in finding["message"]
+    # without --world-size the file's mesh is simply the plan
+    res = cli("fixtures/multidim/train_fixed_mesh.py")
+    assert res.code == 0 and "FSD703" not in res.out and "mesh (dp 8) at train_fixed_mesh.py:11" in res.out
+
+
+def test_mesh_messages_are_torchs():
+    """The messages FSD703/FSD704 quote for what torch raises at run time, checked against torch."""
+    import torch
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from fsdp_lint.mesh_plan import MESH_TOO_BIG, MESH_TOO_SMALL
+    from fsdp_lint.replay.parallel import RESHARD_INT_DTENSOR
+    from oracle import fake_pg, raises
+
+    with fake_pg(8, 0):
+        e = raises(lambda: init_device_mesh("cpu", (16,)))
+    assert f"{type(e).__name__}: {e}" == MESH_TOO_BIG.format(world=8, mesh=16)
+    with fake_pg(16, 12):
+        mesh = init_device_mesh("cpu", (8,))
+        with torch.device("meta"):
+            lin = nn.Linear(4, 4)
+        e = raises(lambda: fully_shard(lin, mesh=mesh))
+    assert f"{type(e).__name__}: {e}" == MESH_TOO_SMALL
+    # reshard_after_forward=2 over TP parameters: the first forward raises
+    log_case = "tp-plain"
+    snippet = CASES[log_case][3].replace("fully_shard(block, mesh=world_mesh[\"dp\"])",
+                                         "fully_shard(block, mesh=world_mesh[\"dp\"], reshard_after_forward=2)")
+    assert snippet != CASES[log_case][3]
+
+    def wrap(model, mesh):
+        g = dict(_namespace(), model=model, world_mesh=mesh)
+        exec(compile(snippet, "<raf>", "exec"), g)
+        return model
+
+    e = raises(lambda: step_collectives(_model_fn(), wrap, lambda: torch.randint(0, 203, (2, 8)), world_size=8,
+                                        rank=0, mesh_shape=(4, 2), mesh_dim_names=("dp", "tp")))
+    assert f"{type(e).__name__}: {e}" == RESHARD_INT_DTENSOR
+
+
+def test_what_is_not_modelled_is_said_and_exits_2_unless_allow_partial(cli, tmp_path):
+    """A process group of an irregular rank set: exit 2 naming it; --allow-partial reports the plan
+    with the element listed (text and JSON, with its line)."""
+    shutil.copy(FIXTURES / "model.py", tmp_path / "model.py")
+    (tmp_path / "train.py").write_text(
+        "import torch\nimport torch.distributed as dist\n"
+        "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n"
+        "from model import ModelArgs, Transformer\n\n"
+        "dist.init_process_group('nccl')\n"
+        "group = dist.new_group([0, 1, 5, 7])\n"
+        "model = FSDP(Transformer(ModelArgs()), process_group=group, device_id=torch.cuda.current_device())\n")
+    res = cli("train.py", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "train.py:7:" in res.err and "[0, 1, 5, 7]" in res.err and "--allow-partial" in res.err
+    res = cli("train.py", "--allow-partial", cwd=str(tmp_path))
+    assert res.code in (0, 1) and "train.py:7: not modelled (process_group)" in res.out
+    res, doc = _json(cli, "train.py", "--allow-partial", cwd=str(tmp_path))
+    [item] = doc["files"][0]["plan"]["unsupported"]
+    assert item["line"] == 7 and item["what"] == "process_group"

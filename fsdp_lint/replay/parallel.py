@@ -13,6 +13,7 @@ before the fake process group is destroyed at the end of the replay.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_lint.mesh import (
@@ -48,12 +49,14 @@ class ParallelState:
         self.root_info: Dict[int, MeshInfo] = {}        # root index -> the root mesh, where it was built
         self._keep: List[Any] = []                      # root meshes (so that their ids stay unique)
         self.groups: Dict[int, List[int]] = {}          # id(process group) -> ranks (group-rank order)
+        self.group_pos: Dict[int, Tuple[str, int]] = {}  # id(process group) -> where it was created
         self.wrap_meshes: Dict[int, Optional[UnitMesh]] = {}   # wrap call seq -> its data-parallel groups
         self.param_sharding: Dict[int, ParamSharding] = {}     # id(DTensor parameter) -> placements
         self.tp_styles: List[Tuple[int, TPStyle]] = []         # (id(module), the style applied to it)
         self.problems: List[MeshProblem] = []
         self.unsupported: List[Unsupported] = []
         self._checked: Dict[Tuple[int, int], Optional[str]] = {}
+        self._claimed: set = set()                      # ids of params an earlier fully_shard manages
 
     # -- meshes ---------------------------------------------------------------------------
     def root_index(self, mesh) -> int:
@@ -107,9 +110,11 @@ class ParallelState:
             return None
         radix = radix_of(ranks)
         if radix is None:
+            where = self.group_pos.get(id(pg)) or self._where()
             self.unsupported.append(Unsupported(
-                "process_group", *self._where(),
-                f"a process group of ranks {ranks}: a rank layout fsdp-lint does not model"))
+                "process_group", *where,
+                f"a process group of ranks {ranks} used by the wrap at line {self._where()[1]}: a rank "
+                f"layout fsdp-lint does not model"))
             radix = ((len(ranks), 1),)
         return MeshDim(name, len(ranks), radix)
 
@@ -162,7 +167,8 @@ class ParallelState:
         dtensors = False
         for m in call.modules:
             for name, p in m.named_parameters():
-                if not _is_dtensor(p):
+                # the parameters this call manages: not those of a nested, earlier fully_shard
+                if not _is_dtensor(p) or id(p) in self._claimed:
                     continue
                 dtensors = True
                 self.capture_param(p, pos)
@@ -171,6 +177,8 @@ class ParallelState:
         if dtensors and isinstance(raf, int) and not isinstance(raf, bool) and 1 < raf < shard_size:
             self.problems.append(MeshProblem("reshard-int-dtensor", pos.path, pos.line, pos.col,
                                              RESHARD_INT_DTENSOR))
+        for m in call.modules:
+            self._claimed.update(id(p) for p in m.parameters())
 
     def _check_meshes(self, dp_mesh, param, pos, module, name) -> None:
         """What torch says when FSDP2 combines its mesh with a DTensor parameter's (``FSDPParam``'s
@@ -183,8 +191,8 @@ class ParallelState:
         if message and not any(p.kind == "tp-mesh" and p.line == pos.line and p.path == pos.path and
                                p.message == message for p in self.problems):
             self.problems.append(MeshProblem("tp-mesh", pos.path, pos.line, pos.col, message,
-                                             detail=f"{name} is a DTensor on mesh {self.describe_mesh(tp_mesh).label()}"
-                                                    f" {tuple(str(p) for p in param.placements)}"))
+                                             detail=f"{name} is a DTensor on mesh {self.describe_mesh(tp_mesh).label()},"
+                                                    f" {', '.join(repr(p) for p in param.placements)}"))
 
     def capture_param(self, p, pos, style: Optional[str] = None) -> None:
         if id(p) in self.param_sharding:
@@ -277,6 +285,12 @@ def install(rec, patch, real_init_mesh) -> None:
 
     state = ParallelState(rec)
     rec.parallel = state
+    gpn = getattr(rec, "gpus_per_node", None)
+    if gpn and not rec.real:
+        # the launch's nodes: torchrun's LOCAL_WORLD_SIZE and the GPUs a rank sees
+        local = min(gpn, rec.world_size)
+        os.environ["LOCAL_WORLD_SIZE"] = str(local)
+        patch(torch.cuda, "device_count", lambda: local)
     sandbox_init_mesh = dm_mod.init_device_mesh
 
     def ensure_pg(size: int) -> bool:
@@ -384,6 +398,7 @@ def _install_groups(state: ParallelState, patch, ensure_pg, dist, c10d) -> None:
             return None
         if ranks is not None:
             state.groups[id(pg)] = sorted(int(r) for r in ranks)
+            state.group_pos[id(pg)] = state._where()
         return pg
 
     def new_subgroups(group_size=None, group=None, *args, **kwargs):

@@ -40,10 +40,11 @@ from fsdp_lint.source import SourceFacts
 # the replay
 # --------------------------------------------------------------------------------------------
 def replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget] = None, real: bool = False,
-           timeout: Optional[float] = None, device=None) -> ReplayResult:
+           timeout: Optional[float] = None, device=None, gpus_per_node: Optional[int] = None) -> ReplayResult:
     missing: List[str] = []
     try:
-        return _replay(facts, world_size, target, real, timeout, device, missing)
+        return _replay(facts, world_size, target, real, timeout, device, missing,
+                       gpus_per_node=gpus_per_node)  # issue 11: the simulated node size
     except ReplayError as exc:
         if not missing:
             raise
@@ -54,12 +55,13 @@ def replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget] = 
 
 
 def _replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget], real: bool,
-            timeout: Optional[float], device, missing: List[str]) -> ReplayResult:
+            timeout: Optional[float], device, missing: List[str], gpus_per_node: Optional[int] = None) -> ReplayResult:
     import torch.nn as nn
 
     path = os.path.abspath(facts.path)
     rec = Recorder(path, world_size, real=real)
     rec.device = device
+    rec.gpus_per_node = gpus_per_node  # issue 11: LOCAL_WORLD_SIZE / device_count() (replay/parallel.py)
     rec.api = facts.api
     code, spans = compile_replay(facts)
     rec.terminal_spans = spans
