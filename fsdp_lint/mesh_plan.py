@@ -51,6 +51,19 @@ def attach_parallel(plan, result, tree, options, fqn_of: Dict[int, str], param_f
         style.param_numels = [(f"{fqn}.{n}" if fqn else n, numel, dtype) for n, numel, dtype in style.param_numels]
         plan.tp_styles.append(style)
     plan.mesh_problems.extend(par.problems)
+    for style in plan.tp_styles:
+        if not style.known:
+            par.unsupported.append(Unsupported(
+                "tp-style", style.path, style.line,
+                f"{style.style} (on {style.module or 'the root'}) is a ParallelStyle fsdp-lint does not know: the "
+                f"placements it gives parameters are torch's, but its activation collectives are not counted"))
+    if plan.mesh is not None:
+        for d in plan.mesh.dims:
+            if d.name and d.name.lower() in ("pp", "pipeline", "pipe"):
+                par.unsupported.append(Unsupported(
+                    "mesh", plan.mesh.path or "", plan.mesh.line,
+                    f"pipeline parallelism (mesh dimension {d.name!r}): each stage holds a part of the model, "
+                    f"the plan shows the model this rank builds"))
     seen = set()
     for item in par.unsupported:
         key = (item.what, item.path, item.line, item.detail)

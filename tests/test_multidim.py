@@ -447,3 +447,40 @@ def test_what_is_not_modelled_is_said_and_exits_2_unless_allow_partial(cli, tmp_
     res, doc = _json(cli, "train.py", "--allow-partial", cwd=str(tmp_path))
     [item] = doc["files"][0]["plan"]["unsupported"]
     assert item["line"] == 7 and item["what"] == "process_group"
+
+
+def test_custom_parallel_style_is_said(cli, tmp_path):
+    """A ParallelStyle of the file's own (torchtitan's NoParallel-like): its placements are torch's,
+    its collectives are not counted -- said, exit 2 unless --allow-partial."""
+    for helper in ("model.py", "parallelize.py"):
+        shutil.copy(FIXTURES / helper, tmp_path / helper)
+    (tmp_path / "train.py").write_text(HEADER + '''
+from torch.distributed.tensor import Replicate, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+
+
+class NoParallel(ParallelStyle):
+    """Replicate the module's parameters over the TP mesh (a norm outside sequence parallelism)."""
+
+    def _apply(self, module, device_mesh):
+        def replicate(name, mod, mesh):
+            for pname, p in list(mod.named_parameters(recurse=False)):
+                mod.register_parameter(pname, torch.nn.Parameter(distribute_tensor(p, mesh, [Replicate()])))
+        return distribute_module(module, device_mesh, replicate)
+
+
+world_mesh = init_device_mesh("cuda", (4, 2), mesh_dim_names=("dp", "tp"))
+model = Transformer(ModelArgs())
+apply_tp(model, world_mesh["tp"], sequence_parallel=False)
+parallelize_module(model.norm, world_mesh["tp"], NoParallel())
+for block in model.layers.values():
+    fully_shard(block, mesh=world_mesh["dp"])
+fully_shard(model, mesh=world_mesh["dp"])
+''')
+    res = cli("train.py", cwd=str(tmp_path))
+    assert res.code == 2 and "NoParallel" in res.err and "--allow-partial" in res.err
+    res, doc = _json(cli, "train.py", "--allow-partial", cwd=str(tmp_path))
+    plan = doc["files"][0]["plan"]
+    assert [u["what"] for u in plan["unsupported"]] == ["tp-style"]
+    norm = next(p for u in plan["units"] for p in u["params"] if p["fqn"] == "norm.weight")
+    assert norm["placements"] == ["Shard(dim=0)", "Replicate()"] and norm["local_shape"] == [24]
