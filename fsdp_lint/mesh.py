@@ -65,7 +65,7 @@ class MeshInfo:
     root: int = 0                     # which root mesh it derives from (meshes with different roots do not mix)
     path: Optional[str] = None        # where its root was created
     line: int = 0
-    kind: str = "mesh"                # "mesh" | "process_group" | "default" (no mesh in the file: the world)
+    kind: str = "mesh"                # "mesh" (built by the file) | "stand-in" (fsdp-lint's, for a helper's argument)
 
     @property
     def shape(self) -> Tuple[int, ...]:

@@ -30,7 +30,7 @@ def attach_parallel(plan, result, tree, options, fqn_of: Dict[int, str], param_f
         # the world is the root mesh the wrap calls shard over (the last call's, when there are several)
         last = max((u for u in plan.units if u.mesh is not None and u.mesh.mesh is not None), key=lambda u: u.seq)
         world = par.root_info.get(last.mesh.mesh.root)
-        if world is not None:
+        if world is not None and world.kind == "mesh":
             plan.mesh = world
             _check_world_size(plan, world, options)
             plan.world_size = world.size

@@ -92,7 +92,8 @@ class ParallelState:
                     radix = ((len(line), 1),)
                 dims.append(MeshDim(names[k], len(line), radix))
         root = self.root_index(mesh) if root_index is None else root_index
-        info = MeshInfo(dims, root=root)
+        # a stand-in (fsdp-lint filled a helper's `mesh` argument) is not a mesh the file builds
+        info = MeshInfo(dims, root=root, kind="stand-in" if isinstance(mesh, FakeMesh) else "mesh")
         base = self.root_info.get(root)
         if base is not None:
             info.path, info.line = base.path, base.line
