@@ -246,10 +246,12 @@ def ranks_table(res) -> str:
                 if empty:
                     desc += ("; " if desc else "") + "empty: " + ", ".join(empty)
                 rows.append([shown, rank, _n(held), _n(max(0, ul.shard_numel - held)), desc or "(nothing)"])
+    # HSDP / HYBRID_SHARD / TP: the ranks of one shard group (at TP coordinate 0)
+    rank = "shard rank" if plan.param_sharding or any(ul.replicate_size > 1 for ul in res.layout.units) else "rank"
     if plan.api == "fsdp1":
-        headers = ["unit", "rank", "flat range", "elements", "padding", "holds (element ranges)"]
+        headers = ["unit", rank, "flat range", "elements", "padding", "holds (element ranges)"]
     else:
-        headers = ["unit", "rank", "elements", "padding", "holds (dim-0 rows)"]
+        headers = ["unit", rank, "elements", "padding", "holds (dim-0 rows)"]
     width = [None] * (len(headers) - 1) + [100]
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True, maxcolwidths=width)
 

@@ -71,6 +71,14 @@ for block in model.layers:
     fully_shard(block, mesh=world_mesh)
 fully_shard(model, mesh=world_mesh)
 ''', world_size=8, note="FSDP over the whole (dp, tp) mesh: overlaps the tp dimension"),
+        Example(MODEL + '''
+world_mesh = init_device_mesh("cuda", (4, 2), mesh_dim_names=("dp", "tp"))
+model = Net()
+for block in model.layers:
+    parallelize_module(block, world_mesh["tp"], TP_PLAN)
+    fully_shard(block)
+fully_shard(model)
+''', world_size=8, note="no mesh: fully_shard builds a 1-D world mesh of its own"),
     ]
 
     def check(self, ctx):

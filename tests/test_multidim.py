@@ -80,6 +80,22 @@ for block in model.layers.values():
     fully_shard(block, mesh=dp_mesh)
 fully_shard(model, mesh=dp_mesh)
 """),
+    # expert-parallel style: parameters sharded by distribute_module/distribute_tensor, not a ParallelStyle
+    "ep-distribute": ("fsdp2", (4, 2), ("dp", "ep"), """
+from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+
+
+def shard_experts(name, module, mesh):
+    for pname, param in list(module.named_parameters(recurse=False)):
+        dim = 1 if name.endswith("w2") else 0
+        module.register_parameter(pname, torch.nn.Parameter(distribute_tensor(param, mesh, [Shard(dim)])))
+
+
+for block in model.layers.values():
+    distribute_module(block.feed_forward, world_mesh["ep"], shard_experts)
+    fully_shard(block, mesh=world_mesh["dp"])
+fully_shard(model, mesh=world_mesh["dp"])
+"""),
     "reshard-int": ("fsdp2", (8,), ("dp",), """
 for block in model.layers.values():
     fully_shard(block, mesh=world_mesh, reshard_after_forward=2)
@@ -289,7 +305,7 @@ def _layout_counter(layout):
     return out
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [n for n in CASES if n != "ep-distribute"])  # no forward without input_fn
 def test_fsdp_collectives_of_one_step_match_torch(repo, name):
     res = _lint(str(repo), name)
     assert _layout_counter(res.layout) == _torch_counter(torch_collectives(name))
@@ -484,3 +500,24 @@ fully_shard(model, mesh=world_mesh["dp"])
     assert [u["what"] for u in plan["unsupported"]] == ["tp-style"]
     norm = next(p for u in plan["units"] for p in u["params"] if p["fqn"] == "norm.weight")
     assert norm["placements"] == ["Shard(dim=0)", "Replicate()"] and norm["local_shape"] == [24]
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_fsd701_quotes_what_torch_raises(tmp_path, index):
+    """Each INVALID example of FSD701, run with real torch (fake process group, meta model): the
+    exception fully_shard raises is the one the finding quotes."""
+    import torch
+
+    from fsdp_lint.engine import lint_file
+    from fsdp_lint.rule import rule_by_code
+    from oracle import fake_pg
+
+    ex = rule_by_code("FSD701").INVALID[index]
+    path = tmp_path / "example.py"
+    path.write_text(ex.source)
+    [finding] = [f for f in lint_file(str(path), Settings(world_size=ex.world_size)).findings
+                 if f.code == "FSD701"][:1]
+    with fake_pg(ex.world_size, 0), torch.device("meta"):
+        with pytest.raises(Exception) as info:
+            exec(compile(ex.source.replace('"cuda"', '"cpu"'), "<example>", "exec"), {"__name__": "example"})
+    assert f"`{type(info.value).__name__}: {str(info.value).splitlines()[0]}`" in finding.message

@@ -57,6 +57,8 @@ class ParallelState:
         self.unsupported: List[Unsupported] = []
         self._checked: Dict[Tuple[int, int], Optional[str]] = {}
         self._claimed: set = set()                      # ids of params an earlier fully_shard manages
+        self.real_init_mesh = None                      # torch's init_device_mesh (install() sets it)
+        self._default_mesh = None
 
     # -- meshes ---------------------------------------------------------------------------
     def root_index(self, mesh) -> int:
@@ -173,13 +175,23 @@ class ParallelState:
                     continue
                 dtensors = True
                 self.capture_param(p, pos)
-                if mesh is not None:
-                    self._check_meshes(mesh, p, pos, m, name)
+                dp_mesh = mesh if mesh is not None else self.default_mesh()
+                if dp_mesh is not None:
+                    self._check_meshes(dp_mesh, p, pos, m, name)
         if dtensors and isinstance(raf, int) and not isinstance(raf, bool) and 1 < raf < shard_size:
             self.problems.append(MeshProblem("reshard-int-dtensor", pos.path, pos.line, pos.col,
                                              RESHARD_INT_DTENSOR))
         for m in call.modules:
             self._claimed.update(id(p) for p in m.parameters())
+
+    def default_mesh(self):
+        """The mesh ``fully_shard`` builds without ``mesh=``: a new 1-D mesh over the world."""
+        if self._default_mesh is None and self.real_init_mesh is not None and not self.rec.real:
+            import torch
+
+            with contextlib.suppress(Exception), torch._C.DisableTorchFunction():
+                self._default_mesh = self.real_init_mesh("cpu", (self.pg_size or self.world_size,))
+        return self._default_mesh
 
     def _check_meshes(self, dp_mesh, param, pos, module, name) -> None:
         """What torch says when FSDP2 combines its mesh with a DTensor parameter's (``FSDPParam``'s
@@ -285,6 +297,7 @@ def install(rec, patch, real_init_mesh) -> None:
     from fsdp_lint.replay.recorders import FakeMesh
 
     state = ParallelState(rec)
+    state.real_init_mesh = real_init_mesh
     rec.parallel = state
     gpn = getattr(rec, "gpus_per_node", None)
     if gpn and not rec.real:
@@ -346,6 +359,7 @@ def uninstall(rec) -> None:
     if state is None:
         return
     state._keep.clear()
+    state._default_mesh = None
     if state.owns_pg:
         from torch.distributed import distributed_c10d as c10d
 
