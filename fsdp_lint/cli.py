@@ -62,7 +62,8 @@ def _explain(code: str) -> None:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.argument("paths", nargs=-1, type=click.Path())
-@click.option("--world-size", "-n", type=int, default=None, help="Ranks to plan for (default 8).")
+@click.option("--world-size", "-n", type=int, default=None,
+              help="Ranks the job runs on (default 8); a file that builds a mesh is planned for its mesh.")
 @click.option("--gpus-per-node", type=int, default=None,
               help="GPUs per node: HYBRID_SHARD's node groups, HSDP replicas across nodes (default 8).")
 @click.option("--allow-partial", is_flag=True, default=None,
@@ -102,8 +103,8 @@ def _explain(code: str) -> None:
 @click.option("--run-timeout", type=float, default=300.0, show_default=True, help="--run: seconds for the whole run.")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(__version__, prog_name="fsdp-lint")
-def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout, select, ignore, extend_select,
-        fail_on, exit_zero, statistics, explain, list_rules, config_path, output, run_, nproc, steps, device,
+def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout, select,
+        ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules, config_path, output, run_, nproc, steps, device,
         input_shape, input_dtype, run_timeout, debug):
     """Lint PyTorch FSDP wrap code and show the plan FSDP will build.
 

@@ -59,6 +59,7 @@ class ParallelState:
         self._claimed: set = set()                      # ids of params an earlier fully_shard manages
         self.real_init_mesh = None                      # torch's init_device_mesh (install() sets it)
         self._default_mesh = None
+        self._described: Dict[int, Tuple[Any, MeshInfo]] = {}
 
     # -- meshes ---------------------------------------------------------------------------
     def root_index(self, mesh) -> int:
@@ -74,6 +75,14 @@ class ParallelState:
         return self.roots[key]
 
     def describe_mesh(self, mesh, root_index: Optional[int] = None) -> MeshInfo:
+        cached = self._described.get(id(mesh))
+        if cached is not None and cached[0] is mesh:
+            return cached[1]
+        info = self._describe_mesh(mesh, root_index)
+        self._described[id(mesh)] = (mesh, info)     # the mesh is kept: its id stays its own
+        return info
+
+    def _describe_mesh(self, mesh, root_index: Optional[int] = None) -> MeshInfo:
         from fsdp_lint.replay.recorders import FakeMesh
 
         if isinstance(mesh, FakeMesh):
@@ -359,7 +368,9 @@ def uninstall(rec) -> None:
     if state is None:
         return
     state._keep.clear()
+    state._described.clear()
     state._default_mesh = None
+    state.real_init_mesh = None
     if state.owns_pg:
         from torch.distributed import distributed_c10d as c10d
 
