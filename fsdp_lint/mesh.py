@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 Placement = Tuple  # ("S", dim) | ("R",) | ("P",) | ("SS", dim, split_factor)
+HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")   # FSDP1 strategies that shard in a group, replicate across
 
 
 def ceil_div(a: int, b: int) -> int:

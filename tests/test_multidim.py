@@ -96,6 +96,14 @@ for block in model.layers.values():
     fully_shard(block, mesh=world_mesh["dp"])
 fully_shard(model, mesh=world_mesh["dp"])
 """),
+    # torchtitan's HSDP with context parallelism: FSDP shards over dp_shard x cp flattened
+    "hsdp-cp-3d": ("fsdp2", (2, 2, 2), ("dp_replicate", "dp_shard", "cp"), """
+world_mesh["dp_shard", "cp"]._flatten(mesh_dim_name="dp_shard_cp")
+dp_mesh = world_mesh["dp_replicate", "dp_shard_cp"]
+for block in model.layers.values():
+    fully_shard(block, mesh=dp_mesh)
+fully_shard(model, mesh=dp_mesh)
+"""),
     "reshard-int": ("fsdp2", (8,), ("dp",), """
 for block in model.layers.values():
     fully_shard(block, mesh=world_mesh, reshard_after_forward=2)

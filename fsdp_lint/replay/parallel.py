@@ -17,6 +17,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_lint.mesh import (
+    HYBRID,
     MeshDim,
     MeshInfo,
     MeshProblem,
@@ -26,10 +27,7 @@ from fsdp_lint.mesh import (
     Unsupported,
     radix_of,
     row_major_dims,
-    world_dim,
 )
-
-HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 _KNOWN_STYLES = ("ColwiseParallel", "RowwiseParallel", "SequenceParallel", "PrepareModuleInput",
                  "PrepareModuleOutput", "PrepareModuleInputOutput")
 # what torch raises at the first forward for reshard_after_forward=<int> on DTensor (TP/EP) parameters
@@ -536,11 +534,9 @@ def _describe_style(module, style, mesh: MeshInfo, pos) -> TPStyle:
     def conv(layouts):
         return tuple(None if x is None else (_placement(x) or ("?",)) for x in layouts)
 
-    weight = getattr(module, "weight", None)
     in_f = getattr(module, "in_features", None) or getattr(module, "num_embeddings", None)
     out_f = getattr(module, "out_features", None) or getattr(module, "embedding_dim", None)
     params = [(n, int(p.numel()), str(p.dtype).replace("torch.", "")) for n, p in module.named_parameters()]
-    del weight
     return TPStyle(module="", style=type(style).__name__, known=known, mesh=mesh, path=pos.path, line=pos.line,
                    input_layouts=conv(inputs), output_layouts=conv(outputs), desired_input_layouts=conv(desired),
                    use_local_output=bool(getattr(style, "use_local_output", True)),
