@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import click
 
@@ -25,20 +25,64 @@ def _split_codes(values) -> List[str]:
     return out
 
 
-def collect_files(paths) -> List[str]:
-    files: List[str] = []
+def collect_files(paths) -> List[Tuple[str, bool]]:
+    """(file, named on the command line) for every file to lint: directories are walked for *.py."""
+    files: List[Tuple[str, bool]] = []
     for p in paths:
         if os.path.isdir(p):
             for dirpath, dirnames, filenames in os.walk(p):
                 dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
                 for name in sorted(filenames):
                     if name.endswith(".py"):
-                        files.append(os.path.join(dirpath, name))
+                        files.append((os.path.join(dirpath, name), False))
         elif os.path.isfile(p):
-            files.append(p)
+            files.append((p, True))
         else:
             raise BadInput(f"no such file or directory: {p}")
     return files
+
+
+def split_script_args(argv: List[str]) -> Tuple[List[str], Optional[List[str]]]:
+    """fsdp-lint's own arguments and the script's (after ``--``). A leading ``--`` is dropped:
+    ``torchrun -m fsdp_lint -- train.py --run`` passes it to keep torchrun's parser off the rest."""
+    argv = list(argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, None
+
+
+def not_python(path: str) -> bool:
+    """A file named on the command line that is not Python source (a config, a notebook, data)."""
+    if path.endswith((".py", ".pyw")):
+        return False
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(128)
+    except OSError:
+        return True
+    return not (head.startswith(b"#!") and b"python" in head.split(b"\n", 1)[0])
+
+
+def plan_runs(files: List[Tuple[str, bool]], settings, script_args: Optional[List[str]]):
+    """What to lint: (path, the script's argv, settings, named explicitly). A file with
+    ``[[tool.fsdp-lint.entry]]`` tables runs once per entry (its args and settings) unless arguments
+    were given after ``--``."""
+    runs = []
+    entries = list(getattr(settings, "entries", None) or [])
+    for path, explicit in files:
+        mine = [e for e in entries if os.path.abspath(e.path) == os.path.abspath(path)]
+        if mine and script_args is None:
+            for e in mine:
+                overrides = dict(e.overrides)
+                if "world_size" in overrides:   # issue 11: the entry's launch size (FSD703 compares)
+                    overrides["world_size_source"] = "config"
+                runs.append((path, list(e.args), settings.with_overrides(**overrides), explicit, e.cwd))
+        else:
+            runs.append((path, list(script_args or []), settings, explicit, None))
+    return runs
 
 
 def _print_rules() -> None:
@@ -108,15 +152,19 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
         input_shape, input_dtype, run_timeout, debug):
     """Lint PyTorch FSDP wrap code and show the plan FSDP will build.
 
-    PATHS are training or model files, or directories (walked for *.py).
+    PATHS are training or model files, or directories (walked for *.py). Arguments after `--` are the
+    script's own (`fsdp-lint train.py -- --config configs/8b.yaml`). Linting runs the entry point's
+    setup code (its imports, model construction, wrap code) on the meta device up to the training
+    boundary.
     """
+    script_args = (click.get_current_context().obj or {}).get("script_args")
     if list_rules:
         _print_rules()
         return EXIT_CLEAN
     if explain:
         _explain(explain)
         return EXIT_CLEAN
-    if not paths:
+    if not paths and not _configured_entries(config_path):
         raise BadInput("no paths given (try: fsdp-lint train.py; fsdp-lint --help)")
     if world_size is not None and world_size < 1:
         raise BadInput(f"--world-size must be at least 1, got {world_size}")
@@ -131,9 +179,12 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
 
     files = collect_files(paths)
     try:
-        base = load_settings(files[0] if files else os.getcwd(), config_path)
+        base = load_settings(files[0][0] if files else os.getcwd(), config_path)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
+    if not files:
+        # no paths: the launch commands of [[tool.fsdp-lint.entry]]
+        files = [(e.path, True) for e in dict((e.path, e) for e in base.entries).values()]
     cli_selection = {"select": _split_codes(select), "ignore": _split_codes(ignore),
                      "extend_select": _split_codes(extend_select)}
     settings = base.with_overrides(
@@ -155,10 +206,28 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
 
     results = []
     failures = []  # (path, one-line message)
-    for path in files:
+    for path, argv, run_settings, explicit, cwd in plan_runs(files, settings, script_args):
+        if explicit and not_python(path):
+            msg = _with_path(path, "not a Python file: fsdp-lint lints training scripts and model files (.py); "
+                                   "to pass a config to a script, put it after --: "
+                                   f"fsdp-lint train.py -- --config {path}")
+            failures.append((path, msg))
+            click.echo(f"fsdp-lint: error: {msg}", err=True)
+            continue
         try:
-            results.append(lint_file(path, settings))
+            res = lint_file(path, run_settings, argv=argv, explicit=explicit, cwd=cwd)
+            results.append(res)
+            if res.skipped and explicit:
+                click.echo(f"fsdp-lint: {_with_path(path, 'not linted: ' + res.skipped)} "
+                           f"(to lint a model built elsewhere, pass --model path.py:Class or path.py:factory)",
+                           err=True)
         except LintError as exc:
+            if debug and getattr(exc, "user_exception", None) is not None:
+                import traceback
+
+                user = exc.user_exception
+                click.echo("".join(traceback.format_exception(type(user), user, user.__traceback__)).rstrip(),
+                           err=True)
             msg = _with_path(path, str(exc))
             failures.append((path, msg))
             click.echo(f"fsdp-lint: error: {msg}", err=True)
@@ -240,14 +309,25 @@ def _with_path(path: str, msg: str) -> str:
     return f"{shown}: {msg}"
 
 
+def _configured_entries(config_path: Optional[str]) -> bool:
+    from fsdp_lint.config import ConfigError, load_settings
+
+    try:
+        return bool(load_settings(os.getcwd(), config_path).entries)
+    except ConfigError:
+        return config_path is not None      # the error is reported when the settings are loaded
+
+
 def main(argv: Optional[List[str]] = None) -> None:
-    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    own, script_args = split_script_args(argv if argv is not None else sys.argv[1:])
+    debug = "--debug" in own
     import warnings
 
     # torch CPU wheels do not depend on numpy and warn on import without it: noise for a linter
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     try:
-        code = cli.main(args=argv, prog_name="fsdp-lint", standalone_mode=False)
+        code = cli.main(args=own, prog_name="fsdp-lint", standalone_mode=False,
+                        obj={"script_args": script_args})
     except click.exceptions.Exit as exc:
         code = exc.exit_code
     except click.UsageError as exc:

@@ -11,6 +11,16 @@ class ConfigError(Exception):
 
 
 @dataclass
+class EntrySpec:
+    """``[[tool.fsdp-lint.entry]]``: a launch command to lint -- the file, the script's own
+    arguments, and settings for that run (world size, api, ...)."""
+    path: str                                      # absolute
+    args: List[str] = field(default_factory=list)
+    cwd: Optional[str] = None                      # launched from: the config file's folder
+    overrides: Dict[str, Any] = field(default_factory=dict)   # Settings field -> value
+
+
+@dataclass
 class Settings:
     world_size: int = 8
     api: Optional[str] = None
@@ -30,6 +40,7 @@ class Settings:
     replay_timeout: float = 120.0
     gpus_per_node: int = 8                   # HYBRID_SHARD node groups; FSD702: replicas across nodes
     allow_partial: bool = False              # report a plan with elements fsdp-lint does not model
+    entries: List[EntrySpec] = field(default_factory=list)
     config_path: Optional[str] = None
     world_size_source: str = "default"       # where world_size came from: "default" | "config" | "--world-size"
     # --select/--ignore/--extend-select from the command line: a second layer over the config's
@@ -42,7 +53,11 @@ class Settings:
 
 
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(Settings)}
+_KEYS.pop("entries")
+_KEYS["entry"] = "entries"
 _INTERNAL = {"config_path", "cli_selection", "world_size_source"}
+# what an [[tool.fsdp-lint.entry]] table may set besides `path` and `args`
+_ENTRY_SETTINGS = ("world_size", "api", "wrap", "use_orig_params", "model", "replay_timeout")
 
 
 def find_pyproject(start: str) -> Optional[str]:
@@ -84,7 +99,7 @@ def load_settings(start: str, explicit: Optional[str] = None) -> Settings:
         values[name] = value
     settings = replace(settings, config_path=path)
     for name, value in values.items():
-        values[name] = _check_type(name, value, path)
+        values[name] = _entries(value, path) if name == "entries" else _check_type(name, value, path)
     try:
         settings = replace(settings, **values)
     except TypeError as exc:
@@ -93,6 +108,42 @@ def load_settings(start: str, explicit: Optional[str] = None) -> Settings:
         settings = replace(settings, world_size_source="config")
     validate(settings, origin=path)
     return settings
+
+
+def _entries(value: Any, path: str) -> List[EntrySpec]:
+    """``[[tool.fsdp-lint.entry]]`` tables: `path` (relative to the config file), `args` (a list, or
+    one string split like a shell would), and per-run settings."""
+    import shlex
+
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ConfigError(f"{path}: [tool.fsdp-lint] entry must be an array of tables ([[tool.fsdp-lint.entry]])")
+    base = os.path.dirname(os.path.abspath(path))
+    out = []
+    for i, table in enumerate(value):
+        where = f"{path}: [[tool.fsdp-lint.entry]] #{i + 1}"
+        file = table.get("path")
+        if not isinstance(file, str) or not file:
+            raise ConfigError(f"{where}: `path` (the entry point's file) is required")
+        args = table.get("args", [])
+        if isinstance(args, str):
+            args = shlex.split(args)
+        if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
+            raise ConfigError(f"{where}: `args` must be a list of strings, got {args!r}")
+        overrides: Dict[str, Any] = {}
+        for key, v in table.items():
+            if key in ("path", "args"):
+                continue
+            name = _KEYS.get(key) or _KEYS.get(key.replace("_", "-"))
+            if name not in _ENTRY_SETTINGS:
+                allowed = ", ".join(["path", "args"] + [k.replace("_", "-") for k in _ENTRY_SETTINGS])
+                raise ConfigError(f"{where}: unknown key {key!r} (an entry takes {allowed})")
+            overrides[name] = _check_type(name, v, where)
+        full = os.path.normpath(os.path.join(base, file))
+        if not os.path.isfile(full):
+            raise ConfigError(f"{where}: no such file {file!r} (paths are relative to {os.path.dirname(path) or '.'})")
+        out.append(EntrySpec(path=full, args=[str(a) for a in args], overrides=overrides, cwd=base))
+        validate(replace(Settings(), **overrides), origin=where)
+    return out
 
 
 def _type_hints() -> Dict[str, Any]:

@@ -24,26 +24,35 @@ class FileResult:
     layout: Any = None
     findings: List[Finding] = field(default_factory=list)
     replay: Any = None
+    notes: List[str] = field(default_factory=list)          # what the report says about the replay
+    stopped: Any = None                                      # (reason, Position) of the training boundary
+    argv: List[str] = field(default_factory=list)            # the script's arguments
+    skipped_statements: List[Any] = field(default_factory=list)
+    cwd: Optional[str] = None                                # launched from (an entry's config folder)
 
 
-def analyse(path: str, settings: Settings, *, keep_model: bool = False) -> FileResult:
-    """Build tree, plan and layout for `path` (no rules). Raises LintError on bad input."""
-    from fsdp_lint.source import SourceError, looks_relevant, read_source
+def analyse(path: str, settings: Settings, *, keep_model: bool = False, argv: Optional[List[str]] = None,
+            explicit: bool = True, cwd: Optional[str] = None) -> FileResult:
+    """Build tree, plan and layout for `path` (no rules). Raises LintError on bad input.
 
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LintError(f"cannot read {path}: {exc}") from None
-    if not settings.model and not looks_relevant(text):
-        return FileResult(path=path, skipped="no nn.Module and no FSDP use")
+    `argv`: the script's own arguments; `explicit`: the file was named on the command line (a
+    directory walk skips files that only import a model and do not use FSDP)."""
+    from fsdp_lint.project import reach
+    from fsdp_lint.source import SourceError, read_source
+
     try:
         facts = read_source(path)
     except SourceError as exc:
         raise LintError(str(exc)) from None
-    if not settings.model and not facts.module_classes and not facts.uses_fsdp and not facts.factories() \
-            and "from_config" not in text and "from_pretrained" not in text:
-        return FileResult(path=path, facts=facts, skipped="no nn.Module and no FSDP use")
+    project = None
+    if not settings.model:
+        try:
+            project = reach(path, facts)
+        except (OSError, SourceError) as exc:   # pragma: no cover - the entry itself parsed
+            raise LintError(str(exc)) from None
+        why = skip_reason(project, explicit)
+        if why:
+            return FileResult(path=path, facts=facts, skipped=why)
 
     from fsdp_lint.layout import compute_layout
     from fsdp_lint.plan import PlanOptions, build_plan
@@ -52,10 +61,12 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False) -> FileR
 
     try:
         target = ModelTarget.parse(settings.model) if settings.model else None
-        result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout,
-                        gpus_per_node=settings.gpus_per_node)
+        result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout, argv=argv,
+                        project=project, cwd=cwd, gpus_per_node=settings.gpus_per_node)
     except ReplayError as exc:
-        raise LintError(str(exc)) from None
+        err = LintError(str(exc))
+        err.user_exception = getattr(exc, "user_exception", None)
+        raise err from None
     state = {}
     for call in result.wrap_calls:
         state.update(call.state)
@@ -67,8 +78,13 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False) -> FileR
     if plan.unsupported and not settings.allow_partial:
         raise LintError(unsupported_message(path, plan.unsupported))
     layout = compute_layout(plan, tree)
-    return FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
-                      replay=result if keep_model else None)
+    res = FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
+                     replay=result if keep_model else None)
+    res.notes = list(result.notes)
+    res.stopped = result.stopped
+    res.argv = list(result.argv)
+    res.skipped_statements = list(result.skipped)
+    return res
 
 
 def unsupported_message(path: str, unsupported) -> str:
@@ -80,8 +96,24 @@ def unsupported_message(path: str, unsupported) -> str:
             f"incomplete. Pass --allow-partial to report the rest, with these listed as unsupported")
 
 
-def lint_file(path: str, settings: Settings) -> FileResult:
-    res = analyse(path, settings)
+def skip_reason(project, explicit: bool) -> Optional[str]:
+    """Why a file is not linted (None: it is): decided from its syntax tree and the project-local
+    modules it imports, never from text patterns."""
+    facts = project.modules[project.entry.path]
+    if project.reaches_fsdp or facts.defines_model:
+        return None
+    if project.reaches_model:
+        if explicit:
+            return None
+        models = ", ".join(sorted(os.path.relpath(p) for p in project.model_paths)[:3])
+        return f"imports a model ({models}) but neither wraps it nor uses FSDP; the model is linted where it is defined"
+    return "no nn.Module and no FSDP use (in the file or the project modules it imports)"
+
+
+def lint_file(path: str, settings: Settings, *, argv: Optional[List[str]] = None,
+              explicit: bool = True, cwd: Optional[str] = None) -> FileResult:
+    res = analyse(path, settings, argv=argv, explicit=explicit, cwd=cwd)
+    res.cwd = cwd
     if res.skipped:
         return res
     from fsdp_lint.rule import LintContext
@@ -97,6 +129,8 @@ def lint_file(path: str, settings: Settings) -> FileResult:
         if res.plan.api is not None and res.plan.api not in rule.applies_to:
             continue
         for f in rule.check(ctx):
+            if f.call_site is None and os.path.abspath(f.path) != os.path.abspath(path):
+                f.call_site = res.plan.call_sites.get((os.path.abspath(f.path), f.line))
             if not suppressed(f, res.facts):
                 findings.append(f)
     findings.sort(key=lambda f: (os.path.abspath(f.path) != os.path.abspath(path), f.line, f.col, f.code))

@@ -33,6 +33,8 @@ class Unit:
     is_root: bool = False
     replicate_size: int = 1         # HSDP / HYBRID_SHARD: replicas its shards are all-reduced over
     mesh: Optional[UnitMesh] = None  # its shard (and replicate) groups
+    # where the linted file calls the helper that holds the wrap call (None: the call is in it)
+    call_site: Optional[Tuple[str, int]] = None
 
 
 @dataclass
@@ -102,6 +104,9 @@ class WrapPlan:
     tp_styles: List[TPStyle] = field(default_factory=list)
     mesh_problems: List[MeshProblem] = field(default_factory=list)
     unsupported: List[Unsupported] = field(default_factory=list)
+    # (path, line) of a wrap/freeze/cast/optimizer call in a helper module -> the call site in the
+    # linted file that reached it
+    call_sites: Dict[Tuple[str, int], Tuple[str, int]] = field(default_factory=dict)
 
     def unit_for_param(self, fqn: str) -> Optional[Unit]:
         for unit in self.units:
@@ -248,6 +253,12 @@ def build_plan(result, tree: ModuleTree, options: PlanOptions) -> WrapPlan:
                     use_orig_params=None, sharding_strategy=None, origin="none",
                     world_size_source=options.world_size_source)
 
+    for pos in ([c.pos for c in result.wrap_calls] + [o.pos for o in result.optimizers]
+                + [e.pos for e in result.param_events]):
+        via = getattr(pos, "via", None)
+        if via is not None:
+            plan.call_sites.setdefault((pos.path, pos.line), (via.path, via.line))
+
     # events (freezes, dtype changes) by parameter
     for ev in result.param_events:
         for pid in ev.param_ids:
@@ -336,6 +347,7 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
                                 f"fully_shard({f}) runs after its ancestor {earlier or 'the root model'} "
                                 f"was sharded at line {eu.line}", earlier, eu.line))
                             break
+            unit.call_site = plan.call_sites.get((call.pos.path, call.pos.line))
             for f in fqns:
                 seen_modules.setdefault(f, unit)
             for prm in kw.get("ignored_params") or []:
@@ -383,7 +395,8 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
                     module=f, modules=[f], cls=tree.modules[f].cls, path=call.pos.path, line=call.pos.line,
                     col=call.pos.col, seq=call.seq, origin="policy", param_dtype=param_dtype,
                     reduce_dtype=reduce_dtype, shard_size=options.world_size,
-                    reshard_after_forward=strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD")))
+                    reshard_after_forward=strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD"),
+                    call_site=plan.call_sites.get((call.pos.path, call.pos.line))))
             f = fqns[0]
             if f in seen_modules:
                 plan.problems.append(PlanProblem("wrapped-twice", f, call.pos.path, call.pos.line, call.pos.col,
@@ -391,7 +404,8 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
             unit = Unit(module=f, modules=[f], cls=tree.modules[f].cls, path=call.pos.path, line=call.pos.line,
                         col=call.pos.col, seq=call.seq, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                         shard_size=options.world_size,
-                        reshard_after_forward=strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD"))
+                        reshard_after_forward=strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD"),
+                        call_site=plan.call_sites.get((call.pos.path, call.pos.line)))
             seen_modules[f] = unit
             plan.units.append(unit)
 

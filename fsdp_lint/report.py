@@ -38,6 +38,17 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def file_label(res) -> str:
+    """The file as the user named it, with the script's arguments when it ran with some."""
+    args = getattr(res, "argv", None) or []
+    shown = display_path(res.path)
+    if args:
+        import shlex
+
+        shown += " -- " + " ".join(shlex.quote(a) for a in args)
+    return shown
+
+
 def unit_label(module: str) -> str:
     return module if module else "(root)"
 
@@ -296,6 +307,8 @@ def format_finding_full(f, base=None) -> str:
         gutter = f"{f.line:>4} | "
         out.append(gutter + src.expandtabs(4))
         out.append(" " * (len(gutter) - 2) + "| " + " " * _caret_offset(src.expandtabs(4), f.col) + "^")
+    if f.call_site is not None:
+        out.append(f"     = called from: {display_path(f.call_site[0], base)}:{f.call_site[1]}")
     if f.module or f.module == "":
         if f.module:
             out.append(f"     = module: {f.module}")
@@ -311,7 +324,8 @@ def format_finding_concise(f, base=None) -> str:
     conf = ""
     if f.confirmed is not None:
         conf = " (confirmed)" if f.confirmed else " (not confirmed)"
-    return f"{display_path(f.path, base)}:{f.line}:{f.col}: {f.code} [{f.severity}] {f.message}{conf}"
+    via = f" (called from {display_path(f.call_site[0], base)}:{f.call_site[1]})" if f.call_site else ""
+    return f"{display_path(f.path, base)}:{f.line}:{f.col}: {f.code} [{f.severity}] {f.message}{conf}{via}"
 
 
 def render_text(results, *, full: bool = True, layout: Optional[str] = None, statistics: bool = False,
@@ -321,7 +335,9 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
         if res.skipped:
             continue
         if full:
-            header = f"{display_path(res.path)}: {summary_line(res)}"
+            header = f"{file_label(res)}: {summary_line(res)}"
+            for note in getattr(res, "notes", None) or []:
+                header += f"\n  note: {note}"
             blocks.append("\n".join([header] + unsupported_notes(res)))
             for f in res.findings:
                 blocks.append(format_finding_full(f))
@@ -401,10 +417,20 @@ def statistics_table(results) -> str:
 # --------------------------------------------------------------------------------------------
 # JSON
 # --------------------------------------------------------------------------------------------
+def _replay_json(res) -> dict:
+    stopped = getattr(res, "stopped", None)
+    return {
+        "stopped_at": None if not stopped else {"reason": stopped[0], "path": display_path(stopped[1].path),
+                                                "line": stopped[1].line},
+        "skipped_statements": [{"path": display_path(s.path), "line": s.line, "error": s.error}
+                               for s in getattr(res, "skipped_statements", None) or []],
+    }
+
+
 def file_to_json(res, *, layout: Optional[str] = None) -> dict:
     path = display_path(res.path)
     if res.skipped:
-        return {"path": path, "skipped": res.skipped}
+        return {"path": path, "args": list(getattr(res, "argv", None) or []), "skipped": res.skipped}
     tree, plan, lay = res.tree, res.plan, res.layout
     units = []
     for ul in lay.units:
@@ -426,7 +452,9 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
             params.append(entry)
         unit = {
             "module": u.module, "modules": u.modules, "class": u.cls, "path": display_path(u.path) if u.line else None,
-            "line": u.line or None, "origin": u.origin, "numel": ul.numel, "trainable_numel": ul.trainable_numel,
+            "line": u.line or None,
+            "call_site": {"path": display_path(u.call_site[0]), "line": u.call_site[1]} if u.call_site else None,
+            "origin": u.origin, "numel": ul.numel, "trainable_numel": ul.trainable_numel,
             "dtypes": ul.dtypes, "param_dtype": ul.param_dtype, "reduce_dtype": ul.reduce_dtype,
             "padded_numel": ul.padded_numel, "shard_numel": ul.shard_numel,
             "all_gather_bytes": ul.all_gather_bytes, "reduce_scatter_bytes": ul.reduce_scatter_bytes,
@@ -447,6 +475,9 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
         units.append(unit)
     return {
         "path": path,
+        "args": list(getattr(res, "argv", None) or []),
+        "notes": list(getattr(res, "notes", None) or []),
+        "replay": _replay_json(res),
         "model": {"target": res.target, "class": tree.root_class, "numel": tree.numel,
                   "trainable_numel": tree.trainable_numel},
         "plan": {
@@ -465,7 +496,7 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
         },
         "memory": {"per_rank_bytes": lay.memory.per_rank_bytes, "breakdown": lay.memory.breakdown,
                    "optimizer": lay.memory.optimizer},
-        "findings": [f.to_json(display_path(f.path)) for f in res.findings],
+        "findings": [f.to_json(display_path(f.path), display_path) for f in res.findings],
     }
 
 
@@ -577,6 +608,10 @@ def render_sarif(results, failures=()) -> str:
                     "region": {"startLine": max(1, f.line), "startColumn": max(1, f.col)},
                 }}],
             }
+            if f.call_site is not None:
+                result["relatedLocations"] = [{"id": 1, "message": {"text": "called from here"}, "physicalLocation": {
+                    "artifactLocation": _artifact_location(f.call_site[0], root),
+                    "region": {"startLine": max(1, f.call_site[1])}}}]
             if f.module:
                 result["properties"] = {"module": f.module}
             if f.confirmed is not None or f.evidence:
@@ -619,6 +654,8 @@ def render_github(results, failures=()) -> str:
     for res in results:
         for f in res.findings:
             msg = f.message + (f" Fix: {f.fix}" if f.fix else "")
+            if f.call_site is not None:
+                msg += f" (called from {display_path(f.call_site[0])}:{f.call_site[1]})"
             lines.append(
                 f"::{level[f.severity]} file={_gh_escape(display_path(f.path), True)},line={f.line},col={f.col},"
                 f"title={_gh_escape(f.code, True)}::{_gh_escape(f'{f.name}: {msg}')}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 SEVERITIES = ("info", "warning", "error")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -30,12 +30,17 @@ class Finding:
     confirmed: Optional[bool] = None
     evidence: Optional[str] = None
     details: Dict[str, Any] = field(default_factory=dict)
+    # the linted file's call into the helper module that holds `path:line` (None: it is the file)
+    call_site: Optional[Tuple[str, int]] = None
 
-    def to_json(self, display_path: Optional[str] = None) -> dict:
+    def to_json(self, display_path: Optional[str] = None, display=None) -> dict:
+        site = None
+        if self.call_site is not None:
+            site = {"path": display(self.call_site[0]) if display else self.call_site[0], "line": self.call_site[1]}
         return {
             "code": self.code, "name": self.name, "severity": self.severity, "message": self.message,
             "path": display_path or self.path, "line": self.line, "col": self.col, "module": self.module,
-            "fix": self.fix, "confirmed": self.confirmed, "evidence": self.evidence,
+            "fix": self.fix, "confirmed": self.confirmed, "evidence": self.evidence, "call_site": site,
         }
 
 

@@ -105,9 +105,18 @@ def _path_matches(path: str, pattern: str, settings: Settings) -> bool:
 
 
 def suppressed(finding, facts) -> bool:
-    """`# noqa` or `# noqa: FSD201` on the reported line."""
-    if facts is None or os.path.abspath(finding.path) != os.path.abspath(facts.path):
+    """`# noqa` or `# noqa: FSD201` on the reported line (in the linted file, or in the helper module
+    a finding points into)."""
+    if facts is None:
         return False
+    if os.path.abspath(finding.path) != os.path.abspath(facts.path):
+        from fsdp_lint.project import facts_for
+        from fsdp_lint.source import SourceError
+
+        try:
+            facts = facts_for(os.path.abspath(finding.path))
+        except (OSError, SourceError):
+            return False
     codes = facts.noqa.get(finding.line, False)
     if codes is False:
         return False

@@ -1,11 +1,17 @@
-"""`source`: what the file's code says, read with libcst and never executed.
+"""`source`: what a module's code says, read from its syntax tree and never executed.
 
 SourceFacts tell the later stages where the wrap calls, freezing statements, dtype changes and
 optimizer constructions are, which statements (and which functions, transitively) matter for the
-wrap plan, and which loops are training/data loops that the replay must never run.
+wrap plan, which loops are training/data loops that the replay must never run, and what the module
+imports (``fsdp_lint.project`` follows the project-local ones).
+
+The syntax tree is Python's own (``ast``): the replay reads every project-local module a training
+script imports, and ``ast`` parses a few thousand lines in milliseconds where a concrete syntax tree
+takes a second.
 """
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
@@ -22,19 +28,16 @@ OPTIMIZER_NAMES = {
     "RMSprop", "Rprop", "SparseAdam", "Adafactor", "Muon", "Lion", "ZeroRedundancyOptimizer",
 }
 FACTORY_NAMES = ("build_model", "make_model", "create_model", "get_model")
-
-# cheap pre-check, no parsing and no torch: does the file define or wrap a model at all?
-_INTERESTING = re.compile(
-    r"\b(nn\.Module|torch\.nn|fully_shard|FullyShardedDataParallel|FSDP|Module\)|from_config|from_pretrained)\b"
-)
+# Hugging Face-style model factories: a file calling one builds a model
+HF_FACTORIES = {"from_config", "from_pretrained", "_from_config"}
+# frameworks that wrap with FSDP on the script's behalf (Lightning strategies, accelerate, the HF Trainer)
+FRAMEWORK_MODULES = {"lightning", "pytorch_lightning", "lightning_fabric", "accelerate"}
+FRAMEWORK_NAMES = {"TrainingArguments", "Seq2SeqTrainingArguments", "FullyShardedDataParallelPlugin",
+                   "FSDPStrategy", "ModelParallelStrategy"}
 
 
 class SourceError(Exception):
     """The file cannot be read or parsed (message is one line)."""
-
-
-def looks_relevant(text: str) -> bool:
-    return bool(_INTERESTING.search(text))
 
 
 @dataclass
@@ -49,15 +52,26 @@ class Site:
 @dataclass
 class FunctionFacts:
     name: str
-    line: int
+    line: int                     # the `def` line
     end_line: int
     params: List[str]
     defaults: int                 # number of trailing parameters with defaults
     is_method: bool
+    first_line: int = 0           # first line of the definition, decorators included (co_firstlineno)
+    cls: Optional[str] = None     # the class of a method
     direct_markers: Set[str] = field(default_factory=set)   # kinds of sites in its own body
     calls: Set[str] = field(default_factory=set)            # simple names it calls
     relevant: bool = False        # transitively contains a wrap/freeze/dtype/optimizer site
     wraps: bool = False           # transitively contains a wrap call
+
+
+@dataclass
+class ImportInfo:
+    module: str                   # "torch.nn", "helpers" ("" for ``from . import x``)
+    level: int                    # relative import level (0: absolute)
+    names: List[str]              # imported names (``from m import a, b``); [] for ``import m``
+    line: int
+    top_level: bool               # a statement of the module body (not in a function, class or try)
 
 
 @dataclass
@@ -72,6 +86,11 @@ class SourceFacts:
     aliases: Dict[str, str]                   # local name -> canonical API name ("FullyShardedDataParallel", ...)
     noqa: Dict[int, Optional[Set[str]]]       # line -> codes (None = all)
     main_guard_line: Optional[int] = None
+    imports: List[ImportInfo] = field(default_factory=list)
+    classes: Dict[str, List[str]] = field(default_factory=dict)   # class name -> base names as written
+    calls_hf_factory: bool = False            # calls from_config/from_pretrained
+    uses_framework: bool = False              # imports Lightning/accelerate or names an HF FSDP argument class
+    future_annotations: bool = False
 
     @property
     def wrap_sites(self) -> List[Site]:
@@ -104,7 +123,15 @@ class SourceFacts:
         called |= self._module_calls
         return [f for f in self.functions.values() if f.wraps and f.name not in called and not f.is_method]
 
+    @property
+    def defines_model(self) -> bool:
+        return bool(self.module_classes) or bool(self.factories()) or self.calls_hf_factory
+
     _module_calls: Set[str] = field(default_factory=set)
+    _stmt_calls: Dict[int, Set[str]] = field(default_factory=dict)   # statement line -> names it calls
+    loop_calls: Dict[int, Set[str]] = field(default_factory=dict)     # loop line -> names called inside it
+    # of the dropped loops, those that step: they call backward()/step()/zero_grad() (training itself)
+    stepping_loop_lines: Set[int] = field(default_factory=set)
 
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]*(?:\s*,\s*[A-Z]+[0-9]*)*))?", re.IGNORECASE)
@@ -122,36 +149,32 @@ def _noqa_lines(text: str) -> Dict[int, Optional[Set[str]]]:
     return out
 
 
-def read_source(path: str) -> SourceFacts:
+def read_text(path: str) -> str:
+    """A Python file's text as Python reads it (a UTF-8 byte-order mark is not part of the code)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, encoding="utf-8-sig") as fh:
+            return fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise SourceError(f"cannot read {path}: {exc}") from None
-    return parse_source(path, text)
+
+
+def read_source(path: str) -> SourceFacts:
+    return parse_source(path, read_text(path))
+
+
+def parse_tree(path: str, text: str) -> ast.Module:
+    try:
+        return ast.parse(text, filename=path)
+    except SyntaxError as exc:
+        raise SourceError(f"{path}:{exc.lineno or 1}:{exc.offset or 1}: syntax error: {exc.msg}") from None
+    except (ValueError, MemoryError, RecursionError) as exc:   # NUL bytes, absurd nesting
+        raise SourceError(f"{path}: cannot parse: {exc}") from None
 
 
 def parse_source(path: str, text: str) -> SourceFacts:
-    import libcst as cst
-    from libcst.metadata import MetadataWrapper, PositionProvider
-
-    try:
-        module = cst.parse_module(text)
-    except cst.ParserSyntaxError as exc:
-        try:  # Python's own message and line are clearer ("expected ':'") than libcst's
-            compile(text, path, "exec", dont_inherit=True)
-        except SyntaxError as py_exc:
-            raise SourceError(f"{path}:{py_exc.lineno}:{py_exc.offset or 1}: syntax error: {py_exc.msg}") from None
-        except Exception:
-            pass
-        msg = str(exc).strip().splitlines()[0]
-        raise SourceError(f"{path}:{exc.raw_line}:{exc.raw_column + 1}: syntax error: {msg}") from None
-    except Exception as exc:  # libcst raises a few other types on odd input
-        raise SourceError(f"{path}: cannot parse: {exc}") from None
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    module = parse_tree(path, text)
     collector = _Collector()
-    collector.positions = wrapper.resolve(PositionProvider)
-    module.visit(collector)
+    collector.visit(module)
 
     # training/data loops are never replayed, unless they wrap something; what happens inside them
     # (``logits.float()``, ``optimizer.step()``, a call of ``train_step``) does not affect the plan
@@ -176,22 +199,7 @@ def parse_source(path: str, text: str) -> SourceFacts:
         else:
             module_calls.add(value)
 
-    # relevance: a function is relevant when it (transitively) holds a site
-    changed = True
-    for f in functions.values():
-        f.relevant = bool(f.direct_markers)
-        f.wraps = bool(f.direct_markers & {"fsdp1", "fsdp2"})
-    while changed:
-        changed = False
-        for f in functions.values():
-            for callee in f.calls:
-                g = functions.get(callee)
-                if g is None or g is f:
-                    continue
-                if g.relevant and not f.relevant:
-                    f.relevant = changed = True
-                if g.wraps and not f.wraps:
-                    f.wraps = changed = True
+    mark_relevance(functions)
     relevant_fn_names = {n for n, f in functions.items() if f.relevant}
     relevant_lines: Set[int] = set()
     for line, (markers, calls) in stmt_markers.items():
@@ -209,74 +217,110 @@ def parse_source(path: str, text: str) -> SourceFacts:
         aliases=collector.aliases,
         noqa=_noqa_lines(text),
         main_guard_line=collector.main_guard_line,
+        imports=collector.imports,
+        classes=collector.classes,
+        calls_hf_factory=collector.calls_hf_factory,
+        uses_framework=collector.uses_framework,
+        future_annotations=collector.future_annotations,
     )
     facts._module_calls = module_calls
+    facts.stepping_loop_lines = collector.stepping_loop_lines & dropped
+    facts._stmt_calls = {line: calls for line, (_, calls) in stmt_markers.items() if calls}
+    for what, value, _, _, loops, _ in collector.events:
+        if what == "call":
+            for loop in loops:
+                facts.loop_calls.setdefault(loop, set()).add(value)
     return facts
 
 
-def _dotted(node) -> str:
-    import libcst as cst
+def mark_relevance(functions: Dict[str, FunctionFacts], extra_relevant: Set[str] = frozenset(),
+                   extra_wraps: Set[str] = frozenset()) -> None:
+    """A function is relevant when it (transitively) holds a site; `extra_*`: names known to be
+    relevant / to wrap from other modules of the project."""
+    for f in functions.values():
+        f.relevant = bool(f.direct_markers) or bool(f.calls & extra_relevant)
+        f.wraps = bool(f.direct_markers & {"fsdp1", "fsdp2"}) or bool(f.calls & extra_wraps)
+    changed = True
+    while changed:
+        changed = False
+        for f in functions.values():
+            for callee in f.calls:
+                g = functions.get(callee)
+                if g is None or g is f:
+                    continue
+                if g.relevant and not f.relevant:
+                    f.relevant = changed = True
+                if g.wraps and not f.wraps:
+                    f.wraps = changed = True
 
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr.value}" if base else node.attr.value
-    if isinstance(node, cst.Call):
-        return _dotted(node.func) + "()"
-    if isinstance(node, cst.Subscript):
-        return _dotted(node.value) + "[]"
+
+def relevant_lines_with(facts: SourceFacts, relevant_names: Set[str]) -> Set[int]:
+    """The module's relevant statement lines when the names in `relevant_names` (functions of other
+    project modules that wrap, freeze, cast or build optimizers) are relevant too."""
+    own = {n for n, f in facts.functions.items() if f.relevant}
+    names = own | relevant_names
+    out = set(facts.relevant_stmt_lines)
+    for line, calls in getattr(facts, "_stmt_calls", {}).items():
+        if calls & names:
+            out.add(line)
+    return out
+
+
+def dotted(node) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr}" if base else node.attr
+    if isinstance(node, ast.Call):
+        return dotted(node.func) + "()"
+    if isinstance(node, ast.Subscript):
+        return dotted(node.value) + "[]"
     return ""
 
 
 def _expr_text(node) -> str:
-    import libcst as cst
-
     try:
-        return cst.Module(body=[]).code_for_node(node)
-    except Exception:
-        return _dotted(node)
+        return ast.unparse(node)
+    except Exception:  # pragma: no cover - ast.unparse handles every expression
+        return dotted(node)
 
 
-def _collector_base():
-    import libcst as cst
+_COMPOUND = (ast.If, ast.With, ast.AsyncWith, ast.Try, ast.For, ast.AsyncFor, ast.While) + (
+    (ast.TryStar,) if hasattr(ast, "TryStar") else ()) + ((ast.Match,) if hasattr(ast, "Match") else ())
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
-    return cst.CSTVisitor
 
-
-class _Collector(_collector_base()):  # type: ignore[misc]
-    """One pass over the module: sites, functions, statement markers, loops."""
+class _Collector(ast.NodeVisitor):
+    """One pass over the module: sites, functions, statement markers, loops, imports."""
 
     def __init__(self):
-        super().__init__()
-        self.positions = {}
         self.sites: List[Site] = []
         self.functions: Dict[str, FunctionFacts] = {}
         self.module_classes: List[Tuple[str, int]] = []
+        self.classes: Dict[str, List[str]] = {}
         self.aliases: Dict[str, str] = {}
-        self.stmt_markers: Dict[int, Tuple[Set[str], Set[str]]] = {}
-        self.loop_lines: Set[int] = set()
+        self.imports: List[ImportInfo] = []
         self.training_loop_lines: Set[int] = set()
+        self.stepping_loop_lines: Set[int] = set()
         # ("mark", kind, open statement lines, function, open loop lines, site index) and
         # ("call", callee name, ...) in source order; relevance is decided after the pass
         self.events: List[Tuple[str, str, Tuple[int, ...], Optional[FunctionFacts], Tuple[int, ...], int]] = []
         self.main_guard_line: Optional[int] = None
+        self.calls_hf_factory = False
+        self.uses_framework = False
+        self.future_annotations = False
         self._stmt_stack: List[List[int]] = [[]]   # per function scope: open statement lines
         self._fn_stack: List[FunctionFacts] = []
         self._class_depth = 0
+        self._class_stack: List[str] = []
+        self._try_depth = 0
         self._loop_stack: List[int] = []
 
     # -- helpers ---------------------------------------------------------------------------
-    def _pos(self, node) -> Tuple[int, int]:
-        pos = self.positions.get(node)
-        if pos is None:
-            return (0, 0)
-        return (pos.start.line, pos.start.column + 1)
-
     def _mark(self, kind: str, name: str, node) -> None:
-        line, col = self._pos(node)
         fn = self._fn_stack[-1].name if self._fn_stack else None
-        self.sites.append(Site(kind=kind, name=name, line=line, col=col, function=fn))
+        self.sites.append(Site(kind=kind, name=name, line=node.lineno, col=node.col_offset + 1, function=fn))
         self.events.append(("mark", kind, tuple(self._stmt_stack[-1]),
                             self._fn_stack[-1] if self._fn_stack else None, tuple(self._loop_stack),
                             len(self.sites) - 1))
@@ -285,192 +329,232 @@ class _Collector(_collector_base()):  # type: ignore[misc]
         fn = self._fn_stack[-1] if self._fn_stack else None
         self.events.append(("call", name, tuple(self._stmt_stack[-1]), fn, tuple(self._loop_stack), -1))
 
-    def _canonical(self, dotted: str) -> str:
-        last = dotted.rsplit(".", 1)[-1]
-        if "." not in dotted and dotted in self.aliases:
-            return self.aliases[dotted]
+    def _canonical(self, name: str) -> str:
+        last = name.rsplit(".", 1)[-1]
+        if "." not in name and name in self.aliases:
+            return self.aliases[name]
         return last
 
     # -- statements --------------------------------------------------------------------------
-    def _open(self, node) -> None:
-        line, _ = self._pos(node)
-        self._stmt_stack[-1].append(line)
-        self.stmt_markers.setdefault(line, (set(), set()))
-
-    def _close(self, node) -> None:
-        self._stmt_stack[-1].pop()
-
-    def visit_SimpleStatementLine(self, node):
-        self._open(node)
-
-    def leave_SimpleStatementLine(self, node):
-        self._close(node)
-
-    def _visit_compound(self, node):
-        self._open(node)
-
-    def _leave_compound(self, node):
-        self._close(node)
+    def visit(self, node):
+        if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            self._stmt_stack[-1].append(node.lineno)
+            try:
+                return super().visit(node)
+            finally:
+                self._stmt_stack[-1].pop()
+        return super().visit(node)
 
     def visit_If(self, node):
-        import libcst as cst
-
-        self._open(node)
         test = node.test
-        if (not self._fn_stack and isinstance(test, cst.Comparison) and _dotted(test.left) == "__name__"):
-            self.main_guard_line = self._pos(node)[0]
+        if not self._fn_stack and not self._class_depth and isinstance(test, ast.Compare) \
+                and dotted(test.left) == "__name__":
+            self.main_guard_line = node.lineno
+        self.generic_visit(node)
 
-    leave_If = _leave_compound
-    visit_With = _visit_compound
-    leave_With = _leave_compound
-    visit_Try = _visit_compound
-    leave_Try = _leave_compound
+    def _visit_try(self, node):
+        # statements under a `try` with handlers are the file's own error handling
+        self.visit_list(node.body, in_try=bool(node.handlers))
+        for h in node.handlers:
+            self.visit(h)
+        self.visit_list(node.orelse)
+        self.visit_list(node.finalbody)
+
+    visit_Try = _visit_try
+    visit_TryStar = _visit_try
+
+    def visit_list(self, stmts, in_try: bool = False):
+        self._try_depth += in_try
+        try:
+            for s in stmts:
+                self.visit(s)
+        finally:
+            self._try_depth -= in_try
 
     def _visit_loop(self, node):
-        import libcst as cst
-
-        self._open(node)
-        line = self._pos(node)[0]
-        self.loop_lines.add(line)
+        line = node.lineno
         self._loop_stack.append(line)
         # a loop over a data loader / epochs, or one that steps an optimizer (see visit_Call), is
         # a training loop; a `while` only when its condition talks about steps, epochs or data
         # (``while step < max_steps``); other `while` loops before the wrap never run anyway, and
         # the ones in model code (``while dim % 8: dim += 1``) must
         words = ("loader", "dataset", "batch", "epoch", "data", "step", "iter")
-        if isinstance(node, cst.While):
+        if isinstance(node, ast.While):
             text = _expr_text(node.test).lower()
             if any(w in text for w in words):
                 self.training_loop_lines.add(line)
         else:
-            it = _dotted(node.iter).lower()
+            it = dotted(node.iter).lower()
             if any(w in it for w in words[:5]):
                 self.training_loop_lines.add(line)
-
-    def _leave_loop(self, node):
-        self._loop_stack.pop()
-        self._close(node)
+        try:
+            self.generic_visit(node)
+        finally:
+            self._loop_stack.pop()
 
     visit_For = _visit_loop
-    leave_For = _leave_loop
+    visit_AsyncFor = _visit_loop
     visit_While = _visit_loop
-    leave_While = _leave_loop
 
     def visit_FunctionDef(self, node):
-        import libcst as cst
-
-        line = self._pos(node)[0]
-        end = self.positions[node].end.line if node in self.positions else line
-        params = [p.name.value for p in list(node.params.posonly_params) + list(node.params.params)]
-        defaults = sum(1 for p in list(node.params.posonly_params) + list(node.params.params) if p.default is not None)
+        args = node.args
+        positional = list(args.posonlyargs) + list(args.args)
+        params = [a.arg for a in positional]
+        defaults = len(args.defaults)
         is_method = self._class_depth > 0 and not self._fn_stack
         if is_method and params and params[0] in ("self", "cls"):
             params = params[1:]
-        f = FunctionFacts(name=node.name.value, line=line, end_line=end, params=params,
-                          defaults=defaults, is_method=is_method)
+            defaults = min(defaults, len(params))
+        first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+        f = FunctionFacts(name=node.name, line=node.lineno, end_line=node.end_lineno or node.lineno, params=params,
+                          defaults=defaults, is_method=is_method, first_line=first,
+                          cls=self._class_stack[-1] if is_method else None)
         # keep the first definition of a name; methods do not shadow module functions
         if f.name not in self.functions or (self.functions[f.name].is_method and not is_method):
             self.functions[f.name] = f
+        for d in node.decorator_list:
+            self.visit(d)
+        for d in list(args.defaults) + [d for d in args.kw_defaults if d is not None]:
+            self.visit(d)
         self._fn_stack.append(f)
         self._stmt_stack.append([])
-        self._saved_loops = getattr(self, "_saved_loops", [])
-        self._saved_loops.append(self._loop_stack)
-        self._loop_stack = []
-        del cst
+        saved_loops, self._loop_stack = self._loop_stack, []
+        saved_try, self._try_depth = self._try_depth, 0
+        saved_class, self._class_depth = self._class_depth, 0
+        try:
+            for s in node.body:
+                self.visit(s)
+        finally:
+            self._fn_stack.pop()
+            self._stmt_stack.pop()
+            self._loop_stack = saved_loops
+            self._try_depth = saved_try
+            self._class_depth = saved_class
 
-    def leave_FunctionDef(self, node):
-        self._fn_stack.pop()
-        self._stmt_stack.pop()
-        self._loop_stack = self._saved_loops.pop()
-
-    def visit_Lambda(self, node):
-        # a lambda's body runs where it is called (e.g. inside a policy), not where it is written
-        return True
+    visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_ClassDef(self, node):
-        bases = [_dotted(b.value) for b in node.bases]
+        bases = [dotted(b) for b in node.bases]
+        self.classes.setdefault(node.name, bases)
         if any(b.split(".")[-1] in ("Module", "PreTrainedModel") or b.endswith("nn.Module") for b in bases) or any(
             b in {c for c, _ in self.module_classes} for b in bases
         ):
-            self.module_classes.append((node.name.value, self._pos(node)[0]))
+            self.module_classes.append((node.name, node.lineno))
+        for d in node.decorator_list + node.bases + [k.value for k in node.keywords]:
+            self.visit(d)
         self._class_depth += 1
-
-    def leave_ClassDef(self, node):
-        self._class_depth -= 1
+        self._class_stack.append(node.name)
+        try:
+            for s in node.body:
+                self.visit(s)
+        finally:
+            self._class_depth -= 1
+            self._class_stack.pop()
 
     # -- imports -----------------------------------------------------------------------------
-    def visit_ImportFrom(self, node):
-        import libcst as cst
+    def _top_level(self) -> bool:
+        return not self._fn_stack and not self._class_depth and not self._try_depth
 
-        if isinstance(node.names, cst.ImportStar):
-            return
+    def visit_Import(self, node):
         for alias in node.names:
-            name = _dotted(alias.name)
-            local = alias.asname.name.value if alias.asname else name
+            self.imports.append(ImportInfo(alias.name, 0, [], node.lineno, self._top_level()))
+            if alias.name.split(".")[0] in FRAMEWORK_MODULES:
+                self.uses_framework = True
+
+    def visit_ImportFrom(self, node):
+        module = node.module or ""
+        if module == "__future__":
+            self.future_annotations |= any(a.name == "annotations" for a in node.names)
+        names = [a.name for a in node.names]
+        self.imports.append(ImportInfo(module, node.level or 0, names, node.lineno, self._top_level()))
+        if module.split(".")[0] in FRAMEWORK_MODULES or FRAMEWORK_NAMES.intersection(names):
+            self.uses_framework = True
+        for alias in node.names:
+            if alias.name == "*":
+                continue
+            name = alias.name
+            local = alias.asname or name
             if name in WRAP_FSDP1 | WRAP_FSDP2 | POLICY_NAMES | OPTIMIZER_NAMES or name in ("MixedPrecisionPolicy", "MixedPrecision"):
                 self.aliases[local] = name
 
     # -- expressions -------------------------------------------------------------------------
+    def visit_Lambda(self, node):
+        # a lambda's body runs where it is called (e.g. inside a policy), not where it is written:
+        # its calls count for the statement that holds it
+        self.generic_visit(node)
+
     def visit_Call(self, node):
-        dotted = _dotted(node.func)
-        if not dotted:
-            return
-        name = self._canonical(dotted)
-        last = dotted.rsplit(".", 1)[-1]
+        name_as_written = dotted(node.func)
+        if name_as_written:
+            self._classify_call(node, name_as_written)
+        self.generic_visit(node)
+
+    def _classify_call(self, node, written: str) -> None:
+        name = self._canonical(written)
+        last = written.rsplit(".", 1)[-1]
         if name in WRAP_FSDP2:
-            self._mark("fsdp2", dotted, node)
-        elif name in WRAP_FSDP1 or dotted == "FSDP":
-            self._mark("fsdp1", dotted, node)
+            self._mark("fsdp2", written, node)
+        elif name in WRAP_FSDP1 or written == "FSDP":
+            self._mark("fsdp1", written, node)
         elif name in POLICY_NAMES:
-            self._mark("policy", dotted, node)
+            self._mark("policy", written, node)
         elif last == "requires_grad_":
-            self._mark("freeze", dotted, node)
-        elif last in DTYPE_METHODS and not node.args and "." in dotted:
-            self._mark("dtype", dotted, node)
-        elif last == "to" and "." in dotted and any(
-            (a.keyword is not None and a.keyword.value == "dtype") or "16" in _dotted(a.value) or "float" in _dotted(a.value)
-            for a in node.args
-        ):
-            self._mark("dtype", dotted, node)
-        elif self._is_optimizer(dotted, name):
-            self._mark("optimizer", dotted, node)
+            self._mark("freeze", written, node)
+        elif last in DTYPE_METHODS and not node.args and "." in written:
+            self._mark("dtype", written, node)
+        elif last == "to" and "." in written and any(
+            "16" in dotted(a) or "float" in dotted(a) for a in node.args
+        ) or last == "to" and "." in written and any(k.arg == "dtype" for k in node.keywords):
+            self._mark("dtype", written, node)
+        elif self._is_optimizer(written, name):
+            self._mark("optimizer", written, node)
+        if last in HF_FACTORIES:
+            self.calls_hf_factory = True
+        if last in FRAMEWORK_NAMES:
+            self.uses_framework = True
         if last in ("backward", "step", "zero_grad") and self._loop_stack:
             self.training_loop_lines.update(self._loop_stack)
+            self.stepping_loop_lines.update(self._loop_stack)
         self._call(last)
         # functions handed to launchers count as called: mp.spawn(main, ...), fire.Fire(main)
-        import libcst as cst
+        for arg in list(node.args) + [k.value for k in node.keywords]:
+            if isinstance(arg, ast.Starred):
+                arg = arg.value
+            if isinstance(arg, ast.Name):
+                self._call(arg.id)
 
-        for arg in node.args:
-            if isinstance(arg.value, cst.Name):
-                self._call(arg.value.value)
-
-    def _is_optimizer(self, dotted: str, name: str) -> bool:
-        parts = dotted.split(".")
-        if name in OPTIMIZER_NAMES and (len(parts) == 1 and dotted in self.aliases or "optim" in parts[:-1]):
+    def _is_optimizer(self, written: str, name: str) -> bool:
+        parts = written.split(".")
+        if name in OPTIMIZER_NAMES and (len(parts) == 1 and written in self.aliases or "optim" in parts[:-1]):
             return True
-        if name in OPTIMIZER_NAMES and len(parts) > 1 and "optim" in dotted:
+        if name in OPTIMIZER_NAMES and len(parts) > 1 and "optim" in written:
             return True
         lowered = parts[-1].lower()
         return lowered.endswith("optimizer") and lowered.startswith(("build", "create", "make", "get", "configure", "init", "setup"))
 
-    def visit_AssignTarget(self, node):
-        import libcst as cst
-
-        target = node.target
-        if isinstance(target, cst.Attribute) and target.attr.value == "requires_grad":
-            self._mark("freeze", _dotted(target), node)
+    def _visit_targets(self, targets) -> None:
+        for target in targets:
+            if isinstance(target, ast.Attribute) and target.attr == "requires_grad":
+                self._mark("freeze", dotted(target), target)
 
     def visit_Assign(self, node):
+        self._visit_targets(node.targets)
+        self._partial_alias(node)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node):
+        self._visit_targets([node.target])
+        self.generic_visit(node)
+
+    def _partial_alias(self, node) -> None:
         """``shard = functools.partial(fully_shard, mesh=mesh)`` / ``wrap = partial(FSDP, ...)``:
         calling the name wraps, like the API itself."""
-        import libcst as cst
-
         value = node.value
-        if not isinstance(value, cst.Call) or not value.args:
+        if not isinstance(value, ast.Call) or not value.args:
             return
-        if _dotted(value.func).rsplit(".", 1)[-1] != "partial":
+        if dotted(value.func).rsplit(".", 1)[-1] != "partial":
             return
-        first = _dotted(value.args[0].value)
+        first = dotted(value.args[0])
         if not first:
             return
         name = self._canonical(first)
@@ -478,5 +562,5 @@ class _Collector(_collector_base()):  # type: ignore[misc]
             return
         canonical = "FullyShardedDataParallel" if first == "FSDP" else name
         for target in node.targets:
-            if isinstance(target.target, cst.Name):
-                self.aliases[target.target.value] = canonical
+            if isinstance(target, ast.Name):
+                self.aliases[target.id] = canonical

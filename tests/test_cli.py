@@ -451,7 +451,7 @@ def test_debug_shows_the_traceback_of_an_internal_error(tmp_path, monkeypatch):
     probe = textwrap.dedent('''
         import sys
         import fsdp_lint.engine as engine
-        def boom(path, settings):
+        def boom(path, settings, **kwargs):
             raise ValueError("simulated bug\\nsecond line")
         engine.lint_file = boom
         from fsdp_lint.cli import main

@@ -62,13 +62,14 @@ def _needs_hf(path):
 # --------------------------------------------------------------------------------------------
 # what torch built
 # --------------------------------------------------------------------------------------------
-def torch_units(path: str, world_size: int) -> tuple[list[dict], object]:
-    """Replay `path` with the real FSDP APIs; describe every unit torch built, in application order."""
+def torch_units(path: str, world_size: int, argv=None) -> tuple[list[dict], object]:
+    """Replay `path` (with the script's arguments `argv`) with the real FSDP APIs; describe every
+    unit torch built, in application order."""
     inits: list = []
     states: list = []
     facts = read_source(path)
     with _record_calls(FSDP, "__init__", inits), _record_calls(FSDPState, "init", states):
-        res = replay(facts, world_size, real=True)
+        res = replay(facts, world_size, real=True, argv=argv)
     assert not dist.is_initialized(), "the replay must not leave a process group behind"
     root = res.model
     mod_name = {}
@@ -127,9 +128,9 @@ def torch_units(path: str, world_size: int) -> tuple[list[dict], object]:
     return units, res
 
 
-def assert_plan_matches_torch(path: str, world_size: int):
-    res = analyse(path, Settings(world_size=world_size))
-    real, _ = torch_units(path, world_size)
+def assert_plan_matches_torch(path: str, world_size: int, argv=None):
+    res = analyse(path, Settings(world_size=world_size), argv=argv)
+    real, _ = torch_units(path, world_size, argv)
     plan, tree = res.plan, res.tree
     assert [u.modules for u in plan.units] == [r["modules"] for r in real]
     for unit, ref in zip(plan.units, real):

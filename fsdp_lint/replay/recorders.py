@@ -6,13 +6,8 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from fsdp_lint.replay.records import (
-    OptimizerCall,
-    ParamEvent,
-    Position,
-    WrapCall,
-    _StopReplay,
-)
+from fsdp_lint.project import is_local
+from fsdp_lint.replay.records import OptimizerCall, ParamEvent, Position, WrapCall
 
 
 # --------------------------------------------------------------------------------------------
@@ -68,53 +63,56 @@ class Recorder:
     """Collects wrap calls, optimizers and parameter events during a replay."""
 
     def __init__(self, path: str, world_size: int, real: bool = False):
-        self.path = os.path.abspath(path)
+        self.path = os.path.abspath(path)          # the linted (entry) file
         self.world_size = world_size
         self.real = real
         self.wrap_calls: List[WrapCall] = []
         self.optimizers: List[OptimizerCall] = []
         self.param_events: List[ParamEvent] = []
-        self.skipped: List[Tuple[int, str]] = []
         self.parents: Dict[int, Any] = {}        # id(child module) -> parent module
         self.modules_seen: Dict[int, Any] = {}
+        self.constructed: List[Tuple[Any, Position]] = []   # modules built during the replay, in order
         self.mesh_sizes: List[Tuple[int, ...]] = []
         self.seq = itertools.count()
-        self.terminal_spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
-        self.replay_code_names: Set[str] = set()
         # structural changes after the latest wrap call (record mode), undone at the end so the
         # tree is the model as it was wrapped: (kind, owner, name, old value, new child, its old parent)
         self.undo: List[Tuple[str, Any, str, Any, Any, Any]] = []
         self.rebind: Optional[Callable[[dict], None]] = None
+        # the training boundary: what wrapping and optimizers made "training"
+        self.wrapped_ids: Set[int] = set()
+        self.optimizer_param_ids: Set[int] = set()
+        self.stopped: Optional[Tuple[str, Position]] = None
+        self._local: Dict[str, bool] = {}
+
+    def is_project_file(self, fname: str) -> bool:
+        known = self._local.get(fname)
+        if known is None:
+            known = self._local[fname] = fname == self.path or is_local(fname)
+        return known
 
     def position(self) -> Position:
+        """Where the innermost project frame is (a wrap call in a helper module, or in the linted
+        file), and, when that is another file, the innermost frame of the linted file (the call site)."""
         frame = sys._getframe(1)
-        fallback = None
+        primary: Optional[Position] = None
         while frame is not None:
             fname = frame.f_code.co_filename
-            if os.path.abspath(fname) == self.path:
-                return Position(self.path, frame.f_lineno, _column(frame))
-            if fallback is None and not _is_library(fname):
-                fallback = Position(fname, frame.f_lineno, _column(frame))
+            if primary is None and self.is_project_file(fname):
+                primary = Position(os.path.abspath(fname), frame.f_lineno, _column(frame))
+                if primary.path == self.path:
+                    return primary
+            elif primary is not None and os.path.abspath(fname) == self.path:
+                primary.via = Position(self.path, frame.f_lineno, _column(frame))
+                return primary
             frame = frame.f_back
-        return fallback or Position(self.path, 0)
+        return primary or Position(self.path, 0)
 
-    def checkpoint(self) -> None:
-        frame = sys._getframe(1)
-        # the checkpoint's own frame is at a terminal position by construction; every replayed
-        # frame above it must be inside its terminal statement too
-        frame = frame.f_back
-        while frame is not None and os.path.abspath(frame.f_code.co_filename) == self.path:
-            key = (frame.f_code.co_name, frame.f_code.co_firstlineno)
-            spans = self.terminal_spans.get(key)
-            if spans is None:
-                return
-            if not any(a <= frame.f_lineno <= b for a, b in spans):
-                return
-            frame = frame.f_back
-        raise _StopReplay()
-
-    def skip(self, line: int, exc: BaseException) -> None:
-        self.skipped.append((line, f"{type(exc).__name__}: {exc}".splitlines()[0][:200]))
+    def record_wrap(self, call: WrapCall) -> None:
+        self.wrap_calls.append(call)
+        self.wrapped_ids.update(id(m) for m in call.modules)
+        self.wrapped_ids.update(id(m) for m in call.auto_wrapped)
+        if getattr(self, "parallel", None) is not None:
+            self.parallel.on_wrap_call(call)  # issue 11: its mesh / process groups, DTensor params
 
     def snapshot(self, modules) -> Dict[int, Tuple[bool, Any]]:
         state = {}
@@ -137,14 +135,6 @@ def _column(frame) -> int:
     return 1
 
 
-def _is_library(fname: str) -> bool:
-    if fname.startswith("<"):
-        return True
-    norm = fname.replace("\\", "/")
-    return any(s in norm for s in ("/site-packages/", "/dist-packages/", "/lib/python3", "/fsdp_lint/"))
-
-
-
 def _install_recorders(rec: Recorder, patch) -> None:
     import torch.distributed.fsdp as fsdp_mod
     from torch.distributed.fsdp import FullyShardedDataParallel as RealFSDP
@@ -155,8 +145,7 @@ def _install_recorders(rec: Recorder, patch) -> None:
         for name, value in zip(names, args):
             kwargs[name] = value
         rec.undo.clear()
-        rec.wrap_calls.append(WrapCall("fsdp2", next(rec.seq), mods, kwargs, rec.position(), state=rec.snapshot(mods)))
-        rec.parallel.on_wrap_call(rec.wrap_calls[-1])  # issue 11: its mesh, DTensor params
+        rec.record_wrap(WrapCall("fsdp2", next(rec.seq), mods, kwargs, rec.position(), state=rec.snapshot(mods)))
         return module
 
     class _FSDPMeta(type):
@@ -181,8 +170,7 @@ def _install_recorders(rec: Recorder, patch) -> None:
                 call.auto_wrapped, call.policy_desc, call.policy_classes = resolve_fsdp1_auto_wrap(
                     module, policy, kwargs.get("ignored_modules"), kwargs.get("ignored_states"))
             rec.undo.clear()
-            rec.wrap_calls.append(call)
-            rec.parallel.on_wrap_call(call)  # issue 11: its process groups / device mesh
+            rec.record_wrap(call)
             return module
 
     RecordingFSDP.__name__ = "FullyShardedDataParallel"
@@ -219,15 +207,13 @@ def _install_real_wrappers(rec: Recorder, patch) -> None:
             from torch.distributed.device_mesh import init_device_mesh
 
             kwargs["mesh"] = init_device_mesh(device.type, (rec.world_size,))
-        rec.wrap_calls.append(WrapCall("fsdp2", next(rec.seq), mods, dict(kwargs), rec.position(), state=rec.snapshot(mods)))
-        rec.parallel.on_wrap_call(rec.wrap_calls[-1])  # issue 11
+        rec.record_wrap(WrapCall("fsdp2", next(rec.seq), mods, dict(kwargs), rec.position(), state=rec.snapshot(mods)))
         return real_fully_shard(module, *args, **kwargs)
 
     def make_fsdp(module, *args, **kwargs):
         kwargs["device_id"] = device
         call = WrapCall("fsdp1", next(rec.seq), [module], dict(kwargs), rec.position(), state=rec.snapshot([module]))
-        rec.wrap_calls.append(call)
-        rec.parallel.on_wrap_call(call)  # issue 11
+        rec.record_wrap(call)
         return RealFSDP(module, *args, **kwargs)
 
     class _FSDPMeta(type):

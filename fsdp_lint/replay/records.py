@@ -34,6 +34,8 @@ class Position:
     path: str
     line: int
     col: int = 1
+    # where the linted file calls into the helper module that holds `line` (None: `line` is in it)
+    via: Optional["Position"] = None
 
 
 @dataclass
@@ -75,11 +77,29 @@ class ReplayResult:
     wrap_calls: List[WrapCall]
     optimizers: List[OptimizerCall]
     param_events: List[ParamEvent]
-    skipped: List[Tuple[int, str]]            # (line, error) of setup statements that failed harmlessly
+    skipped: List["Skipped"]                  # setup statements that failed and were skipped
     world_size: int
     mesh_sizes: List[Tuple[int, ...]]
     namespace: Optional[Dict[str, Any]] = None   # the replayed file's globals (--run: example_inputs())
+    stopped: Optional[Tuple[str, Position]] = None   # the training boundary that ended the replay
+    argv: List[str] = field(default_factory=list)    # the script's arguments
+    run_as: str = ""                              # "script" or "module pkg.sub.train"
+    stubs: List[Any] = field(default_factory=list)   # imports that failed and got a stand-in (MissingImport)
+    stub_uses: List[Any] = field(default_factory=list)   # uses of those stand-ins (StubUse)
+    notes: List[str] = field(default_factory=list)   # what the report should say about the replay
     parallel: Any = None                      # issue 11: meshes, groups, DTensor params (replay/parallel.py)
+
+
+@dataclass
+class Skipped:
+    """A setup statement that failed and was skipped (a data set or tokenizer not found here)."""
+    path: str
+    line: int
+    error: str                                # "FileNotFoundError: data/train.bin"
+    exc_type: str = ""
+
+    def __iter__(self):                       # (line, error), as the records used to be
+        return iter((self.line, self.error))
 
 
 

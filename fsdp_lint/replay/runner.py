@@ -1,165 +1,415 @@
-"""Running a file's setup code in the sandbox and turning what happened into a ReplayResult."""
+"""Running an entry point's setup code the way ``python`` runs it, in the sandbox, up to the training
+boundary, and turning what happened into a ReplayResult.
+
+* A standalone file runs as ``__main__`` with its folder first on ``sys.path``; a module of a package
+  runs as ``__main__`` with its package (``__package__``, ``__spec__``) so that relative imports work,
+  the package root first on ``sys.path`` and the packages above it imported first, as ``python -m``.
+* ``argv`` is the script's command line: its argument parser picks the model and settings as at
+  launch; a parser that stops (a required argument, a usage error) is reported with its own message.
+* Project-local imports go through the code transform (``imports.ProjectImporter``).
+* The replay ends at the training boundary (``boundary``), at a training loop of project code, or
+  when the script ends.
+"""
 from __future__ import annotations
 
-import ast
 import contextlib
+import importlib
+import importlib.util
 import os
-import re
 import sys
 import types
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Union
 
+from fsdp_lint.project import Entry, Reach, facts_for, reach
+from fsdp_lint.replay import boundary
+from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_line
+from fsdp_lint.replay.imports import Missing, MissingImport, ProjectImporter, StubUse, is_circular, missing_module_of
 from fsdp_lint.replay.recorders import Recorder
-from fsdp_lint.replay.records import (
-    _MISSING,
-    ReplayError,
-    ReplayResult,
-    _counter,
-    _StopReplay,
-)
-from fsdp_lint.replay.sandbox import _guarded_builtins, _stub_import, sandbox
+from fsdp_lint.replay.records import _MISSING, ReplayError, ReplayResult, TrainingBoundary
+from fsdp_lint.replay.sandbox import guarded_builtins, sandbox
 from fsdp_lint.replay.targets import (
+    LazyOverride,
     ModelTarget,
-    _call_helper,
-    _discover_model,
-    _LazyOverride,
-    _load_target,
+    Override,
+    build_override,
+    discover_model,
+    helper_arguments,
+    load_target,
 )
-from fsdp_lint.replay.transform import (
-    _CHECKPOINT,
-    _REBIND,
-    _SKIP,
-    _STUB_IMPORT,
-    _binds,
-    compile_replay,
-)
-from fsdp_lint.source import SourceFacts
-
-
-# --------------------------------------------------------------------------------------------
-# the replay
-# --------------------------------------------------------------------------------------------
-def replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget] = None, real: bool = False,
-           timeout: Optional[float] = None, device=None, gpus_per_node: Optional[int] = None) -> ReplayResult:
-    missing: List[str] = []
-    try:
-        return _replay(facts, world_size, target, real, timeout, device, missing,
-                       gpus_per_node=gpus_per_node)  # issue 11: the simulated node size
-    except ReplayError as exc:
-        if not missing:
-            raise
-        # the file imports something that is not installed here (transformers, peft, a package
-        # of the training repository): that is most likely why it failed
-        names = ", ".join(dict.fromkeys(missing))
-        raise ReplayError(f"{exc} (not importable here: {names}; install it to lint this file)") from exc
-
-
-def _replay(facts: SourceFacts, world_size: int, target: Optional[ModelTarget], real: bool,
-            timeout: Optional[float], device, missing: List[str], gpus_per_node: Optional[int] = None) -> ReplayResult:
-    import torch.nn as nn
-
-    path = os.path.abspath(facts.path)
-    rec = Recorder(path, world_size, real=real)
-    rec.device = device
-    rec.gpus_per_node = gpus_per_node  # issue 11: LOCAL_WORLD_SIZE / device_count() (replay/parallel.py)
-    rec.api = facts.api
-    code, spans = compile_replay(facts)
-    rec.terminal_spans = spans
-    mod_name = f"__fsdp_lint_replay_{next(_counter)}__"
-    module = types.ModuleType(mod_name)
-    module.__file__ = path
-    ns = module.__dict__
-    ns.update({
-        "__builtins__": _guarded_builtins(),
-        _CHECKPOINT: rec.checkpoint,
-        _SKIP: rec.skip,
-        _STUB_IMPORT: lambda names, globs, module=None: (missing.append(module or names[0]),
-                                                         _stub_import(names, globs)),
-        _REBIND: lambda g: None,
-    })
-    basename = os.path.basename(path)
-    root = None
-    how = None
-    with sandbox(rec, os.path.dirname(path)):
-        sys.modules[mod_name] = module
-        override = None
-        if target is not None:
-            override = _load_target(target, facts, ns, rec)
-            ns[_REBIND] = override.rebind
-        try:
-            with _alarm(timeout):
-                exec(code, ns)
-        except _StopReplay:
-            pass
-        except _ReplayTimeout:
-            raise ReplayError(f"{basename}: replaying the setup code took longer than {timeout:.0f} s") from None
-        except SystemExit as exc:
-            raise ReplayError(f"{basename}: the setup code called sys.exit({exc.code!r})") from None
-        except ReplayError:
-            raise
-        except Exception as exc:
-            raise ReplayError(_describe_failure(basename, exc, path, rec, facts)) from exc
-
-        if isinstance(override, _LazyOverride) and override.callable is None:
-            # --model names something in the linted file itself: it must exist even when the file
-            # builds and wraps its own model (an unknown --model is a usage error, exit 2)
-            obj = ns.get(target.name.split(".")[0])
-            for part in target.name.split(".")[1:]:
-                obj = getattr(obj, part, None)
-            if not callable(obj):
-                raise ReplayError(f"--model {target.text}: {target.name!r} is not defined in {basename}")
-
-        if not rec.wrap_calls:
-            # library-style files: wrap helpers that the file defines but never calls; entry points
-            # without required arguments (``main()`` run by ``fire``/``typer``) build their own model
-            helpers = facts.uncalled_wrap_helpers()
-            for helper in [h for h in helpers if h.defaults == len(h.params)]:
-                fn = ns.get(helper.name)
-                if callable(fn) and not rec.wrap_calls:
-                    try:
-                        with _alarm(timeout):
-                            fn()
-                    except _StopReplay:
-                        pass
-                    except Exception:
-                        rec.wrap_calls.clear()
-            if not rec.wrap_calls and (helpers or override is not None):
-                root, how = _discover_model(facts, ns, rec, override)
-                for helper in helpers:
-                    fn = ns.get(helper.name)
-                    if callable(fn) and (helper.params and helper.defaults < len(helper.params)):
-                        try:
-                            _call_helper(fn, helper, root, rec)
-                        except _StopReplay:
-                            pass
-                        except Exception as exc:
-                            raise ReplayError(_describe_failure(basename, exc, path, rec, facts)) from exc
-        if not rec.real:
-            _undo_after_last_wrap(rec)
-        if rec.wrap_calls:
-            root = _root_of(rec)
-            how = how or _describe_root(root, ns, basename)
-            if override is not None and not override.used:
-                # the file wraps a model of its own: applying its wrap code (policies naming the file's
-                # own block classes) to another model would report a plan nobody wrote
-                raise ReplayError(
-                    f"--model {target.text}: {basename} never builds {target.name}; its wrap code wraps its "
-                    f"own {type(root).__name__}. Use --model {basename}:{type(root).__name__}(...) to change that "
-                    f"model's arguments, or lint the file that builds {target.name}")
-        elif root is None:
-            root, how = _discover_model(facts, ns, rec, override)
-        if override is not None and override.used:
-            how = target.text
-    if not isinstance(root, nn.Module):
-        raise ReplayError(f"{basename}: could not find the model")
-    return ReplayResult(model=root, target=how, wrap_calls=rec.wrap_calls, optimizers=rec.optimizers,
-                        param_events=rec.param_events, skipped=rec.skipped, world_size=world_size,
-                        mesh_sizes=rec.mesh_sizes, namespace=ns,
-                        parallel=getattr(rec, "parallel", None))  # issue 11
+from fsdp_lint.replay.transform import LOOP, REBIND, SETUP_DONE, SKIP, STUB_IMPORT, transform
+from fsdp_lint.source import SourceFacts, relevant_lines_with
 
 
 class _ReplayTimeout(BaseException):
     pass
+
+
+def replay(facts: Union[SourceFacts, str], world_size: int, target: Optional[ModelTarget] = None,
+           real: bool = False, timeout: Optional[float] = None, device=None, argv: Optional[List[str]] = None,
+           project: Optional[Reach] = None, cwd: Optional[str] = None,
+           gpus_per_node: Optional[int] = None) -> ReplayResult:
+    """Run the entry point `facts` (SourceFacts, or a path) as rank 0 of `world_size` ranks up to the
+    training boundary. `argv`: the script's own arguments; `cwd`: the folder it is launched from
+    (default: the current one). Raises ReplayError (one line)."""
+    if isinstance(facts, str):
+        facts = facts_for(os.path.abspath(facts))
+    run = _Run(facts, world_size, target, real, device, list(argv or []), project)
+    run.cwd = cwd
+    run.rec.gpus_per_node = gpus_per_node  # issue 11: LOCAL_WORLD_SIZE / device_count() (replay/parallel.py)
+    return run.execute(timeout)
+
+
+@dataclass
+class _Run:
+    facts: SourceFacts
+    world_size: int
+    target: Optional[ModelTarget]
+    real: bool
+    device: Any
+    argv: List[str]
+    project: Optional[Reach]
+    rec: Recorder = field(init=False)
+    failures: Failures = field(init=False)
+
+    def __post_init__(self):
+        path = os.path.abspath(self.facts.path)
+        self.path = path
+        self.display = os.path.basename(path)
+        rel = os.path.relpath(path)
+        self.shown = path if rel.startswith("..") else rel      # the file as notes name it
+        self.project = self.project or reach(path, self.facts)
+        self.entry: Entry = self.project.entry
+        self.relevant_names, self.wrap_names = self.project.relevant_names()
+        self.rec = Recorder(path, self.world_size, real=self.real)
+        self.rec.device = self.device
+        self.rec.api = self.facts.api
+        self.failures = Failures(entry_path=path, argv=list(self.argv))
+        self.cwd: Optional[str] = None
+        self.importer = ProjectImporter(self._load_module)
+        self.override: Optional[Override] = None
+        self.namespaces: List[dict] = []
+        self.terminal_spans: Dict = {}
+        self.setup_done: Optional[tuple] = None     # (file, line) where the entry's setup ended
+        self.ended_after_setup: Optional[str] = None
+
+    # -- modules -------------------------------------------------------------------------------
+    def _helpers(self) -> Dict[str, Any]:
+        rec = self.rec
+
+        def skip(line, exc):
+            frame = sys._getframe(1)
+            if not self.failures.may_skip(exc, frame):
+                return False
+            self.failures.record_skip(frame.f_code.co_filename, line, exc)
+            return True
+
+        def stub_import(names, globs, module, exc):
+            return self._stub_import(names, globs, module, exc, sys._getframe(1))
+
+        def rebind(globs):
+            if self.override is not None:
+                self.override.rebind(globs)
+
+        def training_loop(line):
+            boundary.training_loop(rec, line)
+
+        return {SKIP: skip, STUB_IMPORT: stub_import, REBIND: rebind, LOOP: training_loop,
+                SETUP_DONE: self._setup_done, "__builtins__": guarded_builtins()}
+
+    def _setup_done(self) -> None:
+        """Called after the entry's last statement that matters for the plan: when every frame of
+        the entry file on the stack is at its last relevant statement, the setup is done -- what
+        the script does after it (exit, raise, fail) no longer decides the plan."""
+        if self.setup_done is not None:
+            return
+        f = sys._getframe(1)
+        pos = (f.f_code.co_filename, f.f_lineno)
+        f = f.f_back
+        while f is not None:
+            fname = os.path.abspath(f.f_code.co_filename)
+            if fname == self.path:
+                name = f.f_code.co_name
+                key = ("<module>", 0) if name == "<module>" else (name, f.f_code.co_firstlineno)
+                spans = self.terminal_spans.get(key)
+                if not spans or not any(a <= f.f_lineno <= b for a, b in spans):
+                    return
+                if name == "<module>":
+                    break
+            elif fname.startswith(_FSDP_LINT_DIR):
+                break
+            f = f.f_back
+        self.setup_done = pos
+
+    def _compile(self, facts: SourceFacts, main: bool):
+        relevant = relevant_lines_with(facts, self.relevant_names)
+        dropped = {line for line in facts.dropped_loop_lines
+                   if not (facts.loop_calls.get(line, set()) & self.wrap_names)}
+        done = transform(facts, main=main, relevant=relevant, dropped=dropped)
+        path = os.path.abspath(facts.path)
+        if main:
+            self.terminal_spans = done.terminal_spans
+        self.failures.fatal_lines[path] = done.fatal_lines
+        self.failures.tolerant[path] = done.tolerant
+        return done.code
+
+    def _load_module(self, module, path: str) -> None:
+        """Exec a project module (imported by the entry) through the transform."""
+        facts = self.project.modules.get(path) or facts_for(path)
+        code = self._compile(facts, main=False)
+        module.__dict__.update(self._helpers())
+        self.namespaces.append(module.__dict__)
+        exec(code, module.__dict__)
+
+    def _stub_import(self, names, globs, module, exc, frame) -> bool:
+        """A top-level import of project code failed: bind tracked stand-ins (False: re-raise)."""
+        if is_circular(exc):
+            return False
+        missing = missing_module_of(exc) or (module or "").lstrip(".")
+        path = os.path.abspath(frame.f_code.co_filename)
+        local = bool(module) and (module.startswith(".") or
+                                  self.project is not None and _resolves_locally(self.entry, module))
+        self.failures.imports.append(MissingImport(module=module or "", missing=missing, path=path,
+                                                   line=frame.f_lineno, local=local,
+                                                   message=str(exc).splitlines()[0] if str(exc) else "",
+                                                   names=list(names)))
+
+        def on_use(name, _path=path):
+            use_frame = sys._getframe(2)
+            self.failures.stub_uses.append(StubUse(name=name, path=use_frame.f_code.co_filename,
+                                                   line=use_frame.f_lineno, in_model=_in_model_build()))
+
+        for name in names:
+            globs.setdefault(name, Missing(name, on_use))
+        return True
+
+    # -- the run -------------------------------------------------------------------------------
+    def execute(self, timeout: Optional[float]) -> ReplayResult:
+        import torch.nn as nn
+
+        entry = self.entry
+        module = types.ModuleType("__main__")
+        module.__file__ = self.path
+        module.__builtins__ = guarded_builtins()
+        if entry.is_package_module:
+            module.__package__ = entry.package
+            module.__spec__ = importlib.util.spec_from_file_location(entry.module, self.path)
+        ns = module.__dict__
+        ns.update(self._helpers())
+        self.namespaces.append(ns)
+        where_real = "with the real FSDP APIs" if self.real else "on the meta device"
+        root = how = None
+        launchers = tuple(sorted({imp.module.split(".")[0] for f in self.project.modules.values()
+                                  for imp in f.imports} & {"hydra"}))
+        with sandbox(self.rec, entry.root, self.argv, launchers=launchers):
+            if self.cwd:
+                os.chdir(self.cwd)      # restored by the sandbox
+            sys.meta_path.insert(0, self.importer)
+            try:
+                sys.modules["__main__"] = module
+                if self.target is not None:
+                    self.override = self._with_failures(lambda: load_target(self.target, self.path, ns), where_real)
+                code = self._compile(self.facts, main=True)
+                self._run(lambda: self._exec_entry(code, ns), timeout, where_real)
+                root, how = self._find_model(ns, timeout, where_real)
+            finally:
+                with contextlib.suppress(ValueError):
+                    sys.meta_path.remove(self.importer)
+        problem = self.failures.incomplete_plan(self.display)
+        if problem:
+            raise ReplayError(problem)
+        if not isinstance(root, nn.Module):
+            raise ReplayError(f"{self.display}: could not find the model")
+        skipped = [s.skipped for s in self.failures.skips]
+        return ReplayResult(model=root, target=how, wrap_calls=self.rec.wrap_calls, optimizers=self.rec.optimizers,
+                            param_events=self.rec.param_events, skipped=skipped, world_size=self.world_size,
+                            mesh_sizes=self.rec.mesh_sizes, namespace=ns, stopped=self.rec.stopped,
+                            argv=list(self.argv),
+                            run_as=f"module {entry.module}" if entry.is_package_module else "script",
+                            stubs=list(self.failures.imports), stub_uses=list(self.failures.stub_uses),
+                            notes=self._notes(), parallel=getattr(self.rec, "parallel", None))  # issue 11
+
+    def _exec_entry(self, code, ns) -> None:
+        if self.entry.is_package_module:
+            # the packages above the module run first, as `python -m pkg.sub.mod` does
+            importlib.import_module(self.entry.package)
+        exec(code, ns)
+
+    def _with_failures(self, fn, where_real: str):
+        try:
+            return fn()
+        except (ReplayError, TrainingBoundary):
+            raise
+        except Exception as exc:
+            raise self._error(exc, where_real) from exc
+
+    def _run(self, fn, timeout: Optional[float], where_real: str) -> None:
+        try:
+            with _alarm(timeout):
+                fn()
+        except TrainingBoundary:
+            pass
+        except _ReplayTimeout:
+            raise ReplayError(f"{self.display}: replaying the setup code took longer than {timeout:.0f} s") from None
+        except SystemExit as exc:
+            if self.setup_done is not None and not self.rec.stopped:
+                self.ended_after_setup = f"sys.exit({exc.code!r})"
+                return
+            self._on_exit(exc)
+        except ReplayError:
+            raise
+        except Exception as exc:
+            if self.setup_done is not None and self.failures.after_setup_ok(exc):
+                self.ended_after_setup = _one_line(exc)
+                return
+            raise self._error(exc, where_real) from exc
+
+    def _error(self, exc: BaseException, where_real: str) -> ReplayError:
+        err = ReplayError(self.failures.describe(exc, entry_display=self.display, where_real=where_real,
+                                                 importer=self.importer))
+        err.user_exception = exc
+        return err
+
+    def _on_exit(self, exc: SystemExit) -> None:
+        """The script called sys.exit: the end of the script (status 0), or its argument parser
+        stopping it, or a failure."""
+        code = exc.code
+        if code in (0, None):
+            return
+        err_text = self.rec.stderr.getvalue() if getattr(self.rec, "stderr", None) else ""
+        lines = [ln.strip() for ln in err_text.strip().splitlines() if ln.strip()]
+        usage = next((ln for ln in lines if ln.lower().startswith("usage:")), None)
+        last_error = next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[-1] if lines else "")
+        if usage or (last_error and "argument" in last_error.lower()):
+            args = " ".join(self.argv) if self.argv else "(none)"
+            raise ReplayError(
+                f"{self.display}: the script's argument parser stopped it with arguments {args}: {last_error}"
+                + (f" [{usage}]" if usage and usage != last_error else "")
+                + f" (pass the script's own arguments after --: fsdp-lint {self.display} -- ARGS)")
+        if not self.project.reaches_fsdp and not self.rec.wrap_calls:
+            return        # a model file whose __main__ block exits (a test runner, a demo)
+        detail = f": {last_error}" if last_error else ""
+        raise ReplayError(f"{self.display}: the script exited with status {code!r} before training started{detail}")
+
+    # -- the model ------------------------------------------------------------------------------
+    def _find_model(self, ns, timeout, where_real):
+        rec = self.rec
+        root = how = None
+        override = self.override
+        if isinstance(override, LazyOverride) and override.callable is None:
+            override.callable = override._find(ns)
+            if override.callable is None:
+                # --model names something in the linted file itself: it must exist even when the
+                # file builds and wraps its own model (an unknown --model is a usage error, exit 2)
+                raise ReplayError(f"--model {self.target.text}: {self.target.name!r} is not defined in {self.display}")
+        if not rec.wrap_calls and rec.stopped is None:
+            root, how = self._library_helpers(ns, timeout, where_real)
+        if not rec.wrap_calls and root is None and override is not None and not override.used:
+            built: Dict[str, Any] = {}
+
+            def build():
+                built["model"] = build_override(override, rec)
+
+            self._run(build, timeout, where_real)
+            root = built.get("model")
+            how = self.target.text
+        if not rec.real:
+            _undo_after_last_wrap(rec)
+        if rec.wrap_calls:
+            root = _root_of(rec)
+            how = how if (how and override is not None and override.used) else f"{self.display}:{type(root).__name__}"
+            if override is not None and not override.used:
+                # the file wraps a model of its own: applying its wrap code (policies naming the
+                # file's own block classes) to another model would report a plan nobody wrote
+                raise ReplayError(
+                    f"--model {self.target.text}: {self.display} never builds {self.target.name}; its wrap code wraps "
+                    f"its own {type(root).__name__}. Use --model {self.display}:{type(root).__name__}(...) to change "
+                    f"that model's arguments, or lint the file that builds {self.target.name}")
+        elif root is None:
+            if override is not None and override.used:
+                from fsdp_lint.replay.targets import largest_built_model
+
+                built_model = largest_built_model(rec)
+                if built_model is None:
+                    raise ReplayError(f"--model {self.target.text}: no model was built")
+                root = built_model[0]
+            else:
+                root, how = self._with_failures(lambda: discover_model(self.facts, ns, rec, self.display), where_real)
+        if override is not None and override.used:
+            how = self.target.text
+        return root, how
+
+    def _library_helpers(self, ns, timeout, where_real):
+        """Library-style files: wrap helpers that the file defines but never calls. Entry points
+        without required arguments (``main()`` run by ``fire``/``typer``) build their own model;
+        helpers taking the model get it, with simulated meshes and sizes."""
+        rec = self.rec
+        helpers = self.facts.uncalled_wrap_helpers()
+        for helper in [h for h in helpers if h.defaults == len(h.params)]:
+            fn = ns.get(helper.name)
+            if callable(fn) and not rec.wrap_calls:
+                try:
+                    self._run(fn, timeout, where_real)
+                except ReplayError:
+                    rec.wrap_calls.clear()
+        if rec.wrap_calls or not helpers:
+            return None, None
+        taking = [h for h in helpers if h.params and h.defaults < len(h.params) and callable(ns.get(h.name))]
+        if not taking:
+            return None, None
+        if self.override is not None:
+            root = None
+
+            def build():
+                nonlocal root
+                root = build_override(self.override, rec)
+
+            self._run(build, timeout, where_real)
+            how = self.target.text
+        else:
+            root, how = self._with_failures(lambda: discover_model(self.facts, ns, rec, self.display), where_real)
+        for helper in taking:
+            fn = ns[helper.name]
+            args, kwargs = helper_arguments(fn, root, rec, self.display)
+            self._run(lambda: fn(*args, **kwargs), timeout, where_real)
+        return root, how
+
+    def _notes(self) -> List[str]:
+        notes = []
+        rec = self.rec
+        if self.ended_after_setup:
+            notes.append(f"the script ended after its setup ({self.ended_after_setup}) before training started")
+        if not rec.wrap_calls and self.project.wrap_paths and rec.stopped is None:
+            where = ", ".join(sorted({_display(p, self.path, self.shown) for p in self.project.wrap_paths}))
+            notes.append(f"the wrap code in {where} did not run with these arguments; the plan shown is a suggestion")
+        if self.failures.skips:
+            first = self.failures.skips[0].skipped
+            n = len(self.failures.skips)
+            notes.append(f"{n} setup statement{'s' if n != 1 else ''} failed here and {'were' if n != 1 else 'was'} "
+                         f"skipped (first: {_display(first.path, self.path, self.shown)}:{first.line}: {first.error})")
+        unused = [i for i in self.failures.imports if not i.local]
+        if unused:
+            names = ", ".join(dict.fromkeys(i.missing for i in unused))
+            notes.append(f"not installed here, stood in for (not used by the model): {names}")
+        return notes
+
+
+def _resolves_locally(entry: Entry, module: str) -> bool:
+    from fsdp_lint.project import Project
+
+    return Project(entry).resolve(module) is not None
+
+
+def _in_model_build() -> bool:
+    """Whether a model is being built or wrapped on the current stack."""
+    from fsdp_lint.replay.failures import _in_model_init, _is_recorder_frame
+
+    f = sys._getframe(2)
+    while f is not None:
+        if _in_model_init(f) or _is_recorder_frame(f.f_code.co_filename):
+            return True
+        f = f.f_back
+    return False
 
 
 def _undo_after_last_wrap(rec: Recorder) -> None:
@@ -199,61 +449,6 @@ def _alarm(seconds: Optional[float]):
         signal.signal(signal.SIGALRM, old)
 
 
-
-def _describe_failure(basename: str, exc: BaseException, path: str, rec: Optional[Recorder] = None,
-                      facts: Optional[SourceFacts] = None) -> str:
-    import traceback
-
-    where_real = "with the real FSDP APIs" if rec is not None and rec.real else "on the meta device"
-    cause = _skipped_cause(exc, rec, facts) if rec is not None and facts is not None else None
-    if cause is not None:
-        # a name is missing because the statement that binds it failed earlier (typically the
-        # model's constructor): that failure is the one to report
-        line, err = cause
-        return f"{basename}:{line}: setup code failed {where_real}: {err[:300]}" + _download_hint(err, basename)
-    line = None
-    for fs in reversed(traceback.extract_tb(exc.__traceback__)):
-        if os.path.abspath(fs.filename) == path:
-            line = fs.lineno
-            break
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    where = f"{basename}:{line}" if line else basename
-    return f"{where}: setup code failed {where_real}: {type(exc).__name__}: {msg[:300]}" + _download_hint(msg, basename)
-
-
-def _download_hint(msg: str, basename: str) -> str:
-    """fsdp-lint never downloads: a hub model needs its config locally, or a factory from a config."""
-    if "huggingface.co" in msg or "from_pretrained" in msg or "cached files" in msg:
-        return (" (fsdp-lint does not download models or configs: have the model's config.json in the local "
-                "Hugging Face cache (HF_HOME), or build the model from a config in the linted code, e.g. "
-                "AutoModelForCausalLM.from_config(AutoConfig.for_model(...)))")
-    return ""
-
-
-def _skipped_cause(exc: BaseException, rec: Recorder, facts: SourceFacts) -> Optional[Tuple[int, str]]:
-    if not isinstance(exc, NameError) or not rec.skipped:
-        return None
-    name = getattr(exc, "name", None)
-    if not name:
-        m = re.search(r"'([A-Za-z_][A-Za-z0-9_]*)'", str(exc))
-        name = m.group(1) if m else None
-    if not name:
-        return None
-    try:
-        tree = ast.parse(facts.text)
-    except SyntaxError:
-        return None
-    binders = {node.lineno for node in ast.walk(tree)
-               if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                                      ast.ClassDef, ast.For, ast.While, ast.If,
-                                                                      ast.With, ast.Try))
-               and name in _binds(node)}
-    for line, err in reversed(rec.skipped):
-        if line in binders:
-            return line, err
-    return None
-
-
 def _root_of(rec: Recorder):
     """The top ancestor of the wrapped modules (the model the file builds)."""
     def top(m):
@@ -276,7 +471,3 @@ def _root_of(rec: Recorder):
     if counts.get(id(best), 0) * 2 < len(candidates):
         best = max(candidates, key=lambda c: counts[id(c)])
     return best
-
-
-def _describe_root(root, ns, basename: str) -> str:
-    return f"{basename}:{type(root).__name__}"

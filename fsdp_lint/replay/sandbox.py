@@ -1,4 +1,19 @@
-"""The simulated world a replay runs in: rank 0 of `world_size`, meta device, argv, env, cuda."""
+"""The simulated world a replay runs in: rank 0 of `world_size` ranks, on the meta device.
+
+`sandbox(rec, root, argv)` patches, for as long as the replay runs and restored afterwards:
+
+* the process: ``sys.argv`` is the script's own command line (``[path, *argv]``), the entry's root
+  first on ``sys.path``, the launcher's environment (``RANK``, ``WORLD_SIZE``, ...) and offline
+  switches for hubs and loggers, the script's prints captured;
+* ``torch.distributed`` and ``torch.cuda`` simulated for rank 0 (``dist`` calls are no-ops, CUDA
+  "is available" with ``world_size`` devices and answers the probes libraries make at import),
+  ``init_device_mesh`` a `FakeMesh`, ``torch.multiprocessing.spawn`` runs rank 0 in this process,
+  ``torch.save`` writes nothing, ``torch.compile`` returns its argument;
+* every tensor created on the meta device (``--run`` and the torch oracle: on the rank's device);
+* recorders: module registrations and constructions, dtype casts and freezing, optimizers, and
+  ``fully_shard``/``FullyShardedDataParallel`` (recorded, or the real APIs with ``real=True``);
+* the training boundary hooks (``boundary``).
+"""
 from __future__ import annotations
 
 import builtins
@@ -6,60 +21,30 @@ import contextlib
 import io
 import os
 import sys
-from typing import Any, List, Tuple
+import types
+from typing import Any, Callable, List, Optional, Tuple
 
+from fsdp_lint.project import is_local
+from fsdp_lint.replay.boundary import install_boundaries
 from fsdp_lint.replay.recorders import (
     FakeMesh,
     Recorder,
     _install_real_wrappers,
     _install_recorders,
-    _is_library,
 )
 from fsdp_lint.replay import parallel  # issue 11
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
 
+Patch = Callable[[Any, str, Any], None]
 
-class _Stub:
-    """A permissive stand-in for a module that is not installed here (wandb, deepspeed, ...)."""
-
-    def __init__(self, name="stub"):
-        self._name = name
-
-    def __getattr__(self, item):
-        if item.startswith("__"):
-            raise AttributeError(item)
-        return _Stub(f"{self._name}.{item}")
-
-    def __call__(self, *args, **kwargs):
-        return _Stub(self._name + "()")
-
-    def __iter__(self):
-        return iter(())
-
-    def __bool__(self):
-        return False
-
-    def __mro_entries__(self, bases):
-        return (object,)
-
-
-def _parse_argparse_defaults(parser, args=None, namespace=None):
-    import argparse
-
-    ns = namespace or argparse.Namespace()
-    for action in parser._actions:
-        if action.dest in (argparse.SUPPRESS, "help") or action.default is argparse.SUPPRESS:
-            continue
-        if not hasattr(ns, action.dest):
-            default = action.default
-            if isinstance(default, str) and action.type is not None and action.type is not str:
-                try:
-                    default = action.type(default)
-                except Exception:
-                    pass
-            setattr(ns, action.dest, default)
-    return ns, []
-
+_LAUNCHER_ENV = {
+    "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "NODE_RANK": "0",
+    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+    # nothing is downloaded or logged remotely while a file is linted (from_pretrained uses what is
+    # cached, wandb.init does nothing)
+    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled",
+    "WANDB_DISABLED": "true", "HF_HUB_DISABLE_TELEMETRY": "1",
+}
 
 
 def _parse_to_args(args, kwargs):
@@ -72,16 +57,18 @@ def _parse_to_args(args, kwargs):
     return device, dtype
 
 
-@contextlib.contextmanager
-def sandbox(rec: Recorder, directory: str):
-    """Patch torch and the process environment for a replay; everything is restored on exit."""
-    import argparse
+def _noop():
+    # a new function object each time: torch._dynamo maps torch functions to trace rules and
+    # rejects one object registered under two names with different rules
+    return lambda *a, **k: None
 
+
+@contextlib.contextmanager
+def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launchers: Tuple[str, ...] = ()):
+    """Patch torch and the process for a replay; everything is restored on exit. `launchers`:
+    command-line frameworks the program uses that need a shim (``"hydra"``)."""
     import torch
-    import torch.distributed as dist
     import torch.distributed.fsdp  # noqa: F401  before any patch: its modules bind init_device_mesh on import
-    import torch.nn as nn
-    from torch.overrides import TorchFunctionMode
 
     patches: List[Tuple[Any, str, Any]] = []
 
@@ -89,100 +76,246 @@ def sandbox(rec: Recorder, directory: str):
         patches.append((obj, name, obj.__dict__.get(name, _MISSING) if isinstance(obj, type) else getattr(obj, name, _MISSING)))
         setattr(obj, name, value)
 
+    saved = _ProcessState(torch)
+    os.environ.update(_LAUNCHER_ENV)
+    os.environ.update({"WORLD_SIZE": str(rec.world_size), "LOCAL_WORLD_SIZE": str(rec.world_size)})
+    sys.argv = [rec.path, *(argv or [])]
+    sys.path.insert(0, root)
+
+    hooks = _record_module_tree(rec, patch)
+    owned_pg = _simulate_dist(rec, patch)
+    _simulate_cuda(rec, patch)
+    _simulate_launchers(rec, patch)
+    cleanups = [_hydra_without_outputs(patch)] if "hydra" in launchers else []
+    _simulate_mesh(rec, patch)
+    target_device = _target_device(rec)
+    _record_param_changes(rec, patch, target_device)
+    _record_optimizers(rec, patch)
+    if not rec.real:
+        _install_recorders(rec, patch)
+    else:
+        _install_real_wrappers(rec, patch)
+    hooks += install_boundaries(rec, patch)
+
+    rec.stdout, rec.stderr = io.StringIO(), io.StringIO()
+    if owned_pg:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        saved.real_init_pg(backend="fake", store=FakeStore(), rank=0, world_size=rec.world_size)
+    try:
+        with contextlib.redirect_stdout(rec.stdout), contextlib.redirect_stderr(rec.stderr), \
+                torch.device(target_device), _device_mode(target_device), _quiet_warnings():
+            yield
+    finally:
+        for h in hooks:
+            h.remove()
+        parallel.uninstall(rec)  # issue 11: the fake process group of the meshes
+        for cleanup in cleanups:
+            cleanup()
+        if owned_pg:
+            saved.real_destroy_pg()
+        for obj, name, old in reversed(patches):
+            if old is _MISSING:
+                try:
+                    delattr(obj, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(obj, name, old)
+        saved.restore(torch)
+
+
+class _ProcessState:
+    """What a replay may change in this process, saved to be put back."""
+
+    def __init__(self, torch):
+        import torch.distributed as dist
+
+        self.env = dict(os.environ)
+        self.argv = list(sys.argv)
+        self.path = list(sys.path)
+        self.modules = set(sys.modules)
+        self.main = sys.modules.get("__main__")
+        self.cwd = os.getcwd()
+        # torch's process-wide defaults a script may change (torch.set_default_dtype(torch.bfloat16),
+        # torch.manual_seed(0), torch.set_grad_enabled(False), torch.set_num_threads(1))
+        self.torch = (torch.get_default_dtype(), torch.random.get_rng_state(), torch.is_grad_enabled(),
+                      torch.get_num_threads(), torch.get_default_device())
+        self.real_init_pg, self.real_destroy_pg = dist.init_process_group, dist.destroy_process_group
+
+    def restore(self, torch) -> None:
+        torch.set_default_dtype(self.torch[0])
+        torch.random.set_rng_state(self.torch[1])
+        torch.set_grad_enabled(self.torch[2])
+        if torch.get_num_threads() != self.torch[3]:
+            torch.set_num_threads(self.torch[3])
+        if torch.get_default_device() != self.torch[4]:
+            torch.set_default_device(self.torch[4] if self.torch[4].type != "cpu" else None)
+        os.environ.clear()
+        os.environ.update(self.env)
+        sys.argv = self.argv
+        sys.path[:] = self.path
+        if self.main is not None:
+            sys.modules["__main__"] = self.main
+        with contextlib.suppress(OSError):
+            if os.getcwd() != self.cwd:
+                os.chdir(self.cwd)
+        # forget the user's own modules so the next file in this process imports its own
+        for name in set(sys.modules) - self.modules:
+            mod = sys.modules.get(name)
+            fname = getattr(mod, "__file__", None) or ""
+            if not fname or is_local(fname):
+                sys.modules.pop(name, None)
+
+
+# --------------------------------------------------------------------------------------------
+# the simulated world
+# --------------------------------------------------------------------------------------------
+def _simulate_dist(rec: Recorder, patch: Patch) -> bool:
+    """torch.distributed for rank 0; returns whether the replay owns a fake process group."""
+    import torch.distributed as dist
+
     ws = rec.world_size
-    saved_env = dict(os.environ)
-    saved_argv = list(sys.argv)
-    saved_path = list(sys.path)
-    saved_modules = set(sys.modules)
-    # torch's process-wide defaults a script may change (torch.set_default_dtype(torch.bfloat16),
-    # torch.manual_seed(0), torch.set_grad_enabled(False), torch.set_num_threads(1))
-    saved_torch = (torch.get_default_dtype(), torch.random.get_rng_state(), torch.is_grad_enabled(),
-                   torch.get_num_threads(), torch.get_default_device())
-    os.environ.update({
-        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(ws), "LOCAL_WORLD_SIZE": str(ws),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "GROUP_RANK": "0", "NODE_RANK": "0",
-        # nothing is downloaded or logged remotely while a file is linted (from_pretrained uses
-        # what is cached, wandb.init does nothing)
-        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled",
-    })
-    sys.argv = [rec.path]
-    sys.path.insert(0, directory)
-
-    # -- argparse: defaults only, fsdp-lint's own argv is never seen ------------------------
-    patch(argparse.ArgumentParser, "parse_known_args", _parse_argparse_defaults)
-    patch(argparse.ArgumentParser, "parse_args", lambda self, args=None, namespace=None:
-          _parse_argparse_defaults(self, args, namespace)[0])
-
-    # -- module tree bookkeeping -------------------------------------------------------------
-    def on_register(parent, name, child):
-        if rec.wrap_calls and not rec.real:
-            # e.g. apply_activation_checkpointing(model) after FSDP(model, auto_wrap_policy=...):
-            # FSDP built its units from the model as it was at the wrap
-            rec.undo.append(("module", parent, name, parent._modules.get(name, _MISSING), child,
-                             rec.parents.get(id(child), _MISSING)))
-        if child is not None:
-            rec.parents[id(child)] = parent
-            rec.modules_seen[id(child)] = child
-            rec.modules_seen[id(parent)] = parent
-        return None
-
-    handle = nn.modules.module.register_module_module_registration_hook(on_register)
-
-    def on_register_param(module, name, param):
-        if rec.wrap_calls and not rec.real:
-            rec.undo.append(("param", module, name, module._parameters.get(name, _MISSING), None, None))
-        return None
-
-    param_handle = nn.modules.module.register_module_parameter_registration_hook(on_register_param)
-
-    def noop():
-        # a new function object each time: torch._dynamo maps torch functions to trace rules and
-        # rejects one object registered under two names with different rules
-        return lambda *a, **k: None
-
-    owned_pg = False
-    real_init_pg, real_destroy_pg = dist.init_process_group, dist.destroy_process_group
     if rec.real:
         # real FSDP needs a process group: the launcher's (``--run`` under torchrun), or a fake one
         # of `ws` ranks (no communication) that lives as long as the replay; the file's own
         # init/destroy calls are no-ops either way
-        owned_pg = not dist.is_initialized()
+        owned = not dist.is_initialized()
         for name in ("init_process_group", "destroy_process_group"):
-            patch(dist, name, noop())
+            patch(dist, name, _noop())
         patch(dist, "is_torchelastic_launched", lambda: True)
-    else:
-        for name, value in {
-            "init_process_group": noop(), "destroy_process_group": noop(), "barrier": noop(),
-            "get_rank": lambda *a, **k: 0, "get_world_size": lambda *a, **k: ws,
-            "is_initialized": lambda: True, "is_available": lambda: True,
-            "get_local_rank": lambda *a, **k: 0, "get_node_local_rank": lambda *a, **k: 0,
-            "all_reduce": noop(), "broadcast": noop(), "all_gather": noop(), "reduce": noop(),
-            "new_group": noop(), "monitored_barrier": noop(), "is_torchelastic_launched": lambda: True,
-        }.items():
-            if hasattr(dist, name):
-                patch(dist, name, value)
-
-    # -- cuda: simulated (rank 0's device) ---------------------------------------------------
+        return owned
     for name, value in {
-        "set_device": noop(), "current_device": lambda: _current_cuda_index(rec), "is_available": lambda: True,
-        "device_count": lambda: ws, "manual_seed": noop(), "manual_seed_all": noop(), "synchronize": noop(),
-        "empty_cache": noop(), "is_bf16_supported": lambda *a, **k: True, "reset_peak_memory_stats": noop(),
-        "get_device_name": lambda *a, **k: "simulated", "get_device_capability": lambda *a, **k: (9, 0),
+        "init_process_group": _noop(), "destroy_process_group": _noop(), "barrier": _noop(),
+        "get_rank": lambda *a, **k: 0, "get_world_size": lambda *a, **k: ws,
+        "is_initialized": lambda: True, "is_available": lambda: True,
+        "get_local_rank": lambda *a, **k: 0, "get_node_local_rank": lambda *a, **k: 0,
+        "all_reduce": _noop(), "broadcast": _noop(), "all_gather": _noop(), "reduce": _noop(),
+        "all_gather_object": _noop(), "broadcast_object_list": _noop(),
+        "new_group": _noop(), "monitored_barrier": _noop(), "is_torchelastic_launched": lambda: True,
+        "get_backend": lambda *a, **k: "nccl",
     }.items():
+        if hasattr(dist, name):
+            patch(dist, name, value)
+    return False
+
+
+class _DeviceProperties:
+    """What ``torch.cuda.get_device_properties`` answers for a simulated GPU (an H100-like device)."""
+    name = "simulated"
+    major, minor = 9, 0
+    total_memory = 80 * 1024 ** 3
+    multi_processor_count = 132
+    is_integrated = False
+    is_multi_gpu_board = False
+    gcnArchName = "simulated"
+    uuid = "00000000-0000-0000-0000-000000000000"
+    L2_cache_size = 50 * 1024 ** 2
+    warp_size = 32
+
+
+class _NullStream:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def __getattr__(self, item):
+        return _noop()
+
+
+def _simulate_cuda(rec: Recorder, patch: Patch) -> None:
+    """CUDA is "available" with `world_size` devices; the probes that libraries make at import or
+    in set-up (capability, properties, memory, streams) get plausible answers instead of raising on
+    a CPU-only build."""
+    import torch
+
+    ws = rec.world_size
+    zero = lambda *a, **k: 0  # noqa: E731
+    for name, value in {
+        "set_device": _noop(), "current_device": lambda: _current_cuda_index(rec), "is_available": lambda: True,
+        "device_count": lambda: ws, "manual_seed": _noop(), "manual_seed_all": _noop(), "synchronize": _noop(),
+        "empty_cache": _noop(), "is_bf16_supported": lambda *a, **k: True, "reset_peak_memory_stats": _noop(),
+        "reset_max_memory_allocated": _noop(), "reset_accumulated_memory_stats": _noop(),
+        "get_device_name": lambda *a, **k: "simulated", "get_device_capability": lambda *a, **k: (9, 0),
+        "get_device_properties": lambda *a, **k: _DeviceProperties(), "get_arch_list": lambda: ["sm_90"],
+        "mem_get_info": lambda *a, **k: (_DeviceProperties.total_memory, _DeviceProperties.total_memory),
+        "memory_allocated": zero, "max_memory_allocated": zero, "memory_reserved": zero,
+        "max_memory_reserved": zero, "memory_stats": lambda *a, **k: {}, "is_initialized": lambda: True,
+        "init": _noop(), "ipc_collect": _noop(), "set_per_process_memory_fraction": _noop(),
+        "device": lambda *a, **k: contextlib.nullcontext(), "stream": lambda *a, **k: contextlib.nullcontext(),
+        "Stream": _NullStream, "Event": _NullStream, "current_stream": lambda *a, **k: _NullStream(),
+        "default_stream": lambda *a, **k: _NullStream(), "get_rng_state": lambda *a, **k: torch.get_rng_state(),
+        "set_rng_state": _noop(), "nvtx": types.SimpleNamespace(range_push=_noop(), range_pop=_noop(),
+                                                                range=lambda *a, **k: contextlib.nullcontext(),
+                                                                mark=_noop()),
+    }.items():
+        if rec.real and name in ("Stream", "Event", "current_stream", "default_stream", "stream", "device"):
+            continue          # --run on GPUs: FSDP uses the real streams
         patch(torch.cuda, name, value)
-    patch(torch, "save", noop())          # checkpoints are never written
+
+
+def _simulate_launchers(rec: Recorder, patch: Patch) -> None:
+    import torch
+    import torch.multiprocessing as tmp
+
+    patch(torch, "save", _noop())          # checkpoints are never written
     if not rec.real:
         patch(torch, "compile", lambda model=None, *a, **k: model if model is not None else (lambda f: f))
 
-    # -- torch.multiprocessing.spawn(fn, args, nprocs): rank 0 runs in this process -----------
-    import torch.multiprocessing as tmp
-
+    # torch.multiprocessing.spawn(fn, args, nprocs): rank 0 runs in this process
     def spawn(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
         fn(0, *args)
 
     patch(tmp, "spawn", spawn)
 
-    # -- init_device_mesh --------------------------------------------------------------------
+
+def _hydra_without_outputs(patch: Patch) -> Callable[[], None]:
+    """``@hydra.main`` parses ``sys.argv`` (the script's overrides) when the function is called; it
+    also makes a run folder with its config and a log file. The shim adds overrides that keep Hydra
+    from writing anything outside a temporary folder, removed when the replay ends."""
+    import functools
+    import shutil
+    import tempfile
+
+    try:
+        import hydra
+    except ImportError:
+        return lambda: None
+    tmp = tempfile.mkdtemp(prefix="fsdp-lint-hydra-")
+    extra = [f"hydra.run.dir={tmp}", f"hydra.sweep.dir={tmp}", "hydra.output_subdir=null",
+             "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+    real_main = hydra.main
+
+    def main(*args, **kwargs):
+        decorate = real_main(*args, **kwargs)
+
+        def wrap(fn):
+            decorated = decorate(fn)
+
+            @functools.wraps(decorated)
+            def run(*a, **k):
+                saved = list(sys.argv)
+                given = {x.split("=", 1)[0].lstrip("+~") for x in saved[1:]}
+                sys.argv = saved + [x for x in extra if x.split("=", 1)[0].lstrip("+~") not in given]
+                try:
+                    return decorated(*a, **k)
+                finally:
+                    sys.argv = saved
+            return run
+        return wrap
+
+    patch(hydra, "main", main)
+    return lambda: shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _simulate_mesh(rec: Recorder, patch: Patch) -> None:
+    import torch
+    import torch.distributed as dist
     import torch.distributed.device_mesh as dm_mod
 
     real_init_mesh = dm_mod.init_device_mesh
@@ -202,15 +335,99 @@ def sandbox(rec: Recorder, directory: str):
     # issue 11: real meshes, process groups and parallelize_module (fsdp_lint/replay/parallel.py)
     parallel.install(rec, patch, real_init_mesh)
 
-    # -- devices: everything lives on meta; real FSDP1 needs real tensors (CPU) ----------------
-    target_device = torch.device("meta")
-    if rec.real and (getattr(rec, "api", None) != "fsdp2" or getattr(rec, "device", None) is not None):
-        # --run passes the rank's device: the model is materialised there, FSDP2 included
-        target_device = getattr(rec, "device", None) or torch.device("cpu")
-    real_module_to = nn.Module.to
 
-    # one user statement is one event: the tensor-level calls a module-level call makes inside
-    # (``Module.requires_grad_`` -> ``Parameter.requires_grad_``) are not recorded again
+def _target_device(rec: Recorder):
+    """Everything lives on meta; real FSDP1 needs real tensors (CPU); --run passes the rank's device
+    (the model is materialised there, FSDP2 included)."""
+    import torch
+
+    if rec.real and (getattr(rec, "api", None) != "fsdp2" or getattr(rec, "device", None) is not None):
+        return getattr(rec, "device", None) or torch.device("cpu")
+    return torch.device("meta")
+
+
+def _device_mode(target_device):
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class _DeviceMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if "device" in kwargs and kwargs["device"] is not None:
+                kwargs["device"] = target_device
+            if func is torch.Tensor.cuda:
+                return args[0]
+            if func is torch.Tensor.to:
+                device, dtype = _parse_to_args(args[1:], kwargs)
+                if dtype is None:
+                    return args[0]
+                return func(args[0], dtype=dtype)
+            return func(*args, **kwargs)
+
+    return _DeviceMode()
+
+
+def _current_cuda_index(rec) -> int:
+    """Simulated ranks are rank 0; a --run rank on a GPU is on its own device (FSDP asks for it)."""
+    device = getattr(rec, "device", None)
+    if rec.real and device is not None and device.type == "cuda" and device.index is not None:
+        return device.index
+    return 0
+
+
+@contextlib.contextmanager
+def _quiet_warnings():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+# --------------------------------------------------------------------------------------------
+# recorders of what the setup code does to modules and parameters
+# --------------------------------------------------------------------------------------------
+def _record_module_tree(rec: Recorder, patch: Patch) -> List[Any]:
+    """Parents of every registered sub-module (the root of a wrapped module is found through them),
+    the modules built, and structural changes after a wrap (undone for the plan)."""
+    import torch.nn as nn
+
+    def on_register(parent, name, child):
+        if rec.wrap_calls and not rec.real:
+            # e.g. apply_activation_checkpointing(model) after FSDP(model, auto_wrap_policy=...):
+            # FSDP built its units from the model as it was at the wrap
+            rec.undo.append(("module", parent, name, parent._modules.get(name, _MISSING), child,
+                             rec.parents.get(id(child), _MISSING)))
+        if child is not None:
+            rec.parents[id(child)] = parent
+            rec.modules_seen[id(child)] = child
+            rec.modules_seen[id(parent)] = parent
+        return None
+
+    def on_register_param(module, name, param):
+        if rec.wrap_calls and not rec.real:
+            rec.undo.append(("param", module, name, module._parameters.get(name, _MISSING), None, None))
+        return None
+
+    real_module_init = nn.Module.__init__
+
+    def module_init(self, *args, **kwargs):
+        real_module_init(self, *args, **kwargs)
+        if rec.stopped is None:
+            rec.constructed.append((self, rec.position()))
+
+    patch(nn.Module, "__init__", module_init)
+    return [nn.modules.module.register_module_module_registration_hook(on_register),
+            nn.modules.module.register_module_parameter_registration_hook(on_register_param)]
+
+
+def _record_param_changes(rec: Recorder, patch: Patch, target_device) -> None:
+    """Dtype casts (``.to(dtype)``, ``.bfloat16()``) and freezing (``requires_grad_``, ``p.requires_grad
+    = False``) as events: one user statement is one event (the tensor-level calls a module-level
+    call makes inside, ``Module.requires_grad_`` -> ``Parameter.requires_grad_``, are not recorded again)."""
+    import torch
+    import torch.nn as nn
+
     inner = [0]
 
     @contextlib.contextmanager
@@ -225,6 +442,8 @@ def sandbox(rec: Recorder, directory: str):
         if not inner[0]:
             rec.param_events.append(ParamEvent(kind, next(rec.seq), [id(p) for p in params], value,
                                                rec.position()))
+
+    real_module_to = nn.Module.to
 
     def module_to(self, *args, **kwargs):
         device, dtype = _parse_to_args(args, kwargs)
@@ -255,7 +474,6 @@ def sandbox(rec: Recorder, directory: str):
     if target_device.type == "meta":
         patch(nn.Module, "to_empty", lambda self, *a, **k: self)
 
-    # -- freezing ------------------------------------------------------------------------------
     real_requires_grad_ = nn.Module.requires_grad_
 
     def module_requires_grad_(self, requires_grad=True):
@@ -287,13 +505,17 @@ def sandbox(rec: Recorder, directory: str):
 
     patch(torch.Tensor, "requires_grad_", tensor_requires_grad_)
 
-    # -- optimizers -----------------------------------------------------------------------------
+
+def _record_optimizers(rec: Recorder, patch: Patch) -> None:
+    import torch
+
     real_opt_init = torch.optim.Optimizer.__init__
 
     def opt_init(self, params, *args, **kwargs):
         params = list(params)
         real_opt_init(self, params, *args, **kwargs)
         ids = [id(p) for g in self.param_groups for p in g["params"]]
+        rec.optimizer_param_ids.update(ids)
         rec.optimizers.append(OptimizerCall(type(self).__name__, next(rec.seq), ids, rec.position(),
                                             obj=self if rec.real else None))
 
@@ -304,91 +526,17 @@ def sandbox(rec: Recorder, directory: str):
     if getattr(add_pg, "__wrapped__", None) is not None:
         patch(torch.optim.Optimizer, "add_param_group", add_pg.__wrapped__)
 
-    # -- FSDP ------------------------------------------------------------------------------------
-    if not rec.real:
-        _install_recorders(rec, patch)
-    else:
-        _install_real_wrappers(rec, patch)
 
-    class _DeviceMode(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if "device" in kwargs and kwargs["device"] is not None:
-                kwargs["device"] = target_device
-            if func is torch.Tensor.cuda:
-                return args[0]
-            if func is torch.Tensor.to:
-                device, dtype = _parse_to_args(args[1:], kwargs)
-                if dtype is None:
-                    return args[0]
-                return func(args[0], dtype=dtype)
-            return func(*args, **kwargs)
-
-    sink = io.StringIO()
-    if owned_pg:
-        from torch.testing._internal.distributed.fake_pg import FakeStore
-
-        real_init_pg(backend="fake", store=FakeStore(), rank=0, world_size=ws)
-    try:
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), \
-                torch.device(target_device), _DeviceMode(), _quiet_warnings():
-            yield
-    finally:
-        handle.remove()
-        param_handle.remove()
-        parallel.uninstall(rec)  # issue 11: the fake process group of the meshes
-        if owned_pg:
-            real_destroy_pg()
-        for obj, name, old in reversed(patches):
-            if old is _MISSING:
-                try:
-                    delattr(obj, name)
-                except AttributeError:
-                    pass
-            else:
-                setattr(obj, name, old)
-        torch.set_default_dtype(saved_torch[0])
-        torch.random.set_rng_state(saved_torch[1])
-        torch.set_grad_enabled(saved_torch[2])
-        if torch.get_num_threads() != saved_torch[3]:
-            torch.set_num_threads(saved_torch[3])
-        if torch.get_default_device() != saved_torch[4]:
-            torch.set_default_device(saved_torch[4] if saved_torch[4].type != "cpu" else None)
-        os.environ.clear()
-        os.environ.update(saved_env)
-        sys.argv = saved_argv
-        sys.path[:] = saved_path
-        # forget the user's own modules so the next file in this process imports its own
-        for name in set(sys.modules) - saved_modules:
-            mod = sys.modules.get(name)
-            fname = getattr(mod, "__file__", None) or ""
-            if not fname or not _is_library(fname) or name.startswith("__fsdp_lint_replay"):
-                sys.modules.pop(name, None)
-
-
-def _current_cuda_index(rec) -> int:
-    """Simulated ranks are rank 0; a --run rank on a GPU is on its own device (FSDP asks for it)."""
-    device = getattr(rec, "device", None)
-    if rec.real and device is not None and device.type == "cuda" and device.index is not None:
-        return device.index
-    return 0
-
-
-@contextlib.contextmanager
-def _quiet_warnings():
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
+# --------------------------------------------------------------------------------------------
+# the linted code's builtins
+# --------------------------------------------------------------------------------------------
 def _guarded_open(file, mode="r", *args, **kwargs):
     if isinstance(mode, str) and any(c in mode for c in "wax+"):
         raise PermissionError(f"fsdp-lint does not let the replayed file write {file!r}")
     return builtins.open(file, mode, *args, **kwargs)
 
 
-def _guarded_builtins() -> dict:
+def guarded_builtins() -> dict:
     """The replayed file's builtins: ``open`` reads but never writes (logs, checkpoints, configs
     dumped next to the script are not the linter's business)."""
     out = dict(builtins.__dict__)
@@ -396,7 +544,4 @@ def _guarded_builtins() -> dict:
     return out
 
 
-
-def _stub_import(names, globs, module=None):
-    for name in names:
-        globs.setdefault(name, _Stub(name))
+_guarded_builtins = guarded_builtins

@@ -1,25 +1,34 @@
-"""Finding the model: --model targets, factories, module classes, uncalled wrap helpers."""
+"""Finding the model: ``--model`` targets, models built while the setup code ran, factories and
+module classes of the file, and wrap helpers the file defines but never calls.
+
+``--model`` accepts what real constructors need, evaluated safely (literals, names, attribute
+chains and calls of named callables -- nothing else):
+
+* ``path.py:Class`` / ``path.py:factory`` / ``pkg.mod:factory``, with arguments:
+  ``path.py:Transformer(num_layers=4)``;
+* ``path.py:Class.classmethod(...)`` (``model.py:GPT.from_name("7B")``);
+* nested calls with config objects: ``model.py:GPT(GPTConfig(n_layer=2))`` (a bare name is looked up
+  in the target's own module), ``pkg.mod:build(cfg=pkg.cfg:Config.from_name("x"))``;
+* ``train.py:main`` -- a function that builds and wraps: it is called and its wrap calls recorded.
+"""
 from __future__ import annotations
 
 import ast
+import importlib
 import os
 import re
 import sys
 import types
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from fsdp_lint.replay.recorders import FakeMesh, Recorder
-from fsdp_lint.replay.records import ReplayError, _StopReplay
-from fsdp_lint.replay.sandbox import _guarded_builtins, _stub_import
-from fsdp_lint.replay.transform import (
-    _CHECKPOINT,
-    _REBIND,
-    _SKIP,
-    _STUB_IMPORT,
-    compile_replay,
-)
+from fsdp_lint.replay.records import ReplayError, TrainingBoundary
 from fsdp_lint.source import SourceFacts
+
+# `path.py:Name` or `pkg.mod:Name.attr` inside a target expression
+_REF = re.compile(
+    r"(?P<src>(?:[A-Za-z]:[\\/])?[\w./\\-]+\.py|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -27,57 +36,200 @@ from fsdp_lint.source import SourceFacts
 # --------------------------------------------------------------------------------------------
 @dataclass
 class ModelTarget:
-    source: Optional[str]      # "path.py" or "pkg.mod"
-    name: str                  # "Transformer" / "build_model"
-    kwargs: Dict[str, Any]
+    source: Optional[str]      # "path.py" or "pkg.mod" (None: the linted file)
+    name: str                  # "Transformer" / "build_model" / "GPT.from_name"
     text: str
+    call: Optional[ast.Call] = None                       # the argument list, when given
+    refs: Dict[str, Tuple[str, str]] = field(default_factory=dict)   # placeholder -> (source, dotted name)
+
+    @property
+    def kwargs(self) -> Dict[str, Any]:
+        """The literal keyword arguments (what a target without nested calls carries)."""
+        if self.call is None:
+            return {}
+        out = {}
+        for kw in self.call.keywords:
+            try:
+                out[kw.arg] = ast.literal_eval(kw.value)
+            except ValueError:
+                pass
+        return out
 
     @classmethod
     def parse(cls, text: str) -> "ModelTarget":
         raw = text.strip()
-        source, sep, rest = raw.rpartition(":")
-        if not sep:
-            source, rest = None, raw
-        if source is not None and len(source) == 1 and source.isalpha():  # a Windows drive letter
-            source, rest = None, raw
-        name, kwargs = rest, {}
-        if "(" in rest:
-            if not rest.endswith(")"):
-                raise ReplayError(f"invalid --model target {text!r}: expected NAME(key=literal, ...)")
-            name = rest[: rest.index("(")]
-            try:
-                call = ast.parse(rest, mode="eval").body
-                assert isinstance(call, ast.Call) and not call.args
-                kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
-            except Exception:
-                raise ReplayError(
-                    f"invalid --model target {text!r}: arguments must be literal keywords, e.g. "
-                    f"Transformer(num_layers=4)") from None
-        if not name.isidentifier() and not all(p.isidentifier() for p in name.split(".")):
-            raise ReplayError(f"invalid --model target {text!r}: {name!r} is not a name")
-        return cls(source=source or None, name=name, kwargs=kwargs, text=raw)
+        refs: Dict[str, Tuple[str, str]] = {}
+
+        def placeholder(m: "re.Match") -> str:
+            key = f"__fsdp_lint_ref{len(refs)}__"
+            refs[key] = (m.group("src"), m.group("name"))
+            return key
+
+        expr = _REF.sub(placeholder, raw, count=0)
+        try:
+            node = ast.parse(expr, mode="eval").body
+        except SyntaxError:
+            raise ReplayError(f"invalid --model target {text!r}: expected [path.py:]NAME or NAME(arg, key=value, ...)"
+                              ) from None
+        call = node if isinstance(node, ast.Call) else None
+        head = node.func if call is not None else node
+        dotted = _dotted(head)
+        if dotted is None:
+            raise ReplayError(f"invalid --model target {text!r}: {ast.unparse(head)!r} is not a name")
+        source = None
+        first = dotted.split(".")[0]
+        if first in refs:
+            source, ref_name = refs.pop(first)
+            dotted = ref_name + dotted[len(first):]
+        if source is not None and len(source) == 1 and source.isalpha():  # pragma: no cover - drive letter
+            source = None
+        if call is not None:
+            for arg in list(call.args) + [k.value for k in call.keywords]:
+                _check_safe(arg, text)
+            if any(k.arg is None for k in call.keywords):
+                raise ReplayError(f"invalid --model target {text!r}: **kwargs are not supported")
+        return cls(source=source, name=dotted, text=raw, call=call, refs=refs)
+
+    def arguments(self, resolve: Callable[[str], Any]) -> Tuple[List[Any], Dict[str, Any]]:
+        """The evaluated (args, kwargs); `resolve` looks a bare name up in the target's module."""
+        if self.call is None:
+            return [], {}
+
+        def lookup(name: str) -> Any:
+            if name in self.refs:
+                return load_object(*self.refs[name], text=self.text)
+            return resolve(name)
+
+        args = [_evaluate(a, lookup, self.text) for a in self.call.args]
+        kwargs = {k.arg: _evaluate(k.value, lookup, self.text) for k in self.call.keywords}
+        return args, kwargs
 
 
+def _dotted(node: ast.AST) -> Optional[str]:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr}" if base else None
+    return None
 
-class _Override:
-    def __init__(self, target: ModelTarget, callable_obj, ns):
+
+_SAFE = (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Name, ast.Attribute, ast.Call, ast.UnaryOp,
+         ast.USub, ast.UAdd, ast.Load, ast.keyword)
+
+
+def _check_safe(node: ast.AST, text: str) -> None:
+    for n in ast.walk(node):
+        if not isinstance(n, _SAFE):
+            raise ReplayError(f"invalid --model target {text!r}: only literals, names and calls of named callables "
+                              f"are evaluated, not {ast.unparse(n) if isinstance(n, ast.expr) else type(n).__name__}")
+        if isinstance(n, ast.Call) and _dotted(n.func) is None:
+            raise ReplayError(f"invalid --model target {text!r}: {ast.unparse(n.func)!r} is not a named callable")
+
+
+def _evaluate(node: ast.AST, lookup: Callable[[str], Any], text: str) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _evaluate(node.operand, lookup, text)
+        return -value if isinstance(node.op, ast.USub) else +value
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        items = [_evaluate(e, lookup, text) for e in node.elts]
+        return {ast.List: list, ast.Tuple: tuple, ast.Set: set}[type(node)](items)
+    if isinstance(node, ast.Dict):
+        return {_evaluate(k, lookup, text): _evaluate(v, lookup, text) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, ast.Name):
+        return lookup(node.id)
+    if isinstance(node, ast.Attribute):
+        return getattr(_evaluate(node.value, lookup, text), node.attr)
+    if isinstance(node, ast.Call):
+        fn = _evaluate(node.func, lookup, text)
+        if not callable(fn):
+            raise ReplayError(f"--model {text}: {ast.unparse(node.func)} is not callable")
+        args = [_evaluate(a, lookup, text) for a in node.args]
+        kwargs = {k.arg: _evaluate(k.value, lookup, text) for k in node.keywords}
+        return fn(*args, **kwargs)
+    raise ReplayError(f"invalid --model target {text!r}")  # pragma: no cover - _check_safe rejects it
+
+
+def load_object(source: str, dotted: str, *, text: str) -> Any:
+    """`dotted` in module `source` (a path or an importable name), imported the way the replay
+    imports project modules."""
+    module = load_module(source, text=text)
+    obj: Any = module
+    for part in dotted.split("."):
+        if not hasattr(obj, part):
+            raise ReplayError(f"--model {text}: {dotted!r} not found in {source}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def load_module(source: str, *, text: str):
+    if source.endswith(".py") or os.sep in source or "/" in source:
+        path = os.path.abspath(source)
+        if not os.path.isfile(path):
+            raise ReplayError(f"--model {text}: no such file {source!r}")
+        from fsdp_lint.project import entry_for
+
+        entry = entry_for(path)
+        if entry.root not in sys.path:
+            sys.path.insert(0, entry.root)
+        name = entry.module
+    else:
+        name = source
+    try:
+        return importlib.import_module(name)
+    except TrainingBoundary:
+        raise
+    except Exception as exc:
+        raise ReplayError(f"--model {text}: cannot import {source}: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+
+
+# --------------------------------------------------------------------------------------------
+# the override: the file's own calls of the target get the target's arguments
+# --------------------------------------------------------------------------------------------
+class Override:
+    def __init__(self, target: ModelTarget, callable_obj, ns: dict, module_ns: Optional[dict] = None):
         self.target = target
         self.callable = callable_obj
         self.used = False
+        self.called_main = False
         self._factory = None
-        self.ns = ns
+        self.ns = ns                     # the linted file's namespace
+        self.module_ns = module_ns       # the target's module namespace (bare names in arguments)
+
+    def _resolve(self, name: str) -> Any:
+        for space in (self.module_ns, self.ns):
+            if space is not None and name in space:
+                return space[name]
+        import builtins
+
+        if hasattr(builtins, name):
+            return getattr(builtins, name)
+        raise ReplayError(f"--model {self.target.text}: {name!r} is not defined in "
+                          f"{self.target.source or 'the linted file'}")
+
+    def arguments(self) -> Tuple[List[Any], Dict[str, Any]]:
+        return self.target.arguments(self._resolve)
 
     def build(self):
-        obj = self.callable(**self.target.kwargs)
+        args, kwargs = self.arguments()
         self.used = True
-        return obj
+        return self.callable(*args, **kwargs)
 
     def rebind(self, globs: dict) -> None:
+        if "." in self.target.name:
+            return                      # a classmethod target is built, not substituted
         for key, value in list(globs.items()):
             if key.startswith("__"):
                 continue
             if value is self.callable or (_same_callable(value, self.callable) and value is not self._factory):
                 globs[key] = self._make_factory(value)
+
+    def _merge(self, args, kwargs):
+        t_args, t_kwargs = self.arguments()
+        return list(t_args) + list(args[len(t_args):]), {**kwargs, **t_kwargs}
 
     def _make_factory(self, original):
         if self._factory is not None:
@@ -87,9 +239,9 @@ class _Override:
             # a subclass keeps isinstance checks and class-name lookups working
             def __new__(cls, *args, **kwargs):
                 override.used = True
-                merged = {**kwargs, **override.target.kwargs}
+                args, kwargs = override._merge(args, kwargs)
                 obj = original.__new__(original)
-                obj.__init__(*args, **merged)
+                obj.__init__(*args, **kwargs)
                 return obj
             factory = types.new_class(original.__name__, (original,), {}, lambda ns: ns.update({"__new__": __new__}))
             factory.__qualname__ = original.__qualname__
@@ -97,7 +249,8 @@ class _Override:
         else:
             def factory(*args, **kwargs):
                 override.used = True
-                return original(*args, **{**kwargs, **override.target.kwargs})
+                args, kwargs = override._merge(args, kwargs)
+                return original(*args, **kwargs)
         self._factory = factory
         return factory
 
@@ -114,117 +267,128 @@ def _src_stem(obj) -> Optional[str]:
     return os.path.splitext(os.path.basename(f))[0] if f else None
 
 
-def _load_target(target: ModelTarget, facts: SourceFacts, ns: dict, rec: Recorder) -> _Override:
-    import importlib
-    import importlib.util
-
-    path = os.path.abspath(facts.path)
-    src = target.source
-    if src is None or (src.endswith(".py") and os.path.abspath(src) == path):
-        # resolved lazily against the replayed file's own namespace
-        return _LazyOverride(target, ns)
-    if src.endswith(".py") or os.sep in src or "/" in src:
-        if not os.path.isfile(src):
-            raise ReplayError(f"--model {target.text}: no such file {src!r}")
-        from fsdp_lint.source import read_source
-
-        sub_facts = read_source(src)
-        sub_code, spans = compile_replay(sub_facts)
-        rec.terminal_spans.update(spans)
-        stem = os.path.splitext(os.path.basename(src))[0]
-        mod = types.ModuleType(stem)
-        mod.__file__ = os.path.abspath(src)
-        sys.modules.setdefault(stem, mod)
-        mod.__dict__.update({_CHECKPOINT: lambda: None, _SKIP: rec.skip, _STUB_IMPORT: _stub_import,
-                             _REBIND: lambda g: None, "__builtins__": _guarded_builtins()})
-        sys.path.insert(0, os.path.dirname(os.path.abspath(src)))
-        try:
-            exec(sub_code, mod.__dict__)
-        except _StopReplay:
-            pass
-        except Exception as exc:
-            raise ReplayError(f"--model {target.text}: cannot load {src}: {type(exc).__name__}: {exc}") from None
-        obj = mod.__dict__.get(target.name)
-    else:
-        try:
-            mod = importlib.import_module(src)
-        except Exception as exc:
-            raise ReplayError(f"--model {target.text}: cannot import {src!r}: {type(exc).__name__}: {exc}") from None
-        obj = mod
-        for part in target.name.split("."):
-            obj = getattr(obj, part, None)
-    if not callable(obj):
-        raise ReplayError(f"--model {target.text}: {target.name!r} not found in {src}")
-    return _Override(target, obj, ns)
-
-
-class _LazyOverride(_Override):
+class LazyOverride(Override):
     """A target defined in the linted file itself: found once its definition has run."""
 
     def __init__(self, target: ModelTarget, ns):
-        super().__init__(target, None, ns)
+        super().__init__(target, None, ns, ns)
+
+    def _find(self, globs: dict):
+        obj = globs.get(self.target.name.split(".")[0])
+        for part in self.target.name.split(".")[1:]:
+            obj = getattr(obj, part, None)
+        return obj if obj is not None and callable(obj) else None
 
     def rebind(self, globs: dict) -> None:
-        if self.callable is None:
-            obj = globs.get(self.target.name.split(".")[0])
-            for part in self.target.name.split(".")[1:]:
-                obj = getattr(obj, part, None)
-            if obj is None or not callable(obj):
-                return
-            self.callable = obj
-        super().rebind(globs)
+        if self.callable is None and globs is self.ns:
+            self.callable = self._find(globs)
+        if self.callable is not None:
+            super().rebind(globs)
 
     def build(self):
         if self.callable is None:
-            self.rebind(self.ns)
+            self.callable = self._find(self.ns)
         if self.callable is None:
             raise ReplayError(f"--model {self.target.text}: {self.target.name!r} is not defined in the file")
         return super().build()
 
 
-def _discover_model(facts: SourceFacts, ns: dict, rec: Recorder, override: Optional[_Override]):
+def load_target(target: ModelTarget, entry_path: str, ns: dict) -> Override:
+    """The override for `target`; the linted file's own targets are resolved once they are defined."""
+    src = target.source
+    if src is None or (src.endswith(".py") and os.path.abspath(src) == entry_path):
+        return LazyOverride(target, ns)
+    module = load_module(src, text=target.text)
+    obj: Any = module
+    for part in target.name.split("."):
+        obj = getattr(obj, part, None)
+    if not callable(obj):
+        raise ReplayError(f"--model {target.text}: {target.name!r} not found in {src}")
+    return Override(target, obj, ns, module.__dict__)
+
+
+# --------------------------------------------------------------------------------------------
+# discovery
+# --------------------------------------------------------------------------------------------
+def build_override(override: Override, rec: Recorder):
+    """Build the `--model` target; a function that builds and wraps (``main``) gives the model it
+    wrapped or built."""
     import torch.nn as nn
 
-    basename = os.path.basename(facts.path)
-    if override is not None:
-        try:
-            model = override.build()
-        except ReplayError:
-            raise
-        except Exception as exc:
-            raise ReplayError(f"--model {override.target.text}: cannot build it on the meta device: "
-                              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
-        if not isinstance(model, nn.Module):
-            raise ReplayError(f"--model {override.target.text}: returned {type(model).__name__}, not an nn.Module")
-        return model, override.target.text
+    try:
+        model = override.build()
+    except (ReplayError, TrainingBoundary):
+        raise
+    except Exception as exc:
+        raise ReplayError(f"--model {override.target.text}: cannot build it on the meta device: "
+                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    if isinstance(model, nn.Module):
+        return model
+    if rec.wrap_calls:
+        return None                     # the caller takes the wrapped root
+    built = largest_built_model(rec)
+    if built is not None:
+        return built[0]
+    raise ReplayError(f"--model {override.target.text}: returned {type(model).__name__}, not an nn.Module, and "
+                      f"built no model")
+
+
+def largest_built_model(rec: Recorder) -> Optional[Tuple[Any, Any]]:
+    """The largest root module the setup code built (model, position), or None."""
+    best = None
+    best_numel = 0
+    for module, pos in rec.constructed:
+        if id(module) in rec.parents:
+            continue
+        numel = sum(p.numel() for p in module.parameters())
+        if numel > best_numel:
+            best, best_numel = (module, pos), numel
+    return best
+
+
+def discover_model(facts: SourceFacts, ns: dict, rec: Recorder, display: str):
+    """The model of a file that wraps nothing: built by its setup code, else a factory, else the
+    top module class."""
+    import torch.nn as nn
+
+    built = largest_built_model(rec)
+    if built is not None:
+        model, pos = built
+        return model, f"{display}:{type(model).__name__}"
     errors = []
     for name in facts.factories():
         fn = ns.get(name)
         if callable(fn):
             try:
                 model = fn()
+            except TrainingBoundary:
+                raise
             except Exception as exc:
                 errors.append(f"{name}(): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                 continue
             if isinstance(model, nn.Module):
-                return model, f"{basename}:{name}"
+                return model, f"{display}:{name}"
     for cls_name in _top_module_classes(facts, ns):
         cls = ns.get(cls_name)
         try:
             model = cls()
+        except TrainingBoundary:
+            raise
         except Exception as exc:
             errors.append(f"{cls_name}(): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             continue
-        return model, f"{basename}:{cls_name}"
+        return model, f"{display}:{cls_name}"
     if errors:
-        raise ReplayError(f"{basename}: cannot build the model on the meta device: {errors[0]}"
-                          f" (pass --model {basename}:Class(arg=...) to choose the model and its arguments)")
-    raise ReplayError(f"{basename}: no model found: define an nn.Module, a build_model() factory, "
+        raise ReplayError(f"{display}: cannot build the model on the meta device: {errors[0]}"
+                          f" (pass --model {display}:Class(arg=...) to choose the model and its arguments)")
+    raise ReplayError(f"{display}: no model found: define an nn.Module, a build_model() factory, "
                       f"or pass --model path.py:Class")
 
 
 def _top_module_classes(facts: SourceFacts, ns: dict) -> List[str]:
     """nn.Module classes of this file that no other module class of the file uses, last first."""
+    import inspect
+
     import torch.nn as nn
 
     classes = [(name, line) for name, line in facts.module_classes
@@ -234,8 +398,6 @@ def _top_module_classes(facts: SourceFacts, ns: dict) -> List[str]:
     for name, line in classes:
         cls = ns[name]
         try:
-            import inspect
-
             src = inspect.getsource(cls)
         except Exception:
             src = "\n".join(text_lines[line - 1: line + 200])
@@ -248,35 +410,52 @@ def _top_module_classes(facts: SourceFacts, ns: dict) -> List[str]:
     return list(reversed(tops)) + list(reversed(rest))
 
 
+# --------------------------------------------------------------------------------------------
+# wrap helpers the file defines but never calls
+# --------------------------------------------------------------------------------------------
+_MODEL_PARAMS = ("model", "module", "net", "network", "m")
+_WORLD_PARAMS = ("world_size", "ws", "num_gpus", "dp_size", "dp_shard", "dp_degree", "fsdp_size")
+_RANK_PARAMS = ("rank", "local_rank", "global_rank")
 
 
-def _call_helper(fn, helper, model, rec: Recorder):
-    """Call a wrap helper the file never calls, with the model and simulated arguments."""
+def helper_arguments(fn, model, rec: Recorder, display: str) -> Tuple[List[Any], Dict[str, Any]]:
+    """Arguments for a wrap helper the file never calls: the model, a simulated mesh, the world
+    size, rank 0, "cuda"; any other required argument cannot be made up (ReplayError)."""
     import inspect
 
     sig = inspect.signature(fn)
-    args = []
-    kwargs = {}
+    args: List[Any] = []
+    kwargs: Dict[str, Any] = {}
+    unfilled: List[str] = []
     for i, (name, param) in enumerate(sig.parameters.items()):
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         lname = name.lower()
-        if i == 0 or lname in ("model", "module", "net", "network"):
+        if i == 0 or lname in _MODEL_PARAMS:
             value = model
         elif "mesh" in lname:
             value = FakeMesh("cuda", (rec.world_size,))
-        elif lname in ("world_size", "ws", "num_gpus", "dp_size", "dp_shard"):
+        elif lname in _WORLD_PARAMS:
             value = rec.world_size
-        elif lname in ("rank", "local_rank", "global_rank"):
+        elif lname in _RANK_PARAMS:
             value = 0
         elif param.default is not param.empty:
             continue
         elif "device" in lname:
             value = "cuda"
         else:
-            value = None
+            unfilled.append(name)
+            continue
         if param.kind == param.KEYWORD_ONLY:
             kwargs[name] = value
         else:
             args.append(value)
-    fn(*args, **kwargs)
+    if unfilled:
+        shown = ", ".join(f"`{n}`" for n in unfilled)
+        params = ", ".join(sig.parameters)
+        raise ReplayError(
+            f"{display}: {fn.__name__}({params}) wraps the model but is never called here, and fsdp-lint cannot "
+            f"make up its argument{'s' if len(unfilled) > 1 else ''} {shown}: lint the entry point that calls it "
+            f"(fsdp-lint train.py -- ARGS), or pass --model {display}:{fn.__name__} with a function of this file "
+            f"that calls it")
+    return args, kwargs

@@ -1,28 +1,67 @@
-"""The code transform: training loops dropped, harmless statements made tolerant, checkpoints."""
+"""The code transform applied to the entry file and to every project-local module it imports.
+
+It never changes what valid code means beyond these points, and it keeps line numbers:
+
+* ``from __future__`` imports stay first; every other top-level import that fails binds a stand-in
+  (a package that is not installed here: wandb, deepspeed, flash_attn) whose use is tracked;
+* training/data loops (``for batch in loader``, loops that call ``.backward()``/``.step()``) end the
+  replay where they start: reaching one means training starts (the static second line behind the
+  boundaries the sandbox detects while running);
+* statements of project code -- the entry's module level, functions and methods, but not the
+  methods of model classes, not ``raise``/``assert``/``return`` and nothing inside the file's own
+  ``try`` -- run so that a failure can be skipped: a data set, tokenizer or checkpoint that does not
+  exist here does not stop the replay. The runtime decides at the failure whether it may be skipped
+  (never when it comes from model construction, a wrap call, a policy, a freeze, a cast or an
+  optimizer), and which skipped statement a later failure goes back to;
+* in the entry file, statements before the last one that matters for the plan and that nothing
+  later needs (data sets, loaders, output folders, logging) never run.
+"""
 from __future__ import annotations
 
 import ast
-from typing import Dict, List, Optional, Set, Tuple
+import types
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from fsdp_lint.source import SourceFacts
 
-# --------------------------------------------------------------------------------------------
-# AST transform
-# --------------------------------------------------------------------------------------------
-_CHECKPOINT = "__fsdp_lint_checkpoint__"
-_SKIP = "__fsdp_lint_skip__"
-_STUB_IMPORT = "__fsdp_lint_stub_import__"
-_REBIND = "__fsdp_lint_rebind__"
+SKIP = "__fsdp_lint_skip__"
+STUB_IMPORT = "__fsdp_lint_stub_import__"
+REBIND = "__fsdp_lint_rebind__"
+LOOP = "__fsdp_lint_training_loop__"
+SETUP_DONE = "__fsdp_lint_setup_done__"
+_EXC = "__fsdp_lint_exc__"
+HELPER_NAMES = (SKIP, STUB_IMPORT, REBIND, LOOP, SETUP_DONE)
 
-_NEVER_WRAP = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Return, ast.Global, ast.Nonlocal,
-               ast.Pass, ast.Break, ast.Continue, ast.Import, ast.ImportFrom)
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_NEVER_WRAP = _DEFS + (ast.Return, ast.Global, ast.Nonlocal, ast.Pass, ast.Break, ast.Continue, ast.Import,
+                       ast.ImportFrom, ast.Raise, ast.Assert)
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
 
-def _is_main_guard(stmt: ast.stmt) -> bool:
-    if not isinstance(stmt, ast.If) or not isinstance(stmt.test, ast.Compare):
-        return False
-    left = stmt.test.left
-    return isinstance(left, ast.Name) and left.id == "__name__"
+@dataclass
+class Transformed:
+    code: types.CodeType
+    # line of a statement that may be skipped -> (names it binds, attribute names it assigns)
+    tolerant: Dict[int, Tuple[FrozenSet[str], FrozenSet[str]]] = field(default_factory=dict)
+    # lines where a failure is never skipped: statements holding a wrap/freeze/cast/optimizer/policy
+    # site, and the headers of blocks holding a wrap
+    fatal_lines: Set[int] = field(default_factory=set)
+    # (function name, first line; "<module>", 0) -> line spans of its last relevant statement: the
+    # entry's setup is done when every frame of it is there (see SETUP_DONE)
+    terminal_spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = field(default_factory=dict)
+
+
+def _globals_call() -> ast.expr:
+    return ast.Call(ast.Name("globals", ast.Load()), [], [])
+
+
+def _located(node: ast.AST, like: ast.stmt) -> ast.AST:
+    """`node` and every node inside it that has no position get `like`'s."""
+    for n in ast.walk(node):
+        if "lineno" in n._attributes and not hasattr(n, "lineno"):
+            ast.copy_location(n, like)
+    return node
 
 
 def _call_stmt(name: str, *args: ast.expr, like: ast.stmt) -> ast.stmt:
@@ -30,19 +69,28 @@ def _call_stmt(name: str, *args: ast.expr, like: ast.stmt) -> ast.stmt:
     return ast.copy_location(node, like)
 
 
+def _is_future(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
+
+
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
 class _Transformer:
-    def __init__(self, facts: SourceFacts):
-        self.relevant = facts.relevant_stmt_lines
-        self.dropped = facts.dropped_loop_lines
-        # (function name, first line) -> list of (start, end) line spans that are terminal
+    def __init__(self, facts: SourceFacts, *, main: bool, relevant: Set[int], dropped: Set[int]):
+        self.main = main
+        self.relevant = relevant
+        self.dropped = dropped
+        self.stepping = dropped & facts.stepping_loop_lines
+        self.model_classes = {name for name, _ in facts.module_classes}
+        self.tolerant: Dict[int, Tuple[FrozenSet[str], FrozenSet[str]]] = {}
         self.terminal_spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
         self.synthetic: Set[int] = set()          # ids of statements the transform inserted
         self.imported: Set[str] = set()           # names bound by imports anywhere in the file
         self.torch_names: Set[str] = set()        # ... of them, those bound from torch
 
-    def is_relevant(self, stmt: ast.stmt) -> bool:
-        return stmt.lineno in self.relevant
-
+    # -- the module ----------------------------------------------------------------------------
     def module(self, tree: ast.Module) -> ast.Module:
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -54,137 +102,176 @@ class _Transformer:
                     self.imported.add(local)
                     if (base or alias.name).split(".")[0] == "torch":
                         self.torch_names.add(local)
+        # loops that step an optimizer or call backward() are training: the replay ends where one
+        # starts; the entry's other data/epoch loops do not run (their results matter for nothing)
+        _StopAtLoops(self.stepping, self.dropped if self.main else set(), self.model_classes).visit(tree)
+
+        head: List[ast.stmt] = []
+        rest = list(tree.body)
+        # the docstring and `from __future__` imports must stay the first statements
+        while rest and (_is_future(rest[0]) or (not head and _is_docstring(rest[0]))):
+            head.append(rest.pop(0))
         body: List[ast.stmt] = []
-
-        def synthetic(node: ast.stmt) -> ast.stmt:
-            self.synthetic.add(id(node))
-            return node
-
-        for stmt in tree.body:
+        for stmt in rest:
             if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-                body.append(synthetic(self._tolerant_import(stmt)))
-                body.append(synthetic(_call_stmt(_REBIND, ast.Call(ast.Name("globals", ast.Load()), [], []), like=stmt)))
-            elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                # transformed by self._body below (exactly once)
+                body.append(self._synthetic(self._tolerant_import(stmt)))
+                body.append(self._synthetic(_call_stmt(REBIND, _globals_call(), like=stmt)))
+            elif isinstance(stmt, _DEFS):
                 body.append(stmt)
-                body.append(synthetic(_call_stmt(_REBIND, ast.Call(ast.Name("globals", ast.Load()), [], []), like=stmt)))
-            elif _is_main_guard(stmt):
-                if any(self._contains_relevant(s) for s in stmt.body):
-                    stmt.test = ast.copy_location(ast.Constant(True), stmt.test)
-                    stmt.orelse = []
-                    body.append(stmt)
-                # a guard with nothing that touches the plan never runs
+                body.append(self._synthetic(_call_stmt(REBIND, _globals_call(), like=stmt)))
             else:
                 body.append(stmt)
-        spans: List[Tuple[int, int]] = []
-        tree.body = self._body(body, spans, top=True)
-        self.terminal_spans[("<module>", 1)] = spans
+        if self.main:
+            spans: List[Tuple[int, int]] = []
+            tree.body = head + self._body(body, needed_after=set(), tolerate=True, spans=spans)
+            self.terminal_spans[("<module>", 0)] = spans
+        else:
+            # an imported module's top level runs as written (its names are read by other modules
+            # the slice cannot see); its functions are transformed
+            for stmt in body:
+                self._visit_defs_in(stmt)
+            tree.body = head + body
         return tree
+
+    def _synthetic(self, node: ast.stmt) -> ast.stmt:
+        self.synthetic.add(id(node))
+        return node
 
     def _tolerant_import(self, stmt: ast.stmt) -> ast.stmt:
         names = [a.asname or a.name.split(".")[0] for a in stmt.names if a.name != "*"]
         if isinstance(stmt, ast.ImportFrom):
-            module = stmt.module or ""
+            module = "." * (stmt.level or 0) + (stmt.module or "")
         else:
             module = ", ".join(a.name for a in stmt.names)
         handler = ast.ExceptHandler(
-            type=ast.Name("ImportError", ast.Load()), name=None,
-            body=[_call_stmt(_STUB_IMPORT, ast.List([ast.Constant(n) for n in names], ast.Load()), ast.Call(ast.Name("globals", ast.Load()), [], []),
-                             ast.Constant(module.split(".")[0] if module else None), like=stmt)],
+            type=ast.Name("ImportError", ast.Load()), name=_EXC,
+            body=[ast.If(
+                test=ast.UnaryOp(ast.Not(), ast.Call(ast.Name(STUB_IMPORT, ast.Load()), [
+                    ast.List([ast.Constant(n) for n in names], ast.Load()), _globals_call(),
+                    ast.Constant(module or None), ast.Name(_EXC, ast.Load())], [])),
+                body=[ast.Raise()], orelse=[])],
         )
         node = ast.Try(body=[stmt], handlers=[handler], orelse=[], finalbody=[])
-        return ast.copy_location(node, stmt)
+        return _located(node, stmt)
 
-    def _visit_defs(self, node: ast.stmt) -> None:
+    # -- definitions -----------------------------------------------------------------------------
+    def _visit_defs_in(self, stmt: ast.stmt) -> None:
+        """Transform the functions defined by `stmt` (a def, a class, or a block holding defs)."""
+        if isinstance(stmt, _DEFS):
+            self._visit_def(stmt)
+            return
+        for attr in ("body", "orelse", "finalbody"):
+            for sub in getattr(stmt, attr, None) or []:
+                if isinstance(sub, ast.stmt):
+                    self._visit_defs_in(sub)
+        for handler in getattr(stmt, "handlers", None) or []:
+            for sub in handler.body:
+                self._visit_defs_in(sub)
+
+    def _visit_def(self, node: ast.stmt, in_model: bool = False) -> None:
         if isinstance(node, ast.ClassDef):
+            # methods of model classes are model code: it runs as written (an error in a model's
+            # __init__ is an error; its forward runs only when training starts)
+            model = in_model or node.name in self.model_classes
             for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    self._visit_defs(item)
+                if isinstance(item, _DEFS):
+                    self._visit_def(item, in_model=model)
+            return
+        if in_model:
             return
         spans: List[Tuple[int, int]] = []
-        if self._contains_relevant(node):
-            node.body = self._body(node.body, spans, top=True)
-        else:
-            # code that does not touch the plan (model constructors, helpers) runs as written:
-            # an error in a model's __init__ is an error; only training loops never run
-            _DropLoops(self.dropped).visit(node)
-        self.terminal_spans[(node.name, node.lineno)] = spans
+        node.body = self._body(node.body, needed_after=set(), tolerate=True, slice_=self.main, spans=spans)
+        if self.main:
+            first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+            self.terminal_spans[(node.name, first)] = spans
 
-    def _contains_relevant(self, stmt: ast.stmt) -> bool:
-        for node in ast.walk(stmt):
-            if isinstance(node, ast.stmt) and node.lineno in self.relevant and not isinstance(
-                node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-            ):
-                return True
-        return False
-
-    def _body(self, stmts: List[ast.stmt], spans: List[Tuple[int, int]], top: bool,
-              terminal: bool = True, needed_after: Optional[Set[str]] = None) -> List[ast.stmt]:
-        """Transform one statement list; `terminal` says whether its last relevant statement ends
-        the enclosing function's relevant work (then a checkpoint follows it). `needed_after`:
-        names the code after this statement list reads (see `_slice`)."""
+    # -- statement lists -----------------------------------------------------------------------
+    def _body(self, stmts: List[ast.stmt], needed_after: Set[str], tolerate: bool,
+              slice_: bool = True, spans: Optional[List[Tuple[int, int]]] = None,
+              terminal: bool = True) -> List[ast.stmt]:
+        """Transform one statement list. `tolerate`: its statements may be skipped when they fail
+        (not inside the file's own ``try``); `needed_after`: names the code after it reads;
+        `terminal`: its last relevant statement ends the enclosing function's relevant work (the
+        entry file then marks the end of the setup after it, and records its span in `spans`)."""
+        spans = [] if spans is None else spans
+        mark = self.main and terminal
         last_relevant = max((i for i, s in enumerate(stmts) if self._is_rel(s)), default=None)
-        skip, needed_at = self._slice(stmts, last_relevant, terminal, top, needed_after or set())
+        if slice_ and self.main:
+            skip, needed_at = self._slice(stmts, last_relevant, needed_after)
+        else:
+            skip, needed_at = set(), {i: set(needed_after) for i in range(len(stmts))}
         out: List[ast.stmt] = []
         for i, stmt in enumerate(stmts):
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                self._visit_defs(stmt)
+            if isinstance(stmt, _DEFS):
+                self._visit_def(stmt)
                 out.append(stmt)
-                continue
-            if stmt.lineno in self.dropped or (isinstance(stmt, (ast.For, ast.While, ast.AsyncFor))
-                                                and not self._is_rel(stmt) and stmt.lineno in self.dropped):
-                out.append(ast.copy_location(ast.Pass(), stmt))
                 continue
             if i in skip:
                 out.append(ast.copy_location(ast.Pass(), stmt))
                 continue
-            if id(stmt) in self.synthetic:
+            if id(stmt) in self.synthetic or _is_stop(stmt):
                 out.append(stmt)
                 continue
             if not self._is_rel(stmt):
-                if isinstance(stmt, ast.While):
+                if self.main and isinstance(stmt, ast.While) and slice_:
+                    # a `while` of the entry's setup that matters for nothing (a wait or retry loop)
                     out.append(ast.copy_location(ast.Pass(), stmt))
-                elif isinstance(stmt, _NEVER_WRAP):
+                elif isinstance(stmt, _NEVER_WRAP) or not tolerate:
+                    self._visit_defs_in(stmt)
                     out.append(stmt)
                 else:
+                    self._visit_defs_in(stmt)
                     out.append(self._tolerant(stmt))
                 continue
-            is_last = terminal and i == last_relevant
-            if isinstance(stmt, (ast.If, ast.With, ast.AsyncWith, ast.Try)):
-                inner_spans: List[Tuple[int, int]] = []
-                for attr in ("body", "orelse", "finalbody"):
+            # a relevant statement runs as written; blocks inside it are transformed in turn
+            is_last = mark and i == last_relevant
+            inner: List[Tuple[int, int]] = []
+            kw = dict(slice_=slice_, spans=inner, terminal=is_last)
+            if isinstance(stmt, ast.Try) or (hasattr(ast, "TryStar") and isinstance(stmt, ast.TryStar)):
+                own = bool(stmt.handlers)
+                stmt.body = self._body(stmt.body, needed_at[i], tolerate=tolerate and not own, **kw)
+                for handler in stmt.handlers:
+                    handler.body = self._body(handler.body, needed_at[i], tolerate=tolerate, **kw)
+                for attr in ("orelse", "finalbody"):
+                    sub = getattr(stmt, attr)
+                    if sub:
+                        setattr(stmt, attr, self._body(sub, needed_at[i], tolerate=tolerate, **kw))
+            elif isinstance(stmt, (ast.If, ast.With, ast.AsyncWith)):
+                for attr in ("body", "orelse"):
                     sub = getattr(stmt, attr, None)
                     if sub:
-                        setattr(stmt, attr, self._body(sub, inner_spans, top=False, terminal=is_last,
-                                                       needed_after=needed_at[i]))
-                for handler in getattr(stmt, "handlers", []) or []:
-                    handler.body = self._body(handler.body, inner_spans, top=False, terminal=is_last,
-                                              needed_after=needed_at[i])
-                if is_last:
-                    spans.extend(inner_spans or [(stmt.lineno, stmt.end_lineno or stmt.lineno)])
-            elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+                        setattr(stmt, attr, self._body(sub, needed_at[i], tolerate=tolerate, **kw))
+            elif isinstance(stmt, _LOOPS):
                 loop_needed = needed_at[i] | _reads(stmt)     # the next iteration reads them too
+                inner = []
                 for attr in ("body", "orelse"):
-                    setattr(stmt, attr, self._body(getattr(stmt, attr), [], top=False, terminal=False,
-                                                   needed_after=loop_needed)
-                            or [ast.copy_location(ast.Pass(), stmt)])
-                if is_last:
-                    spans.append((stmt.lineno, stmt.end_lineno or stmt.lineno))
-            elif is_last:
-                spans.append((stmt.lineno, stmt.end_lineno or stmt.lineno))
+                    sub = getattr(stmt, attr)
+                    if sub:
+                        setattr(stmt, attr, self._body(sub, loop_needed, tolerate=tolerate, slice_=slice_,
+                                                       terminal=False)
+                                or [ast.copy_location(ast.Pass(), stmt)])
+            elif hasattr(ast, "Match") and isinstance(stmt, ast.Match):
+                for case in stmt.cases:
+                    case.body = self._body(case.body, needed_at[i], tolerate=tolerate, **kw)
+            else:
+                self._visit_defs_in(stmt)
             out.append(stmt)
             if is_last:
-                out.append(_call_stmt(_CHECKPOINT, like=stmt))
+                spans.extend(inner or [(stmt.lineno, stmt.end_lineno or stmt.lineno)])
+                out.append(self._synthetic(_call_stmt(SETUP_DONE, like=stmt)))
         if out:
             return out
         return [ast.copy_location(ast.Pass(), stmts[0])] if stmts else [ast.Pass()]
 
     def _is_rel(self, stmt: ast.stmt) -> bool:
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        if isinstance(stmt, _DEFS):
             return False
-        return self._contains_relevant(stmt)
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.stmt) and node.lineno in self.relevant and not isinstance(node, _DEFS):
+                return True
+        return False
 
-    def _slice(self, stmts: List[ast.stmt], last_relevant: Optional[int], terminal: bool, top: bool,
+    def _slice(self, stmts: List[ast.stmt], last_relevant: Optional[int],
                needed_after: Set[str]) -> Tuple[Set[int], Dict[int, Set[str]]]:
         """Which statements before the last relevant one can be left out, and which names are
         needed after each statement.
@@ -201,14 +288,11 @@ class _Transformer:
             return set(), {i: set(needed_after) for i in range(len(stmts))}
         needed = set(needed_after)
         for stmt in stmts[last_relevant + 1:]:
-            # statements after the last relevant one run only when the function is not where the
-            # replay stops; a `return` hands its values back in any case
-            if isinstance(stmt, ast.Return) or not terminal:
-                needed |= _reads(stmt)
+            needed |= _reads(stmt)          # code after the last relevant statement runs too
         for stmt in stmts:
             if isinstance(stmt, (ast.Global, ast.Nonlocal)):
                 needed |= set(stmt.names)
-            elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            elif isinstance(stmt, _DEFS):
                 # a function reads the names of its enclosing scope when it is called, whenever
                 # it was defined
                 needed |= self._def_reads(stmt)
@@ -218,9 +302,7 @@ class _Transformer:
             needed_at[i] = set(needed)
             if i > last_relevant:
                 continue
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                continue
-            if stmt.lineno in self.dropped:
+            if isinstance(stmt, _DEFS) or _is_stop(stmt):
                 continue
             if (id(stmt) in self.synthetic or isinstance(stmt, _NEVER_WRAP) or self._is_rel(stmt)
                     or _plain_assignment(stmt) or self._keeps(stmt, needed)):
@@ -237,7 +319,7 @@ class _Transformer:
         todo = [node]
         while todo:
             n = todo.pop()
-            if isinstance(n, (ast.For, ast.While, ast.AsyncFor)) and n.lineno in self.dropped:
+            if isinstance(n, _LOOPS) and n.lineno in self.dropped:
                 continue
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
                 out.add(n.id)
@@ -279,26 +361,52 @@ class _Transformer:
         return False
 
     def _tolerant(self, stmt: ast.stmt) -> ast.stmt:
+        self.tolerant[stmt.lineno] = (frozenset(_binds(stmt)), frozenset(_assigned_attrs(stmt)))
         handler = ast.ExceptHandler(
-            type=ast.Name("Exception", ast.Load()), name="__fsdp_lint_exc__",
-            body=[_call_stmt(_SKIP, ast.Constant(stmt.lineno), ast.Name("__fsdp_lint_exc__", ast.Load()), like=stmt)],
+            type=ast.Name("Exception", ast.Load()), name=_EXC,
+            body=[ast.If(
+                test=ast.UnaryOp(ast.Not(), ast.Call(ast.Name(SKIP, ast.Load()), [
+                    ast.Constant(stmt.lineno), ast.Name(_EXC, ast.Load())], [])),
+                body=[ast.Raise()], orelse=[])],
         )
-        return ast.copy_location(ast.Try(body=[stmt], handlers=[handler], orelse=[], finalbody=[]), stmt)
+        return _located(ast.Try(body=[stmt], handlers=[handler], orelse=[], finalbody=[]), stmt)
 
 
-class _DropLoops(ast.NodeTransformer):
-    def __init__(self, dropped: Set[int]):
-        self.dropped = dropped
+def _is_stop(stmt: ast.stmt) -> bool:
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id in (LOOP, SETUP_DONE))
+
+
+class _StopAtLoops(ast.NodeTransformer):
+    """Training loops (outside model classes) become a call that ends the replay there; `skipped`
+    data loops become ``pass``."""
+
+    def __init__(self, stepping: Set[int], skipped: Set[int], model_classes: Set[str]):
+        self.stepping = stepping
+        self.skipped = skipped - stepping
+        self.model_classes = model_classes
+
+    def visit_ClassDef(self, node):
+        if node.name in self.model_classes:
+            return node
+        return self.generic_visit(node)
 
     def generic_visit(self, node):
         node = super().generic_visit(node)
         for attr in ("body", "orelse", "finalbody"):
             stmts = getattr(node, attr, None)
             if isinstance(stmts, list) and stmts and all(isinstance(x, ast.stmt) for x in stmts):
-                setattr(node, attr, [ast.copy_location(ast.Pass(), x)
-                                     if isinstance(x, (ast.For, ast.AsyncFor, ast.While)) and x.lineno in self.dropped
-                                     else x for x in stmts])
+                setattr(node, attr, [self._replace(x) for x in stmts])
         return node
+
+    def _replace(self, stmt: ast.stmt) -> ast.stmt:
+        if not isinstance(stmt, _LOOPS):
+            return stmt
+        if stmt.lineno in self.stepping:
+            return _call_stmt(LOOP, ast.Constant(stmt.lineno), like=stmt)
+        if stmt.lineno in self.skipped:
+            return ast.copy_location(ast.Pass(), stmt)
+        return stmt
 
 
 def _plain_assignment(stmt: ast.stmt) -> bool:
@@ -312,15 +420,28 @@ def _reads(node: ast.AST) -> Set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
-def _binds(node: ast.AST) -> Set[str]:
+def binds(node: ast.AST) -> Set[str]:
+    """Names a statement binds (assignments, definitions, imports, ``except ... as``)."""
     out = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
     for n in ast.walk(node):
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        if isinstance(n, _DEFS):
             out.add(n.name)
         elif isinstance(n, (ast.Import, ast.ImportFrom)):
             out |= {a.asname or a.name.split(".")[0] for a in n.names}
         elif isinstance(n, ast.ExceptHandler) and n.name:
             out.add(n.name)
+    return out
+
+
+_binds = binds
+
+
+def _assigned_attrs(node: ast.AST) -> Set[str]:
+    """Attribute names a statement assigns (``self.tokenizer = ...`` -> ``tokenizer``)."""
+    out: Set[str] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+            out.add(n.attr)
     return out
 
 
@@ -340,9 +461,46 @@ def _dotted_name(node: ast.AST) -> str:
     return ""
 
 
-def compile_replay(facts: SourceFacts):
+def transform(facts: SourceFacts, *, main: bool, relevant: Optional[Set[int]] = None,
+              dropped: Optional[Set[int]] = None) -> Transformed:
+    """Compile `facts`' module with the transform. `main`: the entry file (its module level is
+    sliced and tolerant); `relevant`/`dropped`: relevant statement lines and training loops (default:
+    the module's own facts; the replay passes them computed across the project)."""
     tree = ast.parse(facts.text, filename=facts.path)
-    transformer = _Transformer(facts)
+    fatal = fatal_lines(tree, facts)
+    transformer = _Transformer(facts, main=main,
+                               relevant=facts.relevant_stmt_lines if relevant is None else relevant,
+                               dropped=facts.dropped_loop_lines if dropped is None else dropped)
     tree = transformer.module(tree)
     ast.fix_missing_locations(tree)
-    return compile(tree, facts.path, "exec"), transformer.terminal_spans
+    code = compile(tree, facts.path, "exec", dont_inherit=True)
+    return Transformed(code=code, tolerant=transformer.tolerant, fatal_lines=fatal,
+                       terminal_spans=transformer.terminal_spans)
+
+
+def fatal_lines(tree: ast.Module, facts: SourceFacts) -> Set[int]:
+    """Lines of the statements that hold a site (all their lines), and of the headers of the blocks
+    that hold a wrap call (``for block in model.layers:``)."""
+    site_lines = {s.line for s in facts.sites}
+    wrap_lines = {s.line for s in facts.sites if s.kind in ("fsdp1", "fsdp2", "policy")}
+    out: Set[int] = set()
+    if not site_lines:
+        return out
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.stmt) or isinstance(node, _DEFS):
+            continue
+        end = node.end_lineno or node.lineno
+        bodies = [b for b in (getattr(node, "body", None), getattr(node, "orelse", None)) if isinstance(b, list) and b]
+        if not bodies:
+            if any(node.lineno <= ln <= end for ln in site_lines):
+                out.update(range(node.lineno, end + 1))
+            continue
+        header_end = max(node.lineno, bodies[0][0].lineno - 1) if isinstance(bodies[0][0], ast.stmt) else node.lineno
+        if any(node.lineno <= ln <= end for ln in wrap_lines):
+            out.update(range(node.lineno, header_end + 1))
+    return out
+
+
+def compile_replay(facts: SourceFacts):
+    """The entry file's transformed code (kept for callers of the single-file API)."""
+    return transform(facts, main=True).code

@@ -1,0 +1,303 @@
+"""`project`: a training entry point as Python sees it, read from syntax trees (no torch, no imports).
+
+* how Python runs it: a standalone script (its folder on ``sys.path``) or a module of a package (a
+  chain of ``__init__.py``, ``src/`` layouts included), run as ``pkg.sub.mod`` with the package root
+  on ``sys.path`` so that relative imports work, as ``python -m`` does;
+* which project-local modules it imports, transitively (modules that resolve to files of the
+  repository, not of the standard library or site-packages), and what they hold: wrap calls and
+  policies, model classes, frameworks that wrap on the script's behalf;
+* which functions of all those modules wrap, freeze, cast or build optimizers (transitively, by
+  name across modules): the replay's code transform needs them to know where setup ends.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set, Tuple
+
+from fsdp_lint.source import SourceError, SourceFacts, mark_relevance, read_source
+
+_REPO_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg", ".hg")
+
+
+@dataclass
+class Entry:
+    path: str                   # absolute path of the file
+    module: str                 # import name: "train" for a script, "pkg.sub.train" in a package
+    package: Optional[str]      # "pkg.sub" (None for a standalone script)
+    root: str                   # what goes first on sys.path: the script's folder or the package root
+
+    @property
+    def is_package_module(self) -> bool:
+        return self.package is not None
+
+
+def entry_for(path: str) -> Entry:
+    """How ``python`` runs `path`: a file inside a package runs as its dotted module name."""
+    path = os.path.abspath(path)
+    folder, name = os.path.split(path)
+    stem = os.path.splitext(name)[0]
+    parts: List[str] = []
+    root = folder
+    while os.path.isfile(os.path.join(root, "__init__.py")):
+        parts.insert(0, os.path.basename(root))
+        parent = os.path.dirname(root)
+        if parent == root:
+            break
+        root = parent
+    if not parts or not all(p.isidentifier() for p in parts):
+        return Entry(path=path, module=stem, package=None, root=folder)
+    package = ".".join(parts)
+    module = package if stem == "__init__" else f"{package}.{stem}"
+    return Entry(path=path, module=module, package=package, root=root)
+
+
+def repo_root(start: str) -> Optional[str]:
+    """The nearest folder above `start` that looks like a repository root (.git, pyproject.toml, ...)."""
+    d = os.path.abspath(start if os.path.isdir(start) else os.path.dirname(start))
+    while True:
+        if any(os.path.exists(os.path.join(d, m)) for m in _REPO_MARKERS):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+
+
+_LIB_DIRS: Optional[Tuple[str, ...]] = None
+
+
+def _library_dirs() -> Tuple[str, ...]:
+    global _LIB_DIRS
+    if _LIB_DIRS is None:
+        dirs = set()
+        for scheme_key in ("stdlib", "platstdlib", "purelib", "platlib"):
+            p = sysconfig.get_paths().get(scheme_key)
+            if p:
+                dirs.add(os.path.realpath(p))
+        for p in sys.path:
+            if p and ("site-packages" in p or "dist-packages" in p):
+                dirs.add(os.path.realpath(p))
+        dirs.add(os.path.realpath(os.path.dirname(os.path.abspath(__file__))))   # fsdp_lint itself
+        _LIB_DIRS = tuple(sorted(dirs))
+    return _LIB_DIRS
+
+
+def is_local(path: Optional[str]) -> bool:
+    """A Python source file of the user's project (not the standard library, an installed package
+    or fsdp-lint)."""
+    if not path or not path.endswith(".py") or path.startswith("<"):
+        return False
+    real = os.path.realpath(path)
+    norm = real.replace("\\", "/")
+    if "/site-packages/" in norm or "/dist-packages/" in norm:
+        return False
+    return not any(real == d or real.startswith(d + os.sep) for d in _library_dirs())
+
+
+@dataclass
+class Reach:
+    """What an entry point reaches through its project-local imports."""
+    entry: Entry
+    modules: Dict[str, SourceFacts] = field(default_factory=dict)     # path -> facts (entry included)
+    edges: Dict[str, List[Tuple[str, int]]] = field(default_factory=dict)  # path -> [(imported path, line)]
+    unreadable: Dict[str, str] = field(default_factory=dict)          # path -> why (syntax error, ...)
+
+    @property
+    def wrap_paths(self) -> List[str]:
+        """Modules holding FSDP wrap calls or auto-wrap policies."""
+        return [p for p, f in self.modules.items() if f.uses_fsdp or f.sites_of("policy")]
+
+    @property
+    def model_paths(self) -> List[str]:
+        return [p for p, f in self.modules.items() if f.defines_model]
+
+    @property
+    def framework_paths(self) -> List[str]:
+        return [p for p, f in self.modules.items() if f.uses_framework]
+
+    @property
+    def reaches_fsdp(self) -> bool:
+        return bool(self.wrap_paths or self.framework_paths)
+
+    @property
+    def reaches_model(self) -> bool:
+        return bool(self.model_paths)
+
+    def chain(self, target: str) -> List[str]:
+        """The import chain from the entry to `target` (paths), for messages."""
+        start = self.entry.path
+        prev: Dict[str, Optional[str]] = {start: None}
+        todo = [start]
+        while todo:
+            cur = todo.pop(0)
+            if cur == target:
+                break
+            for nxt, _ in self.edges.get(cur, ()):
+                if nxt not in prev:
+                    prev[nxt] = cur
+                    todo.append(nxt)
+        if target not in prev:
+            return [target]
+        out = []
+        node: Optional[str] = target
+        while node is not None:
+            out.insert(0, node)
+            node = prev[node]
+        return out
+
+    def relevant_names(self) -> Tuple[Set[str], Set[str]]:
+        """Names (functions, methods, classes whose constructor does so) that wrap, freeze, cast or
+        build optimizers anywhere in the reached modules, and the subset that wraps: a call of one
+        of them matters for the plan wherever it is written."""
+        fns = [f for facts in self.modules.values() for f in facts.functions.values()]
+        by_name: Dict[str, List] = {}
+        for f in fns:
+            by_name.setdefault(f.name, []).append(f)
+        relevant: Set[str] = set()
+        wraps: Set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for facts in self.modules.values():
+                mark_relevance(facts.functions, relevant, wraps)
+                for f in facts.functions.values():
+                    names = {f.name} | ({f.cls} if f.cls and f.name in ("__init__", "__post_init__") else set())
+                    if f.relevant and not names <= relevant:
+                        relevant |= names
+                        changed = True
+                    if f.wraps and not names <= wraps:
+                        wraps |= names
+                        changed = True
+        return relevant, wraps
+
+
+class Project:
+    """Resolves imports to project files the way the replay's ``sys.path`` will."""
+
+    def __init__(self, entry: Entry):
+        self.entry = entry
+        roots = [entry.root]
+        repo = repo_root(entry.path)
+        # scripts in a repository often reach its package through sys.path tweaks or an editable
+        # install: the repository root and its src/ are searched after the entry's own root
+        if repo:
+            roots += [repo, os.path.join(repo, "src")]
+        roots += [p for p in sys.path if p and os.path.isdir(p) and is_local(os.path.join(p, "x.py"))]
+        seen: Set[str] = set()
+        self.roots = [r for r in (os.path.abspath(r) for r in roots) if not (r in seen or seen.add(r))]
+        self._spec_cache: Dict[str, Optional[List[str]]] = {}
+
+    def module_name(self, path: str) -> Tuple[str, bool]:
+        """(dotted name, is a package) of a project file, relative to the first root holding it."""
+        path = os.path.abspath(path)
+        if path == self.entry.path:
+            return self.entry.module, os.path.basename(path) == "__init__.py"
+        for root in self.roots:
+            if path.startswith(root + os.sep):
+                rel = os.path.relpath(path, root)[:-3].split(os.sep)
+                is_pkg = rel[-1] == "__init__"
+                if is_pkg:
+                    rel = rel[:-1]
+                return ".".join(rel), is_pkg
+        return os.path.splitext(os.path.basename(path))[0], False
+
+    def _search_dirs(self, top: str) -> List[str]:
+        """Folders that may hold the top-level package/module `top`."""
+        dirs = list(self.roots)
+        if top not in self._spec_cache:
+            found: Optional[List[str]] = None
+            try:
+                # an editable install of the repository maps its package through a finder: ask the
+                # finders for the top-level name only (nothing is imported for a top-level spec)
+                spec = importlib.util.find_spec(top) if top not in sys.modules else getattr(sys.modules[top], "__spec__", None)
+            except (ImportError, ValueError, AttributeError):
+                spec = None
+            if spec is not None:
+                locs = list(spec.submodule_search_locations or [])
+                origin = spec.origin if spec.origin and spec.origin not in ("built-in", "frozen") else None
+                if origin and is_local(origin):
+                    found = [os.path.dirname(os.path.dirname(origin))] if locs else [os.path.dirname(origin)]
+            self._spec_cache[top] = found
+        return dirs + (self._spec_cache[top] or [])
+
+    def resolve(self, dotted: str) -> Optional[str]:
+        """The project file of module `dotted`, or None (not local, or not found)."""
+        if not dotted:
+            return None
+        parts = dotted.split(".")
+        for base in self._search_dirs(parts[0]):
+            d = os.path.join(base, *parts)
+            for candidate in (d + ".py", os.path.join(d, "__init__.py")):
+                if os.path.isfile(candidate) and is_local(candidate):
+                    return os.path.abspath(candidate)
+        return None
+
+    def imports_of(self, path: str, facts: SourceFacts) -> List[Tuple[str, int]]:
+        """Project files `path` imports: (file, line), packages' ``__init__`` included."""
+        name, is_pkg = self.module_name(path)
+        out: List[Tuple[str, int]] = []
+        for imp in facts.imports:
+            if imp.level:
+                base_parts = name.split(".") if is_pkg else name.split(".")[:-1]
+                if path == self.entry.path and self.entry.package is not None:
+                    base_parts = self.entry.package.split(".")
+                if imp.level - 1 > len(base_parts):
+                    continue
+                base_parts = base_parts[: len(base_parts) - (imp.level - 1)]
+                base = ".".join(base_parts + ([imp.module] if imp.module else []))
+            else:
+                base = imp.module
+            targets = []
+            if base:
+                # the packages on the way are imported too (their __init__ runs)
+                pieces = base.split(".")
+                targets += [".".join(pieces[:i]) for i in range(1, len(pieces) + 1)]
+            for n in imp.names:
+                if n != "*" and base:
+                    targets.append(f"{base}.{n}")       # `from pkg import module`
+            for t in targets:
+                f = self.resolve(t)
+                if f is not None and f != path:
+                    out.append((f, imp.line))
+        return out
+
+
+_FACTS_CACHE: Dict[Tuple[str, float, int], SourceFacts] = {}
+
+
+def facts_for(path: str) -> SourceFacts:
+    """SourceFacts of a project file, cached per (path, mtime, size) in this process."""
+    st = os.stat(path)
+    key = (path, st.st_mtime, st.st_size)
+    facts = _FACTS_CACHE.get(key)
+    if facts is None:
+        facts = read_source(path)
+        _FACTS_CACHE[key] = facts
+    return facts
+
+
+def reach(path: str, facts: Optional[SourceFacts] = None, limit: int = 2000) -> Reach:
+    """The project-local modules `path` imports, transitively, with their facts."""
+    entry = entry_for(path)
+    project = Project(entry)
+    out = Reach(entry=entry)
+    out.modules[entry.path] = facts if facts is not None else facts_for(entry.path)
+    todo = [entry.path]
+    while todo and len(out.modules) < limit:
+        cur = todo.pop(0)
+        edges = project.imports_of(cur, out.modules[cur])
+        out.edges[cur] = edges
+        for nxt, _ in edges:
+            if nxt in out.modules or nxt in out.unreadable:
+                continue
+            try:
+                out.modules[nxt] = facts_for(nxt)
+            except (SourceError, OSError) as exc:
+                out.unreadable[nxt] = str(exc)
+                continue
+            todo.append(nxt)
+    return out

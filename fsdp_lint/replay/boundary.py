@@ -1,0 +1,69 @@
+"""The training boundary, detected while the setup code runs.
+
+Training starts -- and the replay stops, raising `TrainingBoundary` -- at the first of:
+
+* the forward of a module that was wrapped (``fully_shard``/``FullyShardedDataParallel``), or of a
+  module whose parameters an optimizer holds;
+* ``Tensor.backward()`` / ``torch.autograd.backward``;
+* an optimizer's ``step()``;
+* iteration over a ``torch.utils.data.DataLoader``.
+
+(Frameworks' fit/train calls are driven up to their first step by the framework drivers; the
+static second line -- training loops found in the code -- is in ``transform``.)
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, List
+
+from fsdp_lint.replay.records import TrainingBoundary
+
+
+def install_boundaries(rec, patch: Callable[[Any, str, Any], None]) -> List[Any]:
+    """Install the boundary hooks; returns handles to remove when the replay ends."""
+    import torch
+    import torch.nn as nn
+    import torch.utils.data
+
+    def stop(reason: str):
+        pos = rec.position()
+        rec.stopped = (reason, pos)
+        raise TrainingBoundary(reason)
+
+    def on_forward(module, args):
+        if rec.stopped is not None and not rec.real:
+            raise TrainingBoundary(rec.stopped[0])
+        if id(module) in rec.wrapped_ids:
+            stop(f"the first forward of the wrapped {type(module).__name__}")
+        if rec.optimizer_param_ids:
+            p = next(iter(module._parameters.values()), None) if module._parameters else None
+            if p is not None and id(p) in rec.optimizer_param_ids:
+                stop(f"the first forward of {type(module).__name__}, whose parameters an optimizer holds")
+        return None
+
+    handles = [nn.modules.module.register_module_forward_pre_hook(on_forward)]
+
+    def backward(*args, **kwargs):
+        stop("backward()")
+
+    patch(torch.Tensor, "backward", backward)
+    patch(torch.autograd, "backward", backward)
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    def on_step(optimizer, args, kwargs):
+        stop(f"{type(optimizer).__name__}.step()")
+
+    handles.append(register_optimizer_step_pre_hook(on_step))
+
+    def loader_iter(self):
+        stop("iteration over a DataLoader")
+
+    patch(torch.utils.data.DataLoader, "__iter__", loader_iter)
+    return handles
+
+
+def training_loop(rec, line: int) -> None:
+    """Called where a training loop of project code starts (the transform put the call there)."""
+    pos = rec.position()
+    rec.stopped = (f"the training loop at line {line}", pos)
+    raise TrainingBoundary(rec.stopped[0])

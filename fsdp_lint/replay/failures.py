@@ -1,0 +1,305 @@
+"""Failures in the setup code: which may be skipped, and what the one-line error names as the cause.
+
+A failing statement of project code is skipped (a data set, tokenizer, checkpoint or config file
+that does not exist here) unless the failure belongs to the plan: it was raised while a model was
+being constructed, inside a wrap call, a policy, a freeze, a cast or an optimizer, or by fsdp-lint's
+recorders. A later failure of a name (``NameError``, ``UnboundLocalError``, ``AttributeError`` of
+``self.x``) that a skipped statement should have bound is reported as that earlier failure: the
+first failure in the setup code, not its consequence.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, List, Optional, Set, Tuple
+
+from fsdp_lint.replay.imports import (
+    MissingImport,
+    StubUse,
+    circular_module,
+    distribution_of,
+    is_circular,
+    missing_module_of,
+)
+from fsdp_lint.replay.records import Skipped
+
+_FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class SkipRecord:
+    skipped: Skipped
+    binds: FrozenSet[str]
+    attrs: FrozenSet[str]
+    exc: BaseException
+
+
+@dataclass
+class Failures:
+    """The failures of one replay."""
+    entry_path: str
+    # path -> lines whose failure is never skipped (statements holding a wrap/freeze/cast/optimizer
+    # site, headers of blocks holding a wrap)
+    fatal_lines: Dict[str, Set[int]] = field(default_factory=dict)
+    # path -> line -> (names, attributes) a tolerant statement binds
+    tolerant: Dict[str, Dict[int, Tuple[FrozenSet[str], FrozenSet[str]]]] = field(default_factory=dict)
+    skips: List[SkipRecord] = field(default_factory=list)
+    imports: List[MissingImport] = field(default_factory=list)
+    stub_uses: List[StubUse] = field(default_factory=list)
+    argv: List[str] = field(default_factory=list)        # the script's arguments
+
+    def names_an_argument(self, exc: BaseException) -> bool:
+        """A file named in the script's arguments (a config) cannot be read: the launch command is
+        wrong here, and skipping it would plan with defaults nobody launches."""
+        name = getattr(exc, "filename", None)
+        if not isinstance(exc, OSError) or not name:
+            return False
+        name = os.fspath(name)
+        return any(a == name or a.endswith("=" + name) or os.path.abspath(a) == os.path.abspath(name)
+                   for a in self.argv)
+
+    # -- decisions while running ---------------------------------------------------------------
+    def may_skip(self, exc: BaseException, frame) -> bool:
+        """Whether the failure `exc`, caught by the statement running in `frame`, may be skipped."""
+        from fsdp_lint.replay.records import ReplayError
+
+        if isinstance(exc, (ReplayError, RecursionError, MemoryError)) or self.names_an_argument(exc):
+            return False
+        # raised inside model construction, a wrap/freeze/cast/optimizer statement, or fsdp-lint
+        tb = exc.__traceback__
+        while tb is not None:
+            if self._belongs_to_plan(tb.tb_frame, tb.tb_lineno):
+                return False
+            tb = tb.tb_next
+        # ... or the statement itself runs inside model construction or a policy
+        f = frame.f_back
+        while f is not None:
+            fname = f.f_code.co_filename
+            if _is_fsdp_lint_frame(fname):
+                if _is_recorder_frame(fname):
+                    return False
+                break          # the replay's own runner: the top of the user's stack
+            if _in_model_init(f):
+                return False
+            f = f.f_back
+        return True
+
+    def after_setup_ok(self, exc: BaseException) -> bool:
+        """Whether a failure after the end of the entry's setup may end the replay quietly: not
+        when it comes from model construction, a wrap or fsdp-lint."""
+        from fsdp_lint.replay.records import ReplayError
+
+        if isinstance(exc, (ReplayError, RecursionError, MemoryError)):
+            return False
+        tb = exc.__traceback__
+        while tb is not None:
+            if not _is_fsdp_lint_frame(tb.tb_frame.f_code.co_filename) or _is_recorder_frame(tb.tb_frame.f_code.co_filename):
+                if self._belongs_to_plan(tb.tb_frame, tb.tb_lineno):
+                    return False
+            tb = tb.tb_next
+        return True
+
+    def _belongs_to_plan(self, frame, line: int) -> bool:
+        fname = frame.f_code.co_filename
+        if _is_recorder_frame(fname) or _in_model_init(frame):
+            return True
+        return self._is_fatal_line(fname, line)
+
+    def _is_fatal_line(self, fname: str, line: int) -> bool:
+        lines = self.fatal_lines.get(os.path.abspath(fname))
+        return bool(lines) and line in lines
+
+    def record_skip(self, path: str, line: int, exc: BaseException) -> None:
+        names, attrs = self.tolerant.get(os.path.abspath(path), {}).get(line, (frozenset(), frozenset()))
+        sk = Skipped(path=os.path.abspath(path), line=line, error=_one_line(exc), exc_type=type(exc).__name__)
+        self.skips.append(SkipRecord(sk, names, attrs, exc))
+
+    # -- the cause of a failure ------------------------------------------------------------------
+    def root_cause(self, exc: BaseException, limit: int = 20) -> Optional[SkipRecord]:
+        """The skipped statement whose failure `exc` is a consequence of (following chains of
+        consequences back to the first failure), or None."""
+        found: Optional[SkipRecord] = None
+        current: BaseException = exc
+        before = len(self.skips)
+        for _ in range(limit):
+            name, is_attr = _missing_name(current)
+            if not name:
+                break
+            match = None
+            for i in range(before - 1, -1, -1):
+                rec = self.skips[i]
+                if (is_attr and name in rec.attrs) or (not is_attr and name in rec.binds) or \
+                        (is_attr is None and (name in rec.binds or name in rec.attrs)):
+                    match, before = rec, i
+                    break
+            if match is None:
+                break
+            found, current = match, match.exc
+        return found
+
+    def describe(self, exc: BaseException, *, entry_display: str, where_real: str,
+                 importer=None) -> str:
+        """One line naming the cause of `exc`, which ended the replay."""
+        stub = self.stub_cause(exc)
+        if stub is not None:
+            return self._stub_message(stub, entry_display)
+        cause = self.root_cause(exc)
+        if cause is not None:
+            exc = cause.exc
+            loc = f"{_display(cause.skipped.path, self.entry_path, entry_display)}:{cause.skipped.line}"
+        else:
+            loc = self._location(exc, entry_display)
+        if isinstance(exc, ImportError):
+            text = self.describe_import_error(exc, importer)
+            if text:
+                return f"{loc}: {text}"
+        if self.names_an_argument(exc):
+            return (f"{loc}: `{exc.filename}`, named in the script's arguments, cannot be read "
+                    f"({exc.strerror or type(exc).__name__}); paths in the arguments are relative to "
+                    f"{os.getcwd()}")
+        msg = _one_line(exc)
+        text = f"{loc}: setup code failed {where_real}: {msg}{_download_hint(msg)}{self._stub_hint(msg)}"
+        return text
+
+    def _location(self, exc: BaseException, entry_display: str) -> str:
+        """The innermost frame of the user's code: project frames from the top of the user's stack
+        down to where the code enters fsdp-lint again (a recorder) -- what runs below a recorder is
+        torch's or fsdp-lint's, not the user's."""
+        frames = traceback.extract_tb(exc.__traceback__)
+        i = 0
+        while i < len(frames) and _is_fsdp_lint_frame(frames[i].filename):
+            i += 1
+        innermost = None
+        while i < len(frames) and not _is_fsdp_lint_frame(frames[i].filename):
+            if _is_project(frames[i].filename) or os.path.abspath(frames[i].filename) == self.entry_path:
+                innermost = frames[i]
+            i += 1
+        if innermost is None:
+            return entry_display
+        return f"{_display(innermost.filename, self.entry_path, entry_display)}:{innermost.lineno}"
+
+    def describe_import_error(self, exc: ImportError, importer=None) -> Optional[str]:
+        if is_circular(exc):
+            mod = circular_module(exc)
+            chain = importer.cycle_through(mod) if importer is not None and mod else None
+            if chain:
+                names = " -> ".join([n for n, _ in chain] + [mod])
+                return f"circular import: {names} ({mod} is imported again before it finished importing)"
+            return f"circular import of {mod}: {_one_line(exc)}"
+        missing = missing_module_of(exc)
+        if missing:
+            return (f"`{missing}` is not installed here (pip install {distribution_of(missing)}); "
+                    f"install the training repository's dependencies to lint it")
+        return None
+
+    def _stub_hint(self, msg: str) -> str:
+        if "not installed here" in msg and self.imports:
+            return ""
+        for imp in self.imports:
+            if imp.missing and imp.missing.split(".")[0] in msg:
+                return f" (`{imp.missing}` is not installed here: pip install {distribution_of(imp.missing)})"
+        return ""
+
+    # -- stand-ins used by the model -------------------------------------------------------------
+    def stub_cause(self, exc: BaseException) -> Optional[StubUse]:
+        """A use of a stand-in (for an import that failed) that `exc` comes from: in the model, or
+        on a line of the failure's traceback."""
+        lines = set()
+        tb = exc.__traceback__
+        while tb is not None:
+            lines.add((os.path.abspath(tb.tb_frame.f_code.co_filename), tb.tb_lineno))
+            tb = tb.tb_next
+        for u in self.stub_uses:
+            if u.in_model or (os.path.abspath(u.path), u.line) in lines:
+                return u
+        return None
+
+    def incomplete_plan(self, entry_display: str) -> Optional[str]:
+        """The message when a stand-in for something not installed was used while the model was
+        built or wrapped: the plan would silently miss what it stands for."""
+        used = [u for u in self.stub_uses if u.in_model]
+        return self._stub_message(used[0], entry_display) if used else None
+
+    def _stub_message(self, u: StubUse, entry_display: str) -> str:
+        top = u.name.split(".")[0].split("(")[0]
+        imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
+        missing = imp.missing if imp is not None else top
+        where = f"{_display(u.path, self.entry_path, entry_display)}:{u.line}"
+        return (f"{where}: the model uses `{u.name.rstrip('()')}`, which could not be imported here "
+                f"(`{missing}` is not installed: pip install {distribution_of(missing)}); the plan would be "
+                f"built without it")
+
+
+# --------------------------------------------------------------------------------------------
+def _missing_name(exc: BaseException) -> Tuple[Optional[str], Optional[bool]]:
+    """(name, is an attribute) that `exc` says is missing, or (None, None)."""
+    if isinstance(exc, (NameError, UnboundLocalError)):
+        name = getattr(exc, "name", None)
+        if not name:
+            m = re.search(r"'([A-Za-z_][A-Za-z0-9_]*)'", str(exc))
+            name = m.group(1) if m else None
+        return name, False
+    if isinstance(exc, AttributeError):
+        name = getattr(exc, "name", None)
+        if not name:
+            m = re.search(r"has no attribute '([A-Za-z_][A-Za-z0-9_]*)'", str(exc))
+            name = m.group(1) if m else None
+        return name, True
+    return None, None
+
+
+def _in_model_init(frame) -> bool:
+    if frame.f_code.co_name != "__init__":
+        return False
+    obj = frame.f_locals.get("self")
+    if obj is None:
+        return False
+    nn = sys.modules.get("torch.nn")
+    return nn is not None and isinstance(obj, nn.Module)
+
+
+def _is_fsdp_lint_frame(fname: str) -> bool:
+    return os.path.abspath(fname).startswith(_FSDP_LINT_DIR + os.sep)
+
+
+def _is_recorder_frame(fname: str) -> bool:
+    """fsdp-lint code that runs on the linted code's behalf (recorders, policy resolution)."""
+    if not _is_fsdp_lint_frame(fname):
+        return False
+    base = os.path.basename(fname)
+    return base in ("recorders.py", "plan.py")
+
+
+def _is_project(fname: str) -> bool:
+    from fsdp_lint.project import is_local
+
+    return is_local(fname)
+
+
+def _display(path: str, entry_path: str, entry_display: str) -> str:
+    path = os.path.abspath(path)
+    if path == entry_path:
+        return entry_display
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first[:limit]}" if first else type(exc).__name__
+
+
+def _download_hint(msg: str) -> str:
+    """fsdp-lint never downloads: a hub model needs its config locally, or a factory from a config."""
+    if "huggingface.co" in msg or "from_pretrained" in msg or "cached files" in msg or "offline mode" in msg:
+        return (" (fsdp-lint does not download models or configs: have the model's config.json in the local "
+                "Hugging Face cache (HF_HOME), or build the model from a config in the linted code, e.g. "
+                "AutoModelForCausalLM.from_config(AutoConfig.for_model(...)))")
+    return ""

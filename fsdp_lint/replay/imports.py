@@ -1,0 +1,191 @@
+"""Imports during a replay: project-local modules are loaded through the code transform, packages
+that are not installed get a tracked stand-in, and import failures are described by their cause.
+
+* `ProjectImporter` is a meta-path finder: a module whose file belongs to the user's project (not
+  the standard library, site-packages or fsdp-lint) is compiled with ``transform`` (imported-module
+  mode) so that its training loops end the replay and its failing setup statements can be skipped;
+  everything else imports as usual. The import stack it keeps names circular imports.
+* `Missing` stands in for a name whose top-level import failed (``import wandb``, ``from flash_attn
+  import flash_attn_func``). Every use of it is recorded, with whether it happened while the model
+  was being built or wrapped: a plan built with a stand-in inside the model is incomplete.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from fsdp_lint.project import is_local
+
+# import names whose PyPI distribution is called something else
+_DISTRIBUTIONS = {
+    "sklearn": "scikit-learn", "skimage": "scikit-image", "cv2": "opencv-python", "PIL": "Pillow",
+    "yaml": "PyYAML", "bs4": "beautifulsoup4", "attr": "attrs", "google.protobuf": "protobuf",
+    "flash_attn": "flash-attn", "apex": "apex (NVIDIA/apex, built from source)", "Crypto": "pycryptodome",
+    "dateutil": "python-dateutil", "dotenv": "python-dotenv", "jwt": "PyJWT", "magic": "python-magic",
+    "sentencepiece": "sentencepiece", "tensorboardX": "tensorboardX", "torch_xla": "torch-xla",
+    "lightning_fabric": "lightning", "pytorch_lightning": "lightning", "omegaconf": "omegaconf",
+    "hydra": "hydra-core", "fire": "fire", "te": "transformer-engine", "transformer_engine": "transformer-engine",
+    "mamba_ssm": "mamba-ssm", "causal_conv1d": "causal-conv1d", "xformers": "xformers",
+    "bitsandbytes": "bitsandbytes", "liger_kernel": "liger-kernel", "webdataset": "webdataset",
+    "tiktoken": "tiktoken", "zmq": "pyzmq", "serial": "pyserial", "usb": "pyusb", "docx": "python-docx",
+    "Levenshtein": "python-Levenshtein", "git": "GitPython", "pkg_resources": "setuptools",
+}
+
+
+def distribution_of(module: str) -> str:
+    """The PyPI name that provides import `module` (``sklearn`` -> ``scikit-learn``)."""
+    top = module.split(".")[0]
+    for key in (module, top):
+        if key in _DISTRIBUTIONS:
+            return _DISTRIBUTIONS[key]
+    return top.replace("_", "-")
+
+
+# --------------------------------------------------------------------------------------------
+# stand-ins for what is not installed
+# --------------------------------------------------------------------------------------------
+@dataclass
+class StubUse:
+    name: str                 # "flash_attn.flash_attn_func"
+    path: str
+    line: int
+    in_model: bool            # used while a model was being built or wrapped
+
+
+@dataclass
+class MissingImport:
+    module: str               # the module as the file imports it ("flash_attn", ".data")
+    missing: str              # the module that is really not there ("flash_attn", "webdataset")
+    path: str                 # the file with the import
+    line: int
+    local: bool               # a project module that exists but failed on its own imports
+    message: str              # the ImportError's message
+    names: List[str] = field(default_factory=list)
+
+
+class Missing:
+    """A stand-in for a name whose import failed. Attribute access, calls and iteration work and are
+    recorded; it is falsy and iterates as empty."""
+
+    __slots__ = ("_fsdp_lint_name", "_fsdp_lint_on_use")
+
+    def __init__(self, name: str, on_use: Callable[[str], None]):
+        object.__setattr__(self, "_fsdp_lint_name", name)
+        object.__setattr__(self, "_fsdp_lint_on_use", on_use)
+
+    def __getattr__(self, item):
+        if item.startswith("__") and item.endswith("__"):
+            raise AttributeError(item)
+        name = f"{self._fsdp_lint_name}.{item}"
+        self._fsdp_lint_on_use(name)
+        return Missing(name, self._fsdp_lint_on_use)
+
+    def __call__(self, *args, **kwargs):
+        self._fsdp_lint_on_use(self._fsdp_lint_name + "()")
+        return Missing(self._fsdp_lint_name + "()", self._fsdp_lint_on_use)
+
+    def __iter__(self):
+        self._fsdp_lint_on_use(self._fsdp_lint_name)
+        return iter(())
+
+    def __bool__(self):
+        return False
+
+    def __mro_entries__(self, bases):
+        self._fsdp_lint_on_use(self._fsdp_lint_name)
+        return (object,)
+
+    def __repr__(self):
+        return f"<{self._fsdp_lint_name}: not installed here>"
+
+
+# --------------------------------------------------------------------------------------------
+# the project importer
+# --------------------------------------------------------------------------------------------
+class ProjectImporter(importlib.abc.MetaPathFinder):
+    """Loads project-local modules through the code transform."""
+
+    def __init__(self, load: Callable[[Any, str], None]):
+        self._load = load                      # load(module, path): transform and exec
+        self.stack: List[Tuple[str, str]] = []   # (module name, file) being imported, outermost first
+        self.loaded: Dict[str, str] = {}         # file -> module name
+
+    def find_spec(self, fullname, path=None, target=None):
+        spec = None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            try:
+                spec = finder.find_spec(fullname, path, target)
+            except (ImportError, ValueError, AttributeError):
+                spec = None
+            if spec is not None:
+                break
+        if spec is None or not spec.origin or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
+            return None
+        if not is_local(spec.origin):
+            return None
+        new = importlib.util.spec_from_file_location(
+            fullname, spec.origin, loader=_TransformingLoader(self, spec.origin),
+            submodule_search_locations=spec.submodule_search_locations)
+        return new
+
+    def cycle_through(self, module: str) -> Optional[List[Tuple[str, str]]]:
+        """The import chain from `module` (being imported) to the innermost module, or None."""
+        names = [n for n, _ in self.stack]
+        if module not in names:
+            return None
+        return self.stack[names.index(module):]
+
+
+class _TransformingLoader(importlib.abc.Loader):
+    def __init__(self, importer: ProjectImporter, path: str):
+        self.importer = importer
+        self.path = path
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        name = module.__name__
+        self.importer.stack.append((name, self.path))
+        try:
+            self.importer.loaded[self.path] = name
+            self.importer._load(module, self.path)
+        finally:
+            self.importer.stack.pop()
+
+    def get_filename(self, fullname=None):
+        return self.path
+
+    def get_source(self, fullname=None):
+        with open(self.path, encoding="utf-8-sig") as fh:
+            return fh.read()
+
+    def is_package(self, fullname):
+        return os.path.basename(self.path) == "__init__.py"
+
+
+def missing_module_of(exc: BaseException) -> Optional[str]:
+    """The module that is not installed, from a ModuleNotFoundError (``No module named 'x.y'``)."""
+    name = getattr(exc, "name", None)
+    if isinstance(exc, ModuleNotFoundError) and name:
+        return name
+    return None
+
+
+def is_circular(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, ImportError) and ("partially initialized module" in text or "circular import" in text)
+
+
+def circular_module(exc: BaseException) -> Optional[str]:
+    import re
+
+    m = re.search(r"partially initialized module '([^']+)'", str(exc))
+    return m.group(1) if m else getattr(exc, "name", None)

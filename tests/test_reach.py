@@ -1,0 +1,175 @@
+"""fsdp-lint follows real entry points the way `python train.py ARGS` runs them.
+
+The fixtures under ``fixtures/repos/`` are laid out like public training repositories: packages with
+relative imports, ``src/`` layouts, helpers and wrap code in other modules, trainer classes, callbacks,
+configs chosen on the command line. For each, the plan fsdp-lint reports equals what real FSDP builds
+when the same entry point runs with the same arguments under the fake process group
+(``replay(..., real=True)``), and the training loop -- wherever it lives -- never runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from fsdp_lint.config import Settings
+from fsdp_lint.engine import analyse
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import REPO  # noqa: E402
+from test_idioms import assert_plan_matches_torch  # noqa: E402
+
+REPOS = os.path.join(REPO, "fixtures", "repos")
+TITAN = os.path.join(REPOS, "titan_like")
+TITAN_TRAIN = os.path.join(TITAN, "titan_like", "train.py")
+TITAN_DEBUG = ["--config", os.path.join(TITAN, "configs", "debug.yaml")]
+TITAN_SMALL = TITAN_DEBUG + ["--model.flavor", "small", "--parallelism.reshard_after_forward", "never"]
+
+
+def markers(root):
+    return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.startswith("TRAINING_STARTED")]
+
+
+# --------------------------------------------------------------------------------------------
+# a torchtitan-shaped package: registry, Trainer.__init__ builds everything, --config YAML
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv,world_size", [(TITAN_DEBUG, 8), (TITAN_SMALL, 4)], ids=["debug-ws8", "small-ws4"])
+def test_package_entry_point_plan_equals_real_torch(argv, world_size):
+    res, real = assert_plan_matches_torch(TITAN_TRAIN, world_size, argv=argv)
+    flavor_layers = 4 if argv is TITAN_DEBUG else 6
+    assert [u.modules for u in res.plan.units] == [[f"layers.{i}"] for i in range(flavor_layers)] + [[""]]
+    # the config and the command line chose the settings, as at launch
+    raf = [u.reshard_after_forward for u in res.plan.units]
+    assert raf == ([True, True, True, False, False] if argv is TITAN_DEBUG else [False] * 7)
+    assert {u.param_dtype for u in res.plan.units} == {"bfloat16"}
+    assert not markers(TITAN)
+
+
+def test_package_module_runs_as_its_dotted_name_and_a_sibling_does_not_shadow_a_package():
+    """`titan_like/train.py` runs as `titan_like.train` (its relative imports work); the package's own
+    `tokenizers.py` does not hide the installed Hugging Face `tokenizers` that it imports: the tokenizer
+    file is what is missing here, not the package's `Tokenizer` class."""
+    from fsdp_lint.replay import replay
+
+    res = replay(TITAN_TRAIN, 8, argv=TITAN_DEBUG)
+    assert res.run_as == "module titan_like.train"
+    first = res.skipped[0]
+    assert first.path.endswith(os.path.join("titan_like", "train.py"))
+    assert "No such file" in first.error and "Tokenizer" not in first.error
+    assert res.stopped is not None and "training loop" in res.stopped[0]
+
+
+def test_unit_from_a_helper_module_reports_the_wrap_line_and_the_call_site(cli):
+    res = cli(TITAN_TRAIN, "--world-size", "8", "--format", "json", "--", *TITAN_DEBUG)
+    assert res.code == 1, res.err           # FSD104 is a warning
+    doc = json.loads(res.out)
+    unit = doc["files"][0]["plan"]["units"][0]
+    assert unit["path"].endswith("titan_like/models/llama/parallelize.py")
+    src = open(os.path.join(TITAN, "titan_like", "models", "llama", "parallelize.py")).read().splitlines()
+    assert src[unit["line"] - 1].strip().startswith("fully_shard(transformer_block")
+    train_src = open(TITAN_TRAIN).read().splitlines()
+    assert unit["call_site"]["path"].endswith("titan_like/train.py")
+    assert "parallelize_fn(" in train_src[unit["call_site"]["line"] - 1]
+    finding = doc["files"][0]["findings"][0]
+    assert finding["code"] == "FSD104" and finding["call_site"] == unit["call_site"]
+    text = cli(TITAN_TRAIN, "--world-size", "8", "--", *TITAN_DEBUG).out
+    assert f"= called from: {unit['call_site']['path']}:{unit['call_site']['line']}" in text
+
+
+def test_entries_in_pyproject_lint_the_launch_commands(cli):
+    res = cli("--format", "json", cwd=TITAN)
+    doc = json.loads(res.out)
+    assert [(f["args"], f["plan"]["world_size"], len(f["plan"]["units"])) for f in doc["files"]] == [
+        (["--config", "configs/debug.yaml"], 8, 5),
+        (["--config", "configs/debug.yaml", "--model.flavor", "small", "--parallelism.reshard_after_forward",
+          "never"], 4, 7)]
+    assert not markers(TITAN)
+
+
+def test_a_script_stopped_by_its_argument_parser_says_so_and_how_to_pass_arguments(cli):
+    # `--` with nothing after it: the script's own arguments are empty (the entries' are not used)
+    res = cli(TITAN_TRAIN, "--world-size", "8", "--")
+    assert res.code == 2
+    assert len(res.err.strip().splitlines()) == 1
+    assert "the following arguments are required: --config" in res.err
+    assert "fsdp-lint train.py -- ARGS" in res.err
+
+
+def test_a_config_named_in_the_arguments_that_does_not_exist_is_the_error_not_a_default_plan(cli):
+    res = cli(TITAN_TRAIN, "--world-size", "8", "--", "--config", "configs/8b.yaml")
+    assert res.code == 2, res.out
+    assert len(res.err.strip().splitlines()) == 1
+    assert "`configs/8b.yaml`, named in the script's arguments, cannot be read" in res.err
+
+
+# --------------------------------------------------------------------------------------------
+# an llama-recipes-shaped src/ package: fire entry point, policies and configs in other modules
+# --------------------------------------------------------------------------------------------
+RECIPES = os.path.join(REPOS, "recipes_like")
+FINETUNING = os.path.join(RECIPES, "src", "recipes_like", "finetuning.py")
+
+
+@pytest.mark.parametrize("argv", [[], ["--model_name", "small", "--freeze_layers", "True", "--num_freeze_layers", "2",
+                                       "--use_orig_params", "True"]], ids=["defaults", "frozen-orig-params"])
+def test_fire_entry_point_in_a_src_layout_plan_equals_real_torch(argv):
+    res, real = assert_plan_matches_torch(FINETUNING, 4, argv=argv)
+    layers = 6 if argv else 4
+    assert [u.modules for u in res.plan.units] == [[f"layers.{i}"] for i in range(layers)] + [[""]]
+    assert res.plan.api == "fsdp1" and res.plan.use_orig_params is bool(argv)
+    assert not markers(RECIPES)
+
+
+# --------------------------------------------------------------------------------------------
+# a trainer class: a wrap in a method, a wrap function handed over as a callback, a callback object,
+# click options; a helper module that forgets the root; the optimizer built before the wrap
+# --------------------------------------------------------------------------------------------
+MINI = os.path.join(REPOS, "mini_trainer")
+MINI_TRAIN = os.path.join(MINI, "scripts", "train.py")
+
+
+@pytest.mark.parametrize("argv", [[], ["--strategy", "fsdp1"], ["--strategy", "callback", "--depth", "3"]],
+                         ids=["wrap-fn-fsdp2", "trainer-method-fsdp1", "callback-fsdp1"])
+def test_trainer_method_and_callback_wraps_plan_equals_real_torch(argv):
+    res, real = assert_plan_matches_torch(MINI_TRAIN, 4, argv=argv)
+    depth = 3 if "--depth" in argv else 4
+    blocks = [[f"blocks.{i}"] for i in range(depth)]
+    assert [u.modules for u in res.plan.units] == (blocks if not argv else blocks + [[""]])
+    assert not markers(MINI)
+
+
+def test_a_helper_module_that_forgets_the_root_is_fsd301_at_the_helper_with_the_call_site(cli):
+    res = cli(MINI_TRAIN, "--world-size", "4", "--format", "json", "--")
+    doc = json.loads(res.out)
+    (finding,) = doc["files"][0]["findings"]
+    assert finding["code"] == "FSD301" and finding["path"].endswith("mini_trainer/sharding.py")
+    assert finding["call_site"]["path"].endswith("scripts/train.py")
+    src = open(MINI_TRAIN).read().splitlines()
+    assert src[finding["call_site"]["line"] - 1].strip() == "trainer.setup()"
+    assert res.code == 1
+
+
+def test_an_optimizer_built_before_a_helpers_wrap_is_fsd501(cli):
+    res = cli(MINI_TRAIN, "--world-size", "4", "--format", "json", "--", "--optimizer-first")
+    codes = sorted(f["code"] for f in json.loads(res.out)["files"][0]["findings"])
+    assert codes == ["FSD301", "FSD501"]
+
+
+# --------------------------------------------------------------------------------------------
+# Hydra: config groups and overrides chosen on the command line; Hydra writes nothing
+# --------------------------------------------------------------------------------------------
+HYDRA = os.path.join(REPOS, "hydra_app")
+HYDRA_TRAIN = os.path.join(HYDRA, "train.py")
+
+
+@pytest.mark.parametrize("argv", [[], ["model=tied", "trainer.fsdp.reshard_after_forward=false"]],
+                         ids=["defaults", "overrides"])
+def test_hydra_overrides_choose_the_plan_as_at_launch(argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res, real = assert_plan_matches_torch(HYDRA_TRAIN, 4, argv=argv)
+    layers = 3 if argv else 4
+    assert [u.modules for u in res.plan.units] == [[f"blocks.{i}"] for i in range(layers)] + [[""]]
+    assert [u.reshard_after_forward for u in res.plan.units[:-1]] == [not argv] * layers
+    assert res.tree.params["embed.weight"].aliases == (["head.weight"] if argv else [])
+    assert os.listdir(tmp_path) == [] and not markers(HYDRA)       # no outputs/ run folder, no log
