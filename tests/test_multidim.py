@@ -167,13 +167,18 @@ def _lint(root: str, name: str):
     return res
 
 
+@functools.lru_cache(maxsize=None)
 def _namespace() -> dict:
+    """The fixtures' model and helpers, imported for the torch side -- and taken out of sys.modules
+    again, so that a later lint of a file importing `model`/`parallelize` imports its own."""
     sys.path.insert(0, str(FIXTURES))
     try:
         ns: dict = {"__name__": "multidim_case"}
-        exec(compile(HEADER, "<header>", "exec"), ns)
+        exec(compile(HEADER + "from parallelize import parallelize_llama\n", "<header>", "exec"), ns)
     finally:
         sys.path.remove(str(FIXTURES))
+        for name in ("model", "parallelize"):
+            sys.modules.pop(name, None)
     return ns
 
 
@@ -186,7 +191,7 @@ def _wrap_fn(name: str):
     snippet = CASES[name][3]
 
     def wrap(model, mesh):
-        g = dict(_namespace(), model=model, world_mesh=mesh, device=torch.device("cpu"))
+        g = dict(_namespace(), model=model, world_mesh=mesh, device=torch.device("cpu"))  # one class per name
         exec(compile(snippet, f"<{name}>", "exec"), g)
         return g["model"]
     return wrap
@@ -529,3 +534,40 @@ def test_fsd701_quotes_what_torch_raises(tmp_path, index):
         with pytest.raises(Exception) as info:
             exec(compile(ex.source.replace('"cuda"', '"cpu"'), "<example>", "exec"), {"__name__": "example"})
     assert f"`{type(info.value).__name__}: {str(info.value).splitlines()[0]}`" in finding.message
+
+
+def test_torchtitan_shaped_entry_equals_torch(cli):
+    """train_titan.py builds its 3-D mesh in a function and applies TP then HSDP through
+    parallelize.parallelize_llama (a helper module): linted as launched (16 ranks, `-- --tp 2
+    --dp-replicate 2`), every parameter's shape and placements equal what torch builds from the same
+    helper on ranks 0, 5 and 15, and so do the collectives of one step (FSDP's and TP's)."""
+    import torch
+
+    res = analyse(str(FIXTURES / "train_titan.py"), Settings(world_size=16), argv=["--tp", "2", "--dp-replicate", "2"])
+    assert res.plan.mesh.shape == (2, 4, 2) and res.plan.mesh.names == ("dp_replicate", "dp_shard", "tp")
+    assert not res.plan.unsupported and res.plan.world_size == 16
+    ns = _namespace()
+
+    def wrap(model, mesh):
+        return ns["parallelize_llama"](model, mesh, tp=2, dp_replicate=2)
+
+    shape, names = (2, 4, 2), ("dp_replicate", "dp_shard", "tp")
+    model_fn = lambda: ns["Transformer"](ns["ModelArgs"]())  # noqa: E731
+    for rank in (0, 5, 15):
+        want = fsdp2_nd(model_fn, wrap, world_size=16, rank=rank, mesh_shape=shape, mesh_dim_names=names)
+        assert [u.unit.modules for u in res.layout.units] == [g["modules"] for g in want]
+        for ul, g in zip(res.layout.units, want):
+            assert ul.replicate_size == 2 and ul.world_size == 4
+            for p, t in zip(ul.params, g["params"]):
+                assert (_local_shape_at(res, ul, p, rank), p.placements) == (t["local_shape"], t["placements"]), p.fqn
+    log = step_collectives(model_fn, wrap, lambda: torch.randint(0, 203, (2, 8)), world_size=16, rank=0,
+                           mesh_shape=shape, mesh_dim_names=names)
+    assert _layout_counter(res.layout) == _torch_counter(log)
+    ours = collections.Counter((c.kind, c.group_size, c.numel if c.numel is not None else c.elements_per_token * TOKENS)
+                               for c in res.layout.tp_collectives)
+    assert ours == collections.Counter((k, n, full) for k, n, _, src, full in log if src == "functional")
+    # the units report the helper's fully_shard lines and the linted file's call site
+    assert {os.path.basename(u.path) for u in res.plan.units} == {"parallelize.py"}
+    call_line = next(i for i, ln in enumerate((FIXTURES / "train_titan.py").read_text().splitlines(), 1)
+                     if "parallelize_llama(model" in ln)
+    assert {u.call_site[1] for u in res.plan.units if u.call_site} == {call_line}
