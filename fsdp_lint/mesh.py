@@ -94,6 +94,15 @@ class MeshInfo:
     def coordinates(self, rank: int) -> Tuple[int, ...]:
         return tuple(d.coordinate(rank) for d in self.dims)
 
+    def corner_ranks(self) -> List[int]:
+        """The ranks at the first and the last coordinate of every dimension (2^ndim of them, in
+        rank order): where uneven shards differ most."""
+        ranks = {0}
+        for d in self.dims:
+            last = d.group_ranks()[-1] if d.size > 1 else 0
+            ranks |= {r + last for r in ranks}
+        return sorted(ranks)
+
 
 @dataclass
 class UnitMesh:

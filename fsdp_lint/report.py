@@ -432,6 +432,11 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
     if res.skipped:
         return {"path": path, "args": list(getattr(res, "argv", None) or []), "skipped": res.skipped}
     tree, plan, lay = res.tree, res.plan, res.layout
+    from fsdp_lint.layout import param_local_shape
+
+    # a mesh of several dimensions: the local shapes at the first and last coordinate of each
+    corners = plan.mesh.corner_ranks() if plan.api == "fsdp2" and plan.mesh is not None and plan.mesh.ndim > 1 \
+        else []
     units = []
     for ul in lay.units:
         u = ul.unit
@@ -446,6 +451,9 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
                 entry["placements"] = p.placements
                 entry["mesh_dims"] = p.mesh_dims
                 entry["pre_shard_shape"] = list(p.pre_shape) if p.pre_shape is not None else None
+                if corners:
+                    entry["local_shapes"] = [{"rank": r, "coordinates": list(plan.mesh.coordinates(r)),
+                                              "shape": list(param_local_shape(plan, u, p, r))} for r in corners]
             else:
                 entry["offset"] = p.offset
                 entry["padding_before"] = p.padding_before

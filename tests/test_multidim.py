@@ -368,6 +368,14 @@ def test_tp_entry_point_reports_the_mesh_it_builds_and_tp_shapes(cli, repo):
         assert [p["placements"] for p in unit["params"]] == [t["placements"] for t in g["params"]]
         assert unit["all_gather_bytes_per_step"] == unit["all_gather_bytes"] * unit["all_gathers_per_step"]
     assert {c["mesh_dim"] for c in plan["tp_collectives"]} == {"tp"}
+    # the corners of the (dp_shard 4, tp 2) mesh: ranks 0, 1, 6, 7
+    corners = [d["rank"] for d in plan["units"][0]["params"][0]["local_shapes"]]
+    assert corners == [0, 1, 6, 7]
+    for rank in corners:
+        want = torch_fsdp2("tp-sp", rank)
+        for unit, g in zip(plan["units"], want):
+            got = [next(d["shape"] for d in p["local_shapes"] if d["rank"] == rank) for p in unit["params"]]
+            assert got == [t["local_shape"] for t in g["params"]], rank
     text = cli("fixtures/multidim/train_tp.py", "--world-size", "16").out
     assert "mesh (dp_shard 8, tp 2) at train_tp.py:26" in text.splitlines()[0]
     assert "TP (tp 2):" in text.splitlines()[0]
