@@ -79,7 +79,10 @@ def plan_runs(files: List[Tuple[str, bool]], settings, script_args: Optional[Lis
         mine = [e for e in entries if os.path.abspath(e.path) == os.path.abspath(path)]
         if mine and script_args is None:
             for e in mine:
-                runs.append((path, list(e.args), settings.with_overrides(**e.overrides), explicit, e.cwd))
+                overrides = dict(e.overrides)
+                if "world_size" in overrides:   # issue 11: the entry's launch size (FSD703 compares)
+                    overrides["world_size_source"] = "config"
+                runs.append((path, list(e.args), settings.with_overrides(**overrides), explicit, e.cwd))
         else:
             runs.append((path, list(script_args or []), settings, explicit, None))
     return runs
@@ -106,7 +109,12 @@ def _explain(code: str) -> None:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.argument("paths", nargs=-1, type=click.Path())
-@click.option("--world-size", "-n", type=int, default=None, help="Ranks to plan for (default 8).")
+@click.option("--world-size", "-n", type=int, default=None,
+              help="Ranks the job runs on (default 8); a file that builds a mesh is planned for its mesh.")
+@click.option("--gpus-per-node", type=int, default=None,
+              help="GPUs per node: HYBRID_SHARD's node groups, HSDP replicas across nodes (default 8).")
+@click.option("--allow-partial", is_flag=True, default=None,
+              help="Report plans with elements fsdp-lint does not model (listed as unsupported) instead of exit 2.")
 @click.option("--api", type=click.Choice(["fsdp1", "fsdp2"]), default=None,
               help="Override the FSDP API (default: what the file uses; fsdp2 without wrap code).")
 @click.option("--wrap", multiple=True, metavar="CLASS_OR_FQN_GLOB",
@@ -142,8 +150,8 @@ def _explain(code: str) -> None:
 @click.option("--run-timeout", type=float, default=300.0, show_default=True, help="--run: seconds for the whole run.")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(__version__, prog_name="fsdp-lint")
-def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout, select, ignore, extend_select,
-        fail_on, exit_zero, statistics, explain, list_rules, config_path, output, run_, nproc, steps, device,
+def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout, select,
+        ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules, config_path, output, run_, nproc, steps, device,
         input_shape, input_dtype, run_timeout, debug):
     """Lint PyTorch FSDP wrap code and show the plan FSDP will build.
 
@@ -163,6 +171,8 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
         raise BadInput("no paths given (try: fsdp-lint train.py; fsdp-lint --help)")
     if world_size is not None and world_size < 1:
         raise BadInput(f"--world-size must be at least 1, got {world_size}")
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise BadInput(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     if run_ and nproc < 1:
         raise BadInput(f"--nproc must be at least 1, got {nproc}")
 
@@ -183,7 +193,9 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
                      "extend_select": _split_codes(extend_select)}
     settings = base.with_overrides(
         world_size=world_size, api=api, wrap=list(wrap), use_orig_params=use_orig_params, model=model_target,
-        fail_on=fail_on, cli_selection=cli_selection if any(cli_selection.values()) else None)
+        fail_on=fail_on, cli_selection=cli_selection if any(cli_selection.values()) else None,
+        gpus_per_node=gpus_per_node, allow_partial=allow_partial or None,
+        world_size_source="--world-size" if world_size is not None else None)
     if run_ and os.environ.get("WORLD_SIZE", "").isdigit() and os.environ.get("RANK") and os.environ.get("MASTER_ADDR"):
         nproc = int(os.environ["WORLD_SIZE"])   # under torchrun every process is one rank
     if run_ and world_size is None:

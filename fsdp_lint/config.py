@@ -38,8 +38,11 @@ class Settings:
     over_fine_fraction: float = 0.5          # FSD102: ... when more than this share of units do
     padding_fraction: float = 0.05           # FSD601
     replay_timeout: float = 120.0
+    gpus_per_node: int = 8                   # HYBRID_SHARD node groups; FSD702: replicas across nodes
+    allow_partial: bool = False              # report a plan with elements fsdp-lint does not model
     entries: List[EntrySpec] = field(default_factory=list)
     config_path: Optional[str] = None
+    world_size_source: str = "default"       # where world_size came from: "default" | "config" | "--world-size"
     # --select/--ignore/--extend-select from the command line: a second layer over the config's
     # (ruff's model: a layer with `select` starts the selection afresh; one without only adds/removes)
     cli_selection: Optional[Dict[str, Any]] = None
@@ -52,7 +55,7 @@ class Settings:
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(Settings)}
 _KEYS.pop("entries")
 _KEYS["entry"] = "entries"
-_INTERNAL = {"config_path", "cli_selection"}
+_INTERNAL = {"config_path", "cli_selection", "world_size_source"}
 # what an [[tool.fsdp-lint.entry]] table may set besides `path` and `args`
 _ENTRY_SETTINGS = ("world_size", "api", "wrap", "use_orig_params", "model", "replay_timeout")
 
@@ -101,6 +104,8 @@ def load_settings(start: str, explicit: Optional[str] = None) -> Settings:
         settings = replace(settings, **values)
     except TypeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    if "world_size" in values:
+        settings = replace(settings, world_size_source="config")
     validate(settings, origin=path)
     return settings
 
@@ -219,6 +224,9 @@ def _check_type(name: str, value: Any, origin: str) -> Any:
 def validate(settings: Settings, origin: str = "command line") -> None:
     if not isinstance(settings.world_size, int) or isinstance(settings.world_size, bool) or settings.world_size < 1:
         raise ConfigError(f"{origin}: world-size must be a positive integer, got {settings.world_size!r}")
+    if not isinstance(settings.gpus_per_node, int) or isinstance(settings.gpus_per_node, bool) \
+            or settings.gpus_per_node < 1:
+        raise ConfigError(f"{origin}: gpus-per-node must be a positive integer, got {settings.gpus_per_node!r}")
     if settings.api not in (None, "fsdp1", "fsdp2"):
         raise ConfigError(f"{origin}: api must be 'fsdp1' or 'fsdp2', got {settings.api!r}")
     if settings.fail_on not in ("info", "warning", "error"):

@@ -84,7 +84,7 @@ def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = 
     try:
         target = ModelTarget.parse(settings.model) if settings.model else None
         result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout, argv=argv,
-                        project=project, cwd=cwd)
+                        project=project, cwd=cwd, gpus_per_node=settings.gpus_per_node)
     except ReplayError as exc:
         err = LintError(str(exc))
         err.user_exception = getattr(exc, "user_exception", None)
@@ -94,7 +94,11 @@ def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = 
         state.update(call.state)
     tree = build_module_tree(result.model, state)
     plan = build_plan(result, tree, PlanOptions(world_size=settings.world_size, api=settings.api,
-                                                wrap=list(settings.wrap), use_orig_params=settings.use_orig_params))
+                                                wrap=list(settings.wrap), use_orig_params=settings.use_orig_params,
+                                                gpus_per_node=settings.gpus_per_node,
+                                                world_size_source=settings.world_size_source))
+    if plan.unsupported and not settings.allow_partial:
+        raise LintError(unsupported_message(path, plan.unsupported))
     layout = compute_layout(plan, tree)
     res = FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
                      replay=result if keep_model else None)
@@ -103,6 +107,15 @@ def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = 
     res.argv = list(result.argv)
     res.skipped_statements = list(result.skipped)
     return res
+
+
+def unsupported_message(path: str, unsupported) -> str:
+    """One line: what fsdp-lint does not model in this plan (the first element, and how many more)."""
+    first = unsupported[0]
+    where = f"{os.path.basename(first.path)}:{first.line}: " if first.path and first.line else ""
+    more = f" (and {len(unsupported) - 1} more)" if len(unsupported) > 1 else ""
+    return (f"{where}the plan uses what fsdp-lint does not model: {first.detail}{more}; its numbers would be "
+            f"incomplete. Pass --allow-partial to report the rest, with these listed as unsupported")
 
 
 def skip_reason(project, explicit: bool) -> Optional[str]:

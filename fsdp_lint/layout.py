@@ -36,9 +36,14 @@ class ParamLayout:
     local_shape_first: Optional[Tuple[int, ...]] = None    # rank 0
     local_shape_last: Optional[Tuple[int, ...]] = None     # rank ws-1
     padded_numel: Optional[int] = None                     # ceil(d0/ws)*ws rows
+    # FSDP2 over a DTensor (tensor/expert parallelism): its local shape before FSDP shards it (rank 0's)
+    # and the placements of the sharded parameter on its mesh dimensions, as torch prints them
+    pre_shape: Optional[Tuple[int, ...]] = None
+    placements: Optional[List[str]] = None
+    mesh_dims: Optional[List[str]] = None
 
     def local_shape(self, rank: int, ws: int) -> Tuple[int, ...]:
-        return fsdp2_local_shape(self.shape, rank, ws)
+        return fsdp2_local_shape(self.pre_shape if self.pre_shape is not None else self.shape, rank, ws)
 
 
 @dataclass
@@ -69,7 +74,12 @@ class UnitLayout:
     all_reduces_per_step: int
     params: List[ParamLayout] = field(default_factory=list)
     grad_numel: int = 0           # gradient elements allocated per rank (FSDP1: the whole shard)
-    world_size: int = 1
+    world_size: int = 1           # ranks of the shard group
+    # issue 11: HSDP / HYBRID_SHARD replicas, reshard_after_forward=<int>
+    replicate_size: int = 1       # ranks of the replicate group (the all-reduce of the gradient shards)
+    all_reduce_bytes: int = 0     # one all-reduce, per rank: 2 (n-1)/n x the tensor's bytes (ring)
+    backward_all_gather_bytes: Optional[int] = None   # when it differs from the forward one (int reshard)
+    post_forward_numel: int = 0   # elements a rank keeps between forward and backward (int reshard)
 
     @property
     def padding(self) -> int:
@@ -81,8 +91,22 @@ class UnitLayout:
         return self.padded_numel * dtype_itemsize(self.param_dtype)
 
     @property
+    def all_gather_bytes_per_step(self) -> int:
+        if self.backward_all_gather_bytes is not None and self.all_gathers_per_step == 2:
+            return self.all_gather_bytes + self.backward_all_gather_bytes
+        return self.all_gather_bytes * self.all_gathers_per_step
+
+    @property
+    def reduce_scatter_bytes_per_step(self) -> int:
+        return self.reduce_scatter_bytes * self.reduce_scatters_per_step
+
+    @property
+    def all_reduce_bytes_per_step(self) -> int:
+        return self.all_reduce_bytes * self.all_reduces_per_step
+
+    @property
     def step_bytes(self) -> int:
-        return self.all_gather_bytes * self.all_gathers_per_step + self.reduce_scatter_bytes * self.reduce_scatters_per_step
+        return self.all_gather_bytes_per_step + self.reduce_scatter_bytes_per_step + self.all_reduce_bytes_per_step
 
     def rank_spans(self, rank: int) -> List[RankSpan]:
         """FSDP1: the parameters and element ranges in rank `rank`'s FlatParameter shard."""
@@ -110,6 +134,7 @@ class Layout:
     world_size: int
     units: List[UnitLayout]
     memory: Memory
+    tp_collectives: List = field(default_factory=list)   # tensor parallelism's (tp_comms.TPCollective)
 
     @property
     def all_gathers_per_step(self) -> int:
@@ -118,6 +143,10 @@ class Layout:
     @property
     def reduce_scatters_per_step(self) -> int:
         return sum(u.reduce_scatters_per_step for u in self.units)
+
+    @property
+    def all_reduces_per_step(self) -> int:
+        return sum(u.all_reduces_per_step for u in self.units)
 
     @property
     def collectives_per_step(self) -> int:
@@ -207,8 +236,16 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
         reshards = unit.reshard_after_forward and not as_root and strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2")
         ags = 0 if (no_shard or not has_params) else 1 + (1 if reshards else 0)
         rss = 1 if (has_params and any_trainable and not no_shard) else 0
-        # NO_SHARD all-reduces the gradients, also on one rank (torch 2.13 issues the call)
+        # NO_SHARD all-reduces the gradients, also on one rank (torch 2.13 issues the call);
+        # HYBRID_SHARD all-reduces the reduce-scattered gradient shard across the replicas
         ars = 1 if (has_params and any_trainable and no_shard) else 0
+        ar_numel = total if no_shard else shard
+        ar_group = ws if no_shard else max(1, unit.replicate_size)
+        if not no_shard and ar_group > 1 and has_params and any_trainable:
+            ars = 1
+        ar_bytes = ring_all_reduce_bytes(ar_numel * dtype_itemsize(reduce_dtype), ar_group) if ars else 0
+        bwd_ag_bytes = None
+        post_forward = 0
         grad_numel = shard if any_trainable else 0
     else:
         params = []
@@ -217,10 +254,16 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
         ag_elems_bytes = 0
         rs_elems_bytes = 0
         grad_numel = 0
+        last_rank = max(1, plan.world_size) - 1
+        last_coord = unit.mesh.shard.coordinate(last_rank) if unit.mesh is not None else ws - 1
         for p in infos:
-            shape = p.shape if p.shape else (1,)
+            # a DTensor (TP/EP) parameter: FSDP shards its local tensor (torch's _init_sharding_spec_tp)
+            sharding = plan.param_sharding.get(p.fqn)
+            pre_first = sharding.local_shape(p.shape, 0) if sharding is not None else p.shape
+            pre_last = sharding.local_shape(p.shape, last_rank) if sharding is not None else p.shape
+            shape = pre_first if pre_first else (1,)
             rows = ceil_div(shape[0], ws) if shape[0] else 0
-            inner = p.numel // shape[0] if shape[0] else 0
+            inner = _prod(shape[1:]) if shape[0] else 0
             local_numel = rows * inner
             shard += local_numel
             padded += local_numel * ws
@@ -231,9 +274,12 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
                 grad_numel += fsdp2_local_shape(shape, 0, ws)[0] * inner
             params.append(ParamLayout(
                 p.fqn, p.shape, p.dtype, p.requires_grad, p.numel,
-                local_shape_first=fsdp2_local_shape(p.shape, 0, ws),
-                local_shape_last=fsdp2_local_shape(p.shape, ws - 1, ws),
-                padded_numel=local_numel * ws))
+                local_shape_first=fsdp2_local_shape(pre_first, 0, ws),
+                local_shape_last=fsdp2_local_shape(pre_last, last_coord, ws),
+                padded_numel=local_numel * ws,
+                pre_shape=tuple(pre_first) if sharding is not None else None,
+                placements=spmd_placements(unit, sharding),
+                mesh_dims=spmd_mesh_dims(unit, sharding)))
         ag_bytes = (ws - 1) * ag_elems_bytes
         rs_bytes = (ws - 1) * rs_elems_bytes
         has_params = bool(infos)
@@ -242,12 +288,73 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
         # on a 1-rank mesh FSDP2 skips both collectives (FSDPParamGroup.unshard, foreach_reduce)
         ags = (1 + (1 if reshards else 0)) if has_params and ws > 1 else 0
         rss = 1 if (has_params and any_trainable and ws > 1) else 0
-        ars = 0
+        # HSDP: the reduce-scattered gradients are all-reduced across the replicate dimension
+        ars = 1 if (has_params and any_trainable and unit.replicate_size > 1) else 0
+        ar_bytes = ring_all_reduce_bytes(rs_elems_bytes, unit.replicate_size) if ars else 0
+        # reshard_after_forward=<int>: after forward each rank keeps 1/k of the unsharded parameters
+        # and the backward all-gather runs in groups of k ranks (torch's post-forward mesh)
+        raf = unit.reshard_after_forward
+        bwd_ag_bytes = None
+        post_forward = 0
+        if reshards and isinstance(raf, int) and not isinstance(raf, bool) and 1 < raf < ws:
+            bwd_ag_bytes = (raf - 1) * (ag_elems_bytes * ws // raf)
+            post_forward = padded // raf
     return UnitLayout(
         unit=unit, numel=numel, trainable_numel=trainable, dtypes=dtypes, param_dtype=param_dtype,
         reduce_dtype=reduce_dtype, padded_numel=padded, shard_numel=shard, all_gather_bytes=ag_bytes,
         reduce_scatter_bytes=rs_bytes, all_gathers_per_step=ags, reduce_scatters_per_step=rss,
-        all_reduces_per_step=ars, params=params, grad_numel=grad_numel, world_size=ws)
+        all_reduces_per_step=ars, params=params, grad_numel=grad_numel, world_size=ws,
+        replicate_size=max(1, unit.replicate_size), all_reduce_bytes=ar_bytes,
+        backward_all_gather_bytes=bwd_ag_bytes, post_forward_numel=post_forward)
+
+
+def param_local_shape(plan: WrapPlan, unit: Unit, p: ParamLayout, rank: int) -> Tuple[int, ...]:
+    """FSDP2: parameter `p`'s local shape on global rank `rank` (its TP/EP local tensor on that
+    rank, then FSDP's dim-0 chunk at the rank's coordinate in the unit's shard group)."""
+    sharding = plan.param_sharding.get(p.fqn)
+    pre = sharding.local_shape(p.shape, rank) if sharding is not None else p.shape
+    ws = max(1, unit.shard_size)
+    coord = unit.mesh.shard.coordinate(rank) if unit.mesh is not None else rank % ws
+    return fsdp2_local_shape(tuple(pre), coord, ws)
+
+
+def ring_all_reduce_bytes(nbytes: int, group: int) -> int:
+    """Bytes one rank sends (and receives) in a ring all-reduce of an `nbytes` tensor over `group`
+    ranks: a reduce-scatter and an all-gather, 2 (n - 1) / n x the tensor (rounded down)."""
+    return 2 * (group - 1) * nbytes // group if group > 1 else 0
+
+
+def _prod(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def spmd_placements(unit: Unit, sharding) -> List[str]:
+    """The placements of an FSDP2-sharded parameter as torch names them (``FSDPParam``'s
+    ``_spmd_placements``): HSDP's ``Replicate()``, FSDP's ``Shard(0)`` -- ``_StridedShard`` when tensor
+    parallelism shards dim 0 too -- then the parameter's own TP/EP placements."""
+    from fsdp_lint.mesh import placement_str
+
+    out = ["Replicate()"] if unit.replicate_size > 1 or (unit.mesh is not None and unit.mesh.replicate is not None) \
+        else []
+    if sharding is None:
+        return out + ["Shard(dim=0)"]
+    split = sharding.num_shards(0)
+    out.append(placement_str(("SS", 0, split)) if split > 1 else "Shard(dim=0)")
+    return out + [placement_str(p) for p in sharding.placements]
+
+
+def spmd_mesh_dims(unit: Unit, sharding) -> List[str]:
+    """The mesh dimensions `spmd_placements` refer to (their names; ``?`` for an unnamed one)."""
+    dims = []
+    if unit.mesh is not None and unit.mesh.replicate is not None:
+        dims.append(unit.mesh.replicate.name or "?")
+    dims.append(unit.mesh.shard.name or "?" if unit.mesh is not None else "?")
+    if sharding is not None:
+        dims += [d.name or "?" for d in sharding.mesh.dims]
+    return dims
 
 
 _OPTIMIZER_STATES = {"SGD": 1, "Adagrad": 1, "RMSprop": 1, "Adafactor": 1, "Lion": 1, "Muon": 1}
@@ -266,9 +373,8 @@ def _memory(plan: WrapPlan, tree: ModuleTree, units: List[UnitLayout]) -> Memory
             trainable_shard = u.grad_numel if u.trainable_numel == u.numel else ceil_div(u.trainable_numel, u.world_size)
             optimizer += states * trainable_shard * orig
         else:
-            sharded_params += sum(
-                fsdp2_local_shape(p.shape or (1,), 0, u.world_size)[0] * (p.numel // (p.shape[0] if p.shape and p.shape[0] else 1) if p.shape else 1)
-                * dtype_itemsize(p.dtype) for p in u.params)
+            sharded_params += sum(  # rank 0's local shard (of the TP-local tensor for DTensor params)
+                _prod(p.local_shape_first or (1,)) * dtype_itemsize(p.dtype) for p in u.params)
             sharded_grads += u.grad_numel * orig
             optimizer += states * u.grad_numel * orig
     replicated = 0
@@ -298,12 +404,20 @@ def _memory(plan: WrapPlan, tree: ModuleTree, units: List[UnitLayout]) -> Memory
         "unsharded_params_in_flight": unsharded,
         "replicated_params_grads_state": replicated,
     }
+    # reshard_after_forward=<int> (issue 11): every such unit keeps 1/k of its parameters from its
+    # forward to its backward
+    post_forward = sum(u.post_forward_numel * dtype_itemsize(u.param_dtype) for u in units)
+    if post_forward:
+        breakdown["post_forward_shards"] = post_forward
     return Memory(per_rank_bytes=sum(breakdown.values()), breakdown=breakdown, optimizer=opt_cls)
 
 
 def compute_layout(plan: WrapPlan, tree: ModuleTree) -> Layout:
+    from fsdp_lint.tp_comms import tp_collectives
+
     units = [_unit_layout(u, plan, tree) for u in plan.units]
-    return Layout(api=plan.api, world_size=plan.world_size, units=units, memory=_memory(plan, tree, units))
+    return Layout(api=plan.api, world_size=plan.world_size, units=units, memory=_memory(plan, tree, units),
+                  tp_collectives=tp_collectives(plan.tp_styles))
 
 
 def fsdp1_flatten_error(params, use_orig_params: bool) -> Optional[str]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
+from fsdp_lint.mesh import MeshInfo, MeshProblem, ParamSharding, TPStyle, UnitMesh, Unsupported
 from fsdp_lint.tree import ModuleTree, dtype_name
 
 
@@ -24,12 +25,14 @@ class Unit:
     seq: int                        # application order among all records of the replay
     params: List[str] = field(default_factory=list)   # canonical FQNs owned, in torch's order
     origin: str = "call"            # "call" (a wrap call in the file), "policy" (auto-wrapped), "cli", "default"
-    reshard_after_forward: bool = True
+    reshard_after_forward: Union[bool, int] = True    # an int: reshard to groups of that many ranks
     reshard_after_forward_explicit: bool = False
     param_dtype: Optional[str] = None
     reduce_dtype: Optional[str] = None
     shard_size: int = 1             # ranks the unit is sharded over
     is_root: bool = False
+    replicate_size: int = 1         # HSDP / HYBRID_SHARD: replicas its shards are all-reduced over
+    mesh: Optional[UnitMesh] = None  # its shard (and replicate) groups
     # where the linted file calls the helper that holds the wrap call (None: the call is in it)
     call_site: Optional[Tuple[str, int]] = None
 
@@ -94,6 +97,13 @@ class WrapPlan:
     param_events: Dict[str, List[ParamEventInfo]] = field(default_factory=dict)
     problems: List[PlanProblem] = field(default_factory=list)
     wrap_call_lines: List[Tuple[str, int]] = field(default_factory=list)
+    # issue 11: the mesh the file builds, where the world size comes from, tensor/expert parallelism
+    mesh: Optional[MeshInfo] = None
+    world_size_source: str = "default"      # "--world-size" | "config" | "default" | "mesh"
+    param_sharding: Dict[str, ParamSharding] = field(default_factory=dict)   # DTensor params before FSDP
+    tp_styles: List[TPStyle] = field(default_factory=list)
+    mesh_problems: List[MeshProblem] = field(default_factory=list)
+    unsupported: List[Unsupported] = field(default_factory=list)
     # (path, line) of a wrap/freeze/cast/optimizer call in a helper module -> the call site in the
     # linted file that reached it
     call_sites: Dict[Tuple[str, int], Tuple[str, int]] = field(default_factory=dict)
@@ -133,6 +143,8 @@ class PlanOptions:
     api: Optional[str] = None                   # override: "fsdp1" | "fsdp2"
     wrap: List[str] = field(default_factory=list)   # class names or FQN globs
     use_orig_params: Optional[bool] = None
+    gpus_per_node: int = 8                      # HYBRID_SHARD without process groups: the node size
+    world_size_source: str = "default"          # "--world-size" | "config" | "default"
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,7 +250,8 @@ def build_plan(result, tree: ModuleTree, options: PlanOptions) -> WrapPlan:
         param_fqn.setdefault(id(p), tree.canonical(fqn))
 
     plan = WrapPlan(api=None, world_size=options.world_size, units=[], root_wrapped=False,
-                    use_orig_params=None, sharding_strategy=None, origin="none")
+                    use_orig_params=None, sharding_strategy=None, origin="none",
+                    world_size_source=options.world_size_source)
 
     for pos in ([c.pos for c in result.wrap_calls] + [o.pos for o in result.optimizers]
                 + [e.pos for e in result.param_events]):
@@ -276,6 +289,9 @@ def build_plan(result, tree: ModuleTree, options: PlanOptions) -> WrapPlan:
     else:
         plan.use_orig_params = None
     _assign_params(plan, tree)
+    from fsdp_lint.mesh_plan import attach_parallel
+
+    attach_parallel(plan, result, tree, options, fqn_of, param_fqn)  # issue 11: meshes, TP, world size
     return plan
 
 
@@ -310,7 +326,8 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
             unit = Unit(
                 module=fqns[0], modules=fqns, cls=", ".join(tree.modules[f].cls for f in fqns),
                 path=call.pos.path, line=call.pos.line, col=call.pos.col, seq=call.seq,
-                reshard_after_forward=bool(raf) if raf is not None else True,
+                reshard_after_forward=raf if isinstance(raf, int) and not isinstance(raf, bool)
+                else (bool(raf) if raf is not None else True),
                 reshard_after_forward_explicit=raf is not None,
                 param_dtype=_dtype_or_none(getattr(mp, "param_dtype", None)),
                 reduce_dtype=_dtype_or_none(getattr(mp, "reduce_dtype", None)),
@@ -449,14 +466,12 @@ def _post_order(tree: ModuleTree, fqns: List[str]) -> List[str]:
 
 def _default_plan(plan: WrapPlan, tree: ModuleTree, options: PlanOptions) -> None:
     """A model file without wrap code: show the recommended per-block plan."""
-    block = tree.repeated_block_class()
+    classes = tree.repeated_blocks()
     plan.origin = "default"
     plan.api = options.api or "fsdp2"
-    blocks = [f for f, info in tree.modules.items() if f and info.cls == block] if block else []
-    # the outermost instances only
-    blocks = [f for f in blocks if not any(tree.is_ancestor(o, f) for o in blocks)]
+    blocks = tree.instances_of(classes) if classes else []   # the outermost instances only
     for seq, f in enumerate(_post_order(tree, blocks)):
-        plan.units.append(Unit(module=f, modules=[f], cls=block, path="<default>", line=0, col=0, seq=seq,
+        plan.units.append(Unit(module=f, modules=[f], cls=tree.modules[f].cls, path="<default>", line=0, col=0, seq=seq,
                                origin="default", shard_size=options.world_size))
     plan.units.append(Unit(module="", modules=[""], cls=tree.modules[""].cls, path="<default>", line=0, col=0,
                            seq=len(plan.units), origin="default", shard_size=options.world_size))
@@ -540,13 +555,14 @@ def _managed_modules_post_order(tree: ModuleTree, roots: List[str], nested_roots
 # --------------------------------------------------------------------------------------------
 # the per-block alternative (what FSD101/FSD102 compare a plan with)
 # --------------------------------------------------------------------------------------------
-def per_block_plan(tree: ModuleTree, plan: WrapPlan, block: Optional[str] = None) -> Optional[WrapPlan]:
+def per_block_plan(tree: ModuleTree, plan: WrapPlan, block=None) -> Optional[WrapPlan]:
     """The per-block plan for `plan`'s model: one unit per outermost instance of the repeated block
-    class (``tree.repeated_block_class()`` unless `block` is given), children first, then the root;
+    classes (``tree.repeated_blocks()`` unless `block`, a class or several, is given), children
+    first, then the root;
     with `plan`'s API, world size and options (sharding strategy, ``use_orig_params``, mixed
     precision and shard size of its root unit, ignored modules and parameters). Feed it to
     ``compute_layout`` to compare peaks and collectives. None when the model has no repeated block."""
-    block = block or tree.repeated_block_class()
+    block = block or tree.repeated_blocks()
     if not block:
         return None
     instances = tree.instances_of(block)
@@ -556,7 +572,8 @@ def per_block_plan(tree: ModuleTree, plan: WrapPlan, block: Optional[str] = None
     alt = WrapPlan(api=plan.api or "fsdp2", world_size=plan.world_size, units=[], root_wrapped=False,
                    use_orig_params=plan.use_orig_params, sharding_strategy=plan.sharding_strategy,
                    origin="per-block", ignored_params=list(plan.ignored_params),
-                   ignored_modules=list(plan.ignored_modules), optimizers=list(plan.optimizers))
+                   ignored_modules=list(plan.ignored_modules), optimizers=list(plan.optimizers),
+                   mesh=plan.mesh, param_sharding=plan.param_sharding)
 
     def unit(fqn: str, seq: int) -> Unit:
         return Unit(module=fqn, modules=[fqn], cls=tree.modules[fqn].cls,
@@ -564,7 +581,9 @@ def per_block_plan(tree: ModuleTree, plan: WrapPlan, block: Optional[str] = None
                     col=template.col if template else 0, seq=seq, origin="per-block",
                     param_dtype=template.param_dtype if template else None,
                     reduce_dtype=template.reduce_dtype if template else None,
-                    shard_size=template.shard_size if template else plan.world_size)
+                    shard_size=template.shard_size if template else plan.world_size,
+                    replicate_size=template.replicate_size if template else 1,
+                    mesh=template.mesh if template else None)
 
     for seq, fqn in enumerate(_post_order(tree, instances)):
         alt.units.append(unit(fqn, seq))

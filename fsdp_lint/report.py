@@ -72,35 +72,82 @@ def summary_line(res) -> str:
     tree, plan, layout = res.tree, res.plan, res.layout
     api = plan.api or "no FSDP"
     origin = {"default": " (no wrap code: suggested per-block plan)", "cli": " (from --wrap)"}.get(plan.origin, "")
+    ars = layout.all_reduces_per_step
     parts = [
         f"{tree.root_class} ({human_count(tree.numel)} params, {human_count(tree.trainable_numel)} trainable)",
         f"{api}{origin}",
-        f"world size {plan.world_size}",
+        world_label(plan),
         f"{len(plan.units)} unit{'s' if len(plan.units) != 1 else ''}",
-        f"{layout.all_gathers_per_step} all-gathers + {layout.reduce_scatters_per_step} reduce-scatters per step",
+        f"{layout.all_gathers_per_step} all-gathers + {layout.reduce_scatters_per_step} reduce-scatters"
+        + (f" + {ars} all-reduces" if ars else "") + " per step",
         f"~{human_bytes(layout.memory.per_rank_bytes)}/rank",
     ]
+    tp = tp_summary(layout)
+    if tp:
+        parts.insert(5, tp)
     return " · ".join(parts)
+
+
+def tp_summary(layout) -> str:
+    """``TP (tp 2): 10 all-gathers + 10 reduce-scatters + 5 all-reduces per step``."""
+    from fsdp_lint.tp_comms import summary
+
+    by_dim = summary(getattr(layout, "tp_collectives", []))
+    out = []
+    for dim, kinds in by_dim.items():
+        size = next(c.group_size for c in layout.tp_collectives if c.mesh_dim == dim)
+        text = " + ".join(f"{n} {k.replace('_', '-')}s" for k, n in sorted(kinds.items()))
+        out.append(f"TP ({dim} {size}): {text} per step")
+    return "; ".join(out)
+
+
+def world_label(plan) -> str:
+    """``world size 8``; ``mesh (dp 4, tp 2) at train.py:31`` when the file builds the mesh it shards
+    over; the shard × replicate groups of HSDP/HYBRID_SHARD plans without a mesh."""
+    if plan.mesh is not None:
+        where = f" at {os.path.basename(plan.mesh.path)}:{plan.mesh.line}" if plan.mesh.path else ""
+        return f"mesh {plan.mesh.label()}{where}"
+    hybrid = [u for u in plan.units if u.replicate_size > 1]
+    if hybrid:
+        u = hybrid[0]
+        return f"world size {plan.world_size} (shard {u.shard_size} × replicate {u.replicate_size})"
+    return f"world size {plan.world_size}"
+
+
+def unsupported_notes(res) -> List[str]:
+    """What fsdp-lint did not model in this plan (``--allow-partial``), one line each."""
+    out = []
+    for item in getattr(res.plan, "unsupported", []):
+        where = f"{display_path(item.path)}:{item.line}: " if item.path and item.line else ""
+        out.append(f"{where}not modelled ({item.what}): {item.detail}")
+    return out
 
 
 def unit_table(res) -> str:
     from tabulate import tabulate
 
     rows = []
+    with_ar = any(ul.all_reduces_per_step for ul in res.layout.units)
     for i, ul in enumerate(res.layout.units):
         u = ul.unit
         dt = "/".join(ul.dtypes) if ul.dtypes else "-"
         if ul.param_dtype not in ul.dtypes and ul.dtypes:
             dt += f"→{ul.param_dtype}"
-        rows.append([
+        if ul.backward_all_gather_bytes is not None and ul.all_gathers_per_step == 2:
+            # reshard_after_forward=<int>: the backward all-gather runs in smaller groups
+            ag = f"{human_bytes(ul.all_gather_bytes)} + {human_bytes(ul.backward_all_gather_bytes)}"
+        else:
+            ag = f"{human_bytes(ul.all_gather_bytes)} ×{ul.all_gathers_per_step}"
+        row = [
             i, unit_label(", ".join(unit_label(m) for m in u.modules)), u.cls, human_count(ul.numel),
             human_count(ul.trainable_numel), dt, human_count(ul.padded_numel), human_count(ul.shard_numel),
-            f"{human_bytes(ul.all_gather_bytes)} ×{ul.all_gathers_per_step}",
-            f"{human_bytes(ul.reduce_scatter_bytes)} ×{ul.reduce_scatters_per_step}",
-            u.line or "",
-        ])
+            ag, f"{human_bytes(ul.reduce_scatter_bytes)} ×{ul.reduce_scatters_per_step}",
+        ]
+        if with_ar:
+            row.append(f"{human_bytes(ul.all_reduce_bytes)} ×{ul.all_reduces_per_step}")
+        rows.append(row + [u.line or ""])
     headers = ["#", "unit", "class", "params", "trainable", "dtype", "padded", "shard/rank",
-               "all-gather/rank", "reduce-scatter/rank", "line"]
+               "all-gather/rank", "reduce-scatter/rank"] + (["all-reduce/rank"] if with_ar else []) + ["line"]
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
@@ -110,9 +157,24 @@ def _n(n: int) -> str:
 
 
 def _pad_rows(p) -> int:
-    if not p.shape or not p.shape[0] or not p.numel or p.padded_numel is None:
+    base = p.pre_shape if p.pre_shape is not None else p.shape
+    if not base or not base[0] or not p.numel or p.padded_numel is None or not _inner(base):
         return 0
-    return p.padded_numel // (p.numel // p.shape[0]) - p.shape[0]
+    return p.padded_numel // _inner(base) - base[0]
+
+
+def _inner(shape) -> int:
+    n = 1
+    for d in shape[1:]:
+        n *= d
+    return n if shape and shape[0] else 0
+
+
+def _placements_text(p) -> str:
+    """``dp_shard: _StridedShard(dim=0, sf=2), tp: Shard(dim=0)``."""
+    if not p.placements:
+        return ""
+    return ", ".join(f"{d}: {pl}" for d, pl in zip(p.mesh_dims or [], p.placements))
 
 
 def params_table(res) -> str:
@@ -123,6 +185,7 @@ def params_table(res) -> str:
     plan = res.plan
     rows = []
     ws = plan.world_size
+    tp = bool(plan.param_sharding) or any(ul.replicate_size > 1 for ul in res.layout.units)
     for ul in res.layout.units:
         label = unit_label(", ".join(unit_label(m) for m in ul.unit.modules))
         for i, p in enumerate(ul.params):
@@ -134,16 +197,22 @@ def params_table(res) -> str:
                              _n(p.padding_before) if p.padding_before else ""])
             else:
                 pad = _pad_rows(p)
-                inner = p.numel // p.shape[0] if p.shape and p.shape[0] else 0
+                base = p.pre_shape if p.pre_shape is not None else p.shape
+                inner = _inner(base)
                 pad_text = "" if not pad else _n(pad * inner) + (
                     f" ({pad} row{'s' if pad != 1 else ''})" if inner > 1 else "")
-                rows.append([shown, p.fqn, _shape(p.shape), p.dtype, trainable, _shape(p.local_shape_first or ()),
-                             _shape(p.local_shape_last or ()), pad_text])
+                row = [shown, p.fqn, _shape(p.shape), p.dtype, trainable, _shape(p.local_shape_first or ()),
+                       _shape(p.local_shape_last or ()), pad_text]
+                if tp:
+                    row.insert(5, _placements_text(p))
+                rows.append(row)
     if plan.api == "fsdp1":
         headers = ["unit", "parameter", "shape", "dtype", "trainable", "numel", "flat offset", "align padding before"]
     else:
         headers = ["unit", "parameter", "shape", "dtype", "trainable", "local (rank 0)",
                    f"local (rank {ws - 1})", "padding (elements)"]
+        if tp:
+            headers.insert(5, "placements")
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
@@ -172,26 +241,28 @@ def ranks_table(res) -> str:
                 parts, empty = [], []
                 held = 0
                 for p in ul.params:
-                    if not p.shape:
+                    base = p.pre_shape if p.pre_shape is not None else p.shape  # a DTensor: its TP-local rows
+                    if not base:
                         continue
                     local = p.local_shape(rank, ws)
-                    rows_per = -(-p.shape[0] // ws) if p.shape[0] else 0
-                    start = min(rank * rows_per, p.shape[0])
+                    rows_per = -(-base[0] // ws) if base[0] else 0
+                    start = min(rank * rows_per, base[0])
                     name = _rel(p.fqn, ul.unit.modules)
                     if local[0]:
-                        parts.append(name if local[0] == p.shape[0] else f"{name}[{start}:{start + local[0]}]")
+                        parts.append(name if local[0] == base[0] else f"{name}[{start}:{start + local[0]}]")
                     else:
                         empty.append(name)
-                    inner = p.numel // p.shape[0] if p.shape[0] else 0
-                    held += local[0] * inner
+                    held += local[0] * _inner(base)
                 desc = ", ".join(parts)
                 if empty:
                     desc += ("; " if desc else "") + "empty: " + ", ".join(empty)
                 rows.append([shown, rank, _n(held), _n(max(0, ul.shard_numel - held)), desc or "(nothing)"])
+    # HSDP / HYBRID_SHARD / TP: the ranks of one shard group (at TP coordinate 0)
+    rank = "shard rank" if plan.param_sharding or any(ul.replicate_size > 1 for ul in res.layout.units) else "rank"
     if plan.api == "fsdp1":
-        headers = ["unit", "rank", "flat range", "elements", "padding", "holds (element ranges)"]
+        headers = ["unit", rank, "flat range", "elements", "padding", "holds (element ranges)"]
     else:
-        headers = ["unit", "rank", "elements", "padding", "holds (dim-0 rows)"]
+        headers = ["unit", rank, "elements", "padding", "holds (dim-0 rows)"]
     width = [None] * (len(headers) - 1) + [100]
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True, maxcolwidths=width)
 
@@ -269,7 +340,7 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
             header = f"{file_label(res)}: {summary_line(res)}"
             for note in getattr(res, "notes", None) or []:
                 header += f"\n  note: {note}"
-            blocks.append(header)
+            blocks.append("\n".join([header] + unsupported_notes(res)))
             for f in res.findings:
                 blocks.append(format_finding_full(f))
             if show_table:
@@ -363,6 +434,11 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
     if res.skipped:
         return {"path": path, "args": list(getattr(res, "argv", None) or []), "skipped": res.skipped}
     tree, plan, lay = res.tree, res.plan, res.layout
+    from fsdp_lint.layout import param_local_shape
+
+    # a mesh of several dimensions: the local shapes at the first and last coordinate of each
+    corners = plan.mesh.corner_ranks() if plan.api == "fsdp2" and plan.mesh is not None and plan.mesh.ndim > 1 \
+        else []
     units = []
     for ul in lay.units:
         u = ul.unit
@@ -374,6 +450,12 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
                 entry["local_shape"] = list(p.local_shape_first)
                 entry["local_shape_last"] = list(p.local_shape_last)
                 entry["padded_numel"] = p.padded_numel
+                entry["placements"] = p.placements
+                entry["mesh_dims"] = p.mesh_dims
+                entry["pre_shard_shape"] = list(p.pre_shape) if p.pre_shape is not None else None
+                if corners:
+                    entry["local_shapes"] = [{"rank": r, "coordinates": list(plan.mesh.coordinates(r)),
+                                              "shape": list(param_local_shape(plan, u, p, r))} for r in corners]
             else:
                 entry["offset"] = p.offset
                 entry["padding_before"] = p.padding_before
@@ -388,6 +470,13 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
             "all_gather_bytes": ul.all_gather_bytes, "reduce_scatter_bytes": ul.reduce_scatter_bytes,
             "all_gathers_per_step": ul.all_gathers_per_step, "reduce_scatters_per_step": ul.reduce_scatters_per_step,
             "all_reduces_per_step": ul.all_reduces_per_step,
+            "all_reduce_bytes": ul.all_reduce_bytes,
+            "backward_all_gather_bytes": ul.backward_all_gather_bytes,
+            "all_gather_bytes_per_step": ul.all_gather_bytes_per_step,
+            "reduce_scatter_bytes_per_step": ul.reduce_scatter_bytes_per_step,
+            "all_reduce_bytes_per_step": ul.all_reduce_bytes_per_step,
+            "shard_group_size": ul.world_size, "replicate_group_size": ul.replicate_size,
+            "mesh_dims": _unit_mesh_json(u),
             "reshard_after_forward": u.reshard_after_forward, "is_root": u.is_root, "params": params,
         }
         if plan.api == "fsdp1" and layout == "ranks":
@@ -408,12 +497,38 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
             "leftover_params": plan.leftover_params, "ignored_params": plan.ignored_params,
             "all_gathers_per_step": lay.all_gathers_per_step,
             "reduce_scatters_per_step": lay.reduce_scatters_per_step,
+            "all_reduces_per_step": lay.all_reduces_per_step,
             "step_bytes": lay.step_bytes,
+            "tp_collectives": [_tp_json(c) for c in lay.tp_collectives],
+            "mesh": _mesh_json(plan.mesh),
+            "world_size_source": plan.world_size_source,
+            "unsupported": [item.to_json(display_path) for item in plan.unsupported],
         },
         "memory": {"per_rank_bytes": lay.memory.per_rank_bytes, "breakdown": lay.memory.breakdown,
                    "optimizer": lay.memory.optimizer},
         "findings": [f.to_json(display_path(f.path), display_path) for f in res.findings],
     }
+
+
+def _mesh_json(mesh) -> Optional[dict]:
+    if mesh is None:
+        return None
+    return {"shape": list(mesh.shape), "dim_names": list(mesh.names), "size": mesh.size,
+            "path": display_path(mesh.path) if mesh.path else None, "line": mesh.line or None}
+
+
+def _tp_json(c) -> dict:
+    return {"module": c.module, "style": c.style, "kind": c.kind, "phase": c.phase, "mesh_dim": c.mesh_dim,
+            "group_size": c.group_size, "what": c.what, "elements_per_token": c.elements_per_token,
+            "numel": c.numel, "path": display_path(c.path) if c.path else None, "line": c.line or None}
+
+
+def _unit_mesh_json(unit) -> Optional[dict]:
+    m = unit.mesh
+    if m is None:
+        return None
+    return {"shard": m.shard.name, "replicate": m.replicate.name if m.replicate is not None else None,
+            "source": m.source}
 
 
 def render_json(results, *, layout: Optional[str] = None, run_summary: Optional[dict] = None,

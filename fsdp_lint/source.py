@@ -123,6 +123,16 @@ class SourceFacts:
         called |= self._module_calls
         return [f for f in self.functions.values() if f.wraps and f.name not in called and not f.is_method]
 
+    def take_tree(self):
+        """The parsed module, once (the transform changes it); later callers parse again."""
+        tree = self.__dict__.pop("_tree", None)
+        return tree if tree is not None else parse_tree(self.path, self.text)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_tree", None)
+        return state
+
     @property
     def defines_model(self) -> bool:
         return bool(self.module_classes) or bool(self.factories()) or self.calls_hf_factory

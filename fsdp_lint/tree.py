@@ -41,6 +41,7 @@ class ModuleInfo:
     direct_params: List[str]      # FQNs (as registered on this module, aliases included)
     has_forward: bool             # False for ModuleList/ModuleDict and other pure containers
     mro: List[str] = field(default_factory=list)  # class names of the MRO, for isinstance-style checks
+    torch_base: str = ""          # torch.nn layer/container the class is or derives from (blocks.torch_base)
 
     @property
     def depth(self) -> int:
@@ -107,13 +108,15 @@ class ModuleTree:
                     out[m] += info.numel
         return out
 
-    def instances_of(self, cls: str) -> List[str]:
-        """FQNs of the outermost modules of class `cls` (by name), pre-order; the root is excluded."""
+    def instances_of(self, cls) -> List[str]:
+        """FQNs of the outermost modules of class `cls` (a name, or several), pre-order; the root
+        is excluded."""
+        names = {cls} if isinstance(cls, str) else set(cls)
         out: List[str] = []
         for fqn, info in self.modules.items():
             # pre-order: a found instance's descendants follow it directly, so only the last one
             # found can be an ancestor (linear, not quadratic, on an 80-layer model)
-            if fqn and info.cls == cls and not (out and self.is_ancestor(out[-1], fqn)):
+            if fqn and info.cls in names and not (out and self.is_ancestor(out[-1], fqn)):
                 out.append(fqn)
         return out
 
@@ -134,62 +137,25 @@ class ModuleTree:
         return out
 
     def repeated_block_class(self) -> Optional[str]:
-        """The block the model repeats: what a transformer's per-block plan wraps.
+        """The block the model repeats (the heaviest stack's, see `repeated_blocks`), or None."""
+        blocks = self.repeated_blocks()
+        return blocks[0] if blocks else None
 
-        Candidates are classes with a `forward` and two or more instances holding parameters;
-        torch's containers (`Sequential`, `ModuleList`, `ModuleDict`) never are. Classes with
-        sub-modules (or user-defined ones) come first and must cover a quarter of the model with
-        their outermost instances (toy models with a large vocabulary keep much in the
-        embeddings); torch's leaf layers count only in a model made of bare layers, and then must
-        cover half of it (a repeated `LayerNorm` is no block). A class whose instances hold a
-        container of two or more instances of another candidate is a stack of blocks (T5's
-        `T5Stack`), not the block. Of the rest, the one covering the most parameters wins; more
-        instances break a tie."""
-        total = self.numel
-        if not total:
-            return None
-        sizes = self.subtree_numels()
-        by_cls: Dict[str, List[str]] = {}
-        for fqn, info in self.modules.items():
-            if fqn and info.has_forward and sizes.get(fqn, 0) > 0 \
-                    and not info.cls_qualname.startswith(_CONTAINER_PREFIX):
-                by_cls.setdefault(info.cls, []).append(fqn)
-        cover = {c: sum(sizes[f] for f in self.instances_of(c)) for c, fs in by_cls.items() if len(fs) >= 2}
+    def repeated_blocks(self) -> List[str]:
+        """The block classes a per-block plan wraps, found structurally (`fsdp_lint.blocks`): the
+        repeated children of the container that holds most parameters (never a leaf layer such as
+        a `class Linear(nn.Linear)`), plus the blocks of other stacks as heavy as a block (both
+        towers of a vision-language model). Heaviest first; empty when nothing repeats."""
+        found = self.__dict__.get("_repeated_blocks")
+        if found is None:
+            from fsdp_lint.blocks import find_repeated_blocks
 
-        def is_torch_leaf(cls: str) -> bool:
-            return all(self.modules[f].cls_qualname.startswith("torch.nn.")
-                       and not any(sizes.get(c, 0) for c in self.modules[f].children) for f in by_cls[cls])
-
-        tier = [c for c in cover if not is_torch_leaf(c)]
-        if tier:
-            tier = [c for c in tier if cover[c] * 4 >= total]
-        else:
-            tier = [c for c in cover if cover[c] * 2 >= total]
-        if not tier:
-            return None
-
-        def is_stack(a: str) -> bool:
-            for inst in by_cls[a]:
-                for info in self.subtree(inst):
-                    if not info.cls_qualname.startswith(_CONTAINER_PREFIX):
-                        continue
-                    kids: Dict[str, int] = {}
-                    for child in info.children:
-                        c = self.modules[child].cls
-                        if c != a and c in tier:
-                            kids[c] = kids.get(c, 0) + 1
-                    if any(k >= 2 for k in kids.values()):
-                        return True
-            return False
-
-        blocks = [c for c in tier if not is_stack(c)] or tier
-        return max(blocks, key=lambda c: (cover[c], len(by_cls[c])))
+            found = self.__dict__["_repeated_blocks"] = find_repeated_blocks(self)
+        return list(found)
 
     def to_json(self) -> dict:
         return {"class": self.root_class, "numel": self.numel, "trainable_numel": self.trainable_numel}
 
-
-_CONTAINER_PREFIX = "torch.nn.modules.container."
 
 _ITEMSIZE = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
@@ -219,6 +185,8 @@ def build_module_tree(model, state: Optional[Dict[int, Tuple[bool, object]]] = N
     state = state or {}
     import torch.nn as nn
 
+    from fsdp_lint.blocks import torch_base
+
     modules: Dict[str, ModuleInfo] = {}
     for fqn, mod in model.named_modules():
         cls = type(mod)
@@ -236,6 +204,7 @@ def build_module_tree(model, state: Optional[Dict[int, Tuple[bool, object]]] = N
             direct_params=[],
             has_forward=has_forward,
             mro=[k.__name__ for k in cls.__mro__],
+            torch_base=torch_base(cls),
         )
     for fqn, info in modules.items():
         if info.parent is not None and info.parent in modules:

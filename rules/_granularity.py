@@ -1,7 +1,7 @@
 """Helpers the granularity rules (FSD101-FSD105, FSD601) share: the per-block alternative in the user's
 terms, where a finding points, and the example model of their VALID/INVALID lists.
 """
-from typing import Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 _MODEL = '''
 import torch.nn as nn
@@ -42,8 +42,18 @@ def managed_numel(ctx) -> int:
     return tree.numel - sum(tree.params[p].numel for p in ctx.plan.ignored_params)
 
 
-def per_block_layout(ctx, block: Optional[str] = None):
-    """(plan, layout) of the per-block alternative to ctx.plan, or (None, None)."""
+def block_label(blocks) -> str:
+    """The block class(es) in a sentence: ``Block``, ``EncoderLayer/DecoderLayer``."""
+    return blocks if isinstance(blocks, str) else "/".join(blocks)
+
+
+def _class_set(blocks) -> str:
+    return "{" + ", ".join([blocks] if isinstance(blocks, str) else blocks) + "}"
+
+
+def per_block_layout(ctx, block=None):
+    """(plan, layout) of the per-block alternative to ctx.plan (`block`: a class or several;
+    default: the model's repeated blocks), or (None, None)."""
     from fsdp_lint.layout import compute_layout
     from fsdp_lint.plan import per_block_plan
 
@@ -53,28 +63,43 @@ def per_block_layout(ctx, block: Optional[str] = None):
     return alt, compute_layout(alt, ctx.tree)
 
 
-def block_loop(tree, block: str) -> Tuple[str, str]:
-    """(loop header, variable) that visits every instance of `block` in user code."""
-    instances = tree.instances_of(block)
-    parents = {tree.modules[f].parent for f in instances}
-    if len(parents) == 1:
-        parent = next(iter(parents))
+def block_loop(tree, block, instances=None) -> Tuple[str, str]:
+    """(loop header, variable) that visits every instance of `block` (a class or several; or only
+    `instances` of it) in user code: the containers that hold exactly those instances, or an
+    `isinstance` walk (a list of the instances when only some are meant)."""
+    some = instances is not None
+    instances = list(instances) if some else tree.instances_of(block)
+    by_parent: Dict[str, List[str]] = {}
+    for f in instances:
+        by_parent.setdefault(tree.modules[f].parent, []).append(f)
+    its = []
+    for parent, kids in by_parent.items():
         info = tree.modules.get(parent)
         is_container = info is not None and any(c in info.mro for c in ("ModuleList", "ModuleDict", "Sequential"))
-        if parent and is_container and sorted(info.children) == sorted(instances):
-            it = tree.expr(parent) + (".values()" if "ModuleDict" in info.mro else "")
-            return f"for block in {it}:", "block"
-    return f"for m in model.modules():\n    if isinstance(m, {block}):", "m"
+        if not (parent and is_container and sorted(info.children) == sorted(kids)):
+            its = []
+            break
+        its.append(tree.expr(parent) + (".values()" if "ModuleDict" in info.mro else ""))
+    if len(its) == 1:
+        return f"for block in {its[0]}:", "block"
+    if its and (len(its) == 2 or some):  # two stacks (encoder and decoder, two towers)
+        return "for block in [" + ", ".join(f"*{it}" for it in its) + "]:", "block"
+    if some:
+        return "for block in [" + ", ".join(tree.expr(f) for f in instances) + "]:", "block"
+    names = [block] if isinstance(block, str) else list(block)
+    cls = names[0] if len(names) == 1 else "(" + ", ".join(names) + ")"
+    return f"for m in model.modules():\n    if isinstance(m, {cls}):", "m"
 
 
-def block_wrap_fix(tree, api: Optional[str], block: str) -> str:
-    """How to make every `block` a unit, in the API the file uses."""
+def block_wrap_fix(tree, api: Optional[str], block) -> str:
+    """How to make every `block` (a class or several) a unit, in the API the file uses."""
+    label, classes = block_label(block), _class_set(block)
     if api == "fsdp1":
-        return (f"`auto_wrap_policy=ModuleWrapPolicy({{{block}}})` (or `functools.partial("
-                f"transformer_auto_wrap_policy, transformer_layer_cls={{{block}}})`): one unit per {block}")
+        return (f"`auto_wrap_policy=ModuleWrapPolicy({classes})` (or `functools.partial("
+                f"transformer_auto_wrap_policy, transformer_layer_cls={classes})`): one unit per {label}")
     header, var = block_loop(tree, block)
-    header = header.replace("\n", " ")
-    return f"`{header} fully_shard({var})` before `fully_shard(model)`: one group per {block}"
+    header = " ".join(header.split())
+    return f"`{header} fully_shard({var})` before `fully_shard(model)`: one group per {label}"
 
 
 def model_line(ctx) -> int:

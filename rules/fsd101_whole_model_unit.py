@@ -3,7 +3,7 @@
 import re
 from fsdp_lint.rule import Example, Rule
 from fsdp_lint.rules._granularity import (
-    _MODEL, block_wrap_fix, largest_submodule, managed_numel, pct, per_block_layout, where,
+    _MODEL, block_label, block_wrap_fix, largest_submodule, managed_numel, pct, per_block_layout, where,
 )
 
 
@@ -18,11 +18,16 @@ class WholeModelUnit(Rule):
     its default `min_num_params=1e8` wraps nothing on a smaller model; a policy whose class
     matches nothing; FSDP2 with only `fully_shard(model)` (or an `isinstance` loop whose class
     never matches). The message names the block class and compares the peak of unsharded
-    parameters per rank with the per-block plan's (the layout arithmetic of both plans).
+    parameters per rank with the per-block plan's (the layout arithmetic of both plans). The
+    block is found from the model's structure: the repeated children of the container holding
+    most parameters (never a leaf layer such as a `class Linear(nn.Linear)`), with the blocks of
+    a second stack of the same weight (both towers of a vision-language model, Whisper's encoder
+    and decoder layers).
 
     A model without a repeated block class (a single block, an MLP) is never flagged: there is
     no finer unit that would lower the peak. Neither is a plan whose per-block alternative has
-    the same peak (two blocks: with prefetching both are in flight anyway). A container unit is
+    the same peak (two blocks: with prefetching both are in flight anyway), nor a unit whose
+    blocks hold under a quarter of it (a toy model with a large vocabulary). A container unit is
     FSD105's and a unit that only holds everything because the root was sharded first is
     FSD302's.
 
@@ -110,10 +115,11 @@ fully_shard(model)
         if plan.origin not in ("file", "cli") or not plan.units or plan.sharding_strategy == "NO_SHARD":
             return
         managed = managed_numel(ctx)
-        block = tree.repeated_block_class()
-        if managed <= 0 or block is None:
+        blocks = tree.repeated_blocks()
+        if managed <= 0 or not blocks:
             return
-        instances = tree.instances_of(block)
+        instances = tree.instances_of(blocks)
+        sizes = tree.subtree_numels()
         for ul in layout.units:
             unit = ul.unit
             if ul.numel < settings.whole_model_fraction * managed or max(ul.world_size, 1) == 1:
@@ -125,23 +131,24 @@ fully_shard(model)
                 continue  # FSD302: the root was sharded before its blocks
             owned = set(unit.params)
             inside = [f for f in instances if any(p in owned for p in tree.params_under(f))]
-            if len(inside) < 2:
-                continue
-            alt, alt_layout = per_block_layout(ctx, block)
+            if len(inside) < 2 or 4 * sum(sizes[f] for f in inside) < ul.numel:
+                continue  # blocks that hold under a quarter of the unit would barely lower its peak
+            alt, alt_layout = per_block_layout(ctx, blocks)
             if alt is None:
                 continue
             peak = layout.memory.breakdown.get("unsharded_params_in_flight", 0)
             alt_peak = alt_layout.memory.breakdown.get("unsharded_params_in_flight", 0)
             if alt_peak >= peak:
                 continue
-            yield self._finding(ctx, ul, block, inside, managed, peak, alt, alt_layout, alt_peak)
+            yield self._finding(ctx, ul, blocks, inside, managed, peak, alt, alt_layout, alt_peak)
             return
 
-    def _finding(self, ctx, ul, block, inside, managed, peak, alt, alt_layout, alt_peak):
+    def _finding(self, ctx, ul, blocks, inside, managed, peak, alt, alt_layout, alt_peak):
         from fsdp_lint.report import human_bytes, human_count
 
         plan, tree = ctx.plan, ctx.tree
         unit = ul.unit
+        block = block_label(blocks)
         what = "the root unit" if unit.is_root else f"the unit `{unit.module}`"
         cause = self._cause(ctx, unit, ul, managed)
         n_alt = len(alt.units) - 1
@@ -150,9 +157,9 @@ fully_shard(model)
                f"all-gathers all of it at once: peak unsharded parameters per rank {human_bytes(peak)} vs "
                f"{human_bytes(alt_peak)} with one unit per {block} ({n_alt} {block} units + root)")
         if plan.origin == "cli":
-            fix = f"make every {block} a unit: `--wrap {block}`"
+            fix = f"make every {block} a unit: `" + " ".join(f"--wrap {b}" for b in blocks) + "`"
         else:
-            fix = "make every " + block + " a unit: " + block_wrap_fix(tree, plan.api, block)
+            fix = "make every " + block + " a unit: " + block_wrap_fix(tree, plan.api, blocks)
         return self.finding(ctx, msg, **where(ctx, unit.path, unit.line, unit.col), module=unit.module, fix=fix,
                             block=block, peak_bytes=peak,
                             per_block_peak_bytes=alt_peak, per_block_units=n_alt + 1,

@@ -1,7 +1,7 @@
 """FSD102 over-fine-units."""
 from fsdp_lint.rule import Example, Rule
 from fsdp_lint.tree import dtype_itemsize
-from fsdp_lint.rules._granularity import (_MODEL, block_wrap_fix, per_block_layout,
+from fsdp_lint.rules._granularity import (_MODEL, block_label, block_wrap_fix, per_block_layout,
                                                      where)
 
 
@@ -143,12 +143,13 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         if plan.origin not in ("file", "cli") or len(plan.units) < 2 or plan.sharding_strategy == "NO_SHARD":
             return
         frac = settings.over_fine_fraction
-        block = tree.repeated_block_class()
-        blocks = tree.instances_of(block) if block else []
+        classes = tree.repeated_blocks()
+        block = block_label(classes) if classes else None
+        blocks = tree.instances_of(classes) if classes else []
         nonroot = [ul for ul in layout.units if not ul.unit.is_root and ul.numel]
         if not nonroot:
             return
-        alt, alt_layout = per_block_layout(ctx, block) if block else (None, None)
+        alt, alt_layout = per_block_layout(ctx, classes) if classes else (None, None)
 
         inner = [ul for ul in nonroot
                  if blocks and all(any(tree.is_ancestor(b, m) for b in blocks) for m in ul.unit.modules)
@@ -199,7 +200,8 @@ model = FSDP(Net(), auto_wrap_policy=policy)
                f"{examples}); the plan issues {_collectives(layout)} vs {alt_layout.collectives_per_step} with one "
                f"unit per {block}, each all-gather moving {human_bytes(avg)} per rank on average")
         first = inner[0].unit
-        fix = "make the block the unit instead of its sub-modules: " + block_wrap_fix(tree, plan.api, block)
+        fix = "make the block the unit instead of its sub-modules: " + block_wrap_fix(tree, plan.api,
+                                                                                      tree.repeated_blocks())
         return self.finding(ctx, msg, **where(ctx, first.path, first.line, first.col), module=first.module,
                             fix=fix, block=block, units_inside_block=len(inner),
                             collectives_per_step=layout.collectives_per_step,
@@ -217,7 +219,7 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         if finer:
             msg += f" vs {alt_layout.collectives_per_step} with one unit per {block}"
         if finer:
-            fix = "use coarser units: " + block_wrap_fix(tree, plan.api, block)
+            fix = "use coarser units: " + block_wrap_fix(tree, plan.api, tree.repeated_blocks())
         else:
             itemsize = dtype_itemsize(small[0].param_dtype)
             ws = max(2, small[0].world_size)

@@ -2,7 +2,7 @@
 from typing import Dict, List, Set
 
 from fsdp_lint.rule import Example, Rule
-from fsdp_lint.rules._granularity import where
+from fsdp_lint.rules._granularity import block_label, block_loop, per_block_layout, where
 
 _MODEL = '''
 import torch.nn as nn
@@ -40,11 +40,15 @@ class HeavyRootUnit(Rule):
 
     ## What it does
     Compares the parameters the root unit keeps for itself (what no nested unit took: typically
-    the embeddings, the output head and the final norm) with the largest other unit, in
-    all-gathered bytes. When the root is larger, it names the modules that make it heavy and
+    the embeddings, the output head and the final norm) with the largest other unit and with
+    the model's repeated block (a unit of the per-block plan), in all-gathered bytes. When the
+    root is larger than both, it names the modules that make it heavy and
     suggests the grouping that moves them out of the root: FSDP2
     `fully_shard(model.embed)` before the blocks and `fully_shard([model.norm, model.head])`
     after them (torchtitan's plan); FSDP1 units of their own through the auto-wrap policy.
+    Whole blocks left in the root (the vision tower of a vision-language model whose plan wraps
+    only the language model's layers, the decoder layers of an encoder-decoder whose policy
+    names only the encoder's) become units of their own, one per block.
 
     When the only way out would split a tied weight between units (FSDP1 with an output head
     tied to the embedding, whose modules share no ancestor but the root), the finding is
@@ -52,7 +56,8 @@ class HeavyRootUnit(Rule):
 
     A root whose unsharded parameters are below `collective-floor-bytes` (default 1 MiB) is
     not reported (splitting it would only add tiny collectives), nor is an FSDP2 root sharded
-    with an explicit `reshard_after_forward=True`.
+    with an explicit `reshard_after_forward=True`, nor a root lighter than one block in a plan
+    whose units are finer than the blocks (every `Linear` a unit: that is FSD102's finding).
 
     ## Why is this bad?
     FSDP never reshards the root after forward (FSDP1 never does; FSDP2 does not by default):
@@ -145,44 +150,74 @@ fully_shard(model)
         largest = max(others, key=lambda ul: ul.unsharded_bytes)
         if root_bytes <= largest.unsharded_bytes or root_bytes < settings.collective_floor_bytes:
             return
+        if root_bytes <= self._block_bytes(ctx):
+            return  # no heavier than one block: the units are finer than the blocks (FSD102's)
         yield self._finding(ctx, root, rl, largest, others)
+
+    @staticmethod
+    def _block_bytes(ctx) -> int:
+        """All-gathered bytes of the largest block unit of the per-block plan (0: no block)."""
+        alt, alt_layout = per_block_layout(ctx)
+        if alt_layout is None:
+            return 0
+        return max((ul.unsharded_bytes for ul in alt_layout.units if not ul.unit.is_root), default=0)
 
     # ------------------------------------------------------------------------------------
     def _tops(self, tree, owned: Set[str], root_params: List[str]) -> Dict[str, List[str]]:
         """The largest sub-modules (not the root, not containers) all of whose parameters the root
-        owns, each with the root-owned parameters under it; "" collects parameters registered on
-        the root itself."""
+        owns, each with those of `root_params` under it; "" collects parameters registered on the
+        root itself. A container whose parameters the root owns is passed through (a top holds
+        the blocks of its own `ModuleList`)."""
         tops: Dict[str, List[str]] = {}
         cache: Dict[str, bool] = {}
 
-        def movable(fqn: str) -> bool:
+        def all_owned(fqn: str) -> bool:
             if fqn not in cache:
-                info = tree.modules[fqn]
-                cache[fqn] = bool(fqn) and info.has_forward and all(p in owned for p in tree.params_under(fqn))
+                cache[fqn] = bool(fqn) and all(p in owned for p in tree.params_under(fqn))
             return cache[fqn]
+
+        def movable(fqn: str) -> bool:
+            return tree.modules[fqn].has_forward and all_owned(fqn)
 
         for p in root_params:
             for alias in tree.params[p].all_fqns:       # a tied weight sits in every module using it
                 owner = alias.rpartition(".")[0]
-                if not owner or owner not in tree.modules or not movable(owner):
-                    top = ""
-                else:
-                    top = owner
-                    while True:
-                        parent = tree.modules[top].parent
-                        if not parent or not movable(parent):
-                            break
-                        top = parent
+                top = ""
+                if owner and owner in tree.modules and movable(owner):
+                    top = up = owner
+                    while tree.modules[up].parent and all_owned(tree.modules[up].parent):
+                        up = tree.modules[up].parent
+                        if movable(up):
+                            top = up
                 if p not in tops.setdefault(top, []):
                     tops[top].append(p)
         return tops
+
+    @staticmethod
+    def _blocks_left(tree, owned: Set[str]) -> Dict[str, List[str]]:
+        """Instances of the model's repeated blocks whose parameters all stay in the root, each with
+        its parameters (pre-order)."""
+        instances = tree.instances_of(tree.repeated_blocks())
+        inside: Dict[str, List[str]] = {b: [] for b in instances}
+        for alias, canonical in tree.alias_to_canonical.items():
+            up = alias.rpartition(".")[0]
+            while up and up not in inside:
+                up = up.rpartition(".")[0]
+            if up:
+                inside[up].append(canonical)
+        return {b: inside[b] for b in instances if inside[b] and all(p in owned for p in inside[b])}
 
     def _finding(self, ctx, root, rl, largest, others):
         from fsdp_lint.report import human_bytes, human_count
 
         plan, tree = ctx.plan, ctx.tree
         owned = set(root.params)
-        tops = self._tops(tree, owned, root.params)
+        # whole blocks left in the root (a second tower) become units of their own, one per block
+        left_params = self._blocks_left(tree, owned)
+        left = list(left_params)
+        in_left = {p for ps in left_params.values() for p in ps}
+        rest = [p for p in root.params if p not in in_left]
+        tops = self._tops(tree, owned, rest)
         stuck = tops.pop("", [])
         order = {f: i for i, f in enumerate(tree.modules)}
         movable = sorted(tops, key=lambda f: order[f])
@@ -202,13 +237,17 @@ fully_shard(model)
                     top_of_alias[alias] = t
         ties: List[Set[str]] = []
         tied_names: List[str] = []
-        for p in root.params:
+        for p in rest:
             holders = {top_of_alias.get(a, "") for a in tree.params[p].all_fqns}
             if len(holders) > 1:
                 ties.append(holders)
                 tied_names.append(" = ".join(tree.params[p].all_fqns))
 
         parts = ", ".join(f"`{t}` {human_count(size[t])}" for t in sorted(movable, key=lambda t: -size[t])[:5])
+        if left:
+            classes = sorted({tree.modules[b].cls for b in left})
+            numel = sum(tree.params[p].numel for p in in_left)
+            parts = f"{len(left)} {block_label(classes)} blocks {human_count(numel)}" + (", " + parts if parts else "")
         if stuck:
             stuck_numel = sum(tree.params[p].numel for p in stuck)
             parts += f", {len(stuck)} parameter(s) of the root itself ({human_count(stuck_numel)})"
@@ -219,19 +258,19 @@ fully_shard(model)
                f"after forward), {ratio:.3g}x the largest other unit `{largest.unit.module}` "
                f"({human_bytes(largest.unsharded_bytes)})")
         severity = None
-        if not movable:
+        if not movable and not left:
             fix = "the root's own parameters cannot move to a sub-module unit; register them in a sub-module"
         elif plan.api == "fsdp1":
-            fix, split = self._fsdp1_fix(ctx, movable, ties, others)
+            fix, split = self._fsdp1_fix(ctx, movable, ties, others, left)
             if split:
                 severity = "info"
                 msg += (f"; the weight tied across them ({'; '.join(tied_names)}) cannot leave the root without being "
                         f"split between FSDP1 units, so this root is the price of the tie")
         else:
-            fix = self._fsdp2_fix(tree, movable, side, ties)
+            fix = self._fsdp2_fix(tree, movable, side, ties, left)
         return self.finding(ctx, msg, **where(ctx, root.path, root.line, root.col), module="", fix=fix,
                             severity=severity, root_bytes=rl.unsharded_bytes, largest_unit=largest.unit.module,
-                            largest_bytes=largest.unsharded_bytes, movable=movable)
+                            largest_bytes=largest.unsharded_bytes, movable=movable, blocks_left=left)
 
     @staticmethod
     def _merge(groups: List[List[str]], ties: List[Set[str]]) -> List[List[str]]:
@@ -242,7 +281,7 @@ fully_shard(model)
                 groups = [g for g in groups if g not in hit] + [merged]
         return groups
 
-    def _fsdp2_fix(self, tree, movable, side, ties) -> str:
+    def _fsdp2_fix(self, tree, movable, side, ties, left) -> str:
         order = {f: i for i, f in enumerate(tree.modules)}
         inputs = [t for t in movable if side[t] == "input"]
         outputs = [t for t in movable if side[t] == "output"]
@@ -263,9 +302,17 @@ fully_shard(model)
             out.append("`" + "`, `".join(before) + "` before the blocks")
         if after:
             out.append("`" + "`, `".join(after) + "` after them")
-        return "shard them as groups of their own: " + " and ".join(out) + ", then `fully_shard(model)`"
+        rest = " and ".join(out)
+        if not left:
+            return f"shard them as groups of their own: {rest}, then `fully_shard(model)`"
+        header, var = block_loop(tree, tree.repeated_blocks(), left)
+        loop = f"`{header} fully_shard({var})`".replace("\n", " ")
+        if not groups:
+            return f"shard the blocks left in the root, {loop}, then `fully_shard(model)`"
+        return (f"shard the blocks left in the root, {loop}, then the rest as groups of their own: {rest}, then "
+                f"`fully_shard(model)`")
 
-    def _fsdp1_fix(self, ctx, movable, ties, others):
+    def _fsdp1_fix(self, ctx, movable, ties, others, left=()):
         """(fix, splits_a_tie): FSDP1 units are single modules; tied tops must share one."""
         tree, plan = ctx.tree, ctx.plan
         units: List[str] = list(movable)
@@ -282,17 +329,22 @@ fully_shard(model)
                 units = [u for u in units if u not in members]
                 continue
             units = [u for u in units if u not in members and not tree.is_ancestor(lca, u)] + [lca]
+        keep = ""
         if split:
             tied = sorted({t for tie in ties for t in tie if t}, key=lambda f: list(tree.modules).index(f))
             group = "fully_shard([" + ", ".join(tree.expr(t) for t in tied) + "])"
-            return (f"keep the tie in the root (FSDP1 cannot split it), untie the weights, or move to FSDP2, "
-                    f"whose `{group}` holds tied modules in one group that reshards after forward", True)
+            keep = (f"keep the tie in the root (FSDP1 cannot split it), untie the weights, or move to FSDP2, "
+                    f"whose `{group}` holds tied modules in one group that reshards after forward")
+            if not left:
+                return keep, True
+            # blocks left in the root can still leave it: the root is heavier than the tie makes it
         exprs = [tree.expr(u) for u in units]
         classes = sorted({ul.unit.cls for ul in others})
-        if plan.policies:
-            cond = " or ".join([f"isinstance(m, {c})" for c in classes[:2]] + [f"m is {e}" for e in exprs])
+        blocks = sorted({tree.modules[b].cls for b in left} - set(classes[:2]))
+        if plan.policies or left:
+            cond = " or ".join([f"isinstance(m, {c})" for c in classes[:2] + blocks] + [f"m is {e}" for e in exprs])
             fix = (f"make them units of their own: `auto_wrap_policy=functools.partial(lambda_auto_wrap_policy, "
                    f"lambda_fn=lambda m: {cond})`")
         else:
             fix = "wrap them before the root: " + "; ".join(f"`{e} = FSDP({e}, ...)`" for e in exprs)
-        return fix, split
+        return (f"{fix}; for the tied weight, {keep}" if keep else fix), False

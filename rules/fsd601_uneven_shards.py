@@ -106,7 +106,8 @@ model = FSDP(model, use_orig_params=True)
             empty = []
             if plan.api == "fsdp2":
                 for p in ul.params:
-                    d0 = p.shape[0] if p.shape else 1
+                    base = p.pre_shape if p.pre_shape is not None else p.shape  # TP: its local rows
+                    d0 = base[0] if base else 1
                     k = _empty_ranks(d0, ws)
                     if k:
                         empty.append((p, k))

@@ -174,6 +174,14 @@ def test_every_json_field_is_documented_in_the_readme(article_json, cli, tmp_pat
     bad = tmp_path / "broken.py"
     bad.write_text("import torch.nn as nn\nclass A(nn.Module)\n    pass\n")
     produced |= _json_paths(json.loads(cli(str(bad), "--format", "json", cwd=str(tmp_path)).out))
+    # multi-dimensional plans (issue 11): a mesh, TP placements and collectives; an unmodelled group
+    produced |= _json_paths(json.loads(cli("fixtures/multidim/train_tp.py", "--format", "json").out))
+    partial = tmp_path / "partial.py"
+    partial.write_text("import torch.distributed as dist\nimport torch.nn as nn\n"
+                       "from torch.distributed.fsdp import FullyShardedDataParallel as FSDP\n"
+                       "model = FSDP(nn.Linear(8, 8), process_group=dist.new_group([0, 1, 5]))\n")
+    produced |= _json_paths(json.loads(cli(str(partial), "--format", "json", "--allow-partial",
+                                           cwd=str(tmp_path)).out))
     documented = _documented_json_paths()
     assert produced - documented == set(), "fields missing from README's JSON schema"
     optional = {"run"}  # present with --run only

@@ -44,8 +44,8 @@ class Failures:
     # path -> lines whose failure is never skipped (statements holding a wrap/freeze/cast/optimizer
     # site, headers of blocks holding a wrap)
     fatal_lines: Dict[str, Set[int]] = field(default_factory=dict)
-    # path -> line -> (names, attributes) a tolerant statement binds
-    tolerant: Dict[str, Dict[int, Tuple[FrozenSet[str], FrozenSet[str]]]] = field(default_factory=dict)
+    # path -> line -> a statement that may be skipped (what it binds is worked out when it is)
+    tolerant: Dict[str, Dict[int, object]] = field(default_factory=dict)
     skips: List[SkipRecord] = field(default_factory=list)
     imports: List[MissingImport] = field(default_factory=list)
     stub_uses: List[StubUse] = field(default_factory=list)
@@ -113,7 +113,10 @@ class Failures:
         return bool(lines) and line in lines
 
     def record_skip(self, path: str, line: int, exc: BaseException) -> None:
-        names, attrs = self.tolerant.get(os.path.abspath(path), {}).get(line, (frozenset(), frozenset()))
+        from fsdp_lint.replay.transform import binding
+
+        stmt = self.tolerant.get(os.path.abspath(path), {}).get(line)
+        names, attrs = binding(stmt) if stmt is not None else (frozenset(), frozenset())
         sk = Skipped(path=os.path.abspath(path), line=line, error=_one_line(exc), exc_type=type(exc).__name__)
         self.skips.append(SkipRecord(sk, names, attrs, exc))
 

@@ -111,6 +111,8 @@ class Recorder:
         self.wrap_calls.append(call)
         self.wrapped_ids.update(id(m) for m in call.modules)
         self.wrapped_ids.update(id(m) for m in call.auto_wrapped)
+        if getattr(self, "parallel", None) is not None:
+            self.parallel.on_wrap_call(call)  # issue 11: its mesh / process groups, DTensor params
 
     def snapshot(self, modules) -> Dict[int, Tuple[bool, Any]]:
         state = {}

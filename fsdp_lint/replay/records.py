@@ -87,6 +87,7 @@ class ReplayResult:
     stubs: List[Any] = field(default_factory=list)   # imports that failed and got a stand-in (MissingImport)
     stub_uses: List[Any] = field(default_factory=list)   # uses of those stand-ins (StubUse)
     notes: List[str] = field(default_factory=list)   # what the report should say about the replay
+    parallel: Any = None                      # issue 11: meshes, groups, DTensor params (replay/parallel.py)
 
 
 @dataclass

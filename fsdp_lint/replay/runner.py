@@ -47,7 +47,8 @@ class _ReplayTimeout(BaseException):
 
 def replay(facts: Union[SourceFacts, str], world_size: int, target: Optional[ModelTarget] = None,
            real: bool = False, timeout: Optional[float] = None, device=None, argv: Optional[List[str]] = None,
-           project: Optional[Reach] = None, cwd: Optional[str] = None) -> ReplayResult:
+           project: Optional[Reach] = None, cwd: Optional[str] = None,
+           gpus_per_node: Optional[int] = None) -> ReplayResult:
     """Run the entry point `facts` (SourceFacts, or a path) as rank 0 of `world_size` ranks up to the
     training boundary. `argv`: the script's own arguments; `cwd`: the folder it is launched from
     (default: the current one). Raises ReplayError (one line)."""
@@ -55,6 +56,7 @@ def replay(facts: Union[SourceFacts, str], world_size: int, target: Optional[Mod
         facts = facts_for(os.path.abspath(facts))
     run = _Run(facts, world_size, target, real, device, list(argv or []), project)
     run.cwd = cwd
+    run.rec.gpus_per_node = gpus_per_node  # issue 11: LOCAL_WORLD_SIZE / device_count() (replay/parallel.py)
     return run.execute(timeout)
 
 
@@ -225,7 +227,7 @@ class _Run:
                             argv=list(self.argv),
                             run_as=f"module {entry.module}" if entry.is_package_module else "script",
                             stubs=list(self.failures.imports), stub_uses=list(self.failures.stub_uses),
-                            notes=self._notes())
+                            notes=self._notes(), parallel=getattr(self.rec, "parallel", None))  # issue 11
 
     def _exec_entry(self, code, ns) -> None:
         if self.entry.is_package_module:

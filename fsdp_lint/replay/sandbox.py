@@ -32,6 +32,7 @@ from fsdp_lint.replay.recorders import (
     _install_real_wrappers,
     _install_recorders,
 )
+from fsdp_lint.replay import parallel  # issue 11
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
 
 Patch = Callable[[Any, str, Any], None]
@@ -108,6 +109,7 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     finally:
         for h in hooks:
             h.remove()
+        parallel.uninstall(rec)  # issue 11: the fake process group of the meshes
         for cleanup in cleanups:
             cleanup()
         if owned_pg:
@@ -332,6 +334,8 @@ def _simulate_mesh(rec: Recorder, patch: Patch) -> None:
     patch(dm_mod, "init_device_mesh", init_device_mesh)
     if hasattr(dist, "init_device_mesh"):
         patch(dist, "init_device_mesh", init_device_mesh)
+    # issue 11: real meshes, process groups and parallelize_module (fsdp_lint/replay/parallel.py)
+    parallel.install(rec, patch, real_init_mesh)
 
 
 def _target_device(rec: Recorder):

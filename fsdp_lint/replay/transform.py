@@ -42,8 +42,8 @@ _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 @dataclass
 class Transformed:
     code: types.CodeType
-    # line of a statement that may be skipped -> (names it binds, attribute names it assigns)
-    tolerant: Dict[int, Tuple[FrozenSet[str], FrozenSet[str]]] = field(default_factory=dict)
+    # line of a statement that may be skipped -> the statement (see `binding`)
+    tolerant: Dict[int, ast.stmt] = field(default_factory=dict)
     # lines where a failure is never skipped: statements holding a wrap/freeze/cast/optimizer/policy
     # site, and the headers of blocks holding a wrap
     fatal_lines: Set[int] = field(default_factory=set)
@@ -66,11 +66,33 @@ def _located(node: ast.AST, like: ast.stmt) -> ast.AST:
 
 def _call_stmt(name: str, *args: ast.expr, like: ast.stmt) -> ast.stmt:
     node = ast.Expr(ast.Call(func=ast.Name(name, ast.Load()), args=list(args), keywords=[]))
-    return ast.copy_location(node, like)
+    return _located(node, like)
 
 
 def _is_future(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__"
+
+
+def _child_stmt_lists(stmt: ast.AST):
+    """The statement lists directly inside `stmt` (bodies, else/finally blocks, handlers, cases)."""
+    for attr in ("body", "orelse", "finalbody"):
+        sub = getattr(stmt, attr, None)
+        if isinstance(sub, list) and sub and isinstance(sub[0], ast.stmt):
+            yield sub
+    for h in getattr(stmt, "handlers", None) or ():
+        yield h.body
+    for case in getattr(stmt, "cases", None) or ():
+        yield case.body
+
+
+def iter_stmts(node: ast.AST):
+    """Every statement under `node`, pre-order, without visiting expressions (fast on large files)."""
+    todo = [s for lst in _child_stmt_lists(node) for s in lst][::-1]
+    while todo:
+        stmt = todo.pop()
+        yield stmt
+        for lst in reversed(list(_child_stmt_lists(stmt))):
+            todo.extend(reversed(lst))
 
 
 def _is_docstring(stmt: ast.stmt) -> bool:
@@ -84,15 +106,16 @@ class _Transformer:
         self.dropped = dropped
         self.stepping = dropped & facts.stepping_loop_lines
         self.model_classes = {name for name, _ in facts.module_classes}
-        self.tolerant: Dict[int, Tuple[FrozenSet[str], FrozenSet[str]]] = {}
+        self.tolerant: Dict[int, ast.stmt] = {}
         self.terminal_spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
+        self._rel_cache: Dict[int, bool] = {}
         self.synthetic: Set[int] = set()          # ids of statements the transform inserted
         self.imported: Set[str] = set()           # names bound by imports anywhere in the file
         self.torch_names: Set[str] = set()        # ... of them, those bound from torch
 
     # -- the module ----------------------------------------------------------------------------
     def module(self, tree: ast.Module) -> ast.Module:
-        for node in ast.walk(tree):
+        for node in iter_stmts(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 base = node.module or "" if isinstance(node, ast.ImportFrom) else ""
                 for alias in node.names:
@@ -151,8 +174,9 @@ class _Transformer:
                     ast.Constant(module or None), ast.Name(_EXC, ast.Load())], [])),
                 body=[ast.Raise()], orelse=[])],
         )
-        node = ast.Try(body=[stmt], handlers=[handler], orelse=[], finalbody=[])
-        return _located(node, stmt)
+        # positions for the new nodes only (the user's statement keeps its own)
+        return ast.copy_location(ast.Try(body=[stmt], handlers=[_located(handler, stmt)], orelse=[], finalbody=[]),
+                                 stmt)
 
     # -- definitions -----------------------------------------------------------------------------
     def _visit_defs_in(self, stmt: ast.stmt) -> None:
@@ -213,8 +237,10 @@ class _Transformer:
                 out.append(stmt)
                 continue
             if not self._is_rel(stmt):
-                if self.main and isinstance(stmt, ast.While) and slice_:
-                    # a `while` of the entry's setup that matters for nothing (a wait or retry loop)
+                if self.main and isinstance(stmt, ast.While) and slice_ and _calls_something(stmt):
+                    # a `while` of the entry's setup that matters for nothing and calls out (a wait or
+                    # retry loop: `while not os.path.exists(ready): time.sleep(10)`); a loop that only
+                    # computes (`while dim % 8: dim += 1`) runs
                     out.append(ast.copy_location(ast.Pass(), stmt))
                 elif isinstance(stmt, _NEVER_WRAP) or not tolerate:
                     self._visit_defs_in(stmt)
@@ -261,15 +287,19 @@ class _Transformer:
                 out.append(self._synthetic(_call_stmt(SETUP_DONE, like=stmt)))
         if out:
             return out
-        return [ast.copy_location(ast.Pass(), stmts[0])] if stmts else [ast.Pass()]
+        if stmts:
+            return [ast.copy_location(ast.Pass(), stmts[0])]
+        return [ast.Pass(lineno=1, col_offset=0, end_lineno=1, end_col_offset=0)]
 
     def _is_rel(self, stmt: ast.stmt) -> bool:
         if isinstance(stmt, _DEFS):
             return False
-        for node in ast.walk(stmt):
-            if isinstance(node, ast.stmt) and node.lineno in self.relevant and not isinstance(node, _DEFS):
-                return True
-        return False
+        known = self._rel_cache.get(id(stmt))
+        if known is None:
+            known = stmt.lineno in self.relevant or any(
+                self._is_rel(sub) for lst in _child_stmt_lists(stmt) for sub in lst)
+            self._rel_cache[id(stmt)] = known
+        return known
 
     def _slice(self, stmts: List[ast.stmt], last_relevant: Optional[int],
                needed_after: Set[str]) -> Tuple[Set[int], Dict[int, Set[str]]]:
@@ -361,7 +391,7 @@ class _Transformer:
         return False
 
     def _tolerant(self, stmt: ast.stmt) -> ast.stmt:
-        self.tolerant[stmt.lineno] = (frozenset(_binds(stmt)), frozenset(_assigned_attrs(stmt)))
+        self.tolerant[stmt.lineno] = stmt        # what it binds is worked out if it fails
         handler = ast.ExceptHandler(
             type=ast.Name("Exception", ast.Load()), name=_EXC,
             body=[ast.If(
@@ -369,7 +399,8 @@ class _Transformer:
                     ast.Constant(stmt.lineno), ast.Name(_EXC, ast.Load())], [])),
                 body=[ast.Raise()], orelse=[])],
         )
-        return _located(ast.Try(body=[stmt], handlers=[handler], orelse=[], finalbody=[]), stmt)
+        return ast.copy_location(ast.Try(body=[stmt], handlers=[_located(handler, stmt)], orelse=[], finalbody=[]),
+                                 stmt)
 
 
 def _is_stop(stmt: ast.stmt) -> bool:
@@ -377,27 +408,34 @@ def _is_stop(stmt: ast.stmt) -> bool:
             and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id in (LOOP, SETUP_DONE))
 
 
-class _StopAtLoops(ast.NodeTransformer):
+class _StopAtLoops:
     """Training loops (outside model classes) become a call that ends the replay there; `skipped`
-    data loops become ``pass``."""
+    data loops become ``pass``. Walks statement lists only."""
 
     def __init__(self, stepping: Set[int], skipped: Set[int], model_classes: Set[str]):
         self.stepping = stepping
         self.skipped = skipped - stepping
         self.model_classes = model_classes
 
-    def visit_ClassDef(self, node):
-        if node.name in self.model_classes:
-            return node
-        return self.generic_visit(node)
-
-    def generic_visit(self, node):
-        node = super().generic_visit(node)
-        for attr in ("body", "orelse", "finalbody"):
-            stmts = getattr(node, attr, None)
-            if isinstance(stmts, list) and stmts and all(isinstance(x, ast.stmt) for x in stmts):
-                setattr(node, attr, [self._replace(x) for x in stmts])
-        return node
+    def visit(self, node: ast.AST) -> None:
+        if not (self.stepping or self.skipped):
+            return
+        todo = [node]
+        while todo:
+            n = todo.pop()
+            if isinstance(n, ast.ClassDef) and n.name in self.model_classes:
+                continue
+            for attr in ("body", "orelse", "finalbody"):
+                lst = getattr(n, attr, None)
+                if isinstance(lst, list) and lst and isinstance(lst[0], ast.stmt):
+                    lst[:] = [self._replace(x) for x in lst]
+                    todo.extend(lst)
+            for h in getattr(n, "handlers", None) or ():
+                h.body[:] = [self._replace(x) for x in h.body]
+                todo.extend(h.body)
+            for case in getattr(n, "cases", None) or ():
+                case.body[:] = [self._replace(x) for x in case.body]
+                todo.extend(case.body)
 
     def _replace(self, stmt: ast.stmt) -> ast.stmt:
         if not isinstance(stmt, _LOOPS):
@@ -407,6 +445,10 @@ class _StopAtLoops(ast.NodeTransformer):
         if stmt.lineno in self.skipped:
             return ast.copy_location(ast.Pass(), stmt)
         return stmt
+
+
+def _calls_something(stmt: ast.stmt) -> bool:
+    return any(isinstance(n, (ast.Call, ast.Await)) for n in ast.walk(stmt))
 
 
 def _plain_assignment(stmt: ast.stmt) -> bool:
@@ -434,6 +476,11 @@ def binds(node: ast.AST) -> Set[str]:
 
 
 _binds = binds
+
+
+def binding(stmt: ast.stmt) -> Tuple[FrozenSet[str], FrozenSet[str]]:
+    """(names, attribute names) a statement binds: what a later failure may miss when it is skipped."""
+    return frozenset(binds(stmt)), frozenset(_assigned_attrs(stmt))
 
 
 def _assigned_attrs(node: ast.AST) -> Set[str]:
@@ -466,13 +513,14 @@ def transform(facts: SourceFacts, *, main: bool, relevant: Optional[Set[int]] = 
     """Compile `facts`' module with the transform. `main`: the entry file (its module level is
     sliced and tolerant); `relevant`/`dropped`: relevant statement lines and training loops (default:
     the module's own facts; the replay passes them computed across the project)."""
-    tree = ast.parse(facts.text, filename=facts.path)
+    tree = facts.take_tree()
     fatal = fatal_lines(tree, facts)
     transformer = _Transformer(facts, main=main,
                                relevant=facts.relevant_stmt_lines if relevant is None else relevant,
                                dropped=facts.dropped_loop_lines if dropped is None else dropped)
     tree = transformer.module(tree)
-    ast.fix_missing_locations(tree)
+    # every node the transform made has a position already (ast.fix_missing_locations walks the
+    # whole tree in Python: a second on a large file)
     code = compile(tree, facts.path, "exec", dont_inherit=True)
     return Transformed(code=code, tolerant=transformer.tolerant, fatal_lines=fatal,
                        terminal_spans=transformer.terminal_spans)
@@ -486,8 +534,8 @@ def fatal_lines(tree: ast.Module, facts: SourceFacts) -> Set[int]:
     out: Set[int] = set()
     if not site_lines:
         return out
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.stmt) or isinstance(node, _DEFS):
+    for node in iter_stmts(tree):
+        if isinstance(node, _DEFS):
             continue
         end = node.end_lineno or node.lineno
         bodies = [b for b in (getattr(node, "body", None), getattr(node, "orelse", None)) if isinstance(b, list) and b]
