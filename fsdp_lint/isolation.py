@@ -610,6 +610,10 @@ class _Server:
 
 
 def _cpus() -> int:
+    """How many files are linted at once: ``FSDP_LINT_JOBS``, else one per CPU this process may use."""
+    jobs = os.environ.get("FSDP_LINT_JOBS", "")
+    if jobs.strip().isdigit() and int(jobs) > 0:
+        return int(jobs)
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

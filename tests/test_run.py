@@ -352,16 +352,26 @@ def _unique_copy(src: str, tmp_path) -> str:
     return str(dst)
 
 
+def _default_sigint():
+    # a test session started in the background (`python -m pytest &` in a script) inherits SIGINT
+    # ignored, and so would fsdp-lint: give it the terminal's default, as an interactive shell does
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_leaves_no_process(tmp_path):
     marker = _unique_copy(os.path.join("fixtures", "run", "fsdp2_slow_rank.py"), tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "fsdp_lint", marker, "--run", "--run-timeout", "300"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
+
+    def ranks():   # forks of fsdp-lint (its command line); not the lint server or the watchdog
+        return [p for p in _children(proc.pid) if p in _with_marker(marker)]
+
     try:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and len(_children(proc.pid)) < 2 and proc.poll() is None:
+        while time.monotonic() < deadline and len(ranks()) < 2 and proc.poll() is None:
             time.sleep(0.2)
-        assert len(_children(proc.pid)) >= 2, "the ranks never started"
+        assert len(ranks()) >= 2, "the ranks never started"
         time.sleep(1.0)
         os.killpg(proc.pid, signal.SIGINT)        # what a terminal's Ctrl-C does
         _, err = proc.communicate(timeout=60)
@@ -375,12 +385,23 @@ def test_ctrl_c_leaves_no_process(tmp_path):
     assert _with_marker(marker) == []
 
 
-def test_under_torchrun_each_process_is_one_rank(tmp_path):
+@pytest.fixture
+def torchrun_env(tmp_path):
+    """The environment for a torchrun: its log folders (``torchelastic_*``) go to a temporary folder
+    of the test, removed afterwards, not to the machine's /tmp."""
+    import shutil
+
+    tmp = tmp_path / "torchrun-tmp"
+    tmp.mkdir()
+    yield dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_under_torchrun_each_process_is_one_rank(tmp_path, torchrun_env):
     path = _unique_copy(os.path.join("fixtures", "bad", "fsdp2_no_root.py"), tmp_path)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "fsdp_lint", "--", path, "--run", "--format", "json", "--exit-zero"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=torchrun_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)                 # only rank 0 printed a report
     run = doc["run"]
@@ -388,6 +409,8 @@ def test_under_torchrun_each_process_is_one_rank(tmp_path):
     (f,) = _only(doc["files"][0]["findings"], "FSD301")
     assert f["confirmed"] is True and "differ across ranks" in f["evidence"]
     assert _with_marker(os.path.basename(path)) == []
+    # torchrun's log folders went to the test's temporary folder (the fixture removes it)
+    assert [d for d in os.listdir(torchrun_env["TMPDIR"]) if d.startswith("torchelastic_")]
 
 
 def _json_paths(obj, prefix=""):
@@ -413,12 +436,11 @@ def test_every_run_field_is_documented_in_the_readme(bad_run):
     assert {p for p in documented if p.startswith("run")} - produced == set()
 
 
-def test_under_torchrun_a_late_rank_is_named_and_every_rank_exits(tmp_path):
+def test_under_torchrun_a_late_rank_is_named_and_every_rank_exits(tmp_path, torchrun_env):
     marker = _unique_copy(os.path.join("fixtures", "run", "fsdp2_slow_rank.py"), tmp_path)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "fsdp_lint", "--", marker, "--run", "--run-timeout", "15", "--format", "concise"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=torchrun_env)
     assert proc.returncode != 0
     assert ("fsdp-lint: error: --run: rank 1 did not finish within 15 s (last phase: inputs (step 1)); "
             "waiting for it: rank 0 in forward (step 1)") in proc.stderr, proc.stderr[-3000:]
