@@ -171,6 +171,8 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
         raise BadInput("no paths given (try: fsdp-lint train.py; fsdp-lint --help)")
     if world_size is not None and world_size < 1:
         raise BadInput(f"--world-size must be at least 1, got {world_size}")
+    if world_size is not None and world_size > (1 << 20):
+        raise BadInput(f"--world-size must be at most 1,048,576 (2^20), got {world_size:,}")
     if gpus_per_node is not None and gpus_per_node < 1:
         raise BadInput(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     if run_ and nproc < 1:

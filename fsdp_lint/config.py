@@ -221,9 +221,23 @@ def _check_type(name: str, value: Any, origin: str) -> Any:
         raise ConfigError(f"{origin}: [tool.fsdp-lint] {key} must be {_describe(tp)}, got {value!r}") from None
 
 
+MAX_WORLD_SIZE = 1 << 20      # ranks fsdp-lint plans for at most (per-rank tables and loops stay small)
+_FRACTIONS = ("whole_model_fraction", "over_fine_fraction", "padding_fraction")
+
+
 def validate(settings: Settings, origin: str = "command line") -> None:
     if not isinstance(settings.world_size, int) or isinstance(settings.world_size, bool) or settings.world_size < 1:
         raise ConfigError(f"{origin}: world-size must be a positive integer, got {settings.world_size!r}")
+    if settings.world_size > MAX_WORLD_SIZE:
+        raise ConfigError(f"{origin}: world-size must be at most {MAX_WORLD_SIZE:,} (2^20), got {settings.world_size:,}")
+    for name in _FRACTIONS:
+        value = getattr(settings, name)
+        if not 0 <= value <= 1:
+            raise ConfigError(f"{origin}: {name.replace('_', '-')} must be between 0 and 1, got {value!r}")
+    if settings.collective_floor_bytes < 0:
+        raise ConfigError(f"{origin}: collective-floor-bytes must be 0 or more, got {settings.collective_floor_bytes!r}")
+    if settings.replay_timeout is not None and not settings.replay_timeout > 0:
+        raise ConfigError(f"{origin}: replay-timeout must be a positive number of seconds, got {settings.replay_timeout!r}")
     if not isinstance(settings.gpus_per_node, int) or isinstance(settings.gpus_per_node, bool) \
             or settings.gpus_per_node < 1:
         raise ConfigError(f"{origin}: gpus-per-node must be a positive integer, got {settings.gpus_per_node!r}")

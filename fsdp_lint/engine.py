@@ -102,7 +102,7 @@ def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = 
     layout = compute_layout(plan, tree)
     res = FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
                      replay=result if keep_model else None)
-    res.notes = list(result.notes)
+    res.notes = list(result.notes) + _api_override_note(result, settings)
     res.stopped = result.stopped
     res.argv = list(result.argv)
     res.skipped_statements = list(result.skipped)
@@ -116,6 +116,17 @@ def unsupported_message(path: str, unsupported) -> str:
     more = f" (and {len(unsupported) - 1} more)" if len(unsupported) > 1 else ""
     return (f"{where}the plan uses what fsdp-lint does not model: {first.detail}{more}; its numbers would be "
             f"incomplete. Pass --allow-partial to report the rest, with these listed as unsupported")
+
+
+def _api_override_note(result, settings: Settings) -> List[str]:
+    """`--api fsdp1` on a file whose wrap calls are FSDP2 (or the other way round) is an override:
+    the report says so."""
+    file_apis = sorted({c.api for c in result.wrap_calls if getattr(c, "api", None)})
+    if not settings.api or not file_apis or file_apis == [settings.api] or settings.wrap:
+        return []
+    theirs = " and ".join(a.upper() for a in file_apis)
+    return [f"--api {settings.api} overrides the file's {theirs} wrap calls: the plan shows the same units with "
+            f"{settings.api.upper()}'s layout and collectives, not what the file builds"]
 
 
 def skip_reason(project, explicit: bool) -> Optional[str]:

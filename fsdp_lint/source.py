@@ -144,18 +144,31 @@ class SourceFacts:
     stepping_loop_lines: Set[int] = field(default_factory=set)
 
 
-_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]*(?:\s*,\s*[A-Z]+[0-9]*)*))?", re.IGNORECASE)
+_NOQA = re.compile(r"#\s*noqa\b(?P<colon>\s*:)?(?P<rest>.*)", re.IGNORECASE)
+_NOQA_CODE = re.compile(r"[A-Za-z]+[0-9]+")
 
 
 def _noqa_lines(text: str) -> Dict[int, Optional[Set[str]]]:
+    """line -> the codes its ``# noqa: FSD201, FSD3`` suppresses (None: a bare ``# noqa``, all).
+    As ruff does, a ``# noqa:`` not followed by codes (letters then digits: ``# noqa: see below``,
+    ``# noqa:``) suppresses nothing."""
     out: Dict[int, Optional[Set[str]]] = {}
-    if "noqa" not in text:
+    if "noqa" not in text.lower():
         return out
     for i, line in enumerate(text.splitlines(), start=1):
         m = _NOQA.search(line)
-        if m:
-            codes = m.group("codes")
-            out[i] = None if not codes else {c.strip().upper() for c in codes.split(",")}
+        if not m:
+            continue
+        if not m.group("colon"):
+            out[i] = None
+            continue
+        codes: Set[str] = set()
+        for token in re.split(r"[\s,]+", m.group("rest").strip()):
+            if not _NOQA_CODE.fullmatch(token):
+                break                       # the codes end where the explanation starts
+            codes.add(token.upper())
+        if codes:
+            out[i] = codes
     return out
 
 
