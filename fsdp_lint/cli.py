@@ -159,6 +159,9 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
     script's own (`fsdp-lint train.py -- --config configs/8b.yaml`). Linting runs the entry point's
     setup code (its imports, model construction, wrap code) on the meta device up to the training
     boundary.
+
+    Linting runs the repository's code, each file in a process of its own: run it on untrusted code
+    only where you would run that code's tests (README: "What linting runs").
     """
     script_args = (click.get_current_context().obj or {}).get("script_args")
     if list_rules:

@@ -104,3 +104,19 @@ def test_api_that_differs_from_the_files_says_it_overrides(cli, tmp_path):
                             ["files"][0]["notes"])
     assert "overrides" not in cli(path, "--api", "fsdp2", cwd=str(tmp_path)).out   # the file's own API
     assert os.path.exists(path)
+
+
+def test_help_and_readme_say_what_runs(cli):
+    """The README's advice for untrusted code is the same sentence as in --help."""
+    import re
+
+    from conftest import REPO
+
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        readme = fh.read()
+    section = readme.split("## What linting runs")[1].split("\n## ")[0]
+    advice = re.search(r"\*\*(Linting runs the repository's code.*?)\*\*", section, re.S).group(1)
+    help_text = " ".join(cli("--help").out.split())
+    assert " ".join(advice.split()).rstrip(".") in help_text
+    for what in ("training boundary", "replay-timeout", "FSDP_LINT_JOBS", "no sandbox", "pull_request_target"):
+        assert what in section, what
