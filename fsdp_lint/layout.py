@@ -199,12 +199,26 @@ def runs_as_root(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> bool:
     a root wrap every top-level unit is such a root."""
     if unit.is_root:
         return True
-    for other in plan.units:
-        if other is unit:
-            continue
-        if any(tree.is_ancestor(om, m) for om in other.modules for m in unit.modules):
-            return False
+    holders = _units_by_module(plan)
+    for m in unit.modules:
+        # an ancestor module that another unit holds (walked up by FQN: depth, not units²)
+        for a in tree.ancestors(m):
+            if any(other is not unit for other in holders.get(a, ())):
+                return False
     return True
+
+
+def _units_by_module(plan: WrapPlan) -> Dict[str, List[Unit]]:
+    """module FQN -> the units that hold it; kept on the plan while its list of units is unchanged."""
+    cached = plan.__dict__.get("_units_by_module")
+    if cached is None or cached[0] is not plan.units or cached[1] != len(plan.units):
+        by_module: Dict[str, List[Unit]] = {}
+        for u in plan.units:
+            for m in u.modules:
+                by_module.setdefault(m, []).append(u)
+        cached = (plan.units, len(plan.units), by_module)
+        plan.__dict__["_units_by_module"] = cached
+    return cached[2]
 
 
 def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:

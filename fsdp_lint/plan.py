@@ -300,6 +300,7 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
     apis = {c.api for c in calls}
     plan.api = calls[-1].api if len(apis) > 1 else next(iter(apis))
     seen_modules: Dict[str, Unit] = {}
+    seen_order: Dict[str, int] = {}
     for call in calls:
         plan.wrap_call_lines.append((call.pos.path, call.pos.line))
         fqns = []
@@ -340,15 +341,18 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
                         f"fully_shard is applied to {f or 'the root'} a second time "
                         f"(first at line {seen_modules[f].line})", f, seen_modules[f].line))
                 else:
-                    for earlier, eu in seen_modules.items():
-                        if tree.is_ancestor(earlier, f):
-                            plan.problems.append(PlanProblem(
-                                "ancestor-already-sharded", f, call.pos.path, call.pos.line, call.pos.col,
-                                f"fully_shard({f}) runs after its ancestor {earlier or 'the root model'} "
-                                f"was sharded at line {eu.line}", earlier, eu.line))
-                            break
+                    # the first-sharded of its ancestors (found up the FQN, not over every module)
+                    sharded = [a for a in tree.ancestors(f) if a in seen_modules]
+                    if sharded:
+                        earlier = min(sharded, key=lambda a: seen_order[a])
+                        eu = seen_modules[earlier]
+                        plan.problems.append(PlanProblem(
+                            "ancestor-already-sharded", f, call.pos.path, call.pos.line, call.pos.col,
+                            f"fully_shard({f}) runs after its ancestor {earlier or 'the root model'} "
+                            f"was sharded at line {eu.line}", earlier, eu.line))
             unit.call_site = plan.call_sites.get((call.pos.path, call.pos.line))
             for f in fqns:
+                seen_order.setdefault(f, len(seen_order))
                 seen_modules.setdefault(f, unit)
             for prm in kw.get("ignored_params") or []:
                 f = param_fqn.get(id(prm))
@@ -406,6 +410,7 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
                         shard_size=options.world_size,
                         reshard_after_forward=strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD"),
                         call_site=plan.call_sites.get((call.pos.path, call.pos.line)))
+            seen_order.setdefault(f, len(seen_order))
             seen_modules[f] = unit
             plan.units.append(unit)
 
@@ -489,14 +494,26 @@ def _assign_params(plan: WrapPlan, tree: ModuleTree) -> None:
         ignored |= set(tree.params_under(m))
     plan.ignored_params = [p for p in tree.params if p in ignored]
     applied: List[Unit] = []
+    applied_at: Dict[str, List[int]] = {}        # module FQN -> indices in `applied` of units holding it
+    outside: Set[str] = set()                    # ... of them, FQNs the tree does not list
     for unit in plan.units:
-        nested = [u for u in applied if any(
-            tree.is_ancestor(um, m) or um == m for um in unit.modules for m in u.modules)]
+        # units applied before this one inside its modules' subtrees (found through the subtree
+        # index: linear in the model, not units²; FQNs compared only for modules the tree lacks)
+        found: Set[int] = set()
+        for um in unit.modules:
+            if um in tree.modules:
+                for info in tree.subtree(um):
+                    found.update(applied_at.get(info.fqn, ()))
+            for m in (applied_at if um not in tree.modules else outside):
+                if tree.is_ancestor(um, m) or um == m:
+                    found.update(applied_at[m])
+        nested = [applied[i] for i in sorted(found)]
         nested_roots = [m for u in nested for m in u.modules if m not in unit.modules]
         unit.is_root = "" in unit.modules
+        nested_set = set(nested_roots)
 
         def inside_nested(fqn: str) -> bool:
-            return any(fqn == n or fqn.startswith(n + ".") if n else True for n in nested_roots)
+            return "" in nested_set or fqn in nested_set or tree.nearest_ancestor_in(fqn, nested_set) is not None
 
         owned: List[str] = []
         seen: Set[str] = set()
@@ -515,16 +532,18 @@ def _assign_params(plan: WrapPlan, tree: ModuleTree) -> None:
             # and the later unit flattens its own copy of a tied parameter (torch 2.13).
             flattened: Set[str] = {p for u in applied for p in u.params} if plan.use_orig_params else set()
             for mod in unit.modules:
-                prefix = mod + "." if mod else ""
-                for alias, canonical in tree.alias_to_canonical.items():
-                    if mod and not alias.startswith(prefix):
-                        continue
+                for alias in tree.aliases_under(mod):
+                    canonical = tree.alias_to_canonical[alias]
                     owner = alias.rpartition(".")[0]
                     if inside_nested(owner) or canonical in seen or canonical in ignored or canonical in flattened:
                         continue
                     seen.add(canonical)
                     owned.append(canonical)
         unit.params = owned
+        for m in unit.modules:
+            applied_at.setdefault(m, []).append(len(applied))
+            if m not in tree.modules:
+                outside.add(m)
         applied.append(unit)
     plan.root_wrapped = any(u.is_root for u in plan.units)
     covered: Set[str] = set()

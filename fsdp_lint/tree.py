@@ -67,23 +67,95 @@ class ModuleTree:
         return self.alias_to_canonical[fqn]
 
     def subtree(self, fqn: str) -> Iterator[ModuleInfo]:
-        """The module and all its descendants, pre-order."""
+        """The module and all its descendants, pre-order. `modules` is in pre-order, so they are
+        the run of names that starts at `fqn` (found by an index: linear in the subtree's size)."""
+        if fqn == "":
+            yield from self.modules.values()
+            return
+        names, pos = self._module_index()
+        start = pos.get(fqn)
+        if start is None:
+            return
         prefix = fqn + "."
-        for name, info in self.modules.items():
-            if fqn == "" or name == fqn or name.startswith(prefix):
-                yield info
+        yield self.modules[fqn]
+        for i in range(start + 1, len(names)):
+            if not names[i].startswith(prefix):
+                break
+            yield self.modules[names[i]]
+
+    def aliases_under(self, fqn: str) -> List[str]:
+        """Every parameter FQN (tied aliases too) registered in `fqn`'s subtree, in
+        ``named_parameters(remove_duplicate=False)`` order: also a contiguous run (pre-order)."""
+        aliases, first = self._alias_index()
+        if fqn == "":
+            return list(aliases)
+        start = first.get(fqn)
+        if start is None:
+            return []
+        prefix = fqn + "."
+        out = []
+        for i in range(start, len(aliases)):
+            if not aliases[i].startswith(prefix):
+                break
+            out.append(aliases[i])
+        return out
 
     def params_under(self, fqn: str) -> List[str]:
         """Canonical FQNs of the parameters in `fqn`'s subtree, in its `named_parameters()` order
         (each shared tensor once, at its first occurrence inside the subtree)."""
-        prefix = fqn + "." if fqn else ""
         seen, out = set(), []
-        for name, canonical in self.alias_to_canonical.items():
-            if fqn == "" or name.startswith(prefix):
-                if canonical not in seen:
-                    seen.add(canonical)
-                    out.append(canonical)
+        for name in self.aliases_under(fqn):
+            canonical = self.alias_to_canonical[name]
+            if canonical not in seen:
+                seen.add(canonical)
+                out.append(canonical)
         return out
+
+    def ancestors(self, fqn: str) -> Iterator[str]:
+        """The strict ancestors of `fqn`, nearest first, the root ``""`` last."""
+        cur = fqn
+        while cur:
+            info = self.modules.get(cur)
+            cur = info.parent if info is not None and info.parent is not None else cur.rpartition(".")[0]
+            yield cur
+
+    def nearest_ancestor_in(self, fqn: str, candidates) -> Optional[str]:
+        """The nearest strict ancestor of `fqn` that is in `candidates` (a set), or None: as
+        ``any(is_ancestor(c, fqn) for c in candidates)`` but in the depth of `fqn`, not the number
+        of candidates."""
+        for a in self.ancestors(fqn):
+            if a in candidates:
+                return a
+        return None
+
+    # indexes built on first use (the tree does not change once built); not pickled
+    def _module_index(self):
+        idx = self.__dict__.get("_idx_modules")
+        if idx is None or len(idx[0]) != len(self.modules):
+            names = list(self.modules)
+            idx = (names, {n: i for i, n in enumerate(names)})
+            self.__dict__["_idx_modules"] = idx
+        return idx
+
+    def _alias_index(self):
+        idx = self.__dict__.get("_idx_aliases")
+        if idx is None or len(idx[0]) != len(self.alias_to_canonical):
+            aliases = list(self.alias_to_canonical)
+            first: Dict[str, int] = {}
+            for i, name in enumerate(aliases):
+                # the first alias under each module path: walk up until a path already has one
+                owner = name.rpartition(".")[0]
+                while owner not in first:
+                    first[owner] = i
+                    if not owner:
+                        break
+                    owner = owner.rpartition(".")[0]
+            idx = (aliases, first)
+            self.__dict__["_idx_aliases"] = idx
+        return idx
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_idx_")}
 
     def is_ancestor(self, ancestor: str, fqn: str) -> bool:
         """True when `ancestor` is a strict ancestor of `fqn`."""
@@ -94,7 +166,18 @@ class ModuleTree:
     def subtree_numels(self) -> Dict[str, int]:
         """Elements of the parameters in each module's subtree (a shared tensor once per subtree)."""
         out: Dict[str, int] = {fqn: 0 for fqn in self.modules}
+        # an untied parameter counts in its module and every ancestor: summed bottom-up in one
+        # pass (reverse pre-order) instead of walking up from each parameter
         for canonical, info in self.params.items():
+            if not info.aliases and canonical.rpartition(".")[0] in out:
+                out[canonical.rpartition(".")[0]] += info.numel
+        for fqn in reversed(list(self.modules)):
+            parent = self.modules[fqn].parent
+            if parent is not None and parent in out:
+                out[parent] += out[fqn]
+        for canonical, info in self.params.items():
+            if not info.aliases and canonical.rpartition(".")[0] in out:
+                continue
             holders = set()
             for alias in info.all_fqns:
                 owner = alias.rpartition(".")[0]
@@ -188,23 +271,32 @@ def build_module_tree(model, state: Optional[Dict[int, Tuple[bool, object]]] = N
     from fsdp_lint.blocks import torch_base
 
     modules: Dict[str, ModuleInfo] = {}
+    per_class: Dict[type, tuple] = {}     # what depends on the class only, once per class (10,000 experts)
     for fqn, mod in model.named_modules():
         cls = type(mod)
-        # FSDP2 swaps the class for a `FSDP<Name>(FSDPModule, <Name>)` subclass: report the user's
-        if cls.__name__.startswith("FSDP") and len(cls.__bases__) == 2 and cls.__bases__[0].__name__ == "FSDPModule":
-            cls = cls.__bases__[1]
-        forward = getattr(cls, "forward", None)
-        has_forward = forward is not None and forward is not nn.Module.forward
+        known = per_class.get(cls)
+        if known is None:
+            user_cls = cls
+            # FSDP2 swaps the class for a `FSDP<Name>(FSDPModule, <Name>)` subclass: report the user's
+            if cls.__name__.startswith("FSDP") and len(cls.__bases__) == 2 \
+                    and cls.__bases__[0].__name__ == "FSDPModule":
+                user_cls = cls.__bases__[1]
+            forward = getattr(user_cls, "forward", None)
+            known = per_class[cls] = (
+                user_cls.__name__, f"{user_cls.__module__}.{user_cls.__qualname__}",
+                forward is not None and forward is not nn.Module.forward,
+                [k.__name__ for k in user_cls.__mro__], torch_base(user_cls))
+        name, qualname, has_forward, mro, base = known
         modules[fqn] = ModuleInfo(
             fqn=fqn,
-            cls=cls.__name__,
-            cls_qualname=f"{cls.__module__}.{cls.__qualname__}",
+            cls=name,
+            cls_qualname=qualname,
             parent=None if fqn == "" else fqn.rpartition(".")[0],
             children=[],
             direct_params=[],
             has_forward=has_forward,
-            mro=[k.__name__ for k in cls.__mro__],
-            torch_base=torch_base(cls),
+            mro=mro,
+            torch_base=base,
         )
     for fqn, info in modules.items():
         if info.parent is not None and info.parent in modules:

@@ -151,8 +151,9 @@ model = FSDP(Net(), auto_wrap_policy=policy)
             return
         alt, alt_layout = per_block_layout(ctx, classes) if classes else (None, None)
 
+        blocks = set(blocks)      # looked up by FQN from each unit's modules (depth, not units x blocks)
         inner = [ul for ul in nonroot
-                 if blocks and all(any(tree.is_ancestor(b, m) for b in blocks) for m in ul.unit.modules)
+                 if blocks and all(tree.nearest_ancestor_in(m, blocks) is not None for m in ul.unit.modules)
                  and not self._splits_requires_grad(tree, ul.unit, blocks)]
         if blocks and len(inner) >= 2 and len(inner) > frac * len(nonroot) \
                 and alt_layout is not None and layout.collectives_per_step > alt_layout.collectives_per_step:
@@ -182,8 +183,9 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         if len(kinds) != 1:
             return False
         mine = set(unit.params)
-        for b in blocks:
-            if any(tree.is_ancestor(b, m) for m in unit.modules):
+        for m in unit.modules:
+            b = tree.nearest_ancestor_in(m, blocks)    # `blocks`: a set of FQNs
+            if b is not None:
                 rest = [p for p in tree.params_under(b) if p not in mine]
                 return any(tree.params[p].requires_grad != next(iter(kinds)) for p in rest)
         return False

@@ -16,6 +16,7 @@ import contextlib
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+from fsdp_lint import modwalk  # issue 10
 from fsdp_lint.mesh import (
     HYBRID,
     MeshDim,
@@ -176,7 +177,7 @@ class ParallelState:
                     f"{shard_size}, not {raf}"))
         dtensors = False
         for m in call.modules:
-            for name, p in m.named_parameters():
+            for name, p in modwalk.named_parameters(m):   # issue 10: no nested generators
                 # the parameters this call manages: not those of a nested, earlier fully_shard
                 if not _is_dtensor(p) or id(p) in self._claimed:
                     continue
@@ -189,7 +190,7 @@ class ParallelState:
             self.problems.append(MeshProblem("reshard-int-dtensor", pos.path, pos.line, pos.col,
                                              RESHARD_INT_DTENSOR))
         for m in call.modules:
-            self._claimed.update(id(p) for p in m.parameters())
+            self._claimed.update(id(p) for p in modwalk.parameters(m))   # issue 10
 
     def default_mesh(self):
         """The mesh ``fully_shard`` builds without ``mesh=``: a new 1-D mesh over the world."""

@@ -6,6 +6,7 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from fsdp_lint import modwalk  # issue 10
 from fsdp_lint.project import is_local
 from fsdp_lint.replay.records import OptimizerCall, ParamEvent, Position, WrapCall
 
@@ -117,19 +118,23 @@ class Recorder:
     def snapshot(self, modules) -> Dict[int, Tuple[bool, Any]]:
         state = {}
         for m in modules:
-            for p in m.parameters():
-                state[id(p)] = (bool(p.requires_grad), p.dtype)
+            # issue 10: no nested generators, attributes read outside the replay's torch-function
+            # modes (a wrap call per level of a 1,000-deep model reads a million parameters)
+            with modwalk.plain_torch():
+                for p in modwalk.parameters(m):
+                    state[id(p)] = (bool(p.requires_grad), p.dtype)
         return state
 
 
 def _column(frame) -> int:
     """1-based column of the call the frame is executing (Python >= 3.11 keeps positions), else 1."""
     try:
-        positions = frame.f_code.co_positions()
-        for i, pos in enumerate(positions):
-            if i == frame.f_lasti // 2:
-                line, _, col, _ = pos
-                return col + 1 if col is not None and line == frame.f_lineno else 1
+        # issue 10: skip to the instruction in C (a Python loop over a long module's positions, once
+        # per constructed module and wrap call, was quadratic on a 10,000-expert model)
+        pos = next(itertools.islice(frame.f_code.co_positions(), frame.f_lasti // 2, None), None)
+        if pos is not None:
+            line, _, col, _ = pos
+            return col + 1 if col is not None and line == frame.f_lineno else 1
     except (AttributeError, ValueError):
         pass
     return 1
