@@ -152,9 +152,10 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         alt, alt_layout = per_block_layout(ctx, classes) if classes else (None, None)
 
         blocks = set(blocks)      # looked up by FQN from each unit's modules (depth, not units x blocks)
+        kinds_in: dict = {}       # block -> the requires_grad values of its parameters (once per block)
         inner = [ul for ul in nonroot
                  if blocks and all(tree.nearest_ancestor_in(m, blocks) is not None for m in ul.unit.modules)
-                 and not self._splits_requires_grad(tree, ul.unit, blocks)]
+                 and not self._splits_requires_grad(tree, ul.unit, blocks, kinds_in)]
         if blocks and len(inner) >= 2 and len(inner) > frac * len(nonroot) \
                 and alt_layout is not None and layout.collectives_per_step > alt_layout.collectives_per_step:
             yield self._inner(ctx, block, inner, nonroot, alt_layout)
@@ -164,7 +165,7 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         if ws <= 1:
             return
         with_params = [ul for ul in layout.units
-                       if ul.numel and not (blocks and self._splits_requires_grad(tree, ul.unit, blocks))]
+                       if ul.numel and not (blocks and self._splits_requires_grad(tree, ul.unit, blocks, kinds_in))]
         floor = settings.collective_floor_bytes
         small = [ul for ul in with_params if ul.all_gather_bytes < floor]
         if len(small) < 2 or len(small) <= frac * len(with_params):
@@ -175,19 +176,24 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         yield self._small(ctx, block, small, with_params, alt_layout, floor)
 
     @staticmethod
-    def _splits_requires_grad(tree, unit, blocks) -> bool:
+    def _splits_requires_grad(tree, unit, blocks, kinds_in=None) -> bool:
         """A unit inside a block that holds only trainable (or only frozen) parameters while the
         rest of its block holds the other kind: the deliberate FSDP1 way to keep FlatParameters
         uniform (PEFT's LoRA policy wraps every adapter like this), not over-fine wrapping."""
         kinds = {tree.params[p].requires_grad for p in unit.params}
         if len(kinds) != 1:
             return False
-        mine = set(unit.params)
         for m in unit.modules:
             b = tree.nearest_ancestor_in(m, blocks)    # `blocks`: a set of FQNs
             if b is not None:
-                rest = [p for p in tree.params_under(b) if p not in mine]
-                return any(tree.params[p].requires_grad != next(iter(kinds)) for p in rest)
+                # the rest of the block holds the other kind: the unit's own parameters are all of
+                # its kind, so the block's kinds tell (computed once per block, not once per unit)
+                block_kinds = kinds_in.get(b) if kinds_in is not None else None
+                if block_kinds is None:
+                    block_kinds = {tree.params[p].requires_grad for p in tree.params_under(b)}
+                    if kinds_in is not None:
+                        kinds_in[b] = block_kinds
+                return bool(block_kinds - kinds)
         return False
 
     def _inner(self, ctx, block, inner, nonroot, alt_layout):
