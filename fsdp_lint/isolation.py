@@ -687,6 +687,9 @@ def _child(job: dict, w: int) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGALRM):
             signal.signal(sig, signal.SIG_DFL)
+        # torch's module walks recurse once per level: a 1,000-deep model needs more than Python's
+        # default (its own script raises it to build the model; the analysis must not need less)
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
         before = set(sys.modules)
         out = _lint_in_child(job)
         try:

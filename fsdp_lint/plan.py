@@ -502,8 +502,8 @@ def _assign_params(plan: WrapPlan, tree: ModuleTree) -> None:
         found: Set[int] = set()
         for um in unit.modules:
             if um in tree.modules:
-                for info in tree.subtree(um):
-                    found.update(applied_at.get(info.fqn, ()))
+                for fqn in _outermost_applied(tree, um, applied_at):
+                    found.update(applied_at[fqn])
             for m in (applied_at if um not in tree.modules else outside):
                 if tree.is_ancestor(um, m) or um == m:
                     found.update(applied_at[m])
@@ -550,6 +550,21 @@ def _assign_params(plan: WrapPlan, tree: ModuleTree) -> None:
     for u in plan.units:
         covered |= set(u.params)
     plan.leftover_params = [p for p in tree.params if p not in covered and p not in ignored]
+
+
+def _outermost_applied(tree: ModuleTree, start: str, applied_at: Dict[str, List[int]]) -> List[str]:
+    """`start` if a unit already holds it, and the outermost modules below it that units applied
+    before hold: the walk does not enter them (what they hold is theirs), so wrapping every level of
+    a deep model costs each unit its own levels, not the whole subtree."""
+    out = [start] if start in applied_at else []
+    stack = list(reversed(tree.modules[start].children))
+    while stack:
+        fqn = stack.pop()
+        if fqn in applied_at:
+            out.append(fqn)
+            continue
+        stack.extend(reversed(tree.modules[fqn].children))
+    return out
 
 
 def _managed_modules_post_order(tree: ModuleTree, roots: List[str], nested_roots: List[str]) -> List[str]:
