@@ -18,7 +18,8 @@ Directories:
 * ``repo``: a training repository's shape -- 240 non-model modules (utilities, data code, losses,
   from ``bench_lint.py``) and 60 model/training files (FSDP2 per block, FSDP1 with an auto-wrap
   policy, models of different widths and depths);
-* ``models``: 300 model/training files, the worst case (every file is replayed).
+* ``models``: 300 model/training files, the worst case (every file is replayed);
+* ``article``: one file (``fixtures/article_fsdp2.py``), as a pre-commit hook on one changed file runs it.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from fsdp_lint.cli import collect_files
 from fsdp_lint.config import load_settings
 
 files = collect_files([sys.argv[1]])
-settings = load_settings(files[0][0])
+settings = load_settings(files[0][0]).with_overrides(world_size=int(sys.argv[2]) if len(sys.argv) > 2 else None)
 results = [engine.lint_file(path, settings, explicit=explicit) for path, explicit in files]
 text = report.render_text(results, full=True)
 sys.stdout.write(text)
@@ -123,19 +124,28 @@ def main() -> None:
         make_tree(models, models=300, plain=0)
         cases = {}
         for label, directory, linted in (("repo", repo, "60 files"), ("models", models, "300 files")):
-            cases[f"{label}: fsdp-lint DIR"] = ([py, "-m", "fsdp_lint", directory, "--exit-zero"], linted)
+            cases[f"{label}: fsdp-lint"] = ([py, "-m", "fsdp_lint", directory, "--exit-zero"], linted)
             cases[f"{label}: FSDP_LINT_JOBS=1"] = (["env", "FSDP_LINT_JOBS=1", py, "-m", "fsdp_lint", directory,
                                                     "--exit-zero"], linted)
             cases[f"{label}: in one process"] = ([py, "-c", IN_ONE_PROCESS, directory], linted)
+        article = os.path.join("fixtures", "article_fsdp2.py")   # one file, as pre-commit runs it
+        cases["article: fsdp-lint"] = ([py, "-m", "fsdp_lint", article, "--world-size", "4"], "13 units")
+        cases["article: FSDP_LINT_JOBS=1"] = (["env", "FSDP_LINT_JOBS=1", py, "-m", "fsdp_lint", article,
+                                                "--world-size", "4"], "13 units")
+        cases["article: in one process"] = ([py, "-c", IN_ONE_PROCESS, article, "4"], "13 units")
         res = measure(cases, args.repeat)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"repeat": args.repeat, "cases": res}, fh, indent=2)
 
     print(f"\n{args.repeat} rounds, minimum per case; python {sys.version.split()[0]}, {os.cpu_count()} CPUs\n")
-    print("| directory | in one process (before issue 10) | `fsdp-lint DIR` | ratio | `FSDP_LINT_JOBS=1` | ratio |")
+    print("| linted | in one process (before issue 10) | `fsdp-lint PATH` | ratio | `FSDP_LINT_JOBS=1` | ratio |")
     print("|---|---|---|---|---|---|")
-    for label, what in (("repo", "240 plain + 60 model files"), ("models", "300 model files")):
+    for label, what in (("article", "fixtures/article_fsdp2.py (one file)"), ("repo", "240 plain + 60 model files"),
+                        ("models", "300 model files")):
         for key, unit in (("wall_min", "wall"), ("cpu_min", "CPU")):
             base = res[f"{label}: in one process"][key]
-            iso = res[f"{label}: fsdp-lint DIR"][key]
+            iso = res[f"{label}: fsdp-lint"][key]
             one = res[f"{label}: FSDP_LINT_JOBS=1"][key]
             print(f"| {what}, {unit} | {base:.2f} s | {iso:.2f} s | {iso / base:.2f}× | {one:.2f} s "
                   f"| {one / base:.2f}× |")
@@ -143,9 +153,6 @@ def main() -> None:
     for name, r in res.items():
         print(f"  {name:32s} wall min {r['wall_min']:.2f} s  median {r['wall_median']:.2f} s   "
               f"CPU min {r['cpu_min']:.2f} s  median {r['cpu_median']:.2f} s")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"repeat": args.repeat, "cases": res}, fh, indent=2)
 
 
 if __name__ == "__main__":
