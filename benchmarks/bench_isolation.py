@@ -32,7 +32,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_lint import _plain_file, measure  # noqa: E402
+from bench_lint import _plain_file, measure, print_cases  # noqa: E402
 
 IN_ONE_PROCESS = """
 import sys
@@ -150,9 +150,7 @@ def main() -> None:
             print(f"| {what}, {unit} | {base:.2f} s | {iso:.2f} s | {iso / base:.2f}× | {one:.2f} s "
                   f"| {one / base:.2f}× |")
     print()
-    for name, r in res.items():
-        print(f"  {name:32s} wall min {r['wall_min']:.2f} s  median {r['wall_median']:.2f} s   "
-              f"CPU min {r['cpu_min']:.2f} s  median {r['cpu_median']:.2f} s")
+    print_cases(res, width=32, digits=2)
 
 
 if __name__ == "__main__":

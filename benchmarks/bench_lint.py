@@ -192,6 +192,13 @@ def measure(cases, repeat):
                    "wall": walls[name], "cpu": cpus[name]} for name in cases}
 
 
+def print_cases(res, width: int = 45, digits: int = 3) -> None:
+    """Every case's minimum and median, wall and CPU (under the Markdown table)."""
+    for name, r in res.items():
+        print(f"  {name:{width}s} wall min {r['wall_min']:.{digits}f} s  median {r['wall_median']:.{digits}f} s   "
+              f"CPU min {r['cpu_min']:.{digits}f} s  median {r['cpu_median']:.{digits}f} s")
+
+
 def profile_70b(world_size: int, top: int = 25) -> None:
     """cProfile of one in-process lint of the 70B model file (torch imported beforehand, so the profile
     shows fsdp-lint's own work: parsing, replay, tree, plan, layout, rules, report)."""
@@ -271,9 +278,7 @@ def main() -> None:
         print(f"| {label} | {p:.3f} s | {t:.2f} s | {floor:.2f} s | {lint:.2f} s | {own:.2f} s | {ratio:.2f} "
               f"| {plain:.2f} s | {pr:.1f}× | {tr:.2f}× | {art:.2f} s | {ar:.1f}× | {atr:.2f}× |")
     print()
-    for name, r in res.items():
-        print(f"  {name:45s} wall min {r['wall_min']:.3f} s  median {r['wall_median']:.3f} s   "
-              f"CPU min {r['cpu_min']:.3f} s  median {r['cpu_median']:.3f} s")
+    print_cases(res)
     over = [label for (label, *_rest) in rows if _rest[5] >= 0.5]
     print("\nbudget (fsdp-lint's own work < half the floor):", "MET" if not over else f"OVER ({', '.join(over)})")
     if args.json:

@@ -29,7 +29,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_lint import measure  # noqa: E402
+from bench_lint import measure, print_cases  # noqa: E402
 
 EXPERTS = '''
 import torch.nn as nn
@@ -185,9 +185,7 @@ def main() -> None:
             print(f"| {label}, {unit} | {floor:.2f} s | {lint:.2f} s | {own:.2f} s | {qown:.2f} s "
                   f"| {own / qown if qown > 0 else float('nan'):.1f}x |")
     print()
-    for name, r in res.items():
-        print(f"  {name:28s} wall min {r['wall_min']:.2f} s  median {r['wall_median']:.2f} s   "
-              f"CPU min {r['cpu_min']:.2f} s  median {r['cpu_median']:.2f} s")
+    print_cases(res, width=28, digits=2)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"repeat": args.repeat, "cases": res}, fh, indent=2)

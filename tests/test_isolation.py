@@ -23,6 +23,7 @@ import uuid
 import pytest
 
 from conftest import REPO
+from test_run import _with_marker as _marked
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses fork, /proc and signals")
 
@@ -149,20 +150,7 @@ def _write(directory, name, text):
 
 def _with_marker(marker: str, also: str = ""):
     """PIDs of live processes whose command line contains `marker` (and `also`)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmd = fh.read().decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        if marker in cmd and also in cmd and stat[stat.rindex(")") + 2:].split()[0] != "Z":
-            found.append(int(entry))
-    return found
+    return [p for p in _marked(marker) if also in _cmdline(p)]
 
 
 def _descendants(pid: int):
@@ -196,6 +184,24 @@ def _zombie(pid):
     except OSError:
         return True
     return stat[stat.rindex(")") + 2:].split()[0] == "Z"
+
+
+def _stop(procs):
+    """Send each fsdp-lint its signal; (what was below each, (exit code, stderr) of each)."""
+    below = {name: _descendants(proc.pid) for name, (proc, _, _) in procs.items()}
+    for proc, _, sig in procs.values():
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)                 # a terminal's Ctrl-C: the whole foreground group
+        else:
+            os.kill(proc.pid, sig)                   # CI cancellation, timeout(1), the OOM killer
+    return below, {name: (proc.wait(timeout=60), proc.communicate()[1]) for name, (proc, _, _) in procs.items()}
+
+
+def _kill_left(procs):
+    for proc, _, _ in procs.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def _wait_for(predicate, timeout, what):
@@ -317,18 +323,9 @@ def test_fsdp_lint_stopped_during_a_lint_leaves_nothing(tmp_path):
             _wait_for(lambda: len(_with_marker(path, "sleep(3600)")) >= 2 or proc.poll() is not None, 120,
                       f"{name}'s helpers")
             assert proc.poll() is None, proc.communicate()[1]
-        below = {name: _descendants(proc.pid) for name, (proc, _, _) in procs.items()}
-        for name, (proc, path, sig) in procs.items():
-            if sig == signal.SIGINT:
-                os.killpg(proc.pid, sig)                 # a terminal's Ctrl-C: the whole foreground group
-            else:
-                os.kill(proc.pid, sig)                   # CI cancellation, timeout(1), the OOM killer
-        outcome = {name: (proc.wait(timeout=60), proc.communicate()[1]) for name, (proc, _, _) in procs.items()}
+        below, outcome = _stop(procs)
     finally:
-        for proc, _, _ in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        _kill_left(procs)
     assert outcome["SIGKILL"][0] == -signal.SIGKILL
     assert outcome["SIGTERM"] == (143, "fsdp-lint: terminated (SIGTERM); the processes it started were stopped\n")
     assert outcome["SIGINT"][0] == 130 and "interrupted" in outcome["SIGINT"][1]
@@ -359,15 +356,9 @@ def test_run_stopped_by_sigterm_or_sigkill_leaves_nothing(tmp_path):
         # the watchdog looks a few times a second; a process started in the last moment before a
         # SIGKILL, in a session of its own, is the one case it may not know of
         time.sleep(1.0)
-        below = {name: _descendants(proc.pid) for name, (proc, _, _) in procs.items()}
-        for proc, _, sig in procs.values():
-            os.kill(proc.pid, sig)
-        outcome = {name: (proc.wait(timeout=60), proc.communicate()[1]) for name, (proc, _, _) in procs.items()}
+        below, outcome = _stop(procs)
     finally:
-        for proc, _, _ in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        _kill_left(procs)
     assert outcome["SIGTERM"] == (143, "fsdp-lint: terminated (SIGTERM); the processes it started were stopped\n")
     assert outcome["SIGKILL"][0] == -signal.SIGKILL
     for name, (proc, path, _) in procs.items():
