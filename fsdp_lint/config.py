@@ -28,6 +28,11 @@ class Settings:
     over_fine_fraction: float = 0.5          # FSD102: ... when more than this share of units do
     padding_fraction: float = 0.05           # FSD601
     replay_timeout: float = 120.0
+    # frameworks (issue 8): an accelerate config file as `accelerate launch --config_file` reads it; a
+    # Hugging Face model config for `from_pretrained(...)` (never downloaded) or to lint a model alone
+    accelerate_config: Optional[str] = None
+    hf_config: Optional[str] = None
+    hf_class: Optional[str] = None
     config_path: Optional[str] = None
     # --select/--ignore/--extend-select from the command line: a second layer over the config's
     # (ruff's model: a layer with `select` starts the selection afresh; one without only adds/removes)
@@ -82,6 +87,9 @@ def load_settings(start: str, explicit: Optional[str] = None) -> Settings:
     settings = replace(settings, config_path=path)
     for name, value in values.items():
         values[name] = _check_type(name, value, path)
+    for name in ("accelerate_config", "hf_config"):    # files named in the config: relative to it
+        if values.get(name):
+            values[name] = os.path.join(os.path.dirname(os.path.abspath(path)), values[name])
     try:
         settings = replace(settings, **values)
     except TypeError as exc:

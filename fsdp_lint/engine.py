@@ -42,37 +42,58 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False) -> FileR
     except SourceError as exc:
         raise LintError(str(exc)) from None
     if not settings.model and not facts.module_classes and not facts.uses_fsdp and not facts.factories() \
-            and "from_config" not in text and "from_pretrained" not in text:
+            and not facts.uses_framework and "from_config" not in text and "from_pretrained" not in text:
         return FileResult(path=path, facts=facts, skipped="no nn.Module and no FSDP use")
 
-    from fsdp_lint.layout import compute_layout
-    from fsdp_lint.plan import PlanOptions, build_plan
+    from fsdp_lint import frameworks
+    from fsdp_lint.frameworks.options import FrameworkOptions, OptionError
     from fsdp_lint.replay import ModelTarget, ReplayError, replay
-    from fsdp_lint.tree import build_module_tree
 
     try:
         target = ModelTarget.parse(settings.model) if settings.model else None
-        result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout)
-    except ReplayError as exc:
+        options = FrameworkOptions.from_settings(settings)
+        with frameworks.configured(options):
+            result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout)
+    except (ReplayError, OptionError) as exc:
         raise LintError(str(exc)) from None
+    with frameworks.configured(options):
+        tree, plan, layout = plan_replay(result, settings)
+    return FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
+                      replay=result if keep_model else None)
+
+
+def plan_replay(result, settings: Settings):
+    """Tree, plan and layout of a replay's records (the file's, a framework's, or ``fsdp_lint.record()``'s)."""
+    from fsdp_lint import frameworks
+    from fsdp_lint.layout import compute_layout
+    from fsdp_lint.plan import PlanOptions, build_plan
+    from fsdp_lint.tree import build_module_tree
+
     state = {}
     for call in result.wrap_calls:
         state.update(call.state)
     tree = build_module_tree(result.model, state)
     plan = build_plan(result, tree, PlanOptions(world_size=settings.world_size, api=settings.api,
                                                 wrap=list(settings.wrap), use_orig_params=settings.use_orig_params))
+    frameworks.annotate_plan(plan, result, tree)
     layout = compute_layout(plan, tree)
-    return FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
-                      replay=result if keep_model else None)
+    return tree, plan, layout
 
 
 def lint_file(path: str, settings: Settings) -> FileResult:
     res = analyse(path, settings)
     if res.skipped:
         return res
+    res.findings = check_rules(res, settings)
+    return res
+
+
+def check_rules(res: FileResult, settings: Settings) -> List[Finding]:
+    """The enabled rules' findings on an analysed file, unsuppressed, by line."""
     from fsdp_lint.rule import LintContext
     from fsdp_lint.selection import rule_enabled, suppressed
 
+    path = res.path
     ctx = LintContext(path=path, facts=res.facts, tree=res.tree, plan=res.plan, layout=res.layout, settings=settings)
     findings: List[Finding] = []
     from fsdp_lint.rule import all_rules
@@ -86,5 +107,4 @@ def lint_file(path: str, settings: Settings) -> FileResult:
             if not suppressed(f, res.facts):
                 findings.append(f)
     findings.sort(key=lambda f: (os.path.abspath(f.path) != os.path.abspath(path), f.line, f.col, f.code))
-    res.findings = findings
-    return res
+    return findings

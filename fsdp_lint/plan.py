@@ -41,6 +41,11 @@ class PolicyInfo:
     classes: List[str]              # class names a class-based policy names
     matched: int                    # modules it wrapped
     is_policy_object: bool = False  # a `_Policy` (ModuleWrapPolicy, CustomPolicy): torch validates frozen params first
+    # a framework's class-name setting (issue 8): which one ("transformer_layer_cls_to_wrap"), the
+    # framework, and the error it raises for a name the model lacks
+    setting: Optional[str] = None
+    framework: Optional[str] = None
+    error: Optional[str] = None
 
 
 @dataclass
@@ -51,6 +56,7 @@ class OptimizerInfo:
     seq: int
     params: List[str]               # canonical FQNs of model params it holds
     foreign: int                    # params it holds that are not the model's
+    remapped_by: Optional[str] = None   # a framework that points it at the wrapped parameters (accelerate's prepare)
 
 
 @dataclass
@@ -92,6 +98,7 @@ class WrapPlan:
     param_events: Dict[str, List[ParamEventInfo]] = field(default_factory=dict)
     problems: List[PlanProblem] = field(default_factory=list)
     wrap_call_lines: List[Tuple[str, int]] = field(default_factory=list)
+    framework: Optional[str] = None  # the framework whose code made the wrap calls (issue 8), None: the file's own
 
     def unit_for_param(self, fqn: str) -> Optional[Unit]:
         for unit in self.units:

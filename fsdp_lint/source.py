@@ -25,7 +25,9 @@ FACTORY_NAMES = ("build_model", "make_model", "create_model", "get_model")
 
 # cheap pre-check, no parsing and no torch: does the file define or wrap a model at all?
 _INTERESTING = re.compile(
-    r"\b(nn\.Module|torch\.nn|fully_shard|FullyShardedDataParallel|FSDP|Module\)|from_config|from_pretrained)\b"
+    r"\b(nn\.Module|torch\.nn|fully_shard|FullyShardedDataParallel|FSDP|Module\)|from_config|from_pretrained"
+    # frameworks that wrap the model with FSDP themselves (issue 8)
+    r"|Fabric|Trainer|Accelerator|FSDPStrategy|ModelParallelStrategy|TrainingArguments)\b"
 )
 
 
@@ -80,6 +82,11 @@ class SourceFacts:
     @property
     def uses_fsdp(self) -> bool:
         return bool(self.wrap_sites)
+
+    @property
+    def uses_framework(self) -> bool:
+        """The file hands a model to a framework that wraps it (``trainer.fit``, ``accelerator.prepare``)."""
+        return any(s.kind == "framework" for s in self.sites)
 
     @property
     def api(self) -> Optional[str]:
@@ -261,6 +268,7 @@ class _Collector(_collector_base()):  # type: ignore[misc]
         # ("call", callee name, ...) in source order; relevance is decided after the pass
         self.events: List[Tuple[str, str, Tuple[int, ...], Optional[FunctionFacts], Tuple[int, ...], int]] = []
         self.main_guard_line: Optional[int] = None
+        self.frameworks: Set[str] = set()           # frameworks the file imports (issue 8)
         self._stmt_stack: List[List[int]] = [[]]   # per function scope: open statement lines
         self._fn_stack: List[FunctionFacts] = []
         self._class_depth = 0
@@ -399,9 +407,19 @@ class _Collector(_collector_base()):  # type: ignore[misc]
         self._class_depth -= 1
 
     # -- imports -----------------------------------------------------------------------------
+    def visit_Import(self, node):
+        from fsdp_lint.frameworks.detect import imported_framework
+
+        for alias in node.names:
+            self.frameworks.add(imported_framework(_dotted(alias.name)))
+
     def visit_ImportFrom(self, node):
         import libcst as cst
 
+        from fsdp_lint.frameworks.detect import imported_framework
+
+        if not node.relative and node.module is not None:
+            self.frameworks.add(imported_framework(_dotted(node.module)))
         if isinstance(node.names, cst.ImportStar):
             return
         for alias in node.names:
@@ -434,6 +452,8 @@ class _Collector(_collector_base()):  # type: ignore[misc]
             self._mark("dtype", dotted, node)
         elif self._is_optimizer(dotted, name):
             self._mark("optimizer", dotted, node)
+        elif self._framework_call(dotted):
+            self._mark("framework", dotted, node)
         if last in ("backward", "step", "zero_grad") and self._loop_stack:
             self.training_loop_lines.update(self._loop_stack)
         self._call(last)
@@ -443,6 +463,11 @@ class _Collector(_collector_base()):  # type: ignore[misc]
         for arg in node.args:
             if isinstance(arg.value, cst.Name):
                 self._call(arg.value.value)
+
+    def _framework_call(self, dotted: str) -> bool:
+        from fsdp_lint.frameworks.detect import framework_call
+
+        return framework_call(dotted, self.frameworks) is not None
 
     def _is_optimizer(self, dotted: str, name: str) -> bool:
         parts = dotted.split(".")

@@ -306,6 +306,9 @@ def sandbox(rec: Recorder, directory: str):
         _install_recorders(rec, patch)
     else:
         _install_real_wrappers(rec, patch)
+    # issue 8: the framework drivers (Lightning, accelerate, HF Trainer): fsdp_lint/frameworks/
+    from fsdp_lint.frameworks import install as _install_frameworks  # issue 8
+    _install_frameworks(rec, patch)  # issue 8
 
     class _DeviceMode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
