@@ -81,7 +81,10 @@ def annotate_plan(plan, result, tree) -> None:
     from fsdp_lint.frameworks.options import find_literal
     from fsdp_lint.plan import PolicyInfo
 
+    from fsdp_lint.frameworks.accelerate import apply_upcast
+
     plan.framework = framework_of(result.wrap_calls)
+    apply_upcast(plan, result, tree)
     for call, info in zip(result.optimizers, plan.optimizers):
         info.remapped_by = getattr(call, "remapped_by", None)
     options = current_options()

@@ -14,7 +14,8 @@ Patched for the replay only:
 * a wrap-class name that matches no module: accelerate raises ``Could not find the transformer layer
   class ...``; fsdp-lint notes the error (FSD103 quotes it) and lets accelerate continue with the
   names that exist, so the rest of the plan is still linted;
-* FSDP2 weight loading (``cpu_ram_efficient_loading``) moves no data in a recorded plan.
+* FSDP2 weight loading (``cpu_ram_efficient_loading``) moves no data in a recorded plan, and data loaders
+  are returned as they are (a sampler's generator cannot live on the meta device).
 """
 from __future__ import annotations
 
@@ -50,6 +51,39 @@ def _accelerator(hooks, module) -> None:
         return wrapped
 
     hooks.wrap(module.Accelerator, "prepare", make)
+    if not hooks.rec.real:
+        hooks.wrap(module.Accelerator, "prepare_model", lambda fn: _upcast_after(hooks, fn))
+        # data loaders do not change the plan, and their samplers' generators cannot live on meta
+        hooks.wrap(module.Accelerator, "prepare_data_loader", lambda fn: lambda self, loader, *a, **k: loader)
+
+
+def _upcast_after(hooks, prepare_model):
+    """FSDP1 with mixed precision: after wrapping, accelerate upcasts every trainable FlatParameter that is
+    not float32 to float32 (the optimizer's master weights). The recorded wrap calls carry that, and
+    `annotate_plan` applies it to the units that own trainable low-precision parameters."""
+    def wrapped(self, *args, **kwargs):
+        start = len(hooks.rec.wrap_calls)
+        try:
+            return prepare_model(self, *args, **kwargs)
+        finally:
+            if getattr(self, "mixed_precision", "no") != "no":
+                for call in hooks.rec.wrap_calls[start:]:
+                    if call.api == "fsdp1":
+                        call.upcast_trainable_to_fp32 = True
+    return wrapped
+
+
+def apply_upcast(plan, result, tree) -> None:
+    calls = {call.seq for call in result.wrap_calls if getattr(call, "upcast_trainable_to_fp32", False)}
+    for unit in plan.units:
+        if unit.seq not in calls or not unit.params:
+            continue
+        infos = [tree.params[p] for p in unit.params]
+        dtypes = {p.dtype for p in infos}
+        # a FlatParameter is uniform (else FSDP raised, FSD203), trainable if any of its params is
+        if len(dtypes) == 1 and dtypes != {"float32"} and any(p.requires_grad for p in infos):
+            for p in infos:
+                p.dtype = "float32"
 
 
 def _mark_remapped(hooks, args) -> None:
@@ -73,8 +107,8 @@ def _plugin(hooks, module) -> None:
             try:
                 return set_auto_wrap_policy(self, model, *args, **kwargs)
             except ValueError as exc:
-                if not _NOT_FOUND.search(str(exc)):
-                    raise
+                if hooks.rec.real or not _NOT_FOUND.search(str(exc)):
+                    raise               # a real session (--run, the tests' oracle) raises as accelerate does
                 _note_missing(hooks, self, model, exc)
                 return set_auto_wrap_policy(self, model, *args, **kwargs)
         return wrapped

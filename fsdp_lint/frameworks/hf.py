@@ -38,18 +38,15 @@ def missing_config_message(name: str) -> str:
 
 
 def load_config(name_or_path, options, **kwargs):
-    """The model's config: `--hf-config` if given, else the one ``AutoConfig`` finds locally."""
+    """The model's config for ``from_pretrained``: `--hf-config` if given, else the one found locally."""
     from transformers import AutoConfig
 
-    source = options.hf_config or name_or_path
     keep = {k: kwargs[k] for k in ("revision", "subfolder", "trust_remote_code", "cache_dir") if k in kwargs}
     if options.hf_config:
-        keep.pop("subfolder", None)
+        return AutoConfig.from_pretrained(options.hf_config, local_files_only=True)
     try:
-        return AutoConfig.from_pretrained(source, local_files_only=True, **keep)
-    except (OSError, ValueError) as exc:
-        if options.hf_config:
-            raise HubConfigMissing(f"--hf-config {options.hf_config}: transformers cannot read it: {exc}") from None
+        return AutoConfig.from_pretrained(name_or_path, local_files_only=True, **keep)
+    except (OSError, ValueError):
         raise HubConfigMissing(missing_config_message(str(name_or_path))) from None
 
 
@@ -69,9 +66,6 @@ def _resolve_dtype(config, kwargs):
     return dtype if isinstance(dtype, torch.dtype) else torch.get_default_dtype()
 
 
-_FROM_CONFIG_KWARGS = ("attn_implementation", "trust_remote_code")
-
-
 def _modeling(hooks, module) -> None:
     options = hooks.options
 
@@ -88,20 +82,29 @@ def _modeling(hooks, module) -> None:
     hooks.wrap(module.PreTrainedModel, "from_pretrained", make)
 
 
-def _auto_factory(hooks, module) -> None:
+def _auto_config(hooks, module) -> None:
+    """``AutoConfig.from_pretrained("org/name")``: `--hf-config`, else the local cache, never the hub. The
+    ``AutoModel*`` classes load their config through it, then call the concrete class's ``from_pretrained``
+    (patched in `_modeling`); each of them holds its own copy of ``from_pretrained``, so they are not
+    patched themselves."""
     options = hooks.options
 
     def make(from_pretrained):
-        def wrapped(cls, pretrained_model_name_or_path=None, *model_args, **kwargs):
-            config = kwargs.get("config")
-            if config is None or isinstance(config, (str, os.PathLike)):
-                config = load_config(config or pretrained_model_name_or_path, options, **kwargs)
-            dtype = _resolve_dtype(config, kwargs)
-            extra = {k: kwargs[k] for k in _FROM_CONFIG_KWARGS if k in kwargs}
-            return cls.from_config(config, dtype=dtype, **extra)
+        def wrapped(cls, pretrained_model_name_or_path, *args, **kwargs):
+            if options.hf_config:
+                kwargs.pop("subfolder", None)
+                pretrained_model_name_or_path = options.hf_config
+            kwargs["local_files_only"] = True
+            try:
+                return from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs)
+            except (OSError, ValueError) as exc:
+                if options.hf_config:
+                    raise HubConfigMissing(f"--hf-config {options.hf_config}: transformers cannot read it: "
+                                           f"{exc}") from None
+                raise HubConfigMissing(missing_config_message(str(pretrained_model_name_or_path))) from None
         return wrapped
 
-    hooks.wrap(module._BaseAutoModelClass, "from_pretrained", make)
+    hooks.wrap(module.AutoConfig, "from_pretrained", make)
 
 
 def _trainer(hooks, module) -> None:
@@ -149,6 +152,26 @@ def _trainer(hooks, module) -> None:
 def hook_table() -> Dict[str, List[Any]]:
     return {
         "transformers.modeling_utils": [_modeling],
-        "transformers.models.auto.auto_factory": [_auto_factory],
+        "transformers.models.auto.configuration_auto": [_auto_config],
         "transformers.trainer": [_trainer],
+        "datasets": [_datasets],
     }
+
+
+def _datasets(hooks, module) -> None:
+    """A data set that cannot be loaded here (the hub is offline for a lint) stands in as a placeholder:
+    the plan does not depend on the data, and no sample is ever drawn."""
+    from fsdp_lint.replay.sandbox import _Stub
+
+    def make(load):
+        def wrapped(*args, **kwargs):
+            try:
+                return load(*args, **kwargs)
+            except Exception as exc:
+                hooks.rec.skip(hooks.rec.position().line, exc)
+                return _Stub(f"{load.__name__}()")
+        return wrapped
+
+    for name in ("load_dataset", "load_from_disk"):
+        if hasattr(module, name):
+            hooks.wrap(module, name, make)

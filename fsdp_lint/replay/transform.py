@@ -342,7 +342,14 @@ def _dotted_name(node: ast.AST) -> str:
 
 def compile_replay(facts: SourceFacts):
     tree = ast.parse(facts.text, filename=facts.path)
+    # issue 8: `from __future__ import ...` must stay first, which the transform's `try` wrappers break:
+    # compile with the features' flags instead
+    import __future__
+    flags = 0
+    for stmt in [s for s in tree.body if isinstance(s, ast.ImportFrom) and s.module == "__future__"]:
+        tree.body.remove(stmt)
+        flags |= sum(getattr(__future__, a.name).compiler_flag for a in stmt.names if hasattr(__future__, a.name))
     transformer = _Transformer(facts)
     tree = transformer.module(tree)
     ast.fix_missing_locations(tree)
-    return compile(tree, facts.path, "exec"), transformer.terminal_spans
+    return compile(tree, facts.path, "exec", flags=flags, dont_inherit=True), transformer.terminal_spans
