@@ -44,7 +44,7 @@ def current_options():
 def install(rec, patch) -> None:
     """Called by the replay's sandbox after the FSDP recorders are in place."""
     from fsdp_lint.frameworks import accelerate, hf, lightning
-    from fsdp_lint.frameworks.hooks import install_hooks, simulate_object_collectives
+    from fsdp_lint.frameworks.hooks import install_hooks, simulate_ddp, simulate_object_collectives
 
     options = current_options()
     table: Dict[str, List[Any]] = {}
@@ -54,6 +54,7 @@ def install(rec, patch) -> None:
     for driver in (accelerate, hf):
         driver.prepare_environment(rec, patch, options)
     simulate_object_collectives(rec, patch)
+    simulate_ddp(rec, patch)
     install_hooks(rec, patch, options, table)
 
 

@@ -180,3 +180,26 @@ def simulate_object_collectives(rec, patch) -> None:
     for name, value in table.items():
         if hasattr(dist, name):
             patch(dist, name, value)
+
+
+def simulate_ddp(rec, patch) -> None:
+    """A framework that chose DDP (no FSDP) wraps the model in ``DistributedDataParallel``, which needs a
+    process group; in the simulated world it hands the model back, and the plan has no FSDP unit."""
+    if rec.real:
+        return
+    import torch.nn.parallel as parallel
+
+    real = parallel.DistributedDataParallel
+
+    class _Meta(type):
+        def __instancecheck__(cls, instance):       # nothing is ever really wrapped
+            return isinstance(instance, real)
+
+        def __subclasscheck__(cls, sub):
+            return issubclass(sub, real)
+
+    class DistributedDataParallel(metaclass=_Meta):
+        def __new__(cls, module, *args, **kwargs):
+            return module
+
+    patch(parallel, "DistributedDataParallel", DistributedDataParallel)

@@ -114,9 +114,16 @@ def sandbox(rec: Recorder, directory: str):
     sys.path.insert(0, directory)
 
     # -- argparse: defaults only, fsdp-lint's own argv is never seen ------------------------
-    patch(argparse.ArgumentParser, "parse_known_args", _parse_argparse_defaults)
+    real_parse_known_args = argparse.ArgumentParser.parse_known_args
+
+    def parse_known_args(self, args=None, namespace=None):
+        if args is not None:  # issue 8: an argument list the code passes itself (HfArgumentParser(args=[...]))
+            return real_parse_known_args(self, args, namespace)
+        return _parse_argparse_defaults(self, args, namespace)
+
+    patch(argparse.ArgumentParser, "parse_known_args", parse_known_args)
     patch(argparse.ArgumentParser, "parse_args", lambda self, args=None, namespace=None:
-          _parse_argparse_defaults(self, args, namespace)[0])
+          parse_known_args(self, args, namespace)[0])
 
     # -- module tree bookkeeping -------------------------------------------------------------
     def on_register(parent, name, child):
