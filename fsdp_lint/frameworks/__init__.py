@@ -98,6 +98,8 @@ def annotate_plan(plan, result, tree) -> None:
             spot = find_literal(path, name) if explicit and os.path.isfile(path) else None
             if spot is not None:
                 line = spot[0]
+                if options.accelerate_config and os.path.abspath(path) == os.path.abspath(options.accelerate_config):
+                    setting = "fsdp_transformer_layer_cls_to_wrap"
             elif explicit and from_yaml and "fsdp_transformer_layer_cls_to_wrap" in yaml_lines:
                 path, line = options.accelerate_config, yaml_lines["fsdp_transformer_layer_cls_to_wrap"][0]
                 setting = "fsdp_transformer_layer_cls_to_wrap"

@@ -124,8 +124,24 @@ class _PostImport(importlib.abc.MetaPathFinder):
             hook(self.hooks, module)
 
 
+class _WrapCalls(list):
+    """The recorder's list of wrap calls: a framework error noted before a call travels with it."""
+
+    def __init__(self, calls, hooks: Hooks):
+        super().__init__(calls)
+        self._hooks = hooks
+
+    def append(self, call) -> None:
+        super().append(call)
+        self._hooks._attach_errors()
+
+    def __reduce__(self):
+        return (list, (list(self),))
+
+
 def install_hooks(rec, patch, options, table: Dict[str, List[Hook]]) -> Hooks:
     hooks = Hooks(rec, patch, options)
+    rec.wrap_calls = _WrapCalls(rec.wrap_calls, hooks)
     pending: Dict[str, List[Hook]] = {}
     for name, fns in table.items():
         module = sys.modules.get(name)
