@@ -49,6 +49,11 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False) -> FileR
     from fsdp_lint.frameworks.options import FrameworkOptions, OptionError
     from fsdp_lint.replay import ModelTarget, ReplayError, replay
 
+    from fsdp_lint.frameworks.detect import install_hint, missing_packages
+
+    missing = missing_packages(facts.framework_imports)
+    if missing:
+        raise LintError(f"{os.path.basename(path)}: {install_hint(missing)}")
     try:
         target = ModelTarget.parse(settings.model) if settings.model else None
         options = FrameworkOptions.from_settings(settings)

@@ -112,6 +112,7 @@ class SourceFacts:
         return [f for f in self.functions.values() if f.wraps and f.name not in called and not f.is_method]
 
     _module_calls: Set[str] = field(default_factory=set)
+    framework_imports: Set[str] = field(default_factory=set)   # top-level framework packages imported (issue 8)
 
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]*(?:\s*,\s*[A-Z]+[0-9]*)*))?", re.IGNORECASE)
@@ -218,6 +219,7 @@ def parse_source(path: str, text: str) -> SourceFacts:
         main_guard_line=collector.main_guard_line,
     )
     facts._module_calls = module_calls
+    facts.framework_imports = collector.framework_imports
     return facts
 
 
@@ -269,6 +271,7 @@ class _Collector(_collector_base()):  # type: ignore[misc]
         self.events: List[Tuple[str, str, Tuple[int, ...], Optional[FunctionFacts], Tuple[int, ...], int]] = []
         self.main_guard_line: Optional[int] = None
         self.frameworks: Set[str] = set()           # frameworks the file imports (issue 8)
+        self.framework_imports: Set[str] = set()    # ... as top-level packages
         self._stmt_stack: List[List[int]] = [[]]   # per function scope: open statement lines
         self._fn_stack: List[FunctionFacts] = []
         self._class_depth = 0
@@ -408,18 +411,22 @@ class _Collector(_collector_base()):  # type: ignore[misc]
 
     # -- imports -----------------------------------------------------------------------------
     def visit_Import(self, node):
+        for alias in node.names:
+            self._framework_import(_dotted(alias.name))
+
+    def _framework_import(self, module: str) -> None:
         from fsdp_lint.frameworks.detect import imported_framework
 
-        for alias in node.names:
-            self.frameworks.add(imported_framework(_dotted(alias.name)))
+        framework = imported_framework(module)
+        if framework:
+            self.frameworks.add(framework)
+            self.framework_imports.add(module.split(".")[0])
 
     def visit_ImportFrom(self, node):
         import libcst as cst
 
-        from fsdp_lint.frameworks.detect import imported_framework
-
         if not node.relative and node.module is not None:
-            self.frameworks.add(imported_framework(_dotted(node.module)))
+            self._framework_import(_dotted(node.module))
         if isinstance(node.names, cst.ImportStar):
             return
         for alias in node.names:

@@ -11,7 +11,7 @@ from typing import Optional, Set
 FRAMEWORK_PACKAGES = {
     "lightning": "lightning", "pytorch_lightning": "lightning", "lightning_fabric": "lightning",
     "accelerate": "accelerate",
-    "transformers": "transformers", "trl": "transformers",
+    "transformers": "transformers", "trl": "transformers", "peft": "peft",
 }
 
 # (framework, receiver word, method names): `trainer.fit(model)`, `fabric.setup(model)`,
@@ -41,3 +41,22 @@ def framework_call(dotted: str, imported: Set[str]) -> Optional[str]:
 def imported_framework(module: str) -> Optional[str]:
     """`lightning.pytorch.strategies` -> "lightning"; None for other modules."""
     return FRAMEWORK_PACKAGES.get(module.split(".")[0]) if module else None
+
+
+# the extra that installs each framework package
+EXTRAS = {"lightning": "lightning", "pytorch_lightning": "lightning", "lightning_fabric": "lightning",
+          "accelerate": "hf", "transformers": "hf", "peft": "hf", "trl": "hf"}
+
+
+def missing_packages(packages) -> list:
+    """The framework packages among `packages` that cannot be imported here."""
+    import importlib.util
+
+    return sorted(p for p in packages if importlib.util.find_spec(p) is None)
+
+
+def install_hint(packages) -> str:
+    extras = sorted({EXTRAS.get(p, "hf") for p in packages})
+    spec = "fsdp-lint[" + ",".join(extras) + "]"
+    return (f"{', '.join(packages)} {'is' if len(packages) == 1 else 'are'} not installed here, and fsdp-lint lints "
+            f"framework code by running the installed framework: pip install '{spec}'")
