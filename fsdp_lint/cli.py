@@ -120,10 +120,10 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
     if explain:
         _explain(explain)
         return EXIT_CLEAN
-    if not paths and not hf_config:
-        raise BadInput("no paths given (try: fsdp-lint train.py; fsdp-lint --help)")
     if hf_class and not hf_config:
         raise BadInput("--hf-class needs --hf-config (the config of the model to build)")
+    if not paths and not hf_config:
+        raise BadInput("no paths given (try: fsdp-lint train.py; fsdp-lint --help)")
     if world_size is not None and world_size < 1:
         raise BadInput(f"--world-size must be at least 1, got {world_size}")
     if run_ and nproc < 1:
