@@ -136,6 +136,15 @@ def _explain(code: str) -> None:
               help="pyproject.toml to read [tool.fsdp-lint] from (default: the nearest one).")
 @click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
               help="Write the report to this file instead of stdout.")
+@click.option("--accelerate-config", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="An accelerate config (YAML/JSON): lint as `accelerate launch --config_file FILE` runs the script; "
+                   "with --hf-config and no PATHS, check the config on that model.")
+@click.option("--hf-config", type=click.Path(), default=None, metavar="CONFIG_JSON",
+              help="A Hugging Face model config (file or directory): used by from_pretrained() in the script "
+                   "(nothing is downloaded); with no PATHS, lint that model alone.")
+@click.option("--hf-class", default=None, metavar="AUTO_CLASS",
+              help="The class --hf-config builds (AutoModelForCausalLM, AutoModelForSeq2SeqLM, LlamaForCausalLM, ...; "
+                   "default: the config's architectures).")
 @click.option("--run", "run_", is_flag=True, help="Confirm the findings in a short real FSDP session.")
 @click.option("--nproc", type=int, default=2, show_default=True, help="--run: number of ranks.")
 @click.option("--steps", type=int, default=2, show_default=True, help="--run: training steps.")
@@ -148,8 +157,9 @@ def _explain(code: str) -> None:
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(__version__, prog_name="fsdp-lint")
 def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout, select,
-        ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules, config_path, output, run_, nproc, steps, device,
-        input_shape, input_dtype, run_timeout, debug):
+        ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules, config_path, output,
+        accelerate_config, hf_config, hf_class, run_, nproc, steps, device, input_shape, input_dtype, run_timeout,
+        debug):
     """Lint PyTorch FSDP wrap code and show the plan FSDP will build.
 
     PATHS are training or model files, or directories (walked for *.py). Arguments after `--` are the
@@ -164,7 +174,9 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
     if explain:
         _explain(explain)
         return EXIT_CLEAN
-    if not paths and not _configured_entries(config_path):
+    if hf_class and not hf_config:
+        raise BadInput("--hf-class needs --hf-config (the config of the model to build)")
+    if not paths and not hf_config and not _configured_entries(config_path):
         raise BadInput("no paths given (try: fsdp-lint train.py; fsdp-lint --help)")
     if world_size is not None and world_size < 1:
         raise BadInput(f"--world-size must be at least 1, got {world_size}")
@@ -182,7 +194,7 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
         base = load_settings(files[0][0] if files else os.getcwd(), config_path)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
-    if not files:
+    if not files and not hf_config:
         # no paths: the launch commands of [[tool.fsdp-lint.entry]]
         files = [(e.path, True) for e in dict((e.path, e) for e in base.entries).values()]
     cli_selection = {"select": _split_codes(select), "ignore": _split_codes(ignore),
@@ -191,7 +203,8 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
         world_size=world_size, api=api, wrap=list(wrap), use_orig_params=use_orig_params, model=model_target,
         fail_on=fail_on, cli_selection=cli_selection if any(cli_selection.values()) else None,
         gpus_per_node=gpus_per_node, allow_partial=allow_partial or None,
-        world_size_source="--world-size" if world_size is not None else None)
+        world_size_source="--world-size" if world_size is not None else None,
+        accelerate_config=accelerate_config, hf_config=hf_config, hf_class=hf_class)
     if run_ and os.environ.get("WORLD_SIZE", "").isdigit() and os.environ.get("RANK") and os.environ.get("MASTER_ADDR"):
         nproc = int(os.environ["WORLD_SIZE"])   # under torchrun every process is one rank
     if run_ and world_size is None:
@@ -238,6 +251,16 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
                                    f" (rerun with --debug for the traceback)")
             failures.append((path, msg))
             click.echo(f"fsdp-lint: error: {msg}", err=True)
+    if not paths:
+        # --hf-config [--accelerate-config]: the model alone, wrapped as accelerate would wrap it
+        from fsdp_lint.frameworks.config_only import lint_config
+
+        shown = accelerate_config or hf_config
+        try:
+            results.append(lint_config(settings))
+        except LintError as exc:
+            failures.append((shown, _with_path(shown, str(exc))))
+            click.echo(f"fsdp-lint: error: {_with_path(shown, str(exc))}", err=True)
     errors = len(failures)
 
     run_summary = None

@@ -41,6 +41,11 @@ class Settings:
     gpus_per_node: int = 8                   # HYBRID_SHARD node groups; FSD702: replicas across nodes
     allow_partial: bool = False              # report a plan with elements fsdp-lint does not model
     entries: List[EntrySpec] = field(default_factory=list)
+    # frameworks (issue 8): an accelerate config file as `accelerate launch --config_file` reads it; a
+    # Hugging Face model config for `from_pretrained(...)` (never downloaded) or to lint a model alone
+    accelerate_config: Optional[str] = None
+    hf_config: Optional[str] = None
+    hf_class: Optional[str] = None
     config_path: Optional[str] = None
     world_size_source: str = "default"       # where world_size came from: "default" | "config" | "--world-size"
     # --select/--ignore/--extend-select from the command line: a second layer over the config's
@@ -100,6 +105,9 @@ def load_settings(start: str, explicit: Optional[str] = None) -> Settings:
     settings = replace(settings, config_path=path)
     for name, value in values.items():
         values[name] = _entries(value, path) if name == "entries" else _check_type(name, value, path)
+    for name in ("accelerate_config", "hf_config"):    # files named in the config: relative to it
+        if values.get(name):
+            values[name] = os.path.join(os.path.dirname(os.path.abspath(path)), values[name])
     try:
         settings = replace(settings, **values)
     except TypeError as exc:

@@ -54,19 +54,49 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False, argv: Op
         if why:
             return FileResult(path=path, facts=facts, skipped=why)
 
-    from fsdp_lint.layout import compute_layout
-    from fsdp_lint.plan import PlanOptions, build_plan
+    from fsdp_lint import frameworks
+    from fsdp_lint.frameworks.detect import install_hint, missing_packages
+    from fsdp_lint.frameworks.options import FrameworkOptions, OptionError
     from fsdp_lint.replay import ModelTarget, ReplayError, replay
-    from fsdp_lint.tree import build_module_tree
 
+    imported = set(facts.framework_imports)
+    if project is not None:
+        for other in project.modules.values():
+            imported |= other.framework_imports
+    missing = missing_packages(imported)
+    if missing:
+        raise LintError(f"{os.path.basename(path)}: {install_hint(missing)}")
     try:
         target = ModelTarget.parse(settings.model) if settings.model else None
-        result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout, argv=argv,
-                        project=project, cwd=cwd, gpus_per_node=settings.gpus_per_node)
+        options = FrameworkOptions.from_settings(settings)
+        with frameworks.configured(options):
+            result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout, argv=argv,
+                            project=project, cwd=cwd, gpus_per_node=settings.gpus_per_node)
     except ReplayError as exc:
         err = LintError(str(exc))
         err.user_exception = getattr(exc, "user_exception", None)
         raise err from None
+    except OptionError as exc:
+        raise LintError(str(exc)) from None
+    with frameworks.configured(options):
+        tree, plan, layout = plan_replay(result, settings)
+    res = FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
+                     replay=result if keep_model else None)
+    res.notes = list(result.notes)
+    res.stopped = result.stopped
+    res.argv = list(result.argv)
+    res.skipped_statements = list(result.skipped)
+    return res
+
+
+def plan_replay(result, settings: Settings):
+    """Tree, plan and layout of a replay's records (the file's, a framework's, or ``fsdp_lint.record()``'s).
+    Raises LintError for a plan with elements fsdp-lint does not model (unless --allow-partial)."""
+    from fsdp_lint import frameworks
+    from fsdp_lint.layout import compute_layout
+    from fsdp_lint.plan import PlanOptions, build_plan
+    from fsdp_lint.tree import build_module_tree
+
     state = {}
     for call in result.wrap_calls:
         state.update(call.state)
@@ -75,16 +105,11 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False, argv: Op
                                                 wrap=list(settings.wrap), use_orig_params=settings.use_orig_params,
                                                 gpus_per_node=settings.gpus_per_node,
                                                 world_size_source=settings.world_size_source))
+    frameworks.annotate_plan(plan, result, tree)
     if plan.unsupported and not settings.allow_partial:
-        raise LintError(unsupported_message(path, plan.unsupported))
+        raise LintError(unsupported_message(result.target or "", plan.unsupported))
     layout = compute_layout(plan, tree)
-    res = FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
-                     replay=result if keep_model else None)
-    res.notes = list(result.notes)
-    res.stopped = result.stopped
-    res.argv = list(result.argv)
-    res.skipped_statements = list(result.skipped)
-    return res
+    return tree, plan, layout
 
 
 def unsupported_message(path: str, unsupported) -> str:
@@ -116,9 +141,16 @@ def lint_file(path: str, settings: Settings, *, argv: Optional[List[str]] = None
     res.cwd = cwd
     if res.skipped:
         return res
+    res.findings = check_rules(res, settings)
+    return res
+
+
+def check_rules(res: FileResult, settings: Settings) -> List[Finding]:
+    """The enabled rules' findings on an analysed file, unsuppressed, by line."""
     from fsdp_lint.rule import LintContext
     from fsdp_lint.selection import rule_enabled, suppressed
 
+    path = res.path
     ctx = LintContext(path=path, facts=res.facts, tree=res.tree, plan=res.plan, layout=res.layout, settings=settings)
     findings: List[Finding] = []
     from fsdp_lint.rule import all_rules
@@ -134,5 +166,4 @@ def lint_file(path: str, settings: Settings, *, argv: Optional[List[str]] = None
             if not suppressed(f, res.facts):
                 findings.append(f)
     findings.sort(key=lambda f: (os.path.abspath(f.path) != os.path.abspath(path), f.line, f.col, f.code))
-    res.findings = findings
-    return res
+    return findings

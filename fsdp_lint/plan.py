@@ -46,6 +46,11 @@ class PolicyInfo:
     classes: List[str]              # class names a class-based policy names
     matched: int                    # modules it wrapped
     is_policy_object: bool = False  # a `_Policy` (ModuleWrapPolicy, CustomPolicy): torch validates frozen params first
+    # a framework's class-name setting (issue 8): which one ("transformer_layer_cls_to_wrap"), the
+    # framework, and the error it raises for a name the model lacks
+    setting: Optional[str] = None
+    framework: Optional[str] = None
+    error: Optional[str] = None
 
 
 @dataclass
@@ -56,6 +61,7 @@ class OptimizerInfo:
     seq: int
     params: List[str]               # canonical FQNs of model params it holds
     foreign: int                    # params it holds that are not the model's
+    remapped_by: Optional[str] = None   # a framework that points it at the wrapped parameters (accelerate's prepare)
 
 
 @dataclass
@@ -107,6 +113,7 @@ class WrapPlan:
     # (path, line) of a wrap/freeze/cast/optimizer call in a helper module -> the call site in the
     # linted file that reached it
     call_sites: Dict[Tuple[str, int], Tuple[str, int]] = field(default_factory=dict)
+    framework: Optional[str] = None  # the framework whose code made the wrap calls (issue 8), None: the file's own
 
     def unit_for_param(self, fqn: str) -> Optional[Unit]:
         for unit in self.units:

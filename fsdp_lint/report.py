@@ -68,11 +68,16 @@ def summary_counts(results) -> Dict[str, int]:
 # --------------------------------------------------------------------------------------------
 # text
 # --------------------------------------------------------------------------------------------
+_FRAMEWORK_NAMES = {"lightning": "Lightning", "accelerate": "accelerate", "transformers": "the HF Trainer"}
+
+
 def summary_line(res) -> str:
     tree, plan, layout = res.tree, res.plan, res.layout
     api = plan.api or "no FSDP"
     origin = {"default": " (no wrap code: suggested per-block plan)", "cli": " (from --wrap)"}.get(plan.origin, "")
     ars = layout.all_reduces_per_step
+    if getattr(plan, "framework", None) and plan.origin == "file":
+        origin = f" (built by {_FRAMEWORK_NAMES.get(plan.framework, plan.framework)})"
     parts = [
         f"{tree.root_class} ({human_count(tree.numel)} params, {human_count(tree.trainable_numel)} trainable)",
         f"{api}{origin}",
@@ -491,7 +496,7 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
         "plan": {
             "api": plan.api, "world_size": plan.world_size, "root_wrapped": plan.root_wrapped,
             "use_orig_params": plan.use_orig_params, "sharding_strategy": plan.sharding_strategy,
-            "origin": plan.origin, "units": units,
+            "origin": plan.origin, "framework": getattr(plan, "framework", None), "units": units,
             "leftover_params": plan.leftover_params, "ignored_params": plan.ignored_params,
             "all_gathers_per_step": lay.all_gathers_per_step,
             "reduce_scatters_per_step": lay.reduce_scatters_per_step,

@@ -83,6 +83,12 @@ class Recorder:
         self.optimizer_param_ids: Set[int] = set()
         self.stopped: Optional[Tuple[str, Position]] = None
         self._local: Dict[str, bool] = {}
+        self.skipped_elsewhere: List[Tuple[str, int, BaseException]] = []
+
+    def record_skip(self, path: str, line: int, exc: BaseException) -> None:
+        """A failure the framework drivers tolerate (a data set that cannot load here); the replay's
+        runner reports it with the skipped statements."""
+        self.skipped_elsewhere.append((path, line, exc))
 
     def is_project_file(self, fname: str) -> bool:
         known = self._local.get(fname)

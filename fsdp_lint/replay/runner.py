@@ -85,6 +85,7 @@ class _Run:
         self.rec.device = self.device
         self.rec.api = self.facts.api
         self.failures = Failures(entry_path=path, argv=list(self.argv))
+        self.rec.record_skip = self.failures.record_skip
         self.cwd: Optional[str] = None
         self.importer = ProjectImporter(self._load_module)
         self.override: Optional[Override] = None

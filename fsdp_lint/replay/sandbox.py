@@ -95,6 +95,10 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
         _install_recorders(rec, patch)
     else:
         _install_real_wrappers(rec, patch)
+    # the framework drivers (Lightning, accelerate, HF Trainer): their own code calls the recorders
+    from fsdp_lint.frameworks import install as install_frameworks
+
+    install_frameworks(rec, patch)
     hooks += install_boundaries(rec, patch)
 
     rec.stdout, rec.stderr = io.StringIO(), io.StringIO()
