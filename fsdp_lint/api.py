@@ -158,7 +158,7 @@ class Recording:
             raise ValueError("no FSDP wrap call was recorded in the block; pass the model: rec.report(model)")
         result = ReplayResult(model=root, target=f"{os.path.basename(self.path)}:{type(root).__name__}",
                               wrap_calls=rec.wrap_calls, optimizers=rec.optimizers, param_events=rec.param_events,
-                              skipped=rec.skipped, world_size=rec.world_size, mesh_sizes=rec.mesh_sizes)
+                              skipped=rec.skipped_records(), world_size=rec.world_size, mesh_sizes=rec.mesh_sizes)
         return _lint(self.path, root, result, self.settings)
 
 

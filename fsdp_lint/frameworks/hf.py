@@ -142,7 +142,7 @@ def _trainer(hooks, module) -> None:
             except Exception as exc:
                 from torch.utils.data import DataLoader
 
-                hooks.rec.skip(hooks.rec.position().line, exc)
+                hooks.rec.record_skip(hooks.rec.position().path, hooks.rec.position().line, exc)
                 return DataLoader([0], batch_size=1)
         return wrapped
 

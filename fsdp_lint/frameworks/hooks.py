@@ -162,7 +162,7 @@ def tolerant(hooks: Hooks, what: str):
     try:
         yield
     except Exception as exc:
-        hooks.rec.skip(hooks.rec.position().line, exc)
+        hooks.rec.record_skip(hooks.rec.position().path, hooks.rec.position().line, exc)
 
 
 def simulate_object_collectives(rec, patch) -> None:

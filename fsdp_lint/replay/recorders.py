@@ -85,6 +85,12 @@ class Recorder:
         self._local: Dict[str, bool] = {}
         self.skipped_elsewhere: List[Tuple[str, int, BaseException]] = []
 
+    def skipped_records(self) -> list:
+        from fsdp_lint.replay.records import Skipped
+
+        return [Skipped(path=p, line=ln, error=f"{type(e).__name__}: {e}".splitlines()[0][:300],
+                        exc_type=type(e).__name__) for p, ln, e in self.skipped_elsewhere]
+
     def record_skip(self, path: str, line: int, exc: BaseException) -> None:
         """A failure the framework drivers tolerate (a data set that cannot load here); the replay's
         runner reports it with the skipped statements."""
