@@ -251,7 +251,7 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
                                    f" (rerun with --debug for the traceback)")
             failures.append((path, msg))
             click.echo(f"fsdp-lint: error: {msg}", err=True)
-    if not paths:
+    if not paths and hf_config:
         # --hf-config [--accelerate-config]: the model alone, wrapped as accelerate would wrap it
         from fsdp_lint.frameworks.config_only import lint_config
 

@@ -81,6 +81,7 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     os.environ.update({"WORLD_SIZE": str(rec.world_size), "LOCAL_WORLD_SIZE": str(rec.world_size)})
     sys.argv = [rec.path, *(argv or [])]
     sys.path.insert(0, root)
+    hub_was_imported = _hub_offline(patch)
 
     hooks = _record_module_tree(rec, patch)
     owned_pg = _simulate_dist(rec, patch)
@@ -127,6 +128,23 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
             else:
                 setattr(obj, name, old)
         saved.restore(torch)
+        if not hub_was_imported:
+            _hub_offline(None)
+
+
+def _hub_offline(patch: Optional[Patch]) -> bool:
+    """huggingface_hub reads HF_HUB_OFFLINE once, at import: when it is imported already, its constant
+    is patched for the replay (returns True); one imported during the replay gets the value of the
+    restored environment back afterwards (`patch` None)."""
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is None:
+        return False
+    if patch is not None:
+        patch(constants, "HF_HUB_OFFLINE", True)
+    else:
+        constants.HF_HUB_OFFLINE = str(os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
+                                       or "").upper() in {"1", "ON", "YES", "TRUE"}
+    return True
 
 
 class _ProcessState:
