@@ -41,9 +41,11 @@ class ParamLayout:
     pre_shape: Optional[Tuple[int, ...]] = None
     placements: Optional[List[str]] = None
     mesh_dims: Optional[List[str]] = None
+    shard_dim: int = 0                                     # FSDP2: Shard(dim) (shard_placement_fn), else 0
 
     def local_shape(self, rank: int, ws: int) -> Tuple[int, ...]:
-        return fsdp2_local_shape(self.pre_shape if self.pre_shape is not None else self.shape, rank, ws)
+        return fsdp2_local_shape(self.pre_shape if self.pre_shape is not None else self.shape, rank, ws,
+                                 self.shard_dim)
 
 
 @dataclass
@@ -163,12 +165,15 @@ class Layout:
         return None
 
 
-def fsdp2_local_shape(shape: Tuple[int, ...], rank: int, ws: int) -> Tuple[int, ...]:
+def fsdp2_local_shape(shape: Tuple[int, ...], rank: int, ws: int, dim: int = 0) -> Tuple[int, ...]:
+    """The local shape of a FSDP2 ``Shard(dim)`` parameter on shard rank `rank` (``torch.chunk``:
+    ``ceil(size/ws)`` along `dim`, the last ranks fewer or none)."""
     if not shape:
         return shape
-    rows = ceil_div(shape[0], ws) if shape[0] else 0
-    local = max(0, min(rows, shape[0] - rank * rows)) if rows else 0
-    return (local, *shape[1:])
+    size = shape[dim]
+    rows = ceil_div(size, ws) if size else 0
+    local = max(0, min(rows, size - rank * rows)) if rows else 0
+    return (*shape[:dim], local, *shape[dim + 1:])
 
 
 def flat_param_layout(params: List[Tuple[str, Tuple[int, ...], str, bool, int]], ws: int, use_orig_params: bool,
@@ -262,8 +267,9 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
             pre_first = sharding.local_shape(p.shape, 0) if sharding is not None else p.shape
             pre_last = sharding.local_shape(p.shape, last_rank) if sharding is not None else p.shape
             shape = pre_first if pre_first else (1,)
-            rows = ceil_div(shape[0], ws) if shape[0] else 0
-            inner = _prod(shape[1:]) if shape[0] else 0
+            dim = plan.param_shard_dims.get(p.fqn, 0) if len(shape) > 1 else 0
+            rows = ceil_div(shape[dim], ws) if shape[dim] else 0
+            inner = _prod(shape) // shape[dim] if shape[dim] else 0
             local_numel = rows * inner
             shard += local_numel
             padded += local_numel * ws
@@ -271,11 +277,12 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
             ag_elems_bytes += local_numel * itemsize
             if p.requires_grad:
                 rs_elems_bytes += local_numel * dtype_itemsize(unit.reduce_dtype or unit.param_dtype or p.dtype)
-                grad_numel += fsdp2_local_shape(shape, 0, ws)[0] * inner
+                grad_numel += fsdp2_local_shape(shape, 0, ws, dim)[dim] * inner
             params.append(ParamLayout(
                 p.fqn, p.shape, p.dtype, p.requires_grad, p.numel,
-                local_shape_first=fsdp2_local_shape(pre_first, 0, ws),
-                local_shape_last=fsdp2_local_shape(pre_last, last_coord, ws),
+                local_shape_first=fsdp2_local_shape(pre_first, 0, ws, dim) if pre_first else pre_first,
+                local_shape_last=fsdp2_local_shape(pre_last, last_coord, ws, dim) if pre_last else pre_last,
+                shard_dim=dim,
                 padded_numel=local_numel * ws,
                 pre_shape=tuple(pre_first) if sharding is not None else None,
                 placements=spmd_placements(unit, sharding),
@@ -315,7 +322,7 @@ def param_local_shape(plan: WrapPlan, unit: Unit, p: ParamLayout, rank: int) -> 
     pre = sharding.local_shape(p.shape, rank) if sharding is not None else p.shape
     ws = max(1, unit.shard_size)
     coord = unit.mesh.shard.coordinate(rank) if unit.mesh is not None else rank % ws
-    return fsdp2_local_shape(tuple(pre), coord, ws)
+    return fsdp2_local_shape(tuple(pre), coord, ws, p.shard_dim if len(pre) > 1 else 0)
 
 
 def ring_all_reduce_bytes(nbytes: int, group: int) -> int:

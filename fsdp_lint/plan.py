@@ -35,6 +35,8 @@ class Unit:
     mesh: Optional[UnitMesh] = None  # its shard (and replicate) groups
     # where the linted file calls the helper that holds the wrap call (None: the call is in it)
     call_site: Optional[Tuple[str, int]] = None
+    # FSDP2 shard_placement_fn evaluated on the call's parameters: FQN -> dim (the unit's own apply)
+    shard_dims: Dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -113,6 +115,8 @@ class WrapPlan:
     # (path, line) of a wrap/freeze/cast/optimizer call in a helper module -> the call site in the
     # linted file that reached it
     call_sites: Dict[Tuple[str, int], Tuple[str, int]] = field(default_factory=dict)
+    # FSDP2 shard_placement_fn: parameter FQN -> the dim it is sharded on (absent: dim 0)
+    param_shard_dims: Dict[str, int] = field(default_factory=dict)
     framework: Optional[str] = None  # the framework whose code made the wrap calls (issue 8), None: the file's own
 
     def unit_for_param(self, fqn: str) -> Optional[Unit]:
@@ -296,6 +300,10 @@ def build_plan(result, tree: ModuleTree, options: PlanOptions) -> WrapPlan:
     else:
         plan.use_orig_params = None
     _assign_params(plan, tree)
+    for unit in plan.units:
+        for fqn in unit.params:
+            if unit.shard_dims.get(fqn):
+                plan.param_shard_dims[fqn] = unit.shard_dims[fqn]
     from fsdp_lint.mesh_plan import attach_parallel
 
     attach_parallel(plan, result, tree, options, fqn_of, param_fqn)  # issue 11: meshes, TP, world size
@@ -355,6 +363,10 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
                                 f"was sharded at line {eu.line}", earlier, eu.line))
                             break
             unit.call_site = plan.call_sites.get((call.pos.path, call.pos.line))
+            for pid, dim in (getattr(call, "shard_dims", None) or {}).items():
+                fqn = param_fqn.get(pid)
+                if fqn is not None:
+                    unit.shard_dims[fqn] = dim
             for f in fqns:
                 seen_modules.setdefault(f, unit)
             for prm in kw.get("ignored_params") or []:

@@ -162,17 +162,23 @@ def _n(n: int) -> str:
 
 
 def _pad_rows(p) -> int:
+    """Rows (along the dim FSDP2 shards) the collectives pad the parameter with."""
     base = p.pre_shape if p.pre_shape is not None else p.shape
-    if not base or not base[0] or not p.numel or p.padded_numel is None or not _inner(base):
+    dim = getattr(p, "shard_dim", 0) if base and len(base) > 1 else 0
+    if not base or not base[dim] or not p.numel or p.padded_numel is None or not _inner(base, dim):
         return 0
-    return p.padded_numel // _inner(base) - base[0]
+    return p.padded_numel // _inner(base, dim) - base[dim]
 
 
-def _inner(shape) -> int:
+def _inner(shape, dim: int = 0) -> int:
+    """Elements per index of `dim` (per row of dim 0 by default)."""
+    if not shape or not shape[dim]:
+        return 0
     n = 1
-    for d in shape[1:]:
-        n *= d
-    return n if shape and shape[0] else 0
+    for i, d in enumerate(shape):
+        if i != dim:
+            n *= d
+    return n
 
 
 def _placements_text(p) -> str:
@@ -191,6 +197,7 @@ def params_table(res) -> str:
     rows = []
     ws = plan.world_size
     tp = bool(plan.param_sharding) or any(ul.replicate_size > 1 for ul in res.layout.units)
+    by_dim = bool(getattr(plan, "param_shard_dims", None))
     for ul in res.layout.units:
         label = unit_label(", ".join(unit_label(m) for m in ul.unit.modules))
         for i, p in enumerate(ul.params):
@@ -203,13 +210,15 @@ def params_table(res) -> str:
             else:
                 pad = _pad_rows(p)
                 base = p.pre_shape if p.pre_shape is not None else p.shape
-                inner = _inner(base)
+                inner = _inner(base, p.shard_dim if base and len(base) > 1 else 0)
                 pad_text = "" if not pad else _n(pad * inner) + (
                     f" ({pad} row{'s' if pad != 1 else ''})" if inner > 1 else "")
                 row = [shown, p.fqn, _shape(p.shape), p.dtype, trainable, _shape(p.local_shape_first or ()),
                        _shape(p.local_shape_last or ()), pad_text]
                 if tp:
                     row.insert(5, _placements_text(p))
+                elif by_dim:
+                    row.insert(5, f"Shard({p.shard_dim})")
                 rows.append(row)
     if plan.api == "fsdp1":
         headers = ["unit", "parameter", "shape", "dtype", "trainable", "numel", "flat offset", "align padding before"]
@@ -218,6 +227,8 @@ def params_table(res) -> str:
                    f"local (rank {ws - 1})", "padding (elements)"]
         if tp:
             headers.insert(5, "placements")
+        elif by_dim:
+            headers.insert(5, "sharded")
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
@@ -456,6 +467,7 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
                 entry["placements"] = p.placements
                 entry["mesh_dims"] = p.mesh_dims
                 entry["pre_shard_shape"] = list(p.pre_shape) if p.pre_shape is not None else None
+                entry["shard_dim"] = p.shard_dim
                 if corners:
                     entry["local_shapes"] = [{"rank": r, "coordinates": list(plan.mesh.coordinates(r)),
                                               "shape": list(param_local_shape(plan, u, p, r))} for r in corners]

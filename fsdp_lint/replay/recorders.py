@@ -134,6 +134,28 @@ class Recorder:
         return state
 
 
+def shard_dims(modules, placement_fn) -> Dict[int, int]:
+    """FSDP2's ``shard_placement_fn``, evaluated as torch evaluates it: per parameter of the call's
+    modules, the dim it shards (``Shard(d)``; None keeps dim 0). id(param) -> dim (normalised)."""
+    if placement_fn is None:
+        return {}
+    out: Dict[int, int] = {}
+    seen = set()
+    for m in modules:
+        for p in m.parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            placement = placement_fn(p)
+            if placement is None:
+                continue
+            dim = getattr(placement, "dim", None)
+            if dim is None:
+                raise ValueError(f"shard_placement_fn must return a Shard placement or None, got {placement!r}")
+            out[id(p)] = dim % p.ndim if p.ndim else 0
+    return out
+
+
 def _column(frame) -> int:
     """1-based column of the call the frame is executing (Python >= 3.11 keeps positions), else 1."""
     try:
@@ -157,7 +179,9 @@ def _install_recorders(rec: Recorder, patch) -> None:
         for name, value in zip(names, args):
             kwargs[name] = value
         rec.undo.clear()
-        rec.record_wrap(WrapCall("fsdp2", next(rec.seq), mods, kwargs, rec.position(), state=rec.snapshot(mods)))
+        call = WrapCall("fsdp2", next(rec.seq), mods, kwargs, rec.position(), state=rec.snapshot(mods))
+        call.shard_dims = shard_dims(mods, kwargs.get("shard_placement_fn"))
+        rec.record_wrap(call)
         return module
 
     class _FSDPMeta(type):

@@ -50,6 +50,7 @@ class WrapCall:
     policy_desc: Optional[str] = None
     policy_classes: List[str] = field(default_factory=list)   # class names a class-based policy names
     state: Dict[int, Tuple[bool, Any]] = field(default_factory=dict)  # id(param) -> (requires_grad, dtype)
+    shard_dims: Dict[int, int] = field(default_factory=dict)   # FSDP2 shard_placement_fn: id(param) -> dim
 
 
 @dataclass
