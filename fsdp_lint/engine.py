@@ -57,7 +57,7 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False, argv: Op
     from fsdp_lint import frameworks
     from fsdp_lint.frameworks.detect import install_hint, missing_packages
     from fsdp_lint.frameworks.options import FrameworkOptions, OptionError
-    from fsdp_lint.replay import ModelTarget, ReplayError, replay
+    from fsdp_lint.replay import ModelTarget, NoModelError, ReplayError, replay
 
     imported = set(facts.framework_imports)
     if project is not None:
@@ -72,6 +72,14 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False, argv: Op
         with frameworks.configured(options):
             result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout, argv=argv,
                             project=project, cwd=cwd, gpus_per_node=settings.gpus_per_node)
+    except NoModelError as exc:
+        if not explicit and project is not None and not project.reaches_fsdp:
+            # a model file in a directory walk whose constructor needs arguments: not an FSDP entry
+            # point; reported as skipped, with what to pass
+            return FileResult(path=path, facts=facts, skipped=str(exc).split(": ", 1)[-1])
+        err = LintError(str(exc))
+        err.user_exception = getattr(exc, "user_exception", None)
+        raise err from None
     except ReplayError as exc:
         err = LintError(str(exc))
         err.user_exception = getattr(exc, "user_exception", None)

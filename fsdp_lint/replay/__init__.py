@@ -23,6 +23,7 @@ from fsdp_lint.replay.records import (  # noqa: F401
     OptimizerCall,
     ParamEvent,
     Position,
+    NoModelError,
     ReplayError,
     ReplayResult,
     TrainingBoundary,

@@ -12,6 +12,11 @@ class ReplayError(Exception):
     """The file's setup code could not be replayed (message is one line)."""
 
 
+class NoModelError(ReplayError):
+    """The file builds no model, and none of its model classes or factories can be built with their
+    defaults (a model file whose constructor needs a config)."""
+
+
 class TrainingBoundary(BaseException):
     """Raised where the replay stops: training starts (the first forward of a wrapped model, a
     ``backward()``, an optimizer ``step()``, a framework's fit/train, iteration over a data loader),

@@ -86,6 +86,9 @@ class _Run:
         self.rec.api = self.facts.api
         self.failures = Failures(entry_path=path, argv=list(self.argv))
         self.rec.record_skip = self.failures.record_skip
+        from fsdp_lint.project import Project
+
+        self.failures.resolves_locally = Project(self.entry).resolve
         self.cwd: Optional[str] = None
         self.importer = ProjectImporter(self._load_module)
         self.override: Optional[Override] = None
@@ -165,6 +168,15 @@ class _Run:
     def _stub_import(self, names, globs, module, exc, frame) -> bool:
         """A top-level import of project code failed: bind tracked stand-ins (False: re-raise)."""
         if is_circular(exc):
+            # name the cycle while the imports that make it are still on the importer's stack
+            from fsdp_lint.replay.imports import circular_module
+
+            mod = circular_module(exc)
+            chain = self.importer.cycle_through(mod) if mod else None
+            if chain and not getattr(exc, "_fsdp_lint_cycle", False):     # the innermost import names it
+                exc._fsdp_lint_cycle = True
+                entry = "__main__ (" + self.display + ")"
+                self.failures.cycles.append([entry] + [n for n, _ in chain] + [mod])
             return False
         missing = missing_module_of(exc) or (module or "").lstrip(".")
         path = os.path.abspath(frame.f_code.co_filename)
@@ -358,6 +370,11 @@ class _Run:
         taking = [h for h in helpers if h.params and h.defaults < len(h.params) and callable(ns.get(h.name))]
         if not taking:
             return None, None
+        if self.override is None and not (self.facts.defines_model or self.rec.constructed):
+            names = ", ".join(f"{h.name}({', '.join(h.params)})" for h in taking)
+            raise ReplayError(
+                f"{self.display}: {names} wraps a model it is given, and nothing here builds one: lint the entry "
+                f"point that calls it (fsdp-lint train.py -- ARGS), or pass the model with --model path.py:Class(...)")
         if self.override is not None:
             root = None
 
