@@ -24,6 +24,8 @@ class FileResult:
     layout: Any = None
     findings: List[Finding] = field(default_factory=list)
     replay: Any = None
+    simulated: Optional[dict] = None      # --simulate: the measured peak (fsdp_lint.run.simulate)
+    granularity: Optional[list] = None    # --compare-granularity: rows (fsdp_lint.granularity)
 
 
 def analyse(path: str, settings: Settings, *, keep_model: bool = False) -> FileResult:
@@ -61,9 +63,23 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False) -> FileR
     tree = build_module_tree(result.model, state)
     plan = build_plan(result, tree, PlanOptions(world_size=settings.world_size, api=settings.api,
                                                 wrap=list(settings.wrap), use_orig_params=settings.use_orig_params))
-    layout = compute_layout(plan, tree)
+    trace = _trace(result, tree, plan, settings)
+    known = bool(settings.input_shape) or (trace is not None and not trace.inferred) \
+        or settings.activations_for_inferred_inputs
+    layout = compute_layout(plan, tree, trace=trace, activations=known)
     return FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
                       replay=result if keep_model else None)
+
+
+def _trace(result, tree, plan, settings: Settings):
+    """One forward of the meta model with the training inputs (``fsdp_lint.trace``)."""
+    from fsdp_lint.config import input_shape_dims
+    from fsdp_lint.run.inputs import find_example_inputs
+    from fsdp_lint.trace import trace_forward
+
+    example_fn = find_example_inputs(result.namespace, result.model)     # it wins, as in --run
+    return trace_forward(result.model, tree, plan, input_shape=input_shape_dims(settings.input_shape),
+                         input_dtype=settings.input_dtype, example_fn=example_fn, timeout=settings.replay_timeout)
 
 
 def lint_file(path: str, settings: Settings) -> FileResult:
