@@ -15,7 +15,7 @@ RUN_CODE = "RUN"
 RUN_NAME = "run-error"
 
 # findings torch turns into an exception, and words its messages use
-_EXCEPTION_CODES = ("FSD105", "FSD201", "FSD203", "FSD204", "FSD302", "FSD401")
+_EXCEPTION_CODES = ("FSD105", "FSD201", "FSD203", "FSD204", "FSD302", "FSD401", "FSD402")
 _KEYWORDS = {
     "FSD105": re.compile(r"container|does not implement forward|not iterable|modulelist|moduledict|"
                          r"has no attribute 'forward'", re.I),
@@ -24,6 +24,7 @@ _KEYWORDS = {
     "FSD204": re.compile(r"\bint\d*\b|integer|floating|dtype|requires_grad", re.I),
     "FSD302": re.compile(r"already been applied|only be applied|more than once|invariant", re.I),
     "FSD401": re.compile(r"shared|tied", re.I),
+    "FSD402": re.compile(r"mixed torch\.Tensor and DTensor|DTensor|mat1 and mat2|size mismatch", re.I),
 }
 _DIVERGENCE_CODES = ("FSD301", "FSD502")
 _COST_CODES = ("FSD101", "FSD102", "FSD103", "FSD104", "FSD202", "FSD601")

@@ -23,11 +23,36 @@ _DTYPES = {"float": "float32", "long": "int64", "bfloat16": "bfloat16", "half": 
 
 
 def make_inputs(spec, model, device, rank: int, step: int, example_fn):
-    """(args, kwargs, description) for one step; raises InputError when nothing fits."""
+    """(args, kwargs, description) for one step; raises InputError when nothing fits. A language
+    model that computes its own loss (Hugging Face ``*ForCausalLM``, ``*LMHeadModel``,
+    ``*ForMaskedLM`` with a ``labels`` argument) is given its token ids as labels too."""
     import torch
 
     torch.manual_seed(10_007 * (rank + 1) + step)     # different data on every rank and step
-    if example_fn is not None:
+    args, kwargs, how = _synthetic(spec, model, device, example_fn)
+    if (example_fn is None or spec["input_shape"]) and _takes_labels(model) and args and isinstance(args[0], torch.Tensor) \
+            and not args[0].is_floating_point() and "labels" not in kwargs:
+        kwargs = dict(kwargs, labels=args[0])
+        how += ", labels = the token ids"
+    return args, kwargs, how
+
+
+def _takes_labels(model) -> bool:
+    import inspect
+
+    root = user_root(model)
+    if not any(k in type(root).__name__ for k in ("CausalLM", "LMHead", "MaskedLM")):
+        return False
+    try:
+        return "labels" in inspect.signature(root.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _synthetic(spec, model, device, example_fn):
+    import torch
+
+    if example_fn is not None and not spec["input_shape"]:     # --input-shape wins over the file
         value = example_fn()
         args, kwargs = _as_call(value)
         moved = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
@@ -37,7 +62,9 @@ def make_inputs(spec, model, device, rank: int, step: int, example_fn):
         p.is_floating_point() for p in first.parameters(recurse=False)) else model)
     if spec["input_shape"]:
         shape = spec["input_shape"]
-        dtype = getattr(torch, _DTYPES[spec["input_dtype"] or "float"])
+        # token ids for a model that starts with an embedding, unless --input-dtype says otherwise
+        default = "long" if isinstance(first, torch.nn.Embedding) else "float"
+        dtype = getattr(torch, _DTYPES[spec["input_dtype"] or default])
         if not dtype.is_floating_point:
             emb = next((m for m in user_root(model).modules() if isinstance(m, torch.nn.Embedding)), None)
             high = emb.num_embeddings if emb is not None else 2
@@ -117,11 +144,15 @@ def _first_layer(model, params=()):
 
 
 def loss_of(output):
+    """The scalar a step backpropagates: the model's own loss when it computes one, else the mean
+    of its (first floating) output."""
     import torch
 
     if output is None:
         return None
-    if hasattr(output, "logits") and isinstance(getattr(output, "logits"), torch.Tensor):
+    if isinstance(getattr(output, "loss", None), torch.Tensor):
+        output = output.loss            # the model's own loss (Hugging Face, given labels)
+    elif hasattr(output, "logits") and isinstance(getattr(output, "logits"), torch.Tensor):
         output = output.logits
     elif isinstance(output, dict):
         output = output.get("loss", output.get("logits", next((v for v in output.values()

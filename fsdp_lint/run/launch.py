@@ -49,7 +49,7 @@ def confirm_spawn(runnable, settings, opts: RunOptions, t0: float) -> dict:
         try:
             if time.monotonic() >= deadline:
                 raise RunError(f"no time left for this file within --run-timeout {opts.timeout:g} s")
-            per_rank = _launch(spec, ranks, backend, device, deadline, opts)
+            per_rank = launch_ranks(spec, ranks, backend, device, deadline, opts)
         except RunError as exc:
             failed.append(f"{display_path(res.path)}: {exc}" if len(runnable) > 1 else str(exc))
             for f in res.findings:
@@ -62,7 +62,7 @@ def confirm_spawn(runnable, settings, opts: RunOptions, t0: float) -> dict:
     return summary
 
 
-def _launch(spec: dict, ranks: int, backend: str, device: str, deadline: float, opts: RunOptions) -> List[dict]:
+def launch_ranks(spec: dict, ranks: int, backend: str, device: str, deadline: float, opts: RunOptions) -> List[dict]:
     """Start `ranks` processes for one file, watch them, and return each rank's report."""
     import multiprocessing.connection as mpc
 
@@ -313,6 +313,13 @@ def _child_entry(rank, ranks, spec, conn, backend, device, wall_deadline, debug,
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         rep.phase("init", 1)
+        if backend == "fake":
+            # --simulate: one process, rank 0 of the plan's world under the fake process group
+            from fsdp_lint.run.simulate import simulate_rank
+
+            simulate_rank(spec, rep, remaining)
+            rep.done()
+            return
         store = dist.TCPStore("127.0.0.1", port, None, False, timeout=td(remaining() + PG_TIMEOUT_MARGIN_S))
         dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=ranks,
                                 timeout=td(remaining() + PG_TIMEOUT_MARGIN_S))

@@ -11,11 +11,12 @@ from typing import Any, Dict, Optional, Tuple
 from fsdp_lint.run.collectives import comm_counter
 from fsdp_lint.run.failures import describe_exception, in_fsdp, one_line
 from fsdp_lint.run.inputs import InputError, find_example_inputs, loss_of, make_inputs
+from fsdp_lint.run.memory import StepMemory
 from fsdp_lint.run.spec import td
 from fsdp_lint.run.wrapped import resolve, user_root
 
 
-class _Phases:
+class Phases:
     def __init__(self, rep):
         self.rep = rep
         self.name = "starting"
@@ -34,18 +35,18 @@ def rank_main(spec: dict, rank: int, ws: int, device, rep, store, prefix: str, r
 
     out: Dict[str, Any] = {"rank": rank, "error": None, "setup_error": None, "steps_done": 0,
                            "collectives": [], "notes": []}
-    phase = _Phases(rep)
+    phase = Phases(rep)
     with contextlib.suppress(Exception):
         import torch._dynamo
 
         torch._dynamo.config.disable = True      # compilation is not what --run checks
     model = optimizers = None
     try:
-        with _user_code_io(spec["debug"]):
-            model, optimizers, info, example_fn = _build(spec, ws, device, phase, out, remaining)
+        with user_code_io(spec["debug"]):
+            model, optimizers, info, example_fn = build(spec, ws, device, phase, out, remaining)
         if model is not None:
             out.update(info)
-            with _user_code_io(spec["debug"]):
+            with user_code_io(spec["debug"]):
                 _train(spec, rank, ws, device, model, optimizers, phase, out, example_fn)
     finally:
         rep.result(out)
@@ -61,12 +62,12 @@ def rank_main(spec: dict, rank: int, ws: int, device, rep, store, prefix: str, r
     if not all(s == "ok" for s in statuses):
         return
     phase("compare", 10_000)
-    with _user_code_io(spec["debug"]):
+    with user_code_io(spec["debug"]):
         rep.compare(_compare(spec, rank, ws, device, model, out))
 
 
 @contextlib.contextmanager
-def _user_code_io(debug: bool):
+def user_code_io(debug: bool):
     import warnings
 
     if debug:
@@ -78,7 +79,7 @@ def _user_code_io(debug: bool):
         yield
 
 
-def _build(spec, ws, device, phase, out, remaining):
+def build(spec, ws, device, phase, out, remaining):
     """Replay the file's setup code with the real FSDP; returns (model, optimizers, info)."""
     import torch
 
@@ -117,9 +118,11 @@ def _build(spec, ws, device, phase, out, remaining):
     else:
         optimizer_calls = [o for o in result.optimizers if getattr(o, "obj", None) is not None]
     if str(next((p.device for p in model.parameters()), device)) == "meta":
-        out["setup_error"] = ("the model is still on the meta device after the setup code ran; "
-                              "--run needs a file that materialises it (to_empty + init)")
-        return None, None, {}, None
+        if not spec.get("materialise_meta"):
+            out["setup_error"] = ("the model is still on the meta device after the setup code ran; "
+                                  "--run needs a file that materialises it (to_empty + init)")
+            return None, None, {}, None
+        model.to_empty(device=device)    # --simulate: fake tensors, values never read
     model_params = list(model.parameters())
     ids = {id(p) for p in model_params}
     optimizers = []
@@ -132,9 +135,10 @@ def _build(spec, ws, device, phase, out, remaining):
         optimizers.append(call.obj)
     if not optimizers:
         trainable = [p for p in model_params if p.requires_grad]
+        name = spec.get("default_optimizer", "SGD")
         if trainable:
-            optimizers = [torch.optim.SGD(trainable, lr=1e-2)]
-        info["optimizer"] = "SGD(lr=1e-2) (the file builds none)" if trainable else None
+            optimizers = [getattr(torch.optim, name)(trainable, lr=1e-2)]
+        info["optimizer"] = f"{name}(lr=1e-2) (the file builds none)" if trainable else None
     else:
         info["optimizer"] = ", ".join(f"{o['cls']} (line {o['line']})" for o in opt_info)
     info["optimizers"] = opt_info
@@ -175,64 +179,85 @@ def _apply_plan(spec, model, ws, device):
 
 
 def _train(spec, rank, ws, device, model, optimizers, phase, out, example_fn) -> None:
-    counter = comm_counter()
+    """--run: the steps, then which trainable parameters this rank holds changed."""
     before = _local_fingerprints(model)
     _reset_peak(device)
-    inferred = example_fn is None and not spec["input_shape"]
-    for step in range(1, spec["steps"] + 1):
-        base = 10 * step
-        phase(f"inputs (step {step})", base + 1)
-        try:
-            args, kwargs, how = make_inputs(spec, model, device, rank, step, example_fn)
-        except InputError as exc:
-            out["setup_error"] = str(exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - example_inputs() itself failed
-            if example_fn is not None:
-                out["setup_error"] = f"example_inputs() raised {type(exc).__name__}: {one_line(str(exc))}"
-                return
-            raise
-        out["inputs"] = how
-        out["inputs_inferred"] = inferred
-        if step == 1:
-            bad = _signature_problem(model, args, kwargs)
-            if bad:
-                hint = ("define example_inputs() in the model file or pass --input-shape/--input-dtype"
-                        if example_fn is None else "fix example_inputs()")
-                out["setup_error"] = f"the model's forward() does not accept the synthetic inputs ({how}): {bad}; {hint}"
-                return
-        counter.reset()
-        current = f"forward (step {step})"
-        try:
-            with counter:
-                phase(current, base + 2)
-                for opt in optimizers:
-                    opt.zero_grad(set_to_none=True)
-                output = model(*args, **kwargs)
-                loss = loss_of(output)
-                current = f"backward (step {step})"
-                phase(current, base + 3)
-                if loss is not None and loss.requires_grad:
-                    loss.backward()
-                elif step == 1:
-                    out["notes"].append("the loss does not require grad: no backward pass ran")
-                current = f"optimizer step (step {step})"
-                phase(current, base + 4)
-                for opt in optimizers:
-                    opt.step()
-                _sync(device)
-        except Exception as exc:  # noqa: BLE001 - what torch raised is the evidence
-            out["error"] = describe_exception(exc, current)
-            out["collectives"].append(counter.snapshot())
-            return
-        out["collectives"].append(counter.snapshot())
-        out["steps_done"] = step
+    if not run_steps(spec, rank, device, model, optimizers, phase, out, example_fn,
+                     track_memory=device.type == "cpu"):
+        return
     out["peak_memory"], out["memory_measure"] = _peak_memory(device)
     after = _local_fingerprints(model)
     # trainable parameters this rank holds a piece of (FSDP leaves some ranks an empty shard)
     trainable = [n for n, (fp, rg, numel) in before.items() if rg and numel]
     out["params_changed"] = sum(1 for n in trainable if n in after and after[n][0] != before[n][0])
     out["params_trainable"] = len(trainable)
+
+
+def run_steps(spec, rank, device, model, optimizers, phase, out, example_fn, track_memory: bool = False) -> bool:
+    """``spec["steps"]`` training steps (zero_grad, forward, loss, backward, optimizer step) on
+    synthetic inputs, collectives counted per step; with `track_memory` torch's memory tracker
+    watches them (``out["memory"]``). False when they did not all run (``out`` says why)."""
+    counter = comm_counter()
+    memory = StepMemory(model, optimizers) if track_memory else None
+    inferred = example_fn is None and not spec["input_shape"]
+    with memory if memory is not None else contextlib.nullcontext():
+        for step in range(1, spec["steps"] + 1):
+            base = 10 * step
+            phase(f"inputs (step {step})", base + 1)
+            try:
+                args, kwargs, how = make_inputs(spec, model, device, rank, step, example_fn)
+            except InputError as exc:
+                out["setup_error"] = str(exc)
+                return False
+            except Exception as exc:  # noqa: BLE001 - example_inputs() itself failed
+                if example_fn is not None:
+                    out["setup_error"] = f"example_inputs() raised {type(exc).__name__}: {one_line(str(exc))}"
+                    return False
+                raise
+            out["inputs"] = how
+            out["inputs_inferred"] = inferred
+            out["input_shapes"] = [list(t.shape) for t in list(args) + list(kwargs.values()) if hasattr(t, "shape")]
+            if step == 1:
+                bad = _signature_problem(model, args, kwargs)
+                if bad:
+                    hint = ("define example_inputs() in the model file or pass --input-shape/--input-dtype"
+                            if example_fn is None else "fix example_inputs()")
+                    out["setup_error"] = (f"the model's forward() does not accept the synthetic inputs ({how}): "
+                                          f"{bad}; {hint}")
+                    return False
+            if memory is not None:
+                memory.step(step)
+                memory.track_inputs(args, kwargs)
+            counter.reset()
+            current = f"forward (step {step})"
+            try:
+                with counter:
+                    phase(current, base + 2)
+                    for opt in optimizers:
+                        opt.zero_grad(set_to_none=True)
+                    output = model(*args, **kwargs)
+                    loss = loss_of(output)
+                    current = f"backward (step {step})"
+                    phase(current, base + 3)
+                    if loss is not None and loss.requires_grad:
+                        loss.backward()
+                    elif step == 1:
+                        out["notes"].append("the loss does not require grad: no backward pass ran")
+                    current = f"optimizer step (step {step})"
+                    phase(current, base + 4)
+                    for opt in optimizers:
+                        opt.step()
+                    _sync(device)
+                del output, loss
+            except Exception as exc:  # noqa: BLE001 - what torch raised is the evidence
+                out["error"] = describe_exception(exc, current)
+                out["collectives"].append(counter.snapshot())
+                return False
+            out["collectives"].append(counter.snapshot())
+            out["steps_done"] = step
+    if memory is not None:
+        out["memory"] = memory.result()
+    return True
 
 
 def _signature_problem(model, args, kwargs) -> Optional[str]:

@@ -3,7 +3,6 @@ it crosses process boundaries)."""
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -46,11 +45,12 @@ def check_options(opts: RunOptions) -> None:
 
 
 def parse_input_shape(text: Optional[str]) -> Optional[Tuple[int, ...]]:
+    from fsdp_lint.config import input_shape_dims
+
     if text is None:
         return None
-    parts = [d.strip() for d in re.split(r"[,x]", text.strip())]
-    dims = tuple(int(d) for d in parts) if all(d.isdigit() for d in parts) else ()
-    if not dims or any(d < 1 for d in dims):
+    dims = input_shape_dims(text)
+    if dims is None:
         raise RunError(f"--input-shape must be positive integers separated by commas (e.g. 2,128), got {text!r}")
     return dims
 
