@@ -215,6 +215,10 @@ def cli(paths, world_size, api, wrap, use_orig_params, model_target, fmt, layout
     layout_opt = None if layout == "units" else layout
     if fmt == "json":
         text = report.render_json(results, layout=layout_opt, run_summary=run_summary, failures=failures)
+    elif fmt == "html":
+        from fsdp_lint.html_report import render_html
+
+        text = render_html(results, run_summary=run_summary, failures=failures)
     elif fmt == "sarif":
         text = report.render_sarif(results, failures=failures)
     elif fmt == "github":

@@ -394,18 +394,38 @@ def _activation_note(trace, activations: bool) -> str:
     return "activations: pass --input-shape or --simulate"
 
 
+def _backward_prefetch(units: List[UnitLayout], reached: List[bool], trace, tree: ModuleTree) -> None:
+    """FSDP2 prefetches in backward the unit whose forward returned just before the one starting
+    its backward (post-forward order), whether autograd will reach it or not: the unit before the
+    first reached one (a frozen first half's last block) is gathered once more."""
+    if trace is not None:
+        order = [i for i in trace.unit_post_order if i < len(units)]
+    else:   # registration order, the roots last (their forward returns last)
+        pos = {f: i for i, f in enumerate(tree.modules)}
+        order = sorted(range(len(units)), key=lambda i: (units[i].unit.is_root,
+                                                         min((pos.get(m, 0) for m in units[i].unit.modules), default=0)))
+    for k in range(1, len(order)):
+        cur, prev = units[order[k]], units[order[k - 1]]
+        if reached[order[k]] and cur.all_gathers_per_step and not reached[order[k - 1]] \
+                and prev.all_gathers_per_step and prev.unit.reshard_after_forward:
+            prev.all_gathers_per_step += 1
+
+
 def compute_layout(plan: WrapPlan, tree: ModuleTree, trace=None, activations: bool = False) -> Layout:
     """The layout of `plan`. `trace` (``fsdp_lint.trace.Trace``, optional) says which units autograd
     reaches in backward; with `activations` its saved tensors enter the memory estimate."""
     units = [_unit_layout(u, plan, tree) for u in plan.units]
-    calls = trace.unit_forward_calls if trace is not None and not trace.error else []
-    for i, (ul, reached) in enumerate(zip(units, _needs_backward(units, plan, tree, trace))):
+    traced = trace is not None and not trace.error and len(trace.unit_forward_calls) == len(units)
+    reached = _needs_backward(units, plan, tree, trace)
+    for i, ul in enumerate(units):
         if ul.all_gathers_per_step < 2:
             continue                         # not sharded, or gathered once for the whole step
         # gathered at each forward entered from outside the unit (an FSDP2 group whose modules
         # run apart, a module called twice), and again in backward only when autograd reaches it
-        entries = max(1, calls[i]) if len(calls) == len(units) else 1
-        ul.all_gathers_per_step = entries * (2 if reached else 1)
+        entries = max(1, trace.unit_forward_calls[i]) if traced else 1
+        ul.all_gathers_per_step = entries * (2 if reached[i] else 1)
+    if plan.api == "fsdp2":
+        _backward_prefetch(units, reached, trace if traced else None, tree)
     return Layout(api=plan.api, world_size=plan.world_size, units=units,
                   memory=_memory(plan, tree, units, trace, activations), trace=trace)
 

@@ -381,7 +381,10 @@ def run_summary_text(run: dict) -> str:
         peaks = [p for p in fs.get("peak_memory_bytes") or [] if p]
         if peaks:
             parts.append(f"peak memory {human_bytes(max(peaks))}/rank ({fs.get('memory_measure')}), static estimate "
-                         f"{human_bytes(st.get('memory_per_rank_bytes', 0))}")
+                         f"{human_bytes(st.get('memory_per_rank_bytes', 0))} for {st.get('world_size')} ranks")
+        rss = [p for p in fs.get("rss_peak_bytes") or [] if p]
+        if rss:
+            parts.append(f"process RSS peak {human_bytes(max(rss))} (Python, torch and allocator caches included)")
         lines.append(f"  {fs['path']}: " + "; ".join(parts))
     return "\n".join(lines)
 

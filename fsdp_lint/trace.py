@@ -34,6 +34,7 @@ class ParamRead:
     module: str                   # innermost module running when it was read ("" = the root's own code)
     unit: Optional[str]           # module of the innermost unit running then (None: outside every unit)
     phase: str                    # "forward" or "loss"
+    owner_ran: bool = False       # the owner's forward had run (and resharded) before the read
     path: Optional[str] = None    # where the model's code read it (innermost frame outside torch)
     line: int = 0
     function: str = ""
@@ -52,6 +53,8 @@ class Trace:
     unit_output_requires_grad: List[Optional[bool]] = field(default_factory=list)   # None: never ran
     unit_forward_calls: List[int] = field(default_factory=list)     # per unit: forwards entered from outside it
     unit_order: List[int] = field(default_factory=list)             # plan unit indices, forward order
+    unit_post_order: List[int] = field(default_factory=list)        # the order their forwards return (FSDP's
+                                                                    # post-forward order: backward prefetch)
     readers: Dict[str, Set[str]] = field(default_factory=dict)      # param FQN -> modules that read it
     sharded_reads: List[ParamRead] = field(default_factory=list)    # reads of a parameter its unit holds sharded
     error: Optional[str] = None
@@ -104,6 +107,13 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace) 
             owner.setdefault(fqn, i)
             if unit.param_dtype:
                 dtype_of.setdefault(fqn, unit.param_dtype)
+    # FSDP1 computes with views of the unit's FlatParameter, which requires grad when any of its
+    # parameters does: frozen parameters of a mixed unit (use_orig_params=True) carry gradients too
+    flat_grad = set()
+    if plan.api == "fsdp1":
+        for unit in plan.units:
+            if any(tree.params[p].requires_grad for p in unit.params):
+                flat_grad |= set(unit.params)
     from fsdp_lint.layout import runs_as_root
 
     keeps_gathered = [runs_as_root(u, plan, tree) and not u.reshard_after_forward_explicit
@@ -120,7 +130,8 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace) 
                 dtype = p.dtype
                 if fqn in dtype_of and p.is_floating_point():
                     dtype = getattr(torch, dtype_of[fqn])
-                fake = torch.nn.Parameter(torch.empty(p.shape, dtype=dtype, device=cpu), requires_grad=p.requires_grad)
+                fake = torch.nn.Parameter(torch.empty(p.shape, dtype=dtype, device=cpu),
+                                          requires_grad=p.requires_grad or fqn in flat_grad)
                 stand_in[id(p)] = fake
                 param_fqn[id(fake)] = fqn
             state[name] = stand_in[id(p)]
@@ -145,13 +156,19 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace) 
         unit_stack: List[int] = []
         ran: Set[int] = set()
         phase = {"now": "forward"}
+        # a unit's pass: it is gathered at the first of its modules' forwards and resharded once all
+        # of them have run (FSDP2 groups; torch completes a group that skips a module at the end of
+        # the root's forward); a single-module unit's pass is its forward
+        pending: Dict[int, Set[int]] = {}
+        module_ids = [set(id(modules[m]) for m in u.modules if m in modules) for u in plan.units]
 
         def pre(mod, inputs, kw):
             module_stack.append(name_of.get(id(mod), "?"))
             u = unit_of_module.get(id(mod))
             if u is not None:
-                if u not in unit_stack:     # FSDP gathers the unit again for each such call
+                if not pending.get(u):      # a new pass: FSDP gathers the unit (again)
                     out.unit_forward_calls[u] += 1
+                    pending[u] = set(module_ids[u])
                 unit_stack.append(u)
                 if u not in ran:
                     out.unit_order.append(u)
@@ -169,8 +186,11 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace) 
             if u is not None:
                 if unit_stack:
                     unit_stack.pop()
+                pending.get(u, set()).discard(id(mod))
                 rg = any(t.requires_grad for t in _tensors(output))
                 out.unit_output_requires_grad[u] = bool(out.unit_output_requires_grad[u]) or rg
+                if u not in out.unit_post_order:
+                    out.unit_post_order.append(u)
             return None
 
         def on_read(p) -> None:
@@ -180,14 +200,14 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace) 
             reader = module_stack[-1] if module_stack else ""
             out.readers.setdefault(fqn, set()).add(reader)
             u = owner.get(fqn)
-            if u is None or u in unit_stack or (u in ran and keeps_gathered[u]):
+            if u is None or pending.get(u) or (u in ran and keeps_gathered[u]):
                 return
             if any((r.fqn, r.module) == (fqn, reader) for r in out.sharded_reads):
                 return
             active = unit_stack[-1] if unit_stack else None
             out.sharded_reads.append(ParamRead(fqn, plan.units[u].module, reader,
                                                plan.units[active].module if active is not None else None,
-                                               phase["now"], *_user_frame()))
+                                               phase["now"], u in ran, *_user_frame()))
 
         saved: Dict[Any, int] = {}
 

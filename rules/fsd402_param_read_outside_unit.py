@@ -151,9 +151,8 @@ model = FSDP(LM(), auto_wrap_policy=ModuleWrapPolicy({nn.Embedding, Block}), use
         at = ""
         if read.path and read.line:
             at = f" at {display_path(read.path)}:{read.line}" + (f" in {read.function}" if read.function else "")
-        ran = owner.module in (getattr(ctx.layout.trace, "readers", {}).get(read.fqn) or set()) \
-            or any(m == owner.module for m in owner.modules)
-        state = "after that unit's forward returned and resharded" if ran else "while that unit is sharded"
+        state = ("after that unit's forward returned and resharded it" if read.owner_ran
+                 else "before that unit's forward gathered it (here it never runs)")
         if read.phase == "loss":
             who += " (the loss)"
         msg = (f"`{read.fqn}` belongs to unit {_unit(owner)} but is read by {who}{inside}{at}, {state}: "

@@ -53,7 +53,7 @@ def apply_evidence(res, per_rank: List[dict], spec: dict, ranks: int, opts: RunO
     steps_done = min((r.get("steps_done", 0) for r in per_rank), default=0)
     completed = err is None and steps_done == opts.steps and all(not r.get("unfinished") for r in per_rank)
     compare = r0.get("compare")
-    static = static_costs(res)
+    static = static_costs(res, ranks)
     measured = _measured_costs(per_rank)
     diverged = {d["fqn"]: d["max_diff"] for d in (compare or {}).get("diverged", [])}
     tied = [t for t in (compare or {}).get("tied", []) if t["max_diff"] != 0.0]
@@ -181,6 +181,8 @@ def apply_evidence(res, per_rank: List[dict], spec: dict, ranks: int, opts: RunO
         "static": {k: v for k, v in static.items()},
         "peak_memory_bytes": [r.get("peak_memory") for r in per_rank],
         "memory_measure": r0.get("memory_measure"),
+        "memory_breakdown": (r0.get("memory") or {}).get("breakdown"),
+        "rss_peak_bytes": [r.get("rss_peak") for r in per_rank] if any(r.get("rss_peak") for r in per_rank) else None,
         "error": ({**{k: err[k] for k in ("type", "message", "phase", "frame")}, "rank": err_rank} if err else None),
         "diverged": [{"fqn": n, "max_diff": d} for n, d in diverged.items()],
         "notes": r0.get("notes") or [],
@@ -274,7 +276,7 @@ def _cost_evidence(static: dict, measured: dict, ranks: int, per_rank) -> Tuple[
         text += f" for world size {static['world_size']} (bytes not comparable)"
     if peaks:
         text += (f"; peak memory {human_bytes(max(peaks))}/rank ({per_rank[0].get('memory_measure')}), "
-                 f"static estimate {human_bytes(static['memory_per_rank_bytes'])}")
+                 f"static estimate {human_bytes(static['memory_per_rank_bytes'])} for the same inputs")
     return counts_equal and (bytes_equal or not same_ws), text
 
 

@@ -191,6 +191,89 @@ def _fsdp1_tracker_class():
     return FSDP1MemTracker
 
 
+def _fsdp2_tracker_class():
+    """``FSDPMemTracker`` that keeps FSDP2's group semantics. torch's tracker swaps every FSDP
+    module's forward hooks for per-module ones; a ``fully_shard([a, b])`` group then reshards after
+    each of its modules instead of after the last one -- more all-gathers than the plan issues, and
+    a group that skips a module (a fused loss reading the head's weight) raises. Here a group keeps
+    group hooks (``_register_group_forward_hooks``) around the tracker's wrappers, and its backward
+    methods are wrapped once; single modules are instrumented exactly as torch does."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType, _SavedFSDPMethods
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_state import _register_group_forward_hooks
+
+    class GroupAwareFSDPMemTracker(FSDPMemTracker):
+        def _states(self):
+            seen, out = set(), []
+            for module in self._root_mod.modules():
+                if isinstance(module, FSDPModule):
+                    state = module._get_fsdp_state()
+                    if id(state) not in seen and state._fsdp_param_group:
+                        seen.add(id(state))
+                        out.append((module, state))
+            return out
+
+        def _tracked(self, state):
+            return next((m for m in state._modules if m in self.memory_tracking), state._modules[0])
+
+        def _instrument_fsdp_module(self) -> None:
+            for module, state in self._states():
+                pg = state._fsdp_param_group
+                state._pre_forward_hook_handle.remove()
+                state._post_forward_hook_handle.remove()
+                self._instrument_fsdp_sharded_params_grads(pg)
+                if len(state._modules) == 1:
+                    state._pre_forward_hook_handle = module.register_forward_pre_hook(
+                        self._fsdp_state_pre_forward(module, state._pre_forward), prepend=True, with_kwargs=True)
+                    state._post_forward_hook_handle = module.register_forward_hook(
+                        self._fsdp_state_post_forward(module, state._post_forward), prepend=False, always_call=True)
+                    pre_bw = self._fsdp_param_group_pre_backward(module, pg.pre_backward)
+                    post_bw = self._fsdp_param_group_post_backward(module, pg.post_backward)
+                else:
+                    def pre(mod, args, kwargs, _state=state):
+                        return self._fsdp_state_pre_forward(mod, _state._pre_forward)(mod, args, kwargs)
+
+                    def post(mod, args, output, _state=state):
+                        return self._fsdp_state_post_forward(mod, _state._post_forward)(mod, args, output)
+
+                    handle = _register_group_forward_hooks(state._modules, pre, post, state._modules_to_run_forward,
+                                                           state._cast_output_dtype)
+                    state._pre_forward_hook_handle = state._post_forward_hook_handle = handle
+
+                    def pre_bw(*args, _state=state, _orig=pg.pre_backward, **kwargs):
+                        return self._fsdp_param_group_pre_backward(self._tracked(_state), _orig)(*args, **kwargs)
+
+                    def post_bw(*args, _state=state, _orig=pg.post_backward, **kwargs):
+                        return self._fsdp_param_group_post_backward(self._tracked(_state), _orig)(*args, **kwargs)
+                self._fsdp_mod_to_saved_methods[module] = _SavedFSDPMethods(pg.pre_backward, pg.post_backward)
+                pg.pre_backward, pg.post_backward = pre_bw, post_bw
+            for buffer in self._root_mod.buffers():
+                self._update_and_maybe_create_winfos(buffer, _FSDPRefType.BUFFER)
+
+        def _deregister_module_and_optimizer_hooks(self) -> None:
+            for module, saved in self._fsdp_mod_to_saved_methods.items():
+                state = module._get_fsdp_state()
+                state._pre_forward_hook_handle.remove()
+                state._post_forward_hook_handle.remove()
+                if len(state._modules) == 1:       # as FSDPState.init registers them
+                    state._pre_forward_hook_handle = module.register_forward_pre_hook(
+                        state._pre_forward, prepend=True, with_kwargs=True)
+                    state._post_forward_hook_handle = module.register_forward_hook(state._post_forward, prepend=False)
+                else:
+                    handle = _register_group_forward_hooks(state._modules, state._pre_forward, state._post_forward,
+                                                           state._modules_to_run_forward, state._cast_output_dtype)
+                    state._pre_forward_hook_handle = state._post_forward_hook_handle = handle
+                pg = state._fsdp_param_group
+                pg.pre_backward, pg.post_backward = saved.pre_backward, saved.post_backward
+            self._fsdp_mod_to_saved_methods.clear()
+            if self._optimizer_hook_handles is not None:
+                for handle in self._optimizer_hook_handles:
+                    handle.remove()
+                self._optimizer_hook_handles = None
+
+    return GroupAwareFSDPMemTracker
+
+
 class StepMemory:
     """Track the tensor memory of the training steps run inside ``with StepMemory(model, opts):``.
 
@@ -204,10 +287,8 @@ class StepMemory:
         self.optimizers = list(optimizers or [])
         self.kind = "fsdp2" if isinstance(model, FSDPModule) else "fsdp1" if _is_fsdp1(model) else "plain"
         if self.kind == "fsdp2":
-            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-            # FSDPMemTracker tracks one optimizer; the others' states are tracked by the global hook
-            self.tracker = _peak_recorder(FSDPMemTracker)(model, self.optimizers[0] if self.optimizers else None)
+            # FSDPMemTracker tracks one optimizer (the first)
+            self.tracker = _peak_recorder(_fsdp2_tracker_class())(model, self.optimizers[0] if self.optimizers else None)
             self.measure = "FSDPMemTracker"
         else:
             self.tracker = _peak_recorder(_fsdp1_tracker_class())(self.optimizers)

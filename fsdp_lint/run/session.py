@@ -135,7 +135,7 @@ def build(spec, ws, device, phase, out, remaining):
         optimizers.append(call.obj)
     if not optimizers:
         trainable = [p for p in model_params if p.requires_grad]
-        name = spec.get("default_optimizer", "SGD")
+        name = spec.get("default_optimizer", "AdamW")   # what the static estimate assumes too
         if trainable:
             optimizers = [getattr(torch.optim, name)(trainable, lr=1e-2)]
         info["optimizer"] = f"{name}(lr=1e-2) (the file builds none)" if trainable else None
@@ -186,6 +186,13 @@ def _train(spec, rank, ws, device, model, optimizers, phase, out, example_fn) ->
                      track_memory=device.type == "cpu"):
         return
     out["peak_memory"], out["memory_measure"] = _peak_memory(device)
+    if out.get("memory"):
+        # CPU: tensor memory as torch's tracker measured it (what an estimate can match); the
+        # process RSS (Python, torch, the allocator's caches) only beside it
+        out["rss_peak"] = out["peak_memory"]
+        out["peak_memory"] = out["memory"]["peak_bytes"]
+        out["memory_measure"] = f"{out['memory']['measure']}, tensor memory"
+        out["memory"].pop("timeline", None)
     after = _local_fingerprints(model)
     # trainable parameters this rank holds a piece of (FSDP leaves some ranks an empty shard)
     trainable = [n for n, (fp, rg, numel) in before.items() if rg and numel]

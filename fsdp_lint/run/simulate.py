@@ -60,7 +60,7 @@ def simulate(results, settings, opts: RunOptions) -> dict:
 
 def simulation_spec(res, settings, opts: RunOptions) -> dict:
     spec = spec_for(res, settings, opts)
-    spec.update(world_size=res.plan.world_size, steps=SIMULATED_STEPS, default_optimizer="AdamW",
+    spec.update(world_size=res.plan.world_size, steps=SIMULATED_STEPS,
                 materialise_meta=True)
     return spec
 

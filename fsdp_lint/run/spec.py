@@ -92,8 +92,10 @@ def spec_for(res, settings, opts: RunOptions, seed: int = 0) -> dict:
     }
 
 
-def static_costs(res) -> dict:
-    lay = res.layout
+def static_costs(res, ranks: Optional[int] = None) -> dict:
+    """The static collectives and memory estimate the run's measurements compare with: for the
+    run's own world size (`ranks`), with activations for the inputs the run uses."""
+    lay = layout_for_run(res, ranks or res.layout.world_size)
     return {
         "world_size": lay.world_size,
         "all_gathers_per_step": lay.all_gathers_per_step,
@@ -103,6 +105,23 @@ def static_costs(res) -> dict:
         "reduce_scatter_bytes_per_step": sum(u.reduce_scatter_bytes * u.reduce_scatters_per_step for u in lay.units),
         "memory_per_rank_bytes": lay.memory.per_rank_bytes,
     }
+
+
+def layout_for_run(res, ranks: int):
+    """`res`'s plan laid out on `ranks` ranks (units sharded over the plan's world size are sharded
+    over `ranks`), with the traced activations: the inputs the trace ran with are the run's."""
+    import copy
+
+    from fsdp_lint.layout import compute_layout
+
+    if ranks == res.layout.world_size and "activations" in res.layout.memory.covers:
+        return res.layout
+    plan = copy.deepcopy(res.plan)
+    for unit in plan.units:
+        if unit.shard_size == plan.world_size:
+            unit.shard_size = ranks
+    plan.world_size = ranks
+    return compute_layout(plan, res.tree, trace=res.layout.trace, activations=True)
 
 
 def _model_bytes(res) -> int:
