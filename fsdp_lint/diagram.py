@@ -127,7 +127,7 @@ def layout_diagram(res, width: Optional[int] = None) -> str:
         lines = [d.header]
         if res.plan.api == "fsdp1":
             bar = d.bars[0]
-            w = width - 2
+            w = width - 3             # 2 of indent, and the closing boundary
             lines.append("  " + _line(bar.top, bar.total, w))
             lines.append("  " + _line(bar.bottom, bar.total, w))
         else:

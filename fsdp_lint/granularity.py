@@ -52,7 +52,10 @@ def compare_granularity(res, settings) -> List[GranularityRow]:
     per_block = per_block_plan(tree, plan, block) if block else None
     if per_block is not None:
         rows.append(row(f"per {block}", "per-block", per_block))
-    linears = _outermost(tree, [f for f, m in tree.modules.items() if f and "Linear" in m.mro])
+    # a Linear whose weight its parent reads directly (MultiheadAttention's out_proj) stays with
+    # the parent: a unit of its own would hold it sharded when it is read (FSD402)
+    linears = _outermost(tree, [f for f, m in tree.modules.items() if f and "Linear" in m.mro
+                                and not (trace is not None and trace.reads_outside(tree, f))])
     if linears:
         rows.append(row("per Linear", "per-linear", alternative_plan(tree, plan, linears, "per-linear")))
     own = {"file": "this file's plan", "cli": "--wrap plan", "default": None}.get(plan.origin, "this file's plan")

@@ -63,6 +63,19 @@ class Trace:
     def activation_bytes(self) -> int:
         return self.saved_bytes + self.output_bytes
 
+    def reads_outside(self, tree, module: str) -> List[Tuple[str, str]]:
+        """(parameter, reader module) pairs: parameters under `module` that the forward read from
+        outside `module`'s subtree ("" = the root module's own code). A unit of its own for
+        `module` would hold them sharded there."""
+        if self.error or not module:
+            return []
+        out = []
+        for fqn in tree.params_under(module):
+            for reader in sorted(self.readers.get(fqn, ())):
+                if reader != module and not tree.is_ancestor(module, reader):
+                    out.append((fqn, reader))
+        return out
+
 
 def trace_forward(model, tree, plan, input_shape=None, input_dtype=None, example_fn=None,
                   timeout: Optional[float] = None) -> Trace:

@@ -11,12 +11,4 @@ def reads_outside(ctx, module: str) -> List[Tuple[str, str]]:
     """(parameter, reader module) pairs: parameters under `module` read by code outside its
     subtree during the traced forward ("" = the root module's own code). Empty without a trace."""
     trace = getattr(ctx.layout, "trace", None)
-    if trace is None or trace.error or not module:
-        return []
-    tree = ctx.tree
-    out = []
-    for fqn in tree.params_under(module):
-        for reader in sorted(trace.readers.get(fqn, ())):
-            if reader != module and not tree.is_ancestor(module, reader):
-                out.append((fqn, reader))
-    return out
+    return trace.reads_outside(ctx.tree, module) if trace is not None else []

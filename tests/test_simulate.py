@@ -25,10 +25,13 @@ from article_model import Transformer  # noqa: E402
 
 
 
-def _simulate(cli, path, *args):
+def _simulate(cli, path, *args, doc=None):
     res = cli(path, "--simulate", "--format", "json", "--run-timeout", "240", *args)
     assert res.code in (0, 1), res.err
-    (f,) = json.loads(res.out)["files"]
+    out = json.loads(res.out)
+    if doc is not None:
+        doc.update(out)
+    (f,) = out["files"]
     sim = f["memory"]["simulated"]
     assert "error" not in sim, sim
     return f, sim
@@ -38,13 +41,13 @@ def _simulate(cli, path, *args):
 # the oracle: torch's FSDPMemTracker on the same plan
 # --------------------------------------------------------------------------------------------
 def _tracked_steps(model, optimizer, make_inputs, loss_fn, tracker):
-    tracker.step = 0
     with tracker:
         for step in range(2):
             for p in model.parameters():
                 p.grad = None
             args = make_inputs()
-            tracker.track_inputs((dict(args) if isinstance(args, _Kw) else args,))
+            if hasattr(tracker, "track_inputs"):        # FSDPMemTracker (MemTracker: activations)
+                tracker.track_inputs((dict(args) if isinstance(args, _Kw) else args,))
             out = model(**args) if isinstance(args, _Kw) else model(*args)
             loss = loss_fn(out)
             loss.backward()
@@ -133,16 +136,26 @@ def _variant(tmp_path, fixture, bf16: bool):
 ARTICLE_SMALL = "Transformer(num_layers=4)"
 
 
-@pytest.mark.parametrize("ws", [4])
-def test_article_fsdp2_bf16(cli, ws):
+def test_article_fsdp2_bf16(cli):
     path = os.path.join(FIXTURES, "article_fsdp2.py")
-    f, sim = _simulate(cli, path, "--world-size", str(ws), "--model", f"{path}:{ARTICLE_SMALL}",
-                       "--input-shape", "4,64,512")
-    snap = fsdp2_oracle(lambda: Transformer(num_layers=4), _per_block(lambda m: m.layers, True), ws,
+    doc: dict = {}
+    f, sim = _simulate(cli, path, "--world-size", "4", "--model", f"{path}:{ARTICLE_SMALL}",
+                       "--input-shape", "4,64,512", "--compare-granularity", doc=doc)
+    snap = fsdp2_oracle(lambda: Transformer(num_layers=4), _per_block(lambda m: m.layers, True), 4,
                         lambda: (torch.randn(4, 64, 512),), _float_mean)
     _assert_like_torch(sim, snap)
     _assert_static_close(f, sim)
     assert sim["peak_at"]["phase"] in ("forward", "backward") and sim["peak_at"]["step"] == 2
+    # the forward peak of unsharded parameters the granularity table gives for this plan is the
+    # most the tracker saw held at once (unsharded parameters + all-gather buffers)
+    held = max(p["bytes"].get("unsharded_params", 0) + p["bytes"].get("all_gather_buffers", 0)
+               for p in sim["timeline"])
+    (own,) = [r for r in f["granularity"] if r["plan"] == "this file's plan"]
+    assert own["forward_peak_bytes"] == held
+    # every field of --simulate and --compare-granularity is in the README's schema
+    from test_output_formats import _documented_json_paths, _json_paths
+
+    assert _json_paths(doc) - _documented_json_paths() == set()
 
 
 LLAMA_CFG = dict(vocab_size=512, hidden_size=64, intermediate_size=172, num_hidden_layers=2, num_attention_heads=4,
@@ -226,3 +239,73 @@ def _assert_static_close(f, sim):
     assert sum(u["all_gather_bytes"] * u["all_gathers_per_step"] for u in units) == c["all_gather_bytes_per_step"]
     assert sum(u["reduce_scatter_bytes"] * u["reduce_scatters_per_step"] for u in units) == \
         c["reduce_scatter_bytes_per_step"]
+
+
+# --------------------------------------------------------------------------------------------
+# FSDP1: MemTracker (one "Parameter" category for the FlatParameter's shard, low-precision copy
+# and gathered buffer; use_orig_params=True it cannot track); fsdp-lint labels FSDP1's buffers
+# --------------------------------------------------------------------------------------------
+def fsdp1_oracle(build, block_cls, ws, make_inputs, **fsdp_kwargs):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    with oracle.fake_pg(ws), FakeTensorMode(allow_non_fake_inputs=True):
+        model = FSDP(build(), auto_wrap_policy=ModuleWrapPolicy({block_cls}), device_id=torch.device("cpu"),
+                     **fsdp_kwargs)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer)
+        dev = _tracked_steps(model, optimizer, make_inputs, _float_mean, tracker)
+    return {str(getattr(k, "value", k)): int(v) for k, v in dev.items()}
+
+
+def test_article_fsdp1_fp32(cli):
+    from article_model import TransformerBlock
+
+    path = os.path.join(FIXTURES, "article_fsdp1.py")
+    f, sim = _simulate(cli, path, "--world-size", "2", "--model", f"{path}:{ARTICLE_SMALL}", "--input-shape", "4,64,512")
+    assert sim["measure"].startswith("MemTracker")
+    snap = fsdp1_oracle(lambda: Transformer(num_layers=4), TransformerBlock, 2, lambda: (torch.randn(4, 64, 512),))
+    b = sim["breakdown"]
+    assert abs(sim["peak_bytes"] - snap["Total"]) <= 0.10 * snap["Total"]
+    for ours, theirs in ((b["sharded_params"] + b["unsharded_params"] + b["all_gather_buffers"], snap["Parameter"]),
+                         (b["optimizer_state"], snap["Optstate"]), (b["temporaries"], snap["Temp"]),
+                         (b["activations"] + b["inputs"], snap["Activation"])):
+        assert abs(ours - theirs) <= 0.05 * max(ours, theirs) + 64, (ours, theirs)
+    assert b["unsharded_params"] > 0 and b["sharded_params"] == f["memory"]["breakdown"]["sharded_params"]
+    _assert_static_close(f, sim)
+
+
+def test_fsdp1_use_orig_params_is_simulated_where_memtracker_fails(cli, tmp_path):
+    """torch's MemTracker raises on use_orig_params=True (it hooks the gradients of the original
+    parameters, views there); --simulate labels FSDP1's buffers itself and still measures."""
+    from article_model import TransformerBlock
+
+    with pytest.raises(RuntimeError, match="non-leaf"):
+        fsdp1_oracle(lambda: Transformer(num_layers=2), TransformerBlock, 2, lambda: (torch.randn(2, 16, 512),),
+                     use_orig_params=True)
+    src = open(os.path.join(FIXTURES, "article_fsdp1.py")).read()
+    path = tmp_path / "article_fsdp1_uop.py"
+    path.write_text(src.replace("device_id=", "use_orig_params=True, device_id=", 1))
+    f, sim = _simulate(cli, str(path), "--world-size", "2", "--model", f"{path}:Transformer(num_layers=2)",
+                       "--input-shape", "2,16,512")
+    assert f["plan"]["use_orig_params"] is True
+    b = sim["breakdown"]
+    assert sum(b.values()) == sim["peak_bytes"] and b["sharded_params"] > 0 and b["optimizer_state"] > 0
+    _assert_static_close(f, sim)
+
+
+# --------------------------------------------------------------------------------------------
+# an FSDP2 group that skips a module (a chunked loss reading the head's weight) keeps torch's
+# group semantics under the tracker: gathered once per pass, completed at the root's end
+# --------------------------------------------------------------------------------------------
+def test_group_skipping_a_module_is_simulated_as_torch_runs_it(cli, tmp_path):
+    src = open(os.path.join(FIXTURES, "bad", "fused_loss", "train_fsdp2.py")).read()
+    path = tmp_path / "train_grouped.py"
+    path.write_text(src.replace("    fully_shard(model.lm_head)\n", "    fully_shard([model.norm, model.lm_head])\n"))
+    (tmp_path / "model.py").write_text(open(os.path.join(FIXTURES, "bad", "fused_loss", "model.py")).read())
+    f, sim = _simulate(cli, str(path), "--world-size", "2")
+    assert not [x for x in f["findings"] if x["code"] == "FSD402"]
+    _assert_static_close(f, sim)
