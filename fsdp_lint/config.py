@@ -179,7 +179,8 @@ def validate(settings: Settings, origin: str = "command line") -> None:
     if settings.fail_on not in ("info", "warning", "error"):
         raise ConfigError(f"{origin}: fail-on must be info, warning or error, got {settings.fail_on!r}")
     if settings.input_shape is not None and input_shape_dims(settings.input_shape) is None:
-        raise ConfigError(f"{origin}: input-shape must be positive integers separated by commas (e.g. 8,2048), "
+        what = "--input-shape" if origin == "command line" else f"{origin}: input-shape"
+        raise ConfigError(f"{what} must be positive integers separated by commas (e.g. 8,2048), "
                           f"got {settings.input_shape!r}")
     if settings.input_dtype not in (None, "float", "long", "bfloat16", "half"):
         raise ConfigError(f"{origin}: input-dtype must be float, long, bfloat16 or half, got {settings.input_dtype!r}")

@@ -83,7 +83,7 @@ def trace_forward(model, tree, plan, input_shape=None, input_dtype=None, example
     module docstring. Never raises for what the model does."""
     out = Trace()
     try:
-        with _quiet(), _deadline(timeout):
+        with _quiet(), _deadline(timeout), _rank0_env(plan.world_size):
             _trace(model, tree, plan, input_shape, input_dtype, example_fn, out)
     except _TraceTimeout:
         out.error = f"the forward took longer than {timeout:g} s"
@@ -381,6 +381,26 @@ def _deadline(seconds: Optional[float]):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+@contextlib.contextmanager
+def _rank0_env(world_size: int):
+    """The environment the replay simulates (rank 0 of the plan's world): the model's code and
+    ``example_inputs()`` see it here too, also when fsdp-lint itself runs under torchrun."""
+    import os
+
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size),
+                       "LOCAL_WORLD_SIZE": str(world_size)})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextlib.contextmanager

@@ -410,7 +410,8 @@ def _json_paths(obj, prefix=""):
         for k, v in obj.items():
             p = f"{prefix}.{k}" if prefix else k
             out.add(p)
-            out |= _json_paths(v, p)
+            if not p.endswith("breakdown"):       # a map: category -> bytes
+                out |= _json_paths(v, p)
     elif isinstance(obj, list):
         for v in obj:
             out |= _json_paths(v, prefix + "[]")

@@ -8,7 +8,8 @@ import traceback
 
 def in_fsdp(filename: str) -> bool:
     norm = filename.replace("\\", "/")
-    return "/torch/distributed/" in norm
+    # torch's memory trackers (--run on CPU, --simulate) are instrumentation, not FSDP
+    return "/torch/distributed/" in norm and "/torch/distributed/_tools/" not in norm
 
 
 def describe_exception(exc: BaseException, phase: str) -> dict:
@@ -36,7 +37,8 @@ def describe_exception(exc: BaseException, phase: str) -> dict:
 
 def _is_plumbing(filename: str) -> bool:
     norm = filename.replace("\\", "/")
-    return "/fsdp_lint/" in norm or norm.endswith(("/torch/_ops.py", "/torch/utils/_python_dispatch.py"))
+    return "/fsdp_lint/" in norm or "/torch/distributed/_tools/" in norm or norm.endswith(
+        ("/torch/_ops.py", "/torch/utils/_python_dispatch.py"))
 
 
 def _is_library_file(filename: str) -> bool:
