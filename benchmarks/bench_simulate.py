@@ -30,11 +30,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 MODEL_8B = os.path.join("benchmarks", "llama_8b.py")
 FLOOR_8B = f"""
-import runpy
+import runpy, sys
 import torch
+sys.path.insert(0, "benchmarks")
 ns = runpy.run_path({MODEL_8B!r})
 with torch.device("meta"):
-    model = ns["Transformer"]()
+    model = ns["Transformer"](ns["LLAMA_8B"])
 assert sum(p.numel() for p in model.parameters()) > 7.5e9
 """
 LINT = [sys.executable, "-m", "fsdp_lint"]
@@ -112,7 +113,12 @@ def accuracy() -> list:
                 t0 = time.perf_counter()
                 _, _, out = run_once(LINT + [path, "--world-size", str(ws), "--simulate", "--format", "json", *extra])
                 seconds = time.perf_counter() - t0
-                f = json.loads(out)["files"][0]
+                try:
+                    f = json.loads(out)["files"][0]
+                except ValueError:
+                    with open(os.path.join(REPO, "bench_simulate_bad_output.json"), "w") as fh:
+                        fh.write(out)
+                    raise SystemExit(f"{path} ws {ws}: the JSON did not parse (kept in bench_simulate_bad_output.json)")
                 sim, mem = f["memory"]["simulated"], f["memory"]
                 rows.append({"model": name, "dtype": dtype, "ws": ws, "static": mem["per_rank_bytes"],
                              "simulated": sim["peak_bytes"], "ratio": mem["per_rank_bytes"] / sim["peak_bytes"],
@@ -122,13 +128,7 @@ def accuracy() -> list:
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--accuracy", action="store_true", help="also the static/simulated matrix")
-    ap.add_argument("--json", help="also write the raw figures here")
-    args = ap.parse_args()
-    best = timings(args.repeat)
+def _print_timings(best: dict) -> dict:
     floor = best["floor 8b"][0]
     print("| case | wall | CPU | ratio |\n|---|---|---|---|")
     for name, (wall, cpu) in best.items():
@@ -141,7 +141,19 @@ def main() -> None:
             if name == "simulate 8b":
                 ratio += f", {wall / floor:.2f}x the floor"
         print(f"| {name} | {wall:.2f} s | {cpu:.2f} s | {ratio} |")
-    out = {"timings": best}
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--accuracy", action="store_true", help="also the static/simulated matrix")
+    ap.add_argument("--no-timings", action="store_true", help="only the accuracy matrix")
+    ap.add_argument("--json", help="also write the raw figures here")
+    args = ap.parse_args()
+    out = {}
+    if not args.no_timings:
+        out["timings"] = _print_timings(timings(args.repeat))
     if args.accuracy:
         rows = accuracy()
         out["accuracy"] = rows

@@ -63,23 +63,25 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False) -> FileR
     tree = build_module_tree(result.model, state)
     plan = build_plan(result, tree, PlanOptions(world_size=settings.world_size, api=settings.api,
                                                 wrap=list(settings.wrap), use_orig_params=settings.use_orig_params))
-    trace = _trace(result, tree, plan, settings)
-    known = bool(settings.input_shape) or (trace is not None and not trace.inferred) \
-        or settings.activations_for_inferred_inputs
+    from fsdp_lint.run.inputs import find_example_inputs
+
+    example_fn = find_example_inputs(result.namespace, result.model)     # it loses to --input-shape, as in --run
+    # activations enter the estimate when the input shape is known (or --simulate measures the same inputs)
+    known = bool(settings.input_shape) or example_fn is not None or settings.activations_for_inferred_inputs
+    trace = _trace(result, tree, plan, settings, example_fn, known)
     layout = compute_layout(plan, tree, trace=trace, activations=known)
     return FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
                       replay=result if keep_model else None)
 
 
-def _trace(result, tree, plan, settings: Settings):
-    """One forward of the meta model with the training inputs (``fsdp_lint.trace``)."""
+def _trace(result, tree, plan, settings: Settings, example_fn, activations: bool):
+    """One forward of the replay's model with the training inputs (``fsdp_lint.trace``)."""
     from fsdp_lint.config import input_shape_dims
-    from fsdp_lint.run.inputs import find_example_inputs
     from fsdp_lint.trace import trace_forward
 
-    example_fn = find_example_inputs(result.namespace, result.model)     # it wins, as in --run
     return trace_forward(result.model, tree, plan, input_shape=input_shape_dims(settings.input_shape),
-                         input_dtype=settings.input_dtype, example_fn=example_fn, timeout=settings.replay_timeout)
+                         input_dtype=settings.input_dtype, example_fn=example_fn, timeout=settings.replay_timeout,
+                         activations=activations)
 
 
 def lint_file(path: str, settings: Settings) -> FileResult:

@@ -256,6 +256,10 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
         all_reduces_per_step=ars, params=params, grad_numel=grad_numel, world_size=ws)
 
 
+# the static breakdown's keys, always all present (JSON consumers read them by name)
+MEMORY_CATEGORIES = ("sharded_params", "unsharded_params_in_flight", "all_gather_buffers", "sharded_grads",
+                     "unsharded_grads", "reduce_scatter_buffers", "optimizer_state", "replicated_params_grads_state",
+                     "activations", "temporaries", "inputs")
 _OPTIMIZER_STATES = {"SGD": 1, "Adagrad": 1, "RMSprop": 1, "Adafactor": 1, "Lion": 1, "Muon": 1}
 
 
@@ -360,10 +364,7 @@ def _memory(plan: WrapPlan, tree: ModuleTree, units: List[UnitLayout], trace=Non
         if sum(start_of_backward.values()) >= sum(end_of_backward.values()):
             breakdown, phase = start_of_backward, "start of backward"
         covers = "params + grads + optimizer state + activations"
-    full = {k: 0 for k in ("sharded_params", "unsharded_params_in_flight", "all_gather_buffers", "sharded_grads",
-                           "unsharded_grads",
-                           "reduce_scatter_buffers", "optimizer_state", "replicated_params_grads_state",
-                           "activations", "temporaries", "inputs")}
+    full = dict.fromkeys(MEMORY_CATEGORIES, 0)
     full.update(breakdown)
     return Memory(per_rank_bytes=sum(full.values()), breakdown=full, optimizer=opt_cls, covers=covers,
                   phase=phase, activation_inputs=(trace.inputs if traced else None) if activations else None,

@@ -78,13 +78,16 @@ class Trace:
 
 
 def trace_forward(model, tree, plan, input_shape=None, input_dtype=None, example_fn=None,
-                  timeout: Optional[float] = None) -> Trace:
+                  timeout: Optional[float] = None, activations: bool = True) -> Trace:
     """Run the forward (and loss) of `model` (the replay's meta model, unwrapped) once; see the
-    module docstring. Never raises for what the model does."""
+    module docstring. Without `activations` (nobody reads them: the input shape is unknown) it runs
+    on meta, several times faster on large models: parameter reads, the units autograd reaches
+    and their forward order are the same, the saved tensors not (no device kernels, no mixed
+    precision). Never raises for what the model does."""
     out = Trace()
     try:
         with _quiet(), _deadline(timeout), _rank0_env(plan.world_size):
-            _trace(model, tree, plan, input_shape, input_dtype, example_fn, out)
+            _trace(model, tree, plan, input_shape, input_dtype, example_fn, out, activations)
     except _TraceTimeout:
         out.error = f"the forward took longer than {timeout:g} s"
     except KeyboardInterrupt:
@@ -95,14 +98,14 @@ def trace_forward(model, tree, plan, input_shape=None, input_dtype=None, example
     return out
 
 
-def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace) -> None:
+def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, activations: bool) -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fsdp_lint.run.inputs import loss_of, make_inputs
 
-    cpu = torch.device("cpu")
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    cpu = torch.device("cpu" if activations else "meta")
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if activations else contextlib.nullcontext()
     modules = dict(model.named_modules(remove_duplicate=False))
     name_of: Dict[int, str] = {}
     for name, m in modules.items():
@@ -141,7 +144,7 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace) 
             if id(p) not in stand_in:
                 fqn = tree.alias_to_canonical.get(name, name)
                 dtype = p.dtype
-                if fqn in dtype_of and p.is_floating_point():
+                if fqn in dtype_of and p.is_floating_point() and activations:
                     dtype = getattr(torch, dtype_of[fqn])
                 fake = torch.nn.Parameter(torch.empty(p.shape, dtype=dtype, device=cpu),
                                           requires_grad=p.requires_grad or fqn in flat_grad)
@@ -186,7 +189,7 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace) 
                 if u not in ran:
                     out.unit_order.append(u)
                 ran.add(u)
-                dtype = plan.units[u].param_dtype
+                dtype = plan.units[u].param_dtype if activations else None
                 if dtype:   # FSDP casts a unit's floating inputs to its param_dtype (mixed precision)
                     cast = _cast_floating(getattr(torch, dtype))
                     return tuple(cast(a) for a in inputs), {k: cast(v) for k, v in kw.items()}

@@ -11,7 +11,7 @@
 * in every rank (``session``) the file's own setup code is replayed with the real FSDP APIs
   (``replay(real=True)``): model built for real with the same seed on every rank, freezing, dtype
   changes, wrap calls and optimizers as the file has them (the plan's units when the file has no wrap
-  code; SGD when it builds no optimizer); then ``--steps`` forward/backward/step iterations on
+  code; AdamW when it builds no optimizer); then ``--steps`` forward/backward/step iterations on
   synthetic inputs (``inputs``) that differ per rank;
 * evidence (``evidence``): the exception torch raises and where (wrap, forward, backward, optimizer
   step); parameters that differ across ranks after the steps, tied weights that are no longer equal;
