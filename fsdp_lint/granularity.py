@@ -93,8 +93,8 @@ def _verdicts(rows: List[GranularityRow], settings, plan: WrapPlan) -> None:
         elif best is not None and r is best:
             r.verdict = "best of these"
         elif best is not None:
-            r.verdict = (f"forward peak {r.forward_peak_bytes / max(1, best.forward_peak_bytes):.2g}x, memory "
-                         f"{r.per_rank_bytes / max(1, best.per_rank_bytes):.2g}x {best.name}")
+            r.verdict = (f"forward peak {r.forward_peak_bytes / max(1, best.forward_peak_bytes):.1f}x, memory "
+                         f"{r.per_rank_bytes / max(1, best.per_rank_bytes):.2f}x {best.name}")
     own = rows[-1] if rows and rows[-1].origin == plan.origin else None
     if own is not None:
         same = next((r for r in rows[:-1] if (r.units, r.all_gathers_per_step, r.per_rank_bytes)

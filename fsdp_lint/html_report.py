@@ -345,7 +345,8 @@ def _simulated(res, sim: dict) -> str:
     if static <= peak * 1.3:
         y = py(min(static, peak))
         svg.append(f"<line x1=\"{left}\" y1=\"{y:.1f}\" x2=\"{w - 10}\" y2=\"{y:.1f}\" stroke=\"#c0392b\" "
-                   f"stroke-width=\"1.5\" stroke-dasharray=\"6,3\"/><text x=\"{w - 14}\" y=\"{y - 4:.1f}\" font-size=\"11\" "
+                   f"stroke-width=\"1.5\" stroke-dasharray=\"6,3\"/><text x=\"{w - 14}\" y=\"{y - 4 if y > top + 14 else y + 13:.1f}\" "
+                   f"font-size=\"11\" "
                    f"text-anchor=\"end\" fill=\"#c0392b\">static estimate {human_bytes(static)}</text>")
     svg.append(f"<text x=\"{left}\" y=\"{h - 4}\" font-size=\"11\" fill=\"#666\">memory of rank 0 over the "
                f"simulated steps (tensor memory, {_e(sim['measure'])})</text></svg>")
