@@ -119,10 +119,13 @@ def _explain(code: str) -> None:
 @click.option("--use-orig-params/--no-use-orig-params", default=None, help="Override FSDP1 use_orig_params.")
 @click.option("--model", "model_target", default=None, metavar="TARGET",
               help="The model: path.py:Class, path.py:factory, pkg.mod:factory, path.py:Class(num_layers=4).")
-@click.option("--format", "fmt", type=click.Choice(["full", "concise", "json", "sarif", "github"]),
-              default="full", show_default=True, help="Output format.")
-@click.option("--layout", type=click.Choice(["units", "params", "ranks"]), default="units", show_default=True,
-              help="Also show the per-parameter (params) or per-rank (ranks) layout.")
+@click.option("--format", "fmt", type=click.Choice(["full", "concise", "json", "sarif", "github", "html"]),
+              default="full", show_default=True, help="Output format (html: one self-contained file, use -o).")
+@click.option("--layout", type=click.Choice(["units", "params", "ranks", "diagram"]), default="units",
+              show_default=True,
+              help="Also show the per-parameter (params) or per-rank (ranks) layout, or draw it (diagram).")
+@click.option("--compare-granularity", is_flag=True,
+              help="Compare the plan with one unit for the whole model, one per repeated block and one per Linear.")
 @click.option("--select", multiple=True, help="Rule codes or prefixes to enable (comma-separated; ALL).")
 @click.option("--ignore", multiple=True, help="Rule codes or prefixes to disable (comma-separated).")
 @click.option("--extend-select", multiple=True, help="Rule codes or prefixes to add to the selection.")
@@ -146,20 +149,25 @@ def _explain(code: str) -> None:
               help="The class --hf-config builds (AutoModelForCausalLM, AutoModelForSeq2SeqLM, LlamaForCausalLM, ...; "
                    "default: the config's architectures).")
 @click.option("--run", "run_", is_flag=True, help="Confirm the findings in a short real FSDP session.")
+@click.option("--simulate", is_flag=True,
+              help="Measure the real peak memory per rank: the plan built for real on fake tensors under a "
+                   "fake process group (torch's memory tracker; no GPU, no memory).")
 @click.option("--nproc", type=int, default=2, show_default=True, help="--run: number of ranks.")
 @click.option("--steps", type=int, default=2, show_default=True, help="--run: training steps.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="--run: cuda (NCCL) or cpu (gloo).")
-@click.option("--input-shape", default=None, metavar="D0,D1,...", help="--run: synthetic input shape.")
+@click.option("--input-shape", default=None, metavar="D0,D1,...",
+              help="The training input shape: activations in the memory estimate; --run/--simulate inputs.")
 @click.option("--input-dtype", type=click.Choice(["float", "long", "bfloat16", "half"]), default=None,
-              help="--run: synthetic input dtype.")
-@click.option("--run-timeout", type=float, default=300.0, show_default=True, help="--run: seconds for the whole run.")
+              help="The training input dtype (default: long for a model that starts with an Embedding).")
+@click.option("--run-timeout", type=float, default=300.0, show_default=True,
+              help="--run/--simulate: seconds for the whole run.")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(__version__, prog_name="fsdp-lint")
-def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout, select,
-        ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules, config_path, output,
-        accelerate_config, hf_config, hf_class, run_, nproc, steps, device, input_shape, input_dtype, run_timeout,
-        debug):
+def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout,
+        compare_granularity, select, ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules,
+        config_path, output, accelerate_config, hf_config, hf_class, run_, simulate, nproc, steps, device,
+        input_shape, input_dtype, run_timeout, debug):
     """Lint PyTorch FSDP wrap code and show the plan FSDP will build.
 
     PATHS are training or model files, or directories (walked for *.py). Arguments after `--` are the
@@ -204,11 +212,16 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
         fail_on=fail_on, cli_selection=cli_selection if any(cli_selection.values()) else None,
         gpus_per_node=gpus_per_node, allow_partial=allow_partial or None,
         world_size_source="--world-size" if world_size is not None else None,
-        accelerate_config=accelerate_config, hf_config=hf_config, hf_class=hf_class)
+        accelerate_config=accelerate_config, hf_config=hf_config, hf_class=hf_class,
+        input_shape=input_shape, input_dtype=input_dtype)
+    input_shape, input_dtype = settings.input_shape, settings.input_dtype   # [tool.fsdp-lint] input-shape too
     if run_ and os.environ.get("WORLD_SIZE", "").isdigit() and os.environ.get("RANK") and os.environ.get("MASTER_ADDR"):
         nproc = int(os.environ["WORLD_SIZE"])   # under torchrun every process is one rank
     if run_ and world_size is None:
         settings = settings.with_overrides(world_size=nproc)
+    if simulate:
+        # the simulation runs on the inputs the estimate's activations are then traced with
+        settings = settings.with_overrides(activations_for_inferred_inputs=True)
     try:
         validate(settings)
         check_all_selectors(settings)
@@ -280,11 +293,33 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
     elif run_ and os.environ.get("MASTER_ADDR") and os.environ.get("RANK", "0") != "0":
         return EXIT_ERROR if errors else EXIT_CLEAN   # torchrun, nothing to run: rank 0 reports
 
+    if simulate and results:
+        from fsdp_lint.run import RunError, RunOptions
+        from fsdp_lint.run.simulate import simulate as run_simulation
+
+        opts = RunOptions(input_shape=input_shape, input_dtype=input_dtype, timeout=run_timeout, debug=debug)
+        try:
+            run_simulation(results, settings, opts)
+        except RunError as exc:
+            click.echo(f"fsdp-lint: error: --simulate: {exc}", err=True)
+            errors += 1
+
+    if compare_granularity:
+        from fsdp_lint.granularity import compare_granularity as compare
+
+        for res in results:
+            if not res.skipped and res.plan is not None:
+                res.granularity = compare(res, settings)
+
     from fsdp_lint import report
 
     layout_opt = None if layout == "units" else layout
     if fmt == "json":
         text = report.render_json(results, layout=layout_opt, run_summary=run_summary, failures=failures)
+    elif fmt == "html":
+        from fsdp_lint.html_report import render_html
+
+        text = render_html(results, run_summary=run_summary, failures=failures)
     elif fmt == "sarif":
         text = report.render_sarif(results, failures=failures)
     elif fmt == "github":

@@ -46,8 +46,14 @@ class Settings:
     accelerate_config: Optional[str] = None
     hf_config: Optional[str] = None
     hf_class: Optional[str] = None
-    config_path: Optional[str] = None
     world_size_source: str = "default"       # where world_size came from: "default" | "config" | "--world-size"
+    # the training inputs (what --run/--simulate feed and activations are estimated for)
+    input_shape: Optional[str] = None        # "8,2048"
+    input_dtype: Optional[str] = None        # "float" | "long" | "bfloat16" | "half"
+    config_path: Optional[str] = None
+    # --simulate: activations enter the static estimate even for inputs inferred from the first layer
+    # (the simulation runs on the same ones, so the two figures compare)
+    activations_for_inferred_inputs: bool = False
     # --select/--ignore/--extend-select from the command line: a second layer over the config's
     # (ruff's model: a layer with `select` starts the selection afresh; one without only adds/removes)
     cli_selection: Optional[Dict[str, Any]] = None
@@ -60,7 +66,7 @@ class Settings:
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(Settings)}
 _KEYS.pop("entries")
 _KEYS["entry"] = "entries"
-_INTERNAL = {"config_path", "cli_selection", "world_size_source"}
+_INTERNAL = {"config_path", "cli_selection", "world_size_source", "activations_for_inferred_inputs"}
 # what an [[tool.fsdp-lint.entry]] table may set besides `path` and `args`
 _ENTRY_SETTINGS = ("world_size", "api", "wrap", "use_orig_params", "model", "replay_timeout")
 
@@ -239,3 +245,22 @@ def validate(settings: Settings, origin: str = "command line") -> None:
         raise ConfigError(f"{origin}: api must be 'fsdp1' or 'fsdp2', got {settings.api!r}")
     if settings.fail_on not in ("info", "warning", "error"):
         raise ConfigError(f"{origin}: fail-on must be info, warning or error, got {settings.fail_on!r}")
+    if settings.input_shape is not None and input_shape_dims(settings.input_shape) is None:
+        what = "--input-shape" if origin == "command line" else f"{origin}: input-shape"
+        raise ConfigError(f"{what} must be positive integers separated by commas (e.g. 8,2048), "
+                          f"got {settings.input_shape!r}")
+    if settings.input_dtype not in (None, "float", "long", "bfloat16", "half"):
+        raise ConfigError(f"{origin}: input-dtype must be float, long, bfloat16 or half, got {settings.input_dtype!r}")
+
+
+def input_shape_dims(text) -> Optional[tuple]:
+    """``"8,2048"`` (or ``8x2048``) -> ``(8, 2048)``; None when it is not a shape."""
+    import re
+
+    if not isinstance(text, str):
+        return None
+    parts = [d.strip() for d in re.split(r"[,x]", text.strip())]
+    if not parts or not all(d.isdigit() for d in parts):
+        return None
+    dims = tuple(int(d) for d in parts)
+    return dims if all(d >= 1 for d in dims) else None

@@ -29,6 +29,8 @@ class FileResult:
     argv: List[str] = field(default_factory=list)            # the script's arguments
     skipped_statements: List[Any] = field(default_factory=list)
     cwd: Optional[str] = None                                # launched from (an entry's config folder)
+    simulated: Optional[dict] = None      # --simulate: the measured peak (fsdp_lint.run.simulate)
+    granularity: Optional[list] = None    # --compare-granularity: rows (fsdp_lint.granularity)
 
 
 def analyse(path: str, settings: Settings, *, keep_model: bool = False, argv: Optional[List[str]] = None,
@@ -116,8 +118,24 @@ def plan_replay(result, settings: Settings):
     frameworks.annotate_plan(plan, result, tree)
     if plan.unsupported and not settings.allow_partial:
         raise LintError(unsupported_message(result.target or "", plan.unsupported))
-    layout = compute_layout(plan, tree)
+    from fsdp_lint.run.inputs import find_example_inputs
+
+    example_fn = find_example_inputs(result.namespace, result.model)     # it loses to --input-shape, as in --run
+    # activations enter the estimate when the input shape is known (or --simulate measures the same inputs)
+    known = bool(settings.input_shape) or example_fn is not None or settings.activations_for_inferred_inputs
+    trace = _trace(result, tree, plan, settings, example_fn, known)
+    layout = compute_layout(plan, tree, trace=trace, activations=known)
     return tree, plan, layout
+
+
+def _trace(result, tree, plan, settings: Settings, example_fn, activations: bool):
+    """One forward of the replay's model with the training inputs (``fsdp_lint.trace``)."""
+    from fsdp_lint.config import input_shape_dims
+    from fsdp_lint.trace import trace_forward
+
+    return trace_forward(result.model, tree, plan, input_shape=input_shape_dims(settings.input_shape),
+                         input_dtype=settings.input_dtype, example_fn=example_fn, timeout=settings.replay_timeout,
+                         activations=activations)
 
 
 def unsupported_message(path: str, unsupported) -> str:

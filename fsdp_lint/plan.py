@@ -587,24 +587,32 @@ def per_block_plan(tree: ModuleTree, plan: WrapPlan, block=None) -> Optional[Wra
     instances = tree.instances_of(block)
     if not instances:
         return None
+    return alternative_plan(tree, plan, instances, "per-block")
+
+
+def alternative_plan(tree: ModuleTree, plan: WrapPlan, modules: List[str], origin: str) -> WrapPlan:
+    """`plan` with other units: one per module in `modules` (children first), then the root; the
+    API, world size and options as in ``per_block_plan`` (``modules=[]``: the whole model as one
+    unit)."""
     template = plan.root_unit or (plan.units[-1] if plan.units else None)
     alt = WrapPlan(api=plan.api or "fsdp2", world_size=plan.world_size, units=[], root_wrapped=False,
                    use_orig_params=plan.use_orig_params, sharding_strategy=plan.sharding_strategy,
-                   origin="per-block", ignored_params=list(plan.ignored_params),
+                   origin=origin, ignored_params=list(plan.ignored_params),
                    ignored_modules=list(plan.ignored_modules), optimizers=list(plan.optimizers),
-                   mesh=plan.mesh, param_sharding=plan.param_sharding)
+                   mesh=plan.mesh, param_sharding=plan.param_sharding,
+                   param_shard_dims=dict(plan.param_shard_dims))
 
     def unit(fqn: str, seq: int) -> Unit:
         return Unit(module=fqn, modules=[fqn], cls=tree.modules[fqn].cls,
-                    path=template.path if template else "<per-block>", line=template.line if template else 0,
-                    col=template.col if template else 0, seq=seq, origin="per-block",
+                    path=template.path if template else f"<{origin}>", line=template.line if template else 0,
+                    col=template.col if template else 0, seq=seq, origin=origin,
                     param_dtype=template.param_dtype if template else None,
                     reduce_dtype=template.reduce_dtype if template else None,
                     shard_size=template.shard_size if template else plan.world_size,
                     replicate_size=template.replicate_size if template else 1,
                     mesh=template.mesh if template else None)
 
-    for seq, fqn in enumerate(_post_order(tree, instances)):
+    for seq, fqn in enumerate(_post_order(tree, modules)):
         alt.units.append(unit(fqn, seq))
     alt.units.append(unit("", len(alt.units)))
     _assign_params(alt, tree)

@@ -85,7 +85,7 @@ def summary_line(res) -> str:
         f"{len(plan.units)} unit{'s' if len(plan.units) != 1 else ''}",
         f"{layout.all_gathers_per_step} all-gathers + {layout.reduce_scatters_per_step} reduce-scatters"
         + (f" + {ars} all-reduces" if ars else "") + " per step",
-        f"~{human_bytes(layout.memory.per_rank_bytes)}/rank",
+        memory_summary(layout.memory),
     ]
     tp = tp_summary(layout)
     if tp:
@@ -126,6 +126,13 @@ def unsupported_notes(res) -> List[str]:
         where = f"{display_path(item.path)}:{item.line}: " if item.path and item.line else ""
         out.append(f"{where}not modelled ({item.what}): {item.detail}")
     return out
+
+
+def memory_summary(memory) -> str:
+    """The estimate with what it covers: never a bare total that reads as the peak."""
+    if "activations" in memory.covers:
+        return f"peak ~{human_bytes(memory.per_rank_bytes)}/rank ({memory.activation_note})"
+    return f"{memory.covers} ~{human_bytes(memory.per_rank_bytes)}/rank ({memory.activation_note})"
 
 
 def unit_table(res) -> str:
@@ -363,6 +370,14 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
                 blocks.append(params_table(res))
             elif layout == "ranks":
                 blocks.append(ranks_table(res))
+            elif layout == "diagram":
+                from fsdp_lint.diagram import layout_diagram
+
+                blocks.append(layout_diagram(res))
+            if getattr(res, "granularity", None):
+                blocks.append(granularity_table(res))
+            if getattr(res, "simulated", None):
+                blocks.append(simulated_text(res))
         else:
             for f in res.findings:
                 blocks.append(format_finding_concise(f))
@@ -382,6 +397,70 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
     if run_summary is not None:
         blocks.append(run_summary_text(run_summary))
     return "\n\n".join(blocks) + "\n"
+
+
+# the rows of the memory comparison: (label, static breakdown keys, simulated breakdown keys)
+MEMORY_ROWS = [
+    ("sharded parameters", ("sharded_params",), ("sharded_params",)),
+    ("unsharded parameters + all-gather buffers", ("unsharded_params_in_flight", "all_gather_buffers"),
+     ("unsharded_params", "all_gather_buffers")),
+    ("gradients (sharded, unsharded, reduce-scatter)", ("sharded_grads", "unsharded_grads", "reduce_scatter_buffers"),
+     ("sharded_grads", "unsharded_grads", "reduce_scatter_buffers")),
+    ("optimizer state", ("optimizer_state",), ("optimizer_state",)),
+    ("activations", ("activations",), ("activations",)),
+    ("temporaries", ("temporaries",), ("temporaries",)),
+    ("inputs", ("inputs",), ("inputs",)),
+    ("buffers", (), ("buffers",)),
+    ("replicated (outside every unit)", ("replicated_params_grads_state",), ()),
+]
+
+
+def simulated_text(res) -> str:
+    """`--simulate`: the measured peak and where, its breakdown beside the static estimate, and the
+    collectives counted beside the static ones."""
+    from tabulate import tabulate
+
+    sim, mem, lay = res.simulated, res.layout.memory, res.layout
+    if "error" in sim:
+        return f"--simulate: not measured: {sim['error']}"
+    at = sim.get("peak_at") or {}
+    where = f" in {at['phase']} of {unit_label(at['module'])} (step {at['step']})" if at else ""
+    head = (f"--simulate: rank 0 of {sim['world_size']} under the fake process group ({sim['measure']}), "
+            f"{sim['steps']} steps, inputs {sim['inputs']}, {sim['optimizer'] or 'no optimizer'}, "
+            f"{sim['wall_time_s']} s: peak {human_bytes(sim['peak_bytes'])}/rank{where}")
+    rows = []
+    for label, skeys, mkeys in MEMORY_ROWS:
+        st = sum(mem.breakdown.get(k, 0) for k in skeys)
+        me = sum(sim["breakdown"].get(k, 0) for k in mkeys)
+        if st or me:
+            rows.append([label, human_bytes(me), human_bytes(st) if skeys else "-"])
+    ratio = mem.per_rank_bytes / sim["peak_bytes"] if sim["peak_bytes"] else 0.0
+    rows.append(["total", human_bytes(sim["peak_bytes"]),
+                 f"{human_bytes(mem.per_rank_bytes)} ({ratio:.2f}x, {mem.phase})"])
+    table = tabulate(rows, headers=["per rank", "simulated (at the peak)", f"static estimate ({mem.covers})"],
+                     tablefmt="simple", disable_numparse=True)
+    c = sim["collectives"]
+    coll = (f"collectives per step: {c['all_gathers_per_step']} all-gathers "
+            f"({human_bytes(c['all_gather_bytes_per_step'])}/rank) + {c['reduce_scatters_per_step']} reduce-scatters "
+            f"({human_bytes(c['reduce_scatter_bytes_per_step'])}/rank); static {lay.all_gathers_per_step} "
+            f"({human_bytes(sum(u.all_gather_bytes * u.all_gathers_per_step for u in lay.units))}) + "
+            f"{lay.reduce_scatters_per_step} "
+            f"({human_bytes(sum(u.reduce_scatter_bytes * u.reduce_scatters_per_step for u in lay.units))})")
+    return "\n".join([head, table, coll])
+
+
+def granularity_table(res) -> str:
+    """`--compare-granularity`: the article's table for this model and world size."""
+    from tabulate import tabulate
+
+    rows = []
+    for row in res.granularity:
+        rows.append([row.name, row.units, row.all_gathers_per_step, human_bytes(row.bytes_per_all_gather),
+                     human_bytes(row.forward_peak_bytes), human_bytes(row.per_rank_bytes), row.verdict])
+    headers = ["plan", "units", "all-gathers/step", "bytes/all-gather", "forward peak (unsharded)",
+               "memory/rank", "verdict"]
+    return (f"granularity on {res.plan.world_size} ranks ({res.layout.memory.covers}):\n"
+            + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
 
 
 def run_summary_text(run: dict) -> str:
@@ -405,7 +484,10 @@ def run_summary_text(run: dict) -> str:
         peaks = [p for p in fs.get("peak_memory_bytes") or [] if p]
         if peaks:
             parts.append(f"peak memory {human_bytes(max(peaks))}/rank ({fs.get('memory_measure')}), static estimate "
-                         f"{human_bytes(st.get('memory_per_rank_bytes', 0))}")
+                         f"{human_bytes(st.get('memory_per_rank_bytes', 0))} for {st.get('world_size')} ranks")
+        rss = [p for p in fs.get("rss_peak_bytes") or [] if p]
+        if rss:
+            parts.append(f"process RSS peak {human_bytes(max(rss))} (Python, torch and allocator caches included)")
         lines.append(f"  {fs['path']}: " + "; ".join(parts))
     return "\n".join(lines)
 
@@ -519,10 +601,25 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
             "world_size_source": plan.world_size_source,
             "unsupported": [item.to_json(display_path) for item in plan.unsupported],
         },
-        "memory": {"per_rank_bytes": lay.memory.per_rank_bytes, "breakdown": lay.memory.breakdown,
-                   "optimizer": lay.memory.optimizer},
+        "memory": memory_to_json(res),
         "findings": [f.to_json(display_path(f.path), display_path) for f in res.findings],
+        **({"granularity": granularity_to_json(res)} if getattr(res, "granularity", None) else {}),
     }
+
+
+def memory_to_json(res) -> dict:
+    mem = res.layout.memory
+    out = {"per_rank_bytes": mem.per_rank_bytes, "breakdown": mem.breakdown, "optimizer": mem.optimizer,
+           "covers": mem.covers, "phase": mem.phase, "note": mem.activation_note}
+    if getattr(res, "simulated", None) is not None:
+        out["simulated"] = res.simulated
+    return out
+
+
+def granularity_to_json(res) -> list:
+    return [{"plan": r.name, "units": r.units, "all_gathers_per_step": r.all_gathers_per_step,
+             "bytes_per_all_gather": r.bytes_per_all_gather, "forward_peak_bytes": r.forward_peak_bytes,
+             "per_rank_bytes": r.per_rank_bytes, "verdict": r.verdict} for r in res.granularity]
 
 
 def _mesh_json(mesh) -> Optional[dict]:

@@ -149,8 +149,8 @@ fully_shard(model)
             alt, alt_layout = per_block_layout(ctx, blocks)
             if alt is None:
                 continue
-            peak = layout.memory.breakdown.get("unsharded_params_in_flight", 0)
-            alt_peak = alt_layout.memory.breakdown.get("unsharded_params_in_flight", 0)
+            peak = layout.memory.unsharded_peak_bytes
+            alt_peak = alt_layout.memory.unsharded_peak_bytes
             if alt_peak >= peak:
                 continue
             yield self._finding(ctx, ul, blocks, inside, managed, peak, alt, alt_layout, alt_peak)
