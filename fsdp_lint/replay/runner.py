@@ -214,7 +214,7 @@ class _Run:
         root = how = None
         launchers = tuple(sorted({imp.module.split(".")[0] for f in self.project.modules.values()
                                   for imp in f.imports} & {"hydra"}))
-        with sandbox(self.rec, entry.root, self.argv, launchers=launchers):
+        with _own_project_modules(), sandbox(self.rec, entry.root, self.argv, launchers=launchers):
             if self.cwd:
                 os.chdir(self.cwd)      # restored by the sandbox
             sys.meta_path.insert(0, self.importer)
@@ -410,6 +410,24 @@ class _Run:
             names = ", ".join(dict.fromkeys(i.missing for i in unused))
             notes.append(f"not installed here, stood in for (not used by the model): {names}")
         return notes
+
+
+@contextlib.contextmanager
+def _own_project_modules():
+    """The entry imports its own project modules afresh: project-local modules this process imported
+    before (another file linted in-process, a test's fixtures) are set aside for the replay and put
+    back afterwards, so that a `model` of another project never stands in for this one's."""
+    from fsdp_lint.project import is_local
+
+    aside = {name: mod for name, mod in list(sys.modules.items())
+             if name != "__main__" and is_local(getattr(mod, "__file__", None) or "")}
+    for name in aside:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        for name, mod in aside.items():
+            sys.modules.setdefault(name, mod)
 
 
 def _resolves_locally(entry: Entry, module: str) -> bool:

@@ -95,7 +95,8 @@ def build(spec, ws, device, phase, out, remaining):
         return None, None, {}, None
     torch.manual_seed(spec["seed"])
     try:
-        result = replay(facts, ws, target=target, real=True, timeout=remaining(), device=device)
+        result = replay(facts, ws, target=target, real=True, timeout=remaining(), device=device,
+                        argv=spec.get("argv"), cwd=spec.get("cwd"))
     except ReplayError as exc:
         cause = exc.__cause__
         if cause is None:

@@ -89,6 +89,9 @@ def spec_for(res, settings, opts: RunOptions, seed: int = 0) -> dict:
         "units": [list(u.modules) for u in plan.units],
         "use_orig_params": bool(plan.use_orig_params),
         "debug": opts.debug,
+        # the script's own command line and where it was launched from, as when it was linted
+        "argv": list(getattr(res, "argv", None) or []),
+        "cwd": getattr(res, "cwd", None),
     }
 
 
