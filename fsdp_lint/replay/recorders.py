@@ -134,6 +134,56 @@ class Recorder:
         return state
 
 
+_RECORDED_CLASSES: Dict[type, type] = {}
+
+
+def _recorded_fsdp_module_base():
+    """A stand-in for FSDP2's ``FSDPModule`` on a recorded module: ``isinstance(m, FSDPModule)`` holds
+    as after a real ``fully_shard``, the set-up methods scripts call after wrapping
+    (``set_modules_to_forward_prefetch``, ``unshard``, ``set_requires_gradient_sync``, ...) do nothing,
+    and ``set_reshard_after_forward`` changes the recorded call, as it changes torch's group."""
+    from torch.distributed.fsdp import FSDPModule as RealFSDPModule
+
+    cached = _RECORDED_CLASSES.get(RealFSDPModule)
+    if cached is not None:
+        return cached
+
+    def noop(name):
+        def method(self, *args, **kwargs):
+            return None
+        method.__name__ = name
+        return method
+
+    namespace = {name: noop(name) for name in dir(RealFSDPModule)
+                 if not name.startswith("_") and callable(getattr(RealFSDPModule, name))}
+
+    def set_reshard_after_forward(self, reshard_after_forward, recurse=True):
+        targets = [m for m in self.modules() if hasattr(m, "_fsdp_lint_call")] if recurse else [self]
+        for m in targets:
+            m._fsdp_lint_call.kwargs["reshard_after_forward"] = reshard_after_forward
+
+    namespace["set_reshard_after_forward"] = set_reshard_after_forward
+    namespace["__module__"] = __name__
+    # named like torch's base, so that the tree reports the user's class (see tree.build_module_tree)
+    base = type("FSDPModule", (RealFSDPModule,), namespace)
+    _RECORDED_CLASSES[RealFSDPModule] = base
+    return base
+
+
+def _as_fsdp_module(module, call) -> None:
+    base = _recorded_fsdp_module_base()
+    cls = type(module)
+    if isinstance(module, base) or not hasattr(module, "__dict__"):
+        module.__dict__["_fsdp_lint_call"] = call
+        return
+    new = _RECORDED_CLASSES.get(cls)
+    if new is None:
+        new = type(f"FSDP{cls.__name__}", (base, cls), {"__module__": cls.__module__})
+        _RECORDED_CLASSES[cls] = new
+    module.__class__ = new
+    module.__dict__["_fsdp_lint_call"] = call
+
+
 def shard_dims(modules, placement_fn) -> Dict[int, int]:
     """FSDP2's ``shard_placement_fn``, evaluated as torch evaluates it: per parameter of the call's
     modules, the dim it shards (``Shard(d)``; None keeps dim 0). id(param) -> dim (normalised)."""
@@ -182,6 +232,8 @@ def _install_recorders(rec: Recorder, patch) -> None:
         call = WrapCall("fsdp2", next(rec.seq), mods, kwargs, rec.position(), state=rec.snapshot(mods))
         call.shard_dims = shard_dims(mods, kwargs.get("shard_placement_fn"))
         rec.record_wrap(call)
+        for m in mods:
+            _as_fsdp_module(m, call)
         return module
 
     class _FSDPMeta(type):
