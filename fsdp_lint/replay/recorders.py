@@ -262,20 +262,7 @@ def _install_recorders(rec: Recorder, patch) -> None:
             return module
 
     RecordingFSDP.__name__ = "FullyShardedDataParallel"
-    for mod_name in ("torch.distributed.fsdp", "torch.distributed.fsdp.fully_sharded_data_parallel",
-                     "torch.distributed._composable.fsdp", "torch.distributed._composable.fsdp.fully_shard",
-                     "torch.distributed.fsdp._fully_shard", "torch.distributed.fsdp._fully_shard._fully_shard"):
-        mod = sys.modules.get(mod_name)
-        if mod is None:
-            try:
-                __import__(mod_name)
-                mod = sys.modules[mod_name]
-            except Exception:
-                continue
-        if hasattr(mod, "fully_shard"):
-            patch(mod, "fully_shard", fully_shard)
-        if hasattr(mod, "FullyShardedDataParallel"):
-            patch(mod, "FullyShardedDataParallel", RecordingFSDP)
+    _patch_fsdp_entry_points(patch, fully_shard, RecordingFSDP, _FSDP_MODULES + _FSDP2_PRIVATE_MODULES)
     del fsdp_mod
 
 
@@ -315,8 +302,19 @@ def _install_real_wrappers(rec: Recorder, patch) -> None:
         def __new__(cls, module, *args, **kwargs):
             return make_fsdp(module, *args, **kwargs)
 
-    for mod_name in ("torch.distributed.fsdp", "torch.distributed.fsdp.fully_sharded_data_parallel",
-                     "torch.distributed._composable.fsdp", "torch.distributed._composable.fsdp.fully_shard"):
+    _patch_fsdp_entry_points(patch, fully_shard, RealRecordingFSDP, _FSDP_MODULES)
+    del fsdp_mod
+
+
+# where code finds the FSDP APIs: the public modules, and (recording) FSDP2's own implementation modules
+_FSDP_MODULES = ("torch.distributed.fsdp", "torch.distributed.fsdp.fully_sharded_data_parallel",
+                 "torch.distributed._composable.fsdp", "torch.distributed._composable.fsdp.fully_shard")
+_FSDP2_PRIVATE_MODULES = ("torch.distributed.fsdp._fully_shard", "torch.distributed.fsdp._fully_shard._fully_shard")
+
+
+def _patch_fsdp_entry_points(patch, fully_shard, fsdp_cls, module_names) -> None:
+    """Put `fully_shard`/`fsdp_cls` wherever a file can import ``fully_shard``/``FullyShardedDataParallel``."""
+    for mod_name in module_names:
         mod = sys.modules.get(mod_name)
         if mod is None:
             try:
@@ -327,5 +325,4 @@ def _install_real_wrappers(rec: Recorder, patch) -> None:
         if hasattr(mod, "fully_shard"):
             patch(mod, "fully_shard", fully_shard)
         if hasattr(mod, "FullyShardedDataParallel"):
-            patch(mod, "FullyShardedDataParallel", RealRecordingFSDP)
-    del fsdp_mod
+            patch(mod, "FullyShardedDataParallel", fsdp_cls)
