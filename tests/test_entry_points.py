@@ -432,3 +432,20 @@ def test_libraries_that_probe_cuda_when_imported_do_not_fail_the_replay(tmp_path
     res = cli("train.py", "--format", "json", cwd=str(tmp_path))
     assert res.code == 0, res.err
     assert units(res) == [["h.0"], ["h.1"], [""]]
+
+
+def test_a_package_script_that_imports_its_siblings_as_top_level_modules(tmp_path, cli):
+    """`scripts/` has an `__init__.py`, yet its script imports `train_utils` next to it as `python
+    scripts/train.py` would find it; a sibling never hides an installed package."""
+    write_repo(tmp_path, {"scripts/__init__.py": "", "scripts/model.py": MODEL, "scripts/yaml.py": "raise ImportError\n",
+                          "scripts/train_utils.py": SHARDING, "scripts/train.py": '''
+        import yaml                     # the installed PyYAML, not scripts/yaml.py
+        from model import GPT, GPTConfig
+        from train_utils import shard
+
+        cfg = yaml.safe_load("n_layer: 3")
+        shard(GPT(GPTConfig(**cfg)))
+    '''})
+    res = cli("scripts/train.py", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    assert units(res) == [["h.0"], ["h.1"], ["h.2"], [""]]

@@ -214,7 +214,9 @@ class _Run:
         root = how = None
         launchers = tuple(sorted({imp.module.split(".")[0] for f in self.project.modules.values()
                                   for imp in f.imports} & {"hydra"}))
-        with _own_project_modules(), sandbox(self.rec, entry.root, self.argv, launchers=launchers):
+        siblings = os.path.dirname(self.path) if entry.is_package_module else None
+        with _own_project_modules(), sandbox(self.rec, entry.root, self.argv, launchers=launchers,
+                                             last_resort_path=siblings):
             if self.cwd:
                 os.chdir(self.cwd)      # restored by the sandbox
             sys.meta_path.insert(0, self.importer)
