@@ -177,6 +177,15 @@ def dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def user_class(module) -> type:
+    """The module's class as the user wrote it: FSDP2 (and fsdp-lint's recorder) swap the class for a
+    `FSDP<Name>(FSDPModule, <Name>)` subclass."""
+    cls = type(module)
+    if cls.__name__.startswith("FSDP") and len(cls.__bases__) == 2 and cls.__bases__[0].__name__ == "FSDPModule":
+        cls = cls.__bases__[1]
+    return cls
+
+
 def build_module_tree(model, state: Optional[Dict[int, Tuple[bool, object]]] = None) -> ModuleTree:
     """Read a (meta-device) ``nn.Module`` into a ModuleTree.
 
@@ -189,10 +198,7 @@ def build_module_tree(model, state: Optional[Dict[int, Tuple[bool, object]]] = N
 
     modules: Dict[str, ModuleInfo] = {}
     for fqn, mod in model.named_modules():
-        cls = type(mod)
-        # FSDP2 swaps the class for a `FSDP<Name>(FSDPModule, <Name>)` subclass: report the user's
-        if cls.__name__.startswith("FSDP") and len(cls.__bases__) == 2 and cls.__bases__[0].__name__ == "FSDPModule":
-            cls = cls.__bases__[1]
+        cls = user_class(mod)
         forward = getattr(cls, "forward", None)
         has_forward = forward is not None and forward is not nn.Module.forward
         modules[fqn] = ModuleInfo(

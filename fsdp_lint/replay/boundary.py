@@ -63,11 +63,9 @@ def install_boundaries(rec, patch: Callable[[Any, str, Any], None]) -> List[Any]
 
 
 def _user_class(module) -> str:
-    """The module's class as the user wrote it (FSDP2 swaps in a `FSDP<Name>(FSDPModule, <Name>)`)."""
-    cls = type(module)
-    if cls.__name__.startswith("FSDP") and len(cls.__bases__) == 2 and cls.__bases__[0].__name__ == "FSDPModule":
-        cls = cls.__bases__[1]
-    return cls.__name__
+    from fsdp_lint.tree import user_class
+
+    return user_class(module).__name__
 
 
 def training_loop(rec, line: int) -> None:
