@@ -156,7 +156,9 @@ class Recording:
         root = model if model is not None else (_root_of(rec) if rec.wrap_calls else None)
         if root is None:
             raise ValueError("no FSDP wrap call was recorded in the block; pass the model: rec.report(model)")
-        result = ReplayResult(model=root, target=f"{os.path.basename(self.path)}:{type(root).__name__}",
+        from fsdp_lint.tree import user_class
+
+        result = ReplayResult(model=root, target=f"{os.path.basename(self.path)}:{user_class(root).__name__}",
                               wrap_calls=rec.wrap_calls, optimizers=rec.optimizers, param_events=rec.param_events,
                               skipped=rec.skipped_records(), world_size=rec.world_size, mesh_sizes=rec.mesh_sizes)
         return _lint(self.path, root, result, self.settings)

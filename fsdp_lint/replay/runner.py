@@ -24,9 +24,21 @@ from typing import Any, Dict, List, Optional, Union
 from fsdp_lint.project import Entry, Reach, facts_for, reach
 from fsdp_lint.replay import boundary
 from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_line
-from fsdp_lint.replay.imports import Missing, MissingImport, ProjectImporter, StubUse, is_circular, missing_module_of
+from fsdp_lint.replay.imports import (
+    Missing,
+    MissingImport,
+    ProjectImporter,
+    StubUse,
+    is_circular,
+    missing_module_of,
+)
 from fsdp_lint.replay.recorders import Recorder
-from fsdp_lint.replay.records import _MISSING, ReplayError, ReplayResult, TrainingBoundary
+from fsdp_lint.replay.records import (
+    _MISSING,
+    ReplayError,
+    ReplayResult,
+    TrainingBoundary,
+)
 from fsdp_lint.replay.sandbox import guarded_builtins, sandbox
 from fsdp_lint.replay.targets import (
     LazyOverride,
@@ -37,8 +49,16 @@ from fsdp_lint.replay.targets import (
     helper_arguments,
     load_target,
 )
-from fsdp_lint.replay.transform import LOOP, REBIND, SETUP_DONE, SKIP, STUB_IMPORT, transform
+from fsdp_lint.replay.transform import (
+    LOOP,
+    REBIND,
+    SETUP_DONE,
+    SKIP,
+    STUB_IMPORT,
+    transform,
+)
 from fsdp_lint.source import SourceFacts, relevant_lines_with
+from fsdp_lint.tree import user_class
 
 
 class _ReplayTimeout(BaseException):
@@ -332,13 +352,13 @@ class _Run:
             _undo_after_last_wrap(rec)
         if rec.wrap_calls:
             root = _root_of(rec)
-            how = how if (how and override is not None and override.used) else f"{self.display}:{type(root).__name__}"
+            how = how if (how and override is not None and override.used) else f"{self.display}:{user_class(root).__name__}"
             if override is not None and not override.used:
                 # the file wraps a model of its own: applying its wrap code (policies naming the
                 # file's own block classes) to another model would report a plan nobody wrote
                 raise ReplayError(
                     f"--model {self.target.text}: {self.display} never builds {self.target.name}; its wrap code wraps "
-                    f"its own {type(root).__name__}. Use --model {self.display}:{type(root).__name__}(...) to change "
+                    f"its own {user_class(root).__name__}. Use --model {self.display}:{user_class(root).__name__}(...) to change "
                     f"that model's arguments, or lint the file that builds {self.target.name}")
         elif root is None:
             if override is not None and override.used:

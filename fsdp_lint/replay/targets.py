@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from fsdp_lint.replay.recorders import FakeMesh, Recorder
 from fsdp_lint.replay.records import NoModelError, ReplayError, TrainingBoundary
 from fsdp_lint.source import SourceFacts
+from fsdp_lint.tree import user_class
 
 # `path.py:Name` or `pkg.mod:Name.attr` inside a target expression
 _REF = re.compile(
@@ -362,7 +363,7 @@ def discover_model(facts: SourceFacts, ns: dict, rec: Recorder, display: str):
     built = largest_built_model(rec)
     if built is not None:
         model, pos = built
-        return model, f"{display}:{type(model).__name__}"
+        return model, f"{display}:{user_class(model).__name__}"
     errors = []
     for name in facts.factories():
         fn = ns.get(name)
