@@ -122,10 +122,13 @@ def _explain(code: str) -> None:
 @click.option("--use-orig-params/--no-use-orig-params", default=None, help="Override FSDP1 use_orig_params.")
 @click.option("--model", "model_target", default=None, metavar="TARGET",
               help="The model: path.py:Class, path.py:factory, pkg.mod:factory, path.py:Class(num_layers=4).")
-@click.option("--format", "fmt", type=click.Choice(["full", "concise", "json", "sarif", "github"]),
-              default="full", show_default=True, help="Output format.")
-@click.option("--layout", type=click.Choice(["units", "params", "ranks"]), default="units", show_default=True,
-              help="Also show the per-parameter (params) or per-rank (ranks) layout.")
+@click.option("--format", "fmt", type=click.Choice(["full", "concise", "json", "sarif", "github", "html"]),
+              default="full", show_default=True, help="Output format (html: one self-contained file, use -o).")
+@click.option("--layout", type=click.Choice(["units", "params", "ranks", "diagram"]), default="units",
+              show_default=True,
+              help="Also show the per-parameter (params) or per-rank (ranks) layout, or draw it (diagram).")
+@click.option("--compare-granularity", is_flag=True,
+              help="Compare the plan with one unit for the whole model, one per repeated block and one per Linear.")
 @click.option("--select", multiple=True, help="Rule codes or prefixes to enable (comma-separated; ALL).")
 @click.option("--ignore", multiple=True, help="Rule codes or prefixes to disable (comma-separated).")
 @click.option("--extend-select", multiple=True, help="Rule codes or prefixes to add to the selection.")
@@ -139,19 +142,34 @@ def _explain(code: str) -> None:
               help="pyproject.toml to read [tool.fsdp-lint] from (default: the nearest one).")
 @click.option("--output", "-o", "output", type=click.Path(dir_okay=False), default=None,
               help="Write the report to this file instead of stdout.")
+@click.option("--accelerate-config", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="An accelerate config (YAML/JSON): lint as `accelerate launch --config_file FILE` runs the script; "
+                   "with --hf-config and no PATHS, check the config on that model.")
+@click.option("--hf-config", type=click.Path(), default=None, metavar="CONFIG_JSON",
+              help="A Hugging Face model config (file or directory): used by from_pretrained() in the script "
+                   "(nothing is downloaded); with no PATHS, lint that model alone.")
+@click.option("--hf-class", default=None, metavar="AUTO_CLASS",
+              help="The class --hf-config builds (AutoModelForCausalLM, AutoModelForSeq2SeqLM, LlamaForCausalLM, ...; "
+                   "default: the config's architectures).")
 @click.option("--run", "run_", is_flag=True, help="Confirm the findings in a short real FSDP session.")
+@click.option("--simulate", is_flag=True,
+              help="Measure the real peak memory per rank: the plan built for real on fake tensors under a "
+                   "fake process group (torch's memory tracker; no GPU, no memory).")
 @click.option("--nproc", type=int, default=2, show_default=True, help="--run: number of ranks.")
 @click.option("--steps", type=int, default=2, show_default=True, help="--run: training steps.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="--run: cuda (NCCL) or cpu (gloo).")
-@click.option("--input-shape", default=None, metavar="D0,D1,...", help="--run: synthetic input shape.")
+@click.option("--input-shape", default=None, metavar="D0,D1,...",
+              help="The training input shape: activations in the memory estimate; --run/--simulate inputs.")
 @click.option("--input-dtype", type=click.Choice(["float", "long", "bfloat16", "half"]), default=None,
-              help="--run: synthetic input dtype.")
-@click.option("--run-timeout", type=float, default=300.0, show_default=True, help="--run: seconds for the whole run.")
+              help="The training input dtype (default: long for a model that starts with an Embedding).")
+@click.option("--run-timeout", type=float, default=300.0, show_default=True,
+              help="--run/--simulate: seconds for the whole run.")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(__version__, prog_name="fsdp-lint")
-def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout, select,
-        ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules, config_path, output, run_, nproc, steps, device,
+def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout,
+        compare_granularity, select, ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules,
+        config_path, output, accelerate_config, hf_config, hf_class, run_, simulate, nproc, steps, device,
         input_shape, input_dtype, run_timeout, debug):
     """Lint PyTorch FSDP wrap code and show the plan FSDP will build.
 
@@ -170,7 +188,9 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
     if explain:
         _explain(explain)
         return EXIT_CLEAN
-    if not paths and not _configured_entries(config_path):
+    if hf_class and not hf_config:
+        raise BadInput("--hf-class needs --hf-config (the config of the model to build)")
+    if not paths and not hf_config and not _configured_entries(config_path):
         raise BadInput("no paths given (try: fsdp-lint train.py; fsdp-lint --help)")
     if world_size is not None and world_size < 1:
         raise BadInput(f"--world-size must be at least 1, got {world_size}")
@@ -191,7 +211,7 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
         base = load_settings(files[0][0] if files else os.getcwd(), config_path)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
-    if not files and not missing:
+    if not files and not hf_config and not missing:
         # no paths: the launch commands of [[tool.fsdp-lint.entry]]
         files = [(e.path, True) for e in dict((e.path, e) for e in base.entries).values()]
     cli_selection = {"select": _split_codes(select), "ignore": _split_codes(ignore),
@@ -200,11 +220,17 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
         world_size=world_size, api=api, wrap=list(wrap), use_orig_params=use_orig_params, model=model_target,
         fail_on=fail_on, cli_selection=cli_selection if any(cli_selection.values()) else None,
         gpus_per_node=gpus_per_node, allow_partial=allow_partial or None,
-        world_size_source="--world-size" if world_size is not None else None)
+        world_size_source="--world-size" if world_size is not None else None,
+        accelerate_config=accelerate_config, hf_config=hf_config, hf_class=hf_class,
+        input_shape=input_shape, input_dtype=input_dtype)
+    input_shape, input_dtype = settings.input_shape, settings.input_dtype   # [tool.fsdp-lint] input-shape too
     if run_ and os.environ.get("WORLD_SIZE", "").isdigit() and os.environ.get("RANK") and os.environ.get("MASTER_ADDR"):
         nproc = int(os.environ["WORLD_SIZE"])   # under torchrun every process is one rank
     if run_ and world_size is None:
         settings = settings.with_overrides(world_size=nproc)
+    if simulate:
+        # the simulation runs on the inputs the estimate's activations are then traced with
+        settings = settings.with_overrides(activations_for_inferred_inputs=True)
     try:
         validate(settings)
         check_all_selectors(settings)
@@ -258,6 +284,16 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
             failures.append((path, msg))
             click.echo(f"fsdp-lint: error: {msg}", err=True)
     linted.close()
+    if not paths and hf_config:
+        # --hf-config [--accelerate-config]: the model alone, wrapped as accelerate would wrap it
+        from fsdp_lint.isolation import lint_call
+
+        shown = accelerate_config or hf_config
+        try:   # in a child process, as a file's lint (the config's model code runs)
+            results.append(lint_call("fsdp_lint.frameworks.config_only:lint_config", settings, shown))
+        except LintError as exc:
+            failures.append((shown, _with_path(shown, str(exc))))
+            click.echo(f"fsdp-lint: error: {_with_path(shown, str(exc))}", err=True)
     errors = len(failures)
 
     run_summary = None
@@ -277,11 +313,36 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
     elif run_ and os.environ.get("MASTER_ADDR") and os.environ.get("RANK", "0") != "0":
         return EXIT_ERROR if errors else EXIT_CLEAN   # torchrun, nothing to run: rank 0 reports
 
+    if simulate and results:
+        from fsdp_lint.run import RunError, RunOptions
+        from fsdp_lint.run.simulate import simulate as run_simulation
+
+        from fsdp_lint.reaper import RunGuard   # what a simulated rank starts dies with the run
+
+        opts = RunOptions(input_shape=input_shape, input_dtype=input_dtype, timeout=run_timeout, debug=debug)
+        try:
+            with RunGuard():
+                run_simulation(results, settings, opts)
+        except RunError as exc:
+            click.echo(f"fsdp-lint: error: --simulate: {exc}", err=True)
+            errors += 1
+
+    if compare_granularity:
+        from fsdp_lint.granularity import compare_granularity as compare
+
+        for res in results:
+            if not res.skipped and res.plan is not None:
+                res.granularity = compare(res, settings)
+
     from fsdp_lint import report
 
     layout_opt = None if layout == "units" else layout
     if fmt == "json":
         text = report.render_json(results, layout=layout_opt, run_summary=run_summary, failures=failures)
+    elif fmt == "html":
+        from fsdp_lint.html_report import render_html
+
+        text = render_html(results, run_summary=run_summary, failures=failures)
     elif fmt == "sarif":
         text = report.render_sarif(results, failures=failures)
     elif fmt == "github":

@@ -41,8 +41,19 @@ class Settings:
     gpus_per_node: int = 8                   # HYBRID_SHARD node groups; FSD702: replicas across nodes
     allow_partial: bool = False              # report a plan with elements fsdp-lint does not model
     entries: List[EntrySpec] = field(default_factory=list)
-    config_path: Optional[str] = None
+    # frameworks (issue 8): an accelerate config file as `accelerate launch --config_file` reads it; a
+    # Hugging Face model config for `from_pretrained(...)` (never downloaded) or to lint a model alone
+    accelerate_config: Optional[str] = None
+    hf_config: Optional[str] = None
+    hf_class: Optional[str] = None
     world_size_source: str = "default"       # where world_size came from: "default" | "config" | "--world-size"
+    # the training inputs (what --run/--simulate feed and activations are estimated for)
+    input_shape: Optional[str] = None        # "8,2048"
+    input_dtype: Optional[str] = None        # "float" | "long" | "bfloat16" | "half"
+    config_path: Optional[str] = None
+    # --simulate: activations enter the static estimate even for inputs inferred from the first layer
+    # (the simulation runs on the same ones, so the two figures compare)
+    activations_for_inferred_inputs: bool = False
     # --select/--ignore/--extend-select from the command line: a second layer over the config's
     # (ruff's model: a layer with `select` starts the selection afresh; one without only adds/removes)
     cli_selection: Optional[Dict[str, Any]] = None
@@ -55,7 +66,7 @@ class Settings:
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(Settings)}
 _KEYS.pop("entries")
 _KEYS["entry"] = "entries"
-_INTERNAL = {"config_path", "cli_selection", "world_size_source"}
+_INTERNAL = {"config_path", "cli_selection", "world_size_source", "activations_for_inferred_inputs"}
 # what an [[tool.fsdp-lint.entry]] table may set besides `path` and `args`
 _ENTRY_SETTINGS = ("world_size", "api", "wrap", "use_orig_params", "model", "replay_timeout")
 
@@ -100,6 +111,9 @@ def load_settings(start: str, explicit: Optional[str] = None) -> Settings:
     settings = replace(settings, config_path=path)
     for name, value in values.items():
         values[name] = _entries(value, path) if name == "entries" else _check_type(name, value, path)
+    for name in ("accelerate_config", "hf_config"):    # files named in the config: relative to it
+        if values.get(name):
+            values[name] = os.path.join(os.path.dirname(os.path.abspath(path)), values[name])
     try:
         settings = replace(settings, **values)
     except TypeError as exc:
@@ -245,3 +259,22 @@ def validate(settings: Settings, origin: str = "command line") -> None:
         raise ConfigError(f"{origin}: api must be 'fsdp1' or 'fsdp2', got {settings.api!r}")
     if settings.fail_on not in ("info", "warning", "error"):
         raise ConfigError(f"{origin}: fail-on must be info, warning or error, got {settings.fail_on!r}")
+    if settings.input_shape is not None and input_shape_dims(settings.input_shape) is None:
+        what = "--input-shape" if origin == "command line" else f"{origin}: input-shape"
+        raise ConfigError(f"{what} must be positive integers separated by commas (e.g. 8,2048), "
+                          f"got {settings.input_shape!r}")
+    if settings.input_dtype not in (None, "float", "long", "bfloat16", "half"):
+        raise ConfigError(f"{origin}: input-dtype must be float, long, bfloat16 or half, got {settings.input_dtype!r}")
+
+
+def input_shape_dims(text) -> Optional[tuple]:
+    """``"8,2048"`` (or ``8x2048``) -> ``(8, 2048)``; None when it is not a shape."""
+    import re
+
+    if not isinstance(text, str):
+        return None
+    parts = [d.strip() for d in re.split(r"[,x]", text.strip())]
+    if not parts or not all(d.isdigit() for d in parts):
+        return None
+    dims = tuple(int(d) for d in parts)
+    return dims if all(d >= 1 for d in dims) else None

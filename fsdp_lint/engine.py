@@ -29,6 +29,8 @@ class FileResult:
     argv: List[str] = field(default_factory=list)            # the script's arguments
     skipped_statements: List[Any] = field(default_factory=list)
     cwd: Optional[str] = None                                # launched from (an entry's config folder)
+    simulated: Optional[dict] = None      # --simulate: the measured peak (fsdp_lint.run.simulate)
+    granularity: Optional[list] = None    # --compare-granularity: rows (fsdp_lint.granularity)
 
 
 @dataclass
@@ -47,7 +49,7 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False, argv: Op
     screened = screen(path, settings, explicit=explicit)
     if isinstance(screened, FileResult):
         return screened
-    return analyse_facts(screened, settings, keep_model=keep_model, argv=argv, cwd=cwd)
+    return analyse_facts(screened, settings, keep_model=keep_model, argv=argv, explicit=explicit, cwd=cwd)
 
 
 def screen(path: str, settings: Settings, *, explicit: bool = True):
@@ -73,22 +75,60 @@ def screen(path: str, settings: Settings, *, explicit: bool = True):
 
 
 def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = False,
-                  argv: Optional[List[str]] = None, cwd: Optional[str] = None) -> FileResult:
+                  argv: Optional[List[str]] = None, explicit: bool = True, cwd: Optional[str] = None) -> FileResult:
     """Replay the file (its code runs), then tree, plan and layout. Raises LintError."""
-    from fsdp_lint.layout import compute_layout
-    from fsdp_lint.plan import PlanOptions, build_plan
-    from fsdp_lint.replay import ModelTarget, ReplayError, replay
-    from fsdp_lint.tree import build_module_tree
+    from fsdp_lint import frameworks
+    from fsdp_lint.frameworks.detect import install_hint, missing_packages
+    from fsdp_lint.frameworks.options import FrameworkOptions, OptionError
+    from fsdp_lint.replay import ModelTarget, NoModelError, ReplayError, replay
 
     facts, project, path = screened.facts, screened.project, screened.facts.path
+    imported = set(facts.framework_imports)
+    if project is not None:
+        for other in project.modules.values():
+            imported |= other.framework_imports
+    missing = missing_packages(imported)
+    if missing:
+        raise LintError(f"{os.path.basename(path)}: {install_hint(missing)}")
     try:
         target = ModelTarget.parse(settings.model) if settings.model else None
-        result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout, argv=argv,
-                        project=project, cwd=cwd, gpus_per_node=settings.gpus_per_node)
+        options = FrameworkOptions.from_settings(settings)
+        with frameworks.configured(options):
+            result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout, argv=argv,
+                            project=project, cwd=cwd, gpus_per_node=settings.gpus_per_node)
+    except NoModelError as exc:
+        if not explicit and project is not None and not project.reaches_fsdp:
+            # a model file in a directory walk whose constructor needs arguments: not an FSDP entry
+            # point; reported as skipped, with what to pass
+            return FileResult(path=path, facts=facts, skipped=str(exc).split(": ", 1)[-1])
+        err = LintError(str(exc))
+        err.user_exception = getattr(exc, "user_exception", None)
+        raise err from None
     except ReplayError as exc:
         err = LintError(str(exc))
         err.user_exception = getattr(exc, "user_exception", None)
         raise err from None
+    except OptionError as exc:
+        raise LintError(str(exc)) from None
+    with frameworks.configured(options):
+        tree, plan, layout = plan_replay(result, settings)
+    res = FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
+                     replay=result if keep_model else None)
+    res.notes = list(result.notes) + _api_override_note(result, settings)
+    res.stopped = result.stopped
+    res.argv = list(result.argv)
+    res.skipped_statements = list(result.skipped)
+    return res
+
+
+def plan_replay(result, settings: Settings):
+    """Tree, plan and layout of a replay's records (the file's, a framework's, or ``fsdp_lint.record()``'s).
+    Raises LintError for a plan with elements fsdp-lint does not model (unless --allow-partial)."""
+    from fsdp_lint import frameworks
+    from fsdp_lint.layout import compute_layout
+    from fsdp_lint.plan import PlanOptions, build_plan
+    from fsdp_lint.tree import build_module_tree
+
     state = {}
     for call in result.wrap_calls:
         state.update(call.state)
@@ -97,16 +137,27 @@ def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = 
                                                 wrap=list(settings.wrap), use_orig_params=settings.use_orig_params,
                                                 gpus_per_node=settings.gpus_per_node,
                                                 world_size_source=settings.world_size_source))
+    frameworks.annotate_plan(plan, result, tree)
     if plan.unsupported and not settings.allow_partial:
-        raise LintError(unsupported_message(path, plan.unsupported))
-    layout = compute_layout(plan, tree)
-    res = FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
-                     replay=result if keep_model else None)
-    res.notes = list(result.notes) + _api_override_note(result, settings)
-    res.stopped = result.stopped
-    res.argv = list(result.argv)
-    res.skipped_statements = list(result.skipped)
-    return res
+        raise LintError(unsupported_message(result.target or "", plan.unsupported))
+    from fsdp_lint.run.inputs import find_example_inputs
+
+    example_fn = find_example_inputs(result.namespace, result.model)     # it loses to --input-shape, as in --run
+    # activations enter the estimate when the input shape is known (or --simulate measures the same inputs)
+    known = bool(settings.input_shape) or example_fn is not None or settings.activations_for_inferred_inputs
+    trace = _trace(result, tree, plan, settings, example_fn, known)
+    layout = compute_layout(plan, tree, trace=trace, activations=known)
+    return tree, plan, layout
+
+
+def _trace(result, tree, plan, settings: Settings, example_fn, activations: bool):
+    """One forward of the replay's model with the training inputs (``fsdp_lint.trace``)."""
+    from fsdp_lint.config import input_shape_dims
+    from fsdp_lint.trace import trace_forward
+
+    return trace_forward(result.model, tree, plan, input_shape=input_shape_dims(settings.input_shape),
+                         input_dtype=settings.input_dtype, example_fn=example_fn, timeout=settings.replay_timeout,
+                         activations=activations)
 
 
 def unsupported_message(path: str, unsupported) -> str:
@@ -151,18 +202,26 @@ def lint_file(path: str, settings: Settings, *, argv: Optional[List[str]] = None
     if isinstance(screened, FileResult):
         screened.cwd = cwd
         return screened
-    return lint_facts(screened, settings, argv=argv, cwd=cwd)
+    return lint_facts(screened, settings, argv=argv, explicit=explicit, cwd=cwd)
 
 
 def lint_facts(screened: Screened, settings: Settings, *, argv: Optional[List[str]] = None,
-               cwd: Optional[str] = None) -> FileResult:
+               explicit: bool = True, cwd: Optional[str] = None) -> FileResult:
     """Replay, tree, plan, layout and rules for a screened file. Raises LintError."""
-    path = screened.facts.path
-    res = analyse_facts(screened, settings, argv=argv, cwd=cwd)
+    res = analyse_facts(screened, settings, argv=argv, explicit=explicit, cwd=cwd)
     res.cwd = cwd
+    if res.skipped:
+        return res
+    res.findings = check_rules(res, settings)
+    return res
+
+
+def check_rules(res: FileResult, settings: Settings) -> List[Finding]:
+    """The enabled rules' findings on an analysed file, unsuppressed, by line."""
     from fsdp_lint.rule import LintContext
     from fsdp_lint.selection import rule_enabled, suppressed
 
+    path = res.path
     ctx = LintContext(path=path, facts=res.facts, tree=res.tree, plan=res.plan, layout=res.layout, settings=settings)
     findings: List[Finding] = []
     from fsdp_lint.rule import all_rules
@@ -178,5 +237,4 @@ def lint_facts(screened: Screened, settings: Settings, *, argv: Optional[List[st
             if not suppressed(f, res.facts):
                 findings.append(f)
     findings.sort(key=lambda f: (os.path.abspath(f.path) != os.path.abspath(path), f.line, f.col, f.code))
-    res.findings = findings
-    return res
+    return findings

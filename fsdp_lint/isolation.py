@@ -125,6 +125,23 @@ def lint_file(path: str, settings, *, argv: Optional[List[str]] = None, explicit
         linted.close()
 
 
+def lint_call(target: str, settings, label: str) -> FileResult:
+    """``module:function(settings)`` -- a lint that builds a model without a file to screen (the
+    ``--hf-config`` model, which can run the model repository's code) -- in a child process, as a
+    file's lint. `label` names it in messages. Raises LintError or IsolatedInternalError."""
+    if not available():
+        import importlib
+
+        module, _, func = target.partition(":")
+        return getattr(importlib.import_module(module), func)(settings)
+    pool = _Jobs()
+    try:
+        pool.submit(0, None, settings, None, True, None, call=target, label=label)
+        return pool.result(0)
+    finally:
+        pool.cancel()
+
+
 def lint_runs(runs) -> Iterator[Callable[[], FileResult]]:
     """For each run ``(path, settings, argv, explicit, cwd)`` in order, a ``lint()`` that returns
     its FileResult or raises as `engine.lint_file` does. The sources are read and screened here;
@@ -143,7 +160,7 @@ def lint_runs(runs) -> Iterator[Callable[[], FileResult]]:
             if isinstance(item, FileResult):
                 item.cwd = cwd
             elif not isinstance(item, Exception) and available():
-                pool.submit(i, item, settings, argv, cwd)    # the server works while we read on
+                pool.submit(i, item, settings, argv, explicit, cwd)    # the server works while we read on
             screened.append(item)
         for i, ((path, settings, argv, explicit, cwd), item) in enumerate(zip(runs, screened)):
             if isinstance(item, Exception):
@@ -151,8 +168,8 @@ def lint_runs(runs) -> Iterator[Callable[[], FileResult]]:
             elif isinstance(item, FileResult):
                 yield (lambda item=item: item)
             elif not available():
-                yield (lambda item=item, settings=settings, argv=argv, cwd=cwd:
-                       engine.lint_facts(item, settings, argv=argv, cwd=cwd))
+                yield (lambda item=item, settings=settings, argv=argv, explicit=explicit, cwd=cwd:
+                       engine.lint_facts(item, settings, argv=argv, explicit=explicit, cwd=cwd))
             else:
                 yield (lambda i=i: pool.result(i))
     finally:
@@ -240,9 +257,10 @@ class ForkServer:
 
 
 class _Job:
-    def __init__(self, key, screened, settings, argv, cwd):
+    def __init__(self, key, screened, settings, argv, explicit, cwd, call=None, label=None):
         self.key, self.screened, self.settings, self.argv, self.cwd = key, screened, settings, argv, cwd
-        self.name = os.path.basename(screened.facts.path)
+        self.explicit, self.call = explicit, call
+        self.name = os.path.basename(label or screened.facts.path)
         self.server: Optional[ForkServer] = None
         self.id = 0
         self.deadline: Optional[float] = None
@@ -260,8 +278,8 @@ class _Jobs:
         self.by_id: Dict[Tuple[int, int], _Job] = {}
         self.window = 2 * max(1, min(_MAX_JOBS, _cpus()))
 
-    def submit(self, key, screened, settings, argv, cwd) -> None:
-        job = _Job(key, screened, settings, argv, cwd)
+    def submit(self, key, screened, settings, argv, explicit, cwd, call=None, label=None) -> None:
+        job = _Job(key, screened, settings, argv, explicit, cwd, call, label)
         self.jobs[key] = job
         self.unsent.append(job)
         self._top_up()
@@ -277,7 +295,7 @@ class _Jobs:
         job.server, job.id = srv, srv.next_id
         self.by_id[(id(srv), job.id)] = job
         spec = {"id": job.id, "screened": job.screened, "settings": job.settings, "argv": job.argv,
-                "cwd": job.cwd, "process_cwd": os.getcwd(), "env": dict(os.environ), "sys_path": list(sys.path)}
+                "explicit": job.explicit, "cwd": job.cwd, "call": job.call, "name": job.name, "process_cwd": os.getcwd(), "env": dict(os.environ), "sys_path": list(sys.path)}
         try:
             srv.send(("lint", spec))
         except OSError:
@@ -733,8 +751,7 @@ def _lint_in_child(job: dict) -> Tuple:
 
     from fsdp_lint import engine
 
-    screened, settings = job["screened"], job["settings"]
-    name = os.path.basename(screened.facts.path)
+    screened, settings, name = job["screened"], job["settings"], job["name"]
     try:
         os.chdir(job["process_cwd"])
         os.environ.clear()
@@ -743,7 +760,13 @@ def _lint_in_child(job: dict) -> Tuple:
         # the deadline is kept from outside (fsdp-lint kills this process group), not by SIGALRM,
         # which the file's code could ignore or use itself
         settings = dataclasses.replace(settings, replay_timeout=None)
-        return ("ok", engine.lint_facts(screened, settings, argv=job["argv"], cwd=job["cwd"]))
+        if job["call"]:
+            import importlib
+
+            module, _, func = job["call"].partition(":")
+            return ("ok", getattr(importlib.import_module(module), func)(settings))
+        return ("ok", engine.lint_facts(screened, settings, argv=job["argv"], explicit=job["explicit"],
+                                        cwd=job["cwd"]))
     except LintError as exc:
         user = getattr(exc, "user_exception", None)
         text = "".join(traceback.format_exception(type(user), user, user.__traceback__)) if user is not None else ""

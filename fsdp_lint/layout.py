@@ -10,7 +10,7 @@ rows per rank, trailing ranks get fewer or none; the collectives pad each to ``c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_lint.plan import Unit, WrapPlan
 from fsdp_lint.tree import ModuleTree, dtype_itemsize
@@ -41,9 +41,11 @@ class ParamLayout:
     pre_shape: Optional[Tuple[int, ...]] = None
     placements: Optional[List[str]] = None
     mesh_dims: Optional[List[str]] = None
+    shard_dim: int = 0                                     # FSDP2: Shard(dim) (shard_placement_fn), else 0
 
     def local_shape(self, rank: int, ws: int) -> Tuple[int, ...]:
-        return fsdp2_local_shape(self.pre_shape if self.pre_shape is not None else self.shape, rank, ws)
+        return fsdp2_local_shape(self.pre_shape if self.pre_shape is not None else self.shape, rank, ws,
+                                 self.shard_dim)
 
 
 @dataclass
@@ -126,6 +128,11 @@ class Memory:
     per_rank_bytes: int
     breakdown: Dict[str, int]
     optimizer: str
+    covers: str = "params + grads + optimizer state"    # what per_rank_bytes includes
+    phase: str = "end of backward"                      # the moment of the step it describes
+    activation_inputs: Optional[str] = None             # the inputs activations were traced with
+    activation_note: str = ""                           # how activations are (not) covered
+    unsharded_peak_bytes: int = 0     # the most unsharded parameters + all-gather buffers held at once (forward)
 
 
 @dataclass
@@ -135,6 +142,7 @@ class Layout:
     units: List[UnitLayout]
     memory: Memory
     tp_collectives: List = field(default_factory=list)   # tensor parallelism's (tp_comms.TPCollective)
+    trace: Optional[Any] = None      # fsdp_lint.trace.Trace of the forward, when it ran
 
     @property
     def all_gathers_per_step(self) -> int:
@@ -163,12 +171,15 @@ class Layout:
         return None
 
 
-def fsdp2_local_shape(shape: Tuple[int, ...], rank: int, ws: int) -> Tuple[int, ...]:
+def fsdp2_local_shape(shape: Tuple[int, ...], rank: int, ws: int, dim: int = 0) -> Tuple[int, ...]:
+    """The local shape of a FSDP2 ``Shard(dim)`` parameter on shard rank `rank` (``torch.chunk``:
+    ``ceil(size/ws)`` along `dim`, the last ranks fewer or none)."""
     if not shape:
         return shape
-    rows = ceil_div(shape[0], ws) if shape[0] else 0
-    local = max(0, min(rows, shape[0] - rank * rows)) if rows else 0
-    return (local, *shape[1:])
+    size = shape[dim]
+    rows = ceil_div(size, ws) if size else 0
+    local = max(0, min(rows, size - rank * rows)) if rows else 0
+    return (*shape[:dim], local, *shape[dim + 1:])
 
 
 def flat_param_layout(params: List[Tuple[str, Tuple[int, ...], str, bool, int]], ws: int, use_orig_params: bool,
@@ -276,8 +287,9 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
             pre_first = sharding.local_shape(p.shape, 0) if sharding is not None else p.shape
             pre_last = sharding.local_shape(p.shape, last_rank) if sharding is not None else p.shape
             shape = pre_first if pre_first else (1,)
-            rows = ceil_div(shape[0], ws) if shape[0] else 0
-            inner = _prod(shape[1:]) if shape[0] else 0
+            dim = plan.param_shard_dims.get(p.fqn, 0) if len(shape) > 1 else 0
+            rows = ceil_div(shape[dim], ws) if shape[dim] else 0
+            inner = _prod(shape) // shape[dim] if shape[dim] else 0
             local_numel = rows * inner
             shard += local_numel
             padded += local_numel * ws
@@ -285,11 +297,12 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
             ag_elems_bytes += local_numel * itemsize
             if p.requires_grad:
                 rs_elems_bytes += local_numel * dtype_itemsize(unit.reduce_dtype or unit.param_dtype or p.dtype)
-                grad_numel += fsdp2_local_shape(shape, 0, ws)[0] * inner
+                grad_numel += fsdp2_local_shape(shape, 0, ws, dim)[dim] * inner
             params.append(ParamLayout(
                 p.fqn, p.shape, p.dtype, p.requires_grad, p.numel,
-                local_shape_first=fsdp2_local_shape(pre_first, 0, ws),
-                local_shape_last=fsdp2_local_shape(pre_last, last_coord, ws),
+                local_shape_first=fsdp2_local_shape(pre_first, 0, ws, dim) if pre_first else pre_first,
+                local_shape_last=fsdp2_local_shape(pre_last, last_coord, ws, dim) if pre_last else pre_last,
+                shard_dim=dim,
                 padded_numel=local_numel * ws,
                 pre_shape=tuple(pre_first) if sharding is not None else None,
                 placements=spmd_placements(unit, sharding),
@@ -329,7 +342,7 @@ def param_local_shape(plan: WrapPlan, unit: Unit, p: ParamLayout, rank: int) -> 
     pre = sharding.local_shape(p.shape, rank) if sharding is not None else p.shape
     ws = max(1, unit.shard_size)
     coord = unit.mesh.shard.coordinate(rank) if unit.mesh is not None else rank % ws
-    return fsdp2_local_shape(tuple(pre), coord, ws)
+    return fsdp2_local_shape(tuple(pre), coord, ws, p.shard_dim if len(pre) > 1 else 0)
 
 
 def ring_all_reduce_bytes(nbytes: int, group: int) -> int:
@@ -371,10 +384,54 @@ def spmd_mesh_dims(unit: Unit, sharding) -> List[str]:
     return dims
 
 
+# the static breakdown's keys, always all present (JSON consumers read them by name)
+MEMORY_CATEGORIES = ("sharded_params", "unsharded_params_in_flight", "all_gather_buffers", "sharded_grads",
+                     "unsharded_grads", "reduce_scatter_buffers", "optimizer_state", "replicated_params_grads_state",
+                     "activations", "temporaries", "inputs")
 _OPTIMIZER_STATES = {"SGD": 1, "Adagrad": 1, "RMSprop": 1, "Adafactor": 1, "Lion": 1, "Muon": 1}
 
 
-def _memory(plan: WrapPlan, tree: ModuleTree, units: List[UnitLayout]) -> Memory:
+def stays_gathered(ul: UnitLayout, plan: WrapPlan, tree: ModuleTree) -> bool:
+    """Whether the unit keeps its parameters unsharded from its forward to the end of backward:
+    roots (FSDP1 always; FSDP2 unless reshard_after_forward was given explicitly) and units that
+    do not reshard after forward (FSDP1 SHARD_GRAD_OP, FSDP2 reshard_after_forward=False)."""
+    unit = ul.unit
+    if not unit.reshard_after_forward:
+        return True
+    if plan.api == "fsdp2" and unit.reshard_after_forward_explicit:
+        return False
+    return runs_as_root(unit, plan, tree)
+
+
+def _needs_backward(units: List[UnitLayout], plan: WrapPlan, tree: ModuleTree, trace) -> List[bool]:
+    """Per unit: whether autograd reaches it in backward (its forward output requires grad), the
+    condition for FSDP's pre-backward hook and so for the backward all-gather. From the traced
+    forward when there is one; else from registration order: a unit is reached when it or a
+    module registered before it holds trainable parameters (a frozen first half is not)."""
+    if trace is not None and not trace.error and len(trace.unit_output_requires_grad) == len(units):
+        return [True if rg is None else bool(rg) for rg in trace.unit_output_requires_grad]
+    order = {f: i for i, f in enumerate(tree.modules)}
+    first_trainable = min((order.get(p.module, 0) for p in tree.params.values() if p.requires_grad),
+                          default=None)
+    out = []
+    for ul in units:
+        start = min((order.get(m, 0) for m in ul.unit.modules), default=0)
+        out.append(ul.trainable_numel > 0 or (first_trainable is not None and first_trainable <= start))
+    return out
+
+
+def _memory(plan: WrapPlan, tree: ModuleTree, units: List[UnitLayout], trace=None,
+            activations: bool = False) -> Memory:
+    """Per-rank memory at the peak of a training step (the second one: optimizer state exists,
+    gradients were set to None before its forward), the larger of two moments:
+
+    * the start of backward: sharded parameters, optimizer state, the units that stay gathered
+      (the root) plus the block being gathered, and -- with an input shape -- every activation
+      saved for backward, the outputs, the first gradients of the loss (about twice the largest
+      saved tensor) and the inputs;
+    * the end of backward: the same without activations, with the sharded gradients, the root's
+      unsharded gradients and the reduce-scatter buffer of the largest unit.
+    """
     opt_cls = plan.optimizers[-1].cls if plan.optimizers else "AdamW"
     states = _OPTIMIZER_STATES.get(opt_cls, 2)
     sharded_params = sharded_grads = optimizer = 0
@@ -398,39 +455,114 @@ def _memory(plan: WrapPlan, tree: ModuleTree, units: List[UnitLayout]) -> Memory
     for fqn in plan.ignored_params:
         p = tree.params[fqn]
         replicated += p.numel * p.itemsize * (1 + (1 + states if p.requires_grad else 0))
-    # unsharded parameters in flight: units that do not reshard after forward (roots,
-    # SHARD_GRAD_OP) stay gathered through the step, plus the largest other unit (two of them when
-    # the next one is prefetched)
-    unsharded = 0
-    others = []
-    for u in units:
-        b = u.unsharded_bytes
-        if u.all_gathers_per_step == 1:
-            unsharded += b
-        else:
-            others.append(b)
-    if others:
-        unsharded += max(others) * (2 if len(others) > 1 else 1)
-    breakdown = {
+    # unsharded parameters: the units that stay gathered (roots, no reshard after forward), plus
+    # the largest other unit being gathered (torch holds one all-gather in flight at the peak)
+    kept = [u for u in units if u.all_gathers_per_step and stays_gathered(u, plan, tree)]
+    others = [u for u in units if u.all_gathers_per_step and u not in kept]
+    gathered = sum(u.unsharded_bytes for u in kept)
+    in_flight = max((u.unsharded_bytes for u in others), default=0)
+    # end of backward: the unit computing its gradients is gathered, its gradients unsharded in the
+    # compute dtype and its reduce-scatter input in the reduce dtype (the largest unit: the root)
+    reduced = [u for u in units if u.reduce_scatters_per_step or u.all_reduces_per_step]
+    last = max(reduced, key=lambda u: u.padded_numel, default=None)
+    unsharded_grads = last.padded_numel * dtype_itemsize(last.param_dtype) if last is not None else 0
+    rs_buffers = last.padded_numel * dtype_itemsize(last.reduce_dtype) if last is not None and last.reduce_scatters_per_step else 0
+    base = {
         "sharded_params": sharded_params,
-        "sharded_grads": sharded_grads,
         "optimizer_state": optimizer,
-        "unsharded_params_in_flight": unsharded,
         "replicated_params_grads_state": replicated,
     }
-    # reshard_after_forward=<int> (issue 11): every such unit keeps 1/k of its parameters from its
-    # forward to its backward
+    # reshard_after_forward=<int>: every such unit keeps 1/k of its parameters from its forward to
+    # its backward
     post_forward = sum(u.post_forward_numel * dtype_itemsize(u.param_dtype) for u in units)
     if post_forward:
-        breakdown["post_forward_shards"] = post_forward
-    return Memory(per_rank_bytes=sum(breakdown.values()), breakdown=breakdown, optimizer=opt_cls)
+        base["post_forward_shards"] = post_forward
+    end_of_backward = dict(base, sharded_grads=sharded_grads, unsharded_params_in_flight=gathered + in_flight,
+                           unsharded_grads=unsharded_grads, reduce_scatter_buffers=rs_buffers)
+    covers = "params + grads + optimizer state"
+    breakdown = end_of_backward
+    phase = "end of backward"
+    traced = trace is not None and not trace.error
+    if activations and traced:
+        # FSDP1 prefetches the next unit in backward (BACKWARD_PRE) into its unsharded FlatParameter;
+        # FSDP2 gathers a unit into an all-gather buffer, then copies it out into its parameters
+        if plan.api == "fsdp1":
+            unsharded, ag_buffers = gathered + 2 * in_flight, 0
+        else:
+            unsharded, ag_buffers = gathered + in_flight, in_flight
+        start_of_backward = dict(base, unsharded_params_in_flight=unsharded, all_gather_buffers=ag_buffers,
+                                 activations=trace.activation_bytes,
+                                 temporaries=2 * trace.largest_saved_bytes, inputs=trace.input_bytes)
+        if sum(start_of_backward.values()) >= sum(end_of_backward.values()):
+            breakdown, phase = start_of_backward, "start of backward"
+        covers = "params + grads + optimizer state + activations"
+    full = dict.fromkeys(MEMORY_CATEGORIES, 0)
+    full.update(breakdown)
+    return Memory(per_rank_bytes=sum(full.values()), breakdown=full, optimizer=opt_cls, covers=covers,
+                  phase=phase, activation_inputs=(trace.inputs if traced else None) if activations else None,
+                  activation_note=_activation_note(trace, activations),
+                  unsharded_peak_bytes=_unsharded_peak(plan, gathered, [u.unsharded_bytes for u in others]))
 
 
-def compute_layout(plan: WrapPlan, tree: ModuleTree) -> Layout:
+def _unsharded_peak(plan: WrapPlan, gathered: int, others: List[int]) -> int:
+    """The forward peak of unsharded parameters. FSDP1 gathers into the unsharded FlatParameter:
+    the units that stay gathered plus the largest other unit, twice when the next one is
+    prefetched. FSDP2 gathers into an all-gather buffer and copies out; the buffer of the previous
+    group is held until the next all-gather completes: at the first block after a root with
+    parameters, the root's buffer and copy plus the block's (2 x root + 2 x block; 3 x block after
+    a root without parameters)."""
+    largest = max(others, default=0)
+    if plan.api == "fsdp1":
+        return gathered + largest * (2 if len(others) > 1 else 1)
+    if not others:
+        return 2 * gathered
+    return gathered + largest + largest + max(gathered, largest if len(others) > 1 else 0)
+
+
+def _activation_note(trace, activations: bool) -> str:
+    if activations and trace is not None and not trace.error:
+        return f"activations for inputs {trace.inputs}"
+    if activations and trace is not None and trace.error:
+        return f"activations: the forward could not be traced ({trace.error})"
+    return "activations: pass --input-shape or --simulate"
+
+
+def _backward_prefetch(units: List[UnitLayout], reached: List[bool], trace, tree: ModuleTree) -> None:
+    """FSDP2 prefetches in backward the unit whose forward returned just before the one starting
+    its backward (post-forward order), whether autograd will reach it or not: the unit before the
+    first reached one (a frozen first half's last block) is gathered once more."""
+    if trace is not None:
+        order = [i for i in trace.unit_post_order if i < len(units)]
+    else:   # registration order, the roots last (their forward returns last)
+        pos = {f: i for i, f in enumerate(tree.modules)}
+        order = sorted(range(len(units)), key=lambda i: (units[i].unit.is_root,
+                                                         min((pos.get(m, 0) for m in units[i].unit.modules), default=0)))
+    for k in range(1, len(order)):
+        cur, prev = units[order[k]], units[order[k - 1]]
+        if reached[order[k]] and cur.all_gathers_per_step and not reached[order[k - 1]] \
+                and prev.all_gathers_per_step and prev.unit.reshard_after_forward:
+            prev.all_gathers_per_step += 1
+
+
+def compute_layout(plan: WrapPlan, tree: ModuleTree, trace=None, activations: bool = False) -> Layout:
+    """The layout of `plan`. `trace` (``fsdp_lint.trace.Trace``, optional) says which units autograd
+    reaches in backward; with `activations` its saved tensors enter the memory estimate."""
+    units = [_unit_layout(u, plan, tree) for u in plan.units]
+    traced = trace is not None and not trace.error and len(trace.unit_forward_calls) == len(units)
+    reached = _needs_backward(units, plan, tree, trace)
+    for i, ul in enumerate(units):
+        if ul.all_gathers_per_step < 2:
+            continue                         # not sharded, or gathered once for the whole step
+        # gathered at each forward entered from outside the unit (an FSDP2 group whose modules
+        # run apart, a module called twice), and again in backward only when autograd reaches it
+        entries = max(1, trace.unit_forward_calls[i]) if traced else 1
+        ul.all_gathers_per_step = entries * (2 if reached[i] else 1)
+    if plan.api == "fsdp2":
+        _backward_prefetch(units, reached, trace if traced else None, tree)
     from fsdp_lint.tp_comms import tp_collectives
 
-    units = [_unit_layout(u, plan, tree) for u in plan.units]
-    return Layout(api=plan.api, world_size=plan.world_size, units=units, memory=_memory(plan, tree, units),
+    return Layout(api=plan.api, world_size=plan.world_size, units=units,
+                  memory=_memory(plan, tree, units, trace, activations), trace=trace,
                   tp_collectives=tp_collectives(plan.tp_styles))
 
 

@@ -35,6 +35,8 @@ class Unit:
     mesh: Optional[UnitMesh] = None  # its shard (and replicate) groups
     # where the linted file calls the helper that holds the wrap call (None: the call is in it)
     call_site: Optional[Tuple[str, int]] = None
+    # FSDP2 shard_placement_fn evaluated on the call's parameters: FQN -> dim (the unit's own apply)
+    shard_dims: Dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -46,6 +48,11 @@ class PolicyInfo:
     classes: List[str]              # class names a class-based policy names
     matched: int                    # modules it wrapped
     is_policy_object: bool = False  # a `_Policy` (ModuleWrapPolicy, CustomPolicy): torch validates frozen params first
+    # a framework's class-name setting (issue 8): which one ("transformer_layer_cls_to_wrap"), the
+    # framework, and the error it raises for a name the model lacks
+    setting: Optional[str] = None
+    framework: Optional[str] = None
+    error: Optional[str] = None
 
 
 @dataclass
@@ -56,6 +63,7 @@ class OptimizerInfo:
     seq: int
     params: List[str]               # canonical FQNs of model params it holds
     foreign: int                    # params it holds that are not the model's
+    remapped_by: Optional[str] = None   # a framework that points it at the wrapped parameters (accelerate's prepare)
 
 
 @dataclass
@@ -107,6 +115,9 @@ class WrapPlan:
     # (path, line) of a wrap/freeze/cast/optimizer call in a helper module -> the call site in the
     # linted file that reached it
     call_sites: Dict[Tuple[str, int], Tuple[str, int]] = field(default_factory=dict)
+    # FSDP2 shard_placement_fn: parameter FQN -> the dim it is sharded on (absent: dim 0)
+    param_shard_dims: Dict[str, int] = field(default_factory=dict)
+    framework: Optional[str] = None  # the framework whose code made the wrap calls (issue 8), None: the file's own
 
     def unit_for_param(self, fqn: str) -> Optional[Unit]:
         for unit in self.units:
@@ -289,6 +300,10 @@ def build_plan(result, tree: ModuleTree, options: PlanOptions) -> WrapPlan:
     else:
         plan.use_orig_params = None
     _assign_params(plan, tree)
+    for unit in plan.units:
+        for fqn in unit.params:
+            if unit.shard_dims.get(fqn):
+                plan.param_shard_dims[fqn] = unit.shard_dims[fqn]
     from fsdp_lint.mesh_plan import attach_parallel
 
     attach_parallel(plan, result, tree, options, fqn_of, param_fqn)  # issue 11: meshes, TP, world size
@@ -351,6 +366,10 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
                             f"fully_shard({f}) runs after its ancestor {earlier or 'the root model'} "
                             f"was sharded at line {eu.line}", earlier, eu.line))
             unit.call_site = plan.call_sites.get((call.pos.path, call.pos.line))
+            for pid, dim in (getattr(call, "shard_dims", None) or {}).items():
+                fqn = param_fqn.get(pid)
+                if fqn is not None:
+                    unit.shard_dims[fqn] = dim
             for f in fqns:
                 seen_order.setdefault(f, len(seen_order))
                 seen_modules.setdefault(f, unit)
@@ -602,24 +621,32 @@ def per_block_plan(tree: ModuleTree, plan: WrapPlan, block=None) -> Optional[Wra
     instances = tree.instances_of(block)
     if not instances:
         return None
+    return alternative_plan(tree, plan, instances, "per-block")
+
+
+def alternative_plan(tree: ModuleTree, plan: WrapPlan, modules: List[str], origin: str) -> WrapPlan:
+    """`plan` with other units: one per module in `modules` (children first), then the root; the
+    API, world size and options as in ``per_block_plan`` (``modules=[]``: the whole model as one
+    unit)."""
     template = plan.root_unit or (plan.units[-1] if plan.units else None)
     alt = WrapPlan(api=plan.api or "fsdp2", world_size=plan.world_size, units=[], root_wrapped=False,
                    use_orig_params=plan.use_orig_params, sharding_strategy=plan.sharding_strategy,
-                   origin="per-block", ignored_params=list(plan.ignored_params),
+                   origin=origin, ignored_params=list(plan.ignored_params),
                    ignored_modules=list(plan.ignored_modules), optimizers=list(plan.optimizers),
-                   mesh=plan.mesh, param_sharding=plan.param_sharding)
+                   mesh=plan.mesh, param_sharding=plan.param_sharding,
+                   param_shard_dims=dict(plan.param_shard_dims))
 
     def unit(fqn: str, seq: int) -> Unit:
         return Unit(module=fqn, modules=[fqn], cls=tree.modules[fqn].cls,
-                    path=template.path if template else "<per-block>", line=template.line if template else 0,
-                    col=template.col if template else 0, seq=seq, origin="per-block",
+                    path=template.path if template else f"<{origin}>", line=template.line if template else 0,
+                    col=template.col if template else 0, seq=seq, origin=origin,
                     param_dtype=template.param_dtype if template else None,
                     reduce_dtype=template.reduce_dtype if template else None,
                     shard_size=template.shard_size if template else plan.world_size,
                     replicate_size=template.replicate_size if template else 1,
                     mesh=template.mesh if template else None)
 
-    for seq, fqn in enumerate(_post_order(tree, instances)):
+    for seq, fqn in enumerate(_post_order(tree, modules)):
         alt.units.append(unit(fqn, seq))
     alt.units.append(unit("", len(alt.units)))
     _assign_params(alt, tree)

@@ -187,6 +187,8 @@ class Project:
         if repo:
             roots += [repo, os.path.join(repo, "src")]
         roots += [p for p in sys.path if p and os.path.isdir(p) and is_local(os.path.join(p, "x.py"))]
+        if entry.is_package_module:
+            roots.append(os.path.dirname(entry.path))     # siblings imported as top-level modules
         seen: Set[str] = set()
         self.roots = [r for r in (os.path.abspath(r) for r in roots) if not (r in seen or seen.add(r))]
         self._spec_cache: Dict[str, Optional[List[str]]] = {}

@@ -68,11 +68,16 @@ def summary_counts(results) -> Dict[str, int]:
 # --------------------------------------------------------------------------------------------
 # text
 # --------------------------------------------------------------------------------------------
+_FRAMEWORK_NAMES = {"lightning": "Lightning", "accelerate": "accelerate", "transformers": "the HF Trainer"}
+
+
 def summary_line(res) -> str:
     tree, plan, layout = res.tree, res.plan, res.layout
     api = plan.api or "no FSDP"
     origin = {"default": " (no wrap code: suggested per-block plan)", "cli": " (from --wrap)"}.get(plan.origin, "")
     ars = layout.all_reduces_per_step
+    if getattr(plan, "framework", None) and plan.origin == "file":
+        origin = f" (built by {_FRAMEWORK_NAMES.get(plan.framework, plan.framework)})"
     parts = [
         f"{tree.root_class} ({human_count(tree.numel)} params, {human_count(tree.trainable_numel)} trainable)",
         f"{api}{origin}",
@@ -80,7 +85,7 @@ def summary_line(res) -> str:
         f"{len(plan.units)} unit{'s' if len(plan.units) != 1 else ''}",
         f"{layout.all_gathers_per_step} all-gathers + {layout.reduce_scatters_per_step} reduce-scatters"
         + (f" + {ars} all-reduces" if ars else "") + " per step",
-        f"~{human_bytes(layout.memory.per_rank_bytes)}/rank",
+        memory_summary(layout.memory),
     ]
     tp = tp_summary(layout)
     if tp:
@@ -123,6 +128,13 @@ def unsupported_notes(res) -> List[str]:
     return out
 
 
+def memory_summary(memory) -> str:
+    """The estimate with what it covers: never a bare total that reads as the peak."""
+    if "activations" in memory.covers:
+        return f"peak ~{human_bytes(memory.per_rank_bytes)}/rank ({memory.activation_note})"
+    return f"{memory.covers} ~{human_bytes(memory.per_rank_bytes)}/rank ({memory.activation_note})"
+
+
 def unit_table(res) -> str:
     from tabulate import tabulate
 
@@ -157,17 +169,23 @@ def _n(n: int) -> str:
 
 
 def _pad_rows(p) -> int:
+    """Rows (along the dim FSDP2 shards) the collectives pad the parameter with."""
     base = p.pre_shape if p.pre_shape is not None else p.shape
-    if not base or not base[0] or not p.numel or p.padded_numel is None or not _inner(base):
+    dim = getattr(p, "shard_dim", 0) if base and len(base) > 1 else 0
+    if not base or not base[dim] or not p.numel or p.padded_numel is None or not _inner(base, dim):
         return 0
-    return p.padded_numel // _inner(base) - base[0]
+    return p.padded_numel // _inner(base, dim) - base[dim]
 
 
-def _inner(shape) -> int:
+def _inner(shape, dim: int = 0) -> int:
+    """Elements per index of `dim` (per row of dim 0 by default)."""
+    if not shape or not shape[dim]:
+        return 0
     n = 1
-    for d in shape[1:]:
-        n *= d
-    return n if shape and shape[0] else 0
+    for i, d in enumerate(shape):
+        if i != dim:
+            n *= d
+    return n
 
 
 def _placements_text(p) -> str:
@@ -186,6 +204,7 @@ def params_table(res) -> str:
     rows = []
     ws = plan.world_size
     tp = bool(plan.param_sharding) or any(ul.replicate_size > 1 for ul in res.layout.units)
+    by_dim = bool(getattr(plan, "param_shard_dims", None))
     for ul in res.layout.units:
         label = unit_label(", ".join(unit_label(m) for m in ul.unit.modules))
         for i, p in enumerate(ul.params):
@@ -198,13 +217,15 @@ def params_table(res) -> str:
             else:
                 pad = _pad_rows(p)
                 base = p.pre_shape if p.pre_shape is not None else p.shape
-                inner = _inner(base)
+                inner = _inner(base, p.shard_dim if base and len(base) > 1 else 0)
                 pad_text = "" if not pad else _n(pad * inner) + (
                     f" ({pad} row{'s' if pad != 1 else ''})" if inner > 1 else "")
                 row = [shown, p.fqn, _shape(p.shape), p.dtype, trainable, _shape(p.local_shape_first or ()),
                        _shape(p.local_shape_last or ()), pad_text]
                 if tp:
                     row.insert(5, _placements_text(p))
+                elif by_dim:
+                    row.insert(5, f"Shard({p.shard_dim})")
                 rows.append(row)
     if plan.api == "fsdp1":
         headers = ["unit", "parameter", "shape", "dtype", "trainable", "numel", "flat offset", "align padding before"]
@@ -213,6 +234,8 @@ def params_table(res) -> str:
                    f"local (rank {ws - 1})", "padding (elements)"]
         if tp:
             headers.insert(5, "placements")
+        elif by_dim:
+            headers.insert(5, "sharded")
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
@@ -349,6 +372,14 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
                 blocks.append(params_table(res))
             elif layout == "ranks":
                 blocks.append(ranks_table(res))
+            elif layout == "diagram":
+                from fsdp_lint.diagram import layout_diagram
+
+                blocks.append(layout_diagram(res))
+            if getattr(res, "granularity", None):
+                blocks.append(granularity_table(res))
+            if getattr(res, "simulated", None):
+                blocks.append(simulated_text(res))
         else:
             for f in res.findings:
                 blocks.append(format_finding_concise(f))
@@ -368,6 +399,70 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
     if run_summary is not None:
         blocks.append(run_summary_text(run_summary))
     return "\n\n".join(blocks) + "\n"
+
+
+# the rows of the memory comparison: (label, static breakdown keys, simulated breakdown keys)
+MEMORY_ROWS = [
+    ("sharded parameters", ("sharded_params",), ("sharded_params",)),
+    ("unsharded parameters + all-gather buffers", ("unsharded_params_in_flight", "all_gather_buffers"),
+     ("unsharded_params", "all_gather_buffers")),
+    ("gradients (sharded, unsharded, reduce-scatter)", ("sharded_grads", "unsharded_grads", "reduce_scatter_buffers"),
+     ("sharded_grads", "unsharded_grads", "reduce_scatter_buffers")),
+    ("optimizer state", ("optimizer_state",), ("optimizer_state",)),
+    ("activations", ("activations",), ("activations",)),
+    ("temporaries", ("temporaries",), ("temporaries",)),
+    ("inputs", ("inputs",), ("inputs",)),
+    ("buffers", (), ("buffers",)),
+    ("replicated (outside every unit)", ("replicated_params_grads_state",), ()),
+]
+
+
+def simulated_text(res) -> str:
+    """`--simulate`: the measured peak and where, its breakdown beside the static estimate, and the
+    collectives counted beside the static ones."""
+    from tabulate import tabulate
+
+    sim, mem, lay = res.simulated, res.layout.memory, res.layout
+    if "error" in sim:
+        return f"--simulate: not measured: {sim['error']}"
+    at = sim.get("peak_at") or {}
+    where = f" in {at['phase']} of {unit_label(at['module'])} (step {at['step']})" if at else ""
+    head = (f"--simulate: rank 0 of {sim['world_size']} under the fake process group ({sim['measure']}), "
+            f"{sim['steps']} steps, inputs {sim['inputs']}, {sim['optimizer'] or 'no optimizer'}, "
+            f"{sim['wall_time_s']} s: peak {human_bytes(sim['peak_bytes'])}/rank{where}")
+    rows = []
+    for label, skeys, mkeys in MEMORY_ROWS:
+        st = sum(mem.breakdown.get(k, 0) for k in skeys)
+        me = sum(sim["breakdown"].get(k, 0) for k in mkeys)
+        if st or me:
+            rows.append([label, human_bytes(me), human_bytes(st) if skeys else "-"])
+    ratio = mem.per_rank_bytes / sim["peak_bytes"] if sim["peak_bytes"] else 0.0
+    rows.append(["total", human_bytes(sim["peak_bytes"]),
+                 f"{human_bytes(mem.per_rank_bytes)} ({ratio:.2f}x, {mem.phase})"])
+    table = tabulate(rows, headers=["per rank", "simulated (at the peak)", f"static estimate ({mem.covers})"],
+                     tablefmt="simple", disable_numparse=True)
+    c = sim["collectives"]
+    coll = (f"collectives per step: {c['all_gathers_per_step']} all-gathers "
+            f"({human_bytes(c['all_gather_bytes_per_step'])}/rank) + {c['reduce_scatters_per_step']} reduce-scatters "
+            f"({human_bytes(c['reduce_scatter_bytes_per_step'])}/rank); static {lay.all_gathers_per_step} "
+            f"({human_bytes(sum(u.all_gather_bytes * u.all_gathers_per_step for u in lay.units))}) + "
+            f"{lay.reduce_scatters_per_step} "
+            f"({human_bytes(sum(u.reduce_scatter_bytes * u.reduce_scatters_per_step for u in lay.units))})")
+    return "\n".join([head, table, coll])
+
+
+def granularity_table(res) -> str:
+    """`--compare-granularity`: the article's table for this model and world size."""
+    from tabulate import tabulate
+
+    rows = []
+    for row in res.granularity:
+        rows.append([row.name, row.units, row.all_gathers_per_step, human_bytes(row.bytes_per_all_gather),
+                     human_bytes(row.forward_peak_bytes), human_bytes(row.per_rank_bytes), row.verdict])
+    headers = ["plan", "units", "all-gathers/step", "bytes/all-gather", "forward peak (unsharded)",
+               "memory/rank", "verdict"]
+    return (f"granularity on {res.plan.world_size} ranks ({res.layout.memory.covers}):\n"
+            + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
 
 
 def run_summary_text(run: dict) -> str:
@@ -391,7 +486,10 @@ def run_summary_text(run: dict) -> str:
         peaks = [p for p in fs.get("peak_memory_bytes") or [] if p]
         if peaks:
             parts.append(f"peak memory {human_bytes(max(peaks))}/rank ({fs.get('memory_measure')}), static estimate "
-                         f"{human_bytes(st.get('memory_per_rank_bytes', 0))}")
+                         f"{human_bytes(st.get('memory_per_rank_bytes', 0))} for {st.get('world_size')} ranks")
+        rss = [p for p in fs.get("rss_peak_bytes") or [] if p]
+        if rss:
+            parts.append(f"process RSS peak {human_bytes(max(rss))} (Python, torch and allocator caches included)")
         lines.append(f"  {fs['path']}: " + "; ".join(parts))
     return "\n".join(lines)
 
@@ -453,6 +551,7 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
                 entry["placements"] = p.placements
                 entry["mesh_dims"] = p.mesh_dims
                 entry["pre_shard_shape"] = list(p.pre_shape) if p.pre_shape is not None else None
+                entry["shard_dim"] = p.shard_dim
                 if corners:
                     entry["local_shapes"] = [{"rank": r, "coordinates": list(plan.mesh.coordinates(r)),
                                               "shape": list(param_local_shape(plan, u, p, r))} for r in corners]
@@ -493,7 +592,7 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
         "plan": {
             "api": plan.api, "world_size": plan.world_size, "root_wrapped": plan.root_wrapped,
             "use_orig_params": plan.use_orig_params, "sharding_strategy": plan.sharding_strategy,
-            "origin": plan.origin, "units": units,
+            "origin": plan.origin, "framework": getattr(plan, "framework", None), "units": units,
             "leftover_params": plan.leftover_params, "ignored_params": plan.ignored_params,
             "all_gathers_per_step": lay.all_gathers_per_step,
             "reduce_scatters_per_step": lay.reduce_scatters_per_step,
@@ -504,10 +603,25 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
             "world_size_source": plan.world_size_source,
             "unsupported": [item.to_json(display_path) for item in plan.unsupported],
         },
-        "memory": {"per_rank_bytes": lay.memory.per_rank_bytes, "breakdown": lay.memory.breakdown,
-                   "optimizer": lay.memory.optimizer},
+        "memory": memory_to_json(res),
         "findings": [f.to_json(display_path(f.path), display_path) for f in res.findings],
+        **({"granularity": granularity_to_json(res)} if getattr(res, "granularity", None) else {}),
     }
+
+
+def memory_to_json(res) -> dict:
+    mem = res.layout.memory
+    out = {"per_rank_bytes": mem.per_rank_bytes, "breakdown": mem.breakdown, "optimizer": mem.optimizer,
+           "covers": mem.covers, "phase": mem.phase, "note": mem.activation_note}
+    if getattr(res, "simulated", None) is not None:
+        out["simulated"] = res.simulated
+    return out
+
+
+def granularity_to_json(res) -> list:
+    return [{"plan": r.name, "units": r.units, "all_gathers_per_step": r.all_gathers_per_step,
+             "bytes_per_all_gather": r.bytes_per_all_gather, "forward_peak_bytes": r.forward_peak_bytes,
+             "per_rank_bytes": r.per_rank_bytes, "verdict": r.verdict} for r in res.granularity]
 
 
 def _mesh_json(mesh) -> Optional[dict]:

@@ -89,7 +89,9 @@ class SourceFacts:
     imports: List[ImportInfo] = field(default_factory=list)
     classes: Dict[str, List[str]] = field(default_factory=dict)   # class name -> base names as written
     calls_hf_factory: bool = False            # calls from_config/from_pretrained
-    uses_framework: bool = False              # imports Lightning/accelerate or names an HF FSDP argument class
+    uses_framework: bool = False              # imports Lightning/accelerate, names an HF FSDP argument class, or
+                                              # hands the model to a framework (``trainer.fit``, ``accelerator.prepare``)
+    framework_imports: Set[str] = field(default_factory=set)   # top-level framework packages it imports
     future_annotations: bool = False
 
     @property
@@ -246,7 +248,8 @@ def parse_source(path: str, text: str) -> SourceFacts:
         imports=collector.imports,
         classes=collector.classes,
         calls_hf_factory=collector.calls_hf_factory,
-        uses_framework=collector.uses_framework,
+        uses_framework=collector.uses_framework or any(site.kind == "framework" for site in collector.sites),
+        framework_imports=collector.framework_imports,
         future_annotations=collector.future_annotations,
     )
     facts._module_calls = module_calls
@@ -335,6 +338,8 @@ class _Collector(ast.NodeVisitor):
         self.main_guard_line: Optional[int] = None
         self.calls_hf_factory = False
         self.uses_framework = False
+        self.frameworks: Set[str] = set()           # frameworks the module imports (frameworks.detect)
+        self.framework_imports: Set[str] = set()    # ... as top-level packages
         self.future_annotations = False
         self._stmt_stack: List[List[int]] = [[]]   # per function scope: open statement lines
         self._fn_stack: List[FunctionFacts] = []
@@ -481,9 +486,18 @@ class _Collector(ast.NodeVisitor):
     def _top_level(self) -> bool:
         return not self._fn_stack and not self._class_depth and not self._try_depth
 
+    def _framework_import(self, module: str) -> None:
+        from fsdp_lint.frameworks.detect import imported_framework
+
+        framework = imported_framework(module)
+        if framework:
+            self.frameworks.add(framework)
+            self.framework_imports.add(module.split(".")[0])
+
     def visit_Import(self, node):
         for alias in node.names:
             self.imports.append(ImportInfo(alias.name, 0, [], node.lineno, self._top_level()))
+            self._framework_import(alias.name)
             if alias.name.split(".")[0] in FRAMEWORK_MODULES:
                 self.uses_framework = True
 
@@ -493,6 +507,8 @@ class _Collector(ast.NodeVisitor):
             self.future_annotations |= any(a.name == "annotations" for a in node.names)
         names = [a.name for a in node.names]
         self.imports.append(ImportInfo(module, node.level or 0, names, node.lineno, self._top_level()))
+        if not node.level and module:
+            self._framework_import(module)
         if module.split(".")[0] in FRAMEWORK_MODULES or FRAMEWORK_NAMES.intersection(names):
             self.uses_framework = True
         for alias in node.names:
@@ -534,6 +550,8 @@ class _Collector(ast.NodeVisitor):
             self._mark("dtype", written, node)
         elif self._is_optimizer(written, name):
             self._mark("optimizer", written, node)
+        elif self.frameworks and self._framework_call(written):
+            self._mark("framework", written, node)
         if last in HF_FACTORIES:
             self.calls_hf_factory = True
         if last in FRAMEWORK_NAMES:
@@ -548,6 +566,11 @@ class _Collector(ast.NodeVisitor):
                 arg = arg.value
             if isinstance(arg, ast.Name):
                 self._call(arg.id)
+
+    def _framework_call(self, written: str) -> bool:
+        from fsdp_lint.frameworks.detect import framework_call
+
+        return framework_call(written, self.frameworks) is not None
 
     def _is_optimizer(self, written: str, name: str) -> bool:
         parts = written.split(".")

@@ -260,6 +260,15 @@ def dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def user_class(module) -> type:
+    """The module's class as the user wrote it: FSDP2 (and fsdp-lint's recorder) swap the class for a
+    `FSDP<Name>(FSDPModule, <Name>)` subclass."""
+    cls = type(module)
+    if cls.__name__.startswith("FSDP") and len(cls.__bases__) == 2 and cls.__bases__[0].__name__ == "FSDPModule":
+        cls = cls.__bases__[1]
+    return cls
+
+
 def build_module_tree(model, state: Optional[Dict[int, Tuple[bool, object]]] = None) -> ModuleTree:
     """Read a (meta-device) ``nn.Module`` into a ModuleTree.
 
@@ -273,19 +282,14 @@ def build_module_tree(model, state: Optional[Dict[int, Tuple[bool, object]]] = N
     modules: Dict[str, ModuleInfo] = {}
     per_class: Dict[type, tuple] = {}     # what depends on the class only, once per class (10,000 experts)
     for fqn, mod in model.named_modules():
-        cls = type(mod)
-        known = per_class.get(cls)
+        known = per_class.get(type(mod))
         if known is None:
-            user_cls = cls
-            # FSDP2 swaps the class for a `FSDP<Name>(FSDPModule, <Name>)` subclass: report the user's
-            if cls.__name__.startswith("FSDP") and len(cls.__bases__) == 2 \
-                    and cls.__bases__[0].__name__ == "FSDPModule":
-                user_cls = cls.__bases__[1]
-            forward = getattr(user_cls, "forward", None)
-            known = per_class[cls] = (
-                user_cls.__name__, f"{user_cls.__module__}.{user_cls.__qualname__}",
+            cls = user_class(mod)
+            forward = getattr(cls, "forward", None)
+            known = per_class[type(mod)] = (
+                cls.__name__, f"{cls.__module__}.{cls.__qualname__}",
                 forward is not None and forward is not nn.Module.forward,
-                [k.__name__ for k in user_cls.__mro__], torch_base(user_cls))
+                [k.__name__ for k in cls.__mro__], torch_base(cls))
         name, qualname, has_forward, mro, base = known
         modules[fqn] = ModuleInfo(
             fqn=fqn,

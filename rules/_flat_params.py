@@ -3,6 +3,7 @@ how a unit was wrapped, and the concrete grouping that makes every unit uniform.
 """
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from fsdp_lint.layout import fsdp1_flatten_error
+from fsdp_lint.rules._reads import reads_outside
 from fsdp_lint.tree import ModuleTree, describe_params, param_patterns, uniform_cover
 
 _MODEL = '''
@@ -197,6 +198,8 @@ def split_grouping(ctx, units, key: Callable, predicate: Callable[[object], str]
         _, _, _, value, mods = options[0]
         side_values.add(value)
         chosen += [m for m in mods if m not in chosen]
+    if any(reads_outside(ctx, m) for m in chosen):
+        return None     # a unit of its own would leave a parameter sharded where it is read (FSD402)
     globs = list(dict.fromkeys(_glob(m) for m in chosen))
     classes = sorted({tree.modules[m].cls for m in chosen})
     out = {"modules": chosen, "globs": globs, "classes": classes, "code": None, "policy": None}

@@ -7,6 +7,17 @@ from fsdp_lint.rules._granularity import (
 )
 
 
+# the fix in the terms of the framework that built the plan (issue 8)
+_FRAMEWORK_FIX = {
+    "accelerate": ("`fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP` with `fsdp_transformer_layer_cls_to_wrap: "
+                   "{block}` in the accelerate config (or `FullyShardedDataParallelPlugin(auto_wrap_policy="
+                   "\"transformer_based_wrap\", transformer_cls_names_to_wrap=[\"{block}\"])`)"),
+    "transformers": ("`TrainingArguments(fsdp=\"full_shard auto_wrap\", fsdp_config={{\"transformer_layer_cls_to_wrap\": "
+                     "[\"{block}\"]}})`"),
+    "lightning": "`FSDPStrategy(auto_wrap_policy={{{block}}})`",
+}
+
+
 class WholeModelUnit(Rule):
     """One FSDP unit holds (nearly) the whole model.
 
@@ -114,6 +125,8 @@ fully_shard(model)
         plan, tree, layout, settings = ctx.plan, ctx.tree, ctx.layout, ctx.settings
         if plan.origin not in ("file", "cli") or not plan.units or plan.sharding_strategy == "NO_SHARD":
             return
+        if any(getattr(p, "error", None) for p in plan.policies):
+            return  # a framework raises for a wrap-class name (FSD103): there is no plan to judge
         managed = managed_numel(ctx)
         blocks = tree.repeated_blocks()
         if managed <= 0 or not blocks:
@@ -136,8 +149,8 @@ fully_shard(model)
             alt, alt_layout = per_block_layout(ctx, blocks)
             if alt is None:
                 continue
-            peak = layout.memory.breakdown.get("unsharded_params_in_flight", 0)
-            alt_peak = alt_layout.memory.breakdown.get("unsharded_params_in_flight", 0)
+            peak = layout.memory.unsharded_peak_bytes
+            alt_peak = alt_layout.memory.unsharded_peak_bytes
             if alt_peak >= peak:
                 continue
             yield self._finding(ctx, ul, blocks, inside, managed, peak, alt, alt_layout, alt_peak)
@@ -158,6 +171,8 @@ fully_shard(model)
                f"{human_bytes(alt_peak)} with one unit per {block} ({n_alt} {block} units + root)")
         if plan.origin == "cli":
             fix = f"make every {block} a unit: `" + " ".join(f"--wrap {b}" for b in blocks) + "`"
+        elif _FRAMEWORK_FIX.get(getattr(plan, "framework", None)):
+            fix = f"make every {block} a unit: " + _FRAMEWORK_FIX[plan.framework].format(block=block)
         else:
             fix = "make every " + block + " a unit: " + block_wrap_fix(tree, plan.api, blocks)
         return self.finding(ctx, msg, **where(ctx, unit.path, unit.line, unit.col), module=unit.module, fix=fix,
@@ -178,6 +193,9 @@ fully_shard(model)
                 f"the modules `{pats}` selects hold only {pct(other_numel, managed)} of the parameters"
         if plan.api == "fsdp1":
             pols = [p for p in plan.policies if p.path == unit.path and p.line == unit.line]
+            if not pols and getattr(plan, "framework", None) == "accelerate" and not others:
+                return ("accelerate passes no `auto_wrap_policy` to FSDP (`SIZE_BASED_WRAP` with "
+                        "`fsdp_min_num_params` 0, or `NO_WRAP`)")
             if not pols:
                 if not others:
                     return "`FSDP(...)` has no `auto_wrap_policy` and nothing is wrapped before it"

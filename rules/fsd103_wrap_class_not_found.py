@@ -166,6 +166,8 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
             hints.append(f"the repeated block is `{block}`")
         hint = "; ".join(hints)
         hint = (" " + hint[0].upper() + hint[1:]) if hint else ""
+        if getattr(pol, "framework", None):
+            return self._framework_missing(ctx, pol, name, best, close, block, found, hint)
         if cli:
             msg = (f"`--wrap {name}` matches no module (class name or FQN glob) of {tree.root_class}; "
                    f"the model has {found}.{hint}")
@@ -180,6 +182,24 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
                 fix = "name a class the model has"
             loc = where(ctx, pol.path, pol.line)
         return self.finding(ctx, msg, **loc, module="", fix=fix, missing=name,
+                            suggestions=close, block=block)
+
+    def _framework_missing(self, ctx, pol, name, best, close, block, found, hint):
+        """A class name a framework (accelerate, the HF Trainer) looks up in the model: it raises."""
+        tree = ctx.tree
+        setting = pol.setting or "transformer_layer_cls_to_wrap"
+        where_named = f"`{setting}`" if "_no_split_modules" not in setting else setting
+        msg = (f"{where_named} names `{name}`, but no module of {tree.root_class} is a `{name}`; the model has "
+               f"{found}.{hint} {pol.framework} raises at wrap time: `{pol.error}`")
+        target = best or block
+        if "_no_split_modules" in setting:
+            fix = (f"name the block class to wrap: transformer_layer_cls_to_wrap = `{target}`" if target
+                   else "name the classes to wrap in transformer_layer_cls_to_wrap")
+        elif target:
+            fix = f"write `{target}` instead of `{name}` in `{setting}`"
+        else:
+            fix = f"remove `{name}` from `{setting}`"
+        return self.finding(ctx, msg, **where(ctx, pol.path, pol.line), module="", fix=fix, missing=name,
                             suggestions=close, block=block)
 
     def _root_only(self, ctx, pol, name, inventory):

@@ -3,6 +3,7 @@ from typing import Dict, List, Set
 
 from fsdp_lint.rule import Example, Rule
 from fsdp_lint.rules._granularity import block_label, block_loop, per_block_layout, where
+from fsdp_lint.rules._reads import reads_outside
 
 _MODEL = '''
 import torch.nn as nn
@@ -220,6 +221,14 @@ fully_shard(model)
         tops = self._tops(tree, owned, rest)
         stuck = tops.pop("", [])
         order = {f: i for i, f in enumerate(tree.modules)}
+        # a top whose parameters are read outside it (the root's own code, a head holding the
+        # embedding in a plain attribute) must stay with its reader: in the root, or grouped (FSD402)
+        readers = {t: {r for _, r in reads_outside(ctx, t)} for t in tops}
+        pinned: Dict[str, Set[str]] = {}
+        for t in [t for t in tops if readers[t]]:
+            if any(not any(r == o or tree.is_ancestor(o, r) for o in tops) for r in readers[t]):
+                pinned[t] = readers[t]
+                tops.pop(t)
         movable = sorted(tops, key=lambda f: order[f])
         size = {t: sum(tree.params[p].numel for p in tops[t]) for t in movable}
 
@@ -237,6 +246,12 @@ fully_shard(model)
                     top_of_alias[alias] = t
         ties: List[Set[str]] = []
         tied_names: List[str] = []
+        for t in movable:
+            for p, r in reads_outside(ctx, t):
+                other = next((o for o in movable if r == o or tree.is_ancestor(o, r)), None)
+                if other is not None and other != t:
+                    ties.append({t, other})
+                    tied_names.append(f"{p} read by {r}")
         for p in rest:
             holders = {top_of_alias.get(a, "") for a in tree.params[p].all_fqns}
             if len(holders) > 1:
@@ -251,6 +266,9 @@ fully_shard(model)
         if stuck:
             stuck_numel = sum(tree.params[p].numel for p in stuck)
             parts += f", {len(stuck)} parameter(s) of the root itself ({human_count(stuck_numel)})"
+        for t, who in pinned.items():
+            names = ", ".join(f"`{r}`" if r else "the root's own forward" for r in sorted(who))
+            parts += f", `{t}` (read by {names}: it stays with its reader)"
         ratio = rl.unsharded_bytes / max(1, largest.unsharded_bytes)
         held = "FSDP1 never reshards the root" if plan.api == "fsdp1" else "FSDP2 does not reshard the root"
         msg = (f"the root unit keeps {human_count(rl.numel)} parameters of its own ({parts}): "

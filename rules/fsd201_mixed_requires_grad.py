@@ -5,6 +5,7 @@ from fsdp_lint.rules._flat_params import (
     _FSDP1, _LORA, _MODEL, anchor, describe_mix, freeze_positions, freeze_story, fsdp1_torch_error,
     grad_numels, group_units, mix_signature, mixed_units, shared_owner, split_fix, units_label, wrapped_how,
 )
+from fsdp_lint.rules._peft import requires_grad_fix
 
 
 class MixedRequiresGrad(Rule):
@@ -130,6 +131,9 @@ model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
                 fix = (f"frozen and trainable parameters sit directly on the same module "
                        f"({shared_owner(ctx.tree, u.params, lambda p: p.requires_grad)}), so no FSDP1 grouping "
                        f"separates them: {orig}, or move the trainable parameters into a sub-module of their own")
+            peft = requires_grad_fix(ctx, u.params)
+            if peft:
+                fix = f"{peft}; or {orig}"
             yield self.finding(ctx, msg, **anchor(ctx, u, freeze_positions(ctx, units)), module=u.module, fix=fix,
                                units=[x.module for x in units], policy=split["policy"] if split else None,
                                torch_exception="ValueError", torch_error=torch_error,

@@ -4,6 +4,7 @@ from fsdp_lint.rules._flat_params import (
     _FSDP1, _LORA, _MODEL, anchor, describe_mix, freeze_positions, freeze_story, grad_numels, group_units,
     mix_signature, mixed_units, split_fix, units_label, wrapped_how,
 )
+from fsdp_lint.rules._peft import requires_grad_fix
 
 
 class MixedRequiresGradMemory(Rule):
@@ -99,6 +100,9 @@ model = FSDP(model, auto_wrap_policy=policy, use_orig_params=True)
                        f"({shared_owner(ctx.tree, u.params, lambda p: p.requires_grad)}), so no FSDP1 grouping "
                        f"separates them: move the trainable parameters into a sub-module of their own and wrap "
                        f"it separately, or accept the extra gradient memory")
+            peft = requires_grad_fix(ctx, u.params)
+            if peft:
+                fix = peft
             yield self.finding(ctx, msg, **anchor(ctx, u, freeze_positions(ctx, units)), module=u.module, fix=fix,
                                units=[x.module for x in units], grad_numel=total, trainable_numel=trainable,
                                policy=split["policy"] if split else None)

@@ -6,6 +6,7 @@ from fsdp_lint.rules._flat_params import (
     _FSDP1, _MODEL, anchor, event_positions, fsdp1_torch_error, group_units, join_lines, split_grouping,
     uniform_cover, units_label, where, wrap_seq, wrapped_how,
 )
+from fsdp_lint.rules._peft import dtype_fix
 from fsdp_lint.tree import describe_params, param_patterns
 
 _FSDP2 = '''
@@ -187,6 +188,9 @@ fully_shard(model)
             remedy = ("keep every parameter in one dtype (e.g. `model.to(torch.float32)`) and get low-precision compute "
                       "from `fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))`")
         split, policy = self._split(ctx, units, odd)
+        peft = dtype_fix(ctx, considered)
+        if peft:
+            remedy, split = peft, ""
         return self.finding(ctx, msg, **anchor(ctx, u, positions), module=u.module, fix=remedy + split,
                             units=[x.module for x in units], dtypes=sorted(groups), policy=policy,
                             torch_exception=exc, torch_error=torch_error)

@@ -127,6 +127,8 @@ fully_shard(model)
         if plan.origin != "file" or not plan.units:
             return
         for opt in plan.optimizers:
+            if opt.remapped_by:         # accelerate's prepare(model, optimizer) remaps it
+                continue
             replaced = []
             units = {}
             for fqn in opt.params:

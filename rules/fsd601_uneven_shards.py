@@ -107,7 +107,7 @@ model = FSDP(model, use_orig_params=True)
             if plan.api == "fsdp2":
                 for p in ul.params:
                     base = p.pre_shape if p.pre_shape is not None else p.shape  # TP: its local rows
-                    d0 = base[0] if base else 1
+                    d0 = base[p.shard_dim] if base else 1          # the dim FSDP shards (shard_placement_fn)
                     k = _empty_ranks(d0, ws)
                     if k:
                         empty.append((p, k))

@@ -253,6 +253,85 @@ class Net(nn.Module):
             fully_shard(model, ignored_params={{model.gain}}{kw})
         """,
     ),
+    # fine-tuning the top half: nothing before the frozen blocks is trainable, so autograd never
+    # reaches them in backward (one all-gather each; FSDP2 prefetches the last one once more)
+    "halffrozen": dict(
+        src='''
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.fc(self.norm(x))
+
+
+class Stack(nn.Module):
+    def __init__(self, d=16, n_layers=6):
+        super().__init__()
+        self.inp = nn.Linear(8, d)
+        self.blocks = nn.ModuleList([Block(d) for _ in range(n_layers)])
+        self.out = nn.Linear(d, 3)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.out(x)
+''',
+        ctor="Stack()",
+        input="torch.randn(2, 8)",
+        fsdp1="""
+            model.inp.requires_grad_(False)
+            for block in model.blocks[:3]:
+                block.requires_grad_(False)
+            model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({{Block}}), device_id=torch.device("cpu"){kw})
+        """,
+        fsdp2="""
+            model.inp.requires_grad_(False)
+            for block in model.blocks[:3]:
+                block.requires_grad_(False)
+            for block in model.blocks:
+                fully_shard(block{kw})
+            fully_shard(model{kw})
+        """,
+    ),
+    # an FSDP2 group whose modules run apart (an embedding and the head that reads its weight):
+    # gathered for each of their forwards, and for each in backward
+    "grouped": dict(
+        src='''
+class Head(nn.Module):
+    def __init__(self, embedding):
+        super().__init__()
+        self._embedding = (embedding,)
+
+    def forward(self, h):
+        return torch.nn.functional.linear(h, self._embedding[0].weight)
+
+
+class LM(nn.Module):
+    def __init__(self, vocab=40, d=12, n_layers=2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList([nn.Linear(d, d) for _ in range(n_layers)])
+        self.head = Head(self.embed)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.head(x)
+''',
+        ctor="LM()",
+        input="torch.randint(0, 40, (2, 5))",
+        fsdp2="""
+            fully_shard([model.embed, model.head]{kw})
+            for layer in model.layers:
+                fully_shard(layer{kw})
+            fully_shard(model{kw})
+        """,
+    ),
 }
 MATRIX_MODELS = ["article", "tied", "uneven", "mixed"]
 
@@ -702,6 +781,13 @@ COLLECTIVE_CASES = [
     # a frozen bf16 sub-module in fp32 groups: mixed-dtype all-gathers, frozen params not reduced
     pytest.param("mixed", "fsdp2", 3, None, False, "", id="fsdp2-frozen-bf16-in-fp32"),
     pytest.param("mixed", "fsdp2", 2, None, True, "", id="fsdp2-frozen-bf16-mp"),
+    # a frozen first half: not gathered in backward (FSDP2: the last frozen block prefetched once)
+    pytest.param("halffrozen", "fsdp2", 4, None, False, "", id="fsdp2-half-frozen"),
+    pytest.param("halffrozen", "fsdp2", 2, None, True, "", id="fsdp2-half-frozen-bf16"),
+    pytest.param("halffrozen", "fsdp1", 4, True, False, "", id="fsdp1-half-frozen"),
+    pytest.param("halffrozen", "fsdp1", 2, True, True, "", id="fsdp1-half-frozen-bf16"),
+    # an FSDP2 group gathered for each of its modules' forwards
+    pytest.param("grouped", "fsdp2", 4, None, False, "", id="fsdp2-group-modules-apart"),
 ]
 
 

@@ -173,3 +173,46 @@ def test_hydra_overrides_choose_the_plan_as_at_launch(argv, tmp_path, monkeypatc
     assert [u.reshard_after_forward for u in res.plan.units[:-1]] == [not argv] * layers
     assert res.tree.params["embed.weight"].aliases == (["head.weight"] if argv else [])
     assert os.listdir(tmp_path) == [] and not markers(HYDRA)       # no outputs/ run folder, no log
+
+
+# --------------------------------------------------------------------------------------------
+# shard_placement_fn: evaluated per parameter, exact local shapes, no false FSD601
+# --------------------------------------------------------------------------------------------
+MOE = os.path.join(REPO, "fixtures", "idioms", "fsdp2_moe_shard_placement.py")
+
+
+@pytest.mark.parametrize("rank", [0, 7])
+def test_shard_placement_fn_gives_torchs_local_shapes(rank):
+    import runpy
+
+    from oracle_nd import fsdp2_nd
+
+    ns = runpy.run_path(MOE)
+
+    def wrap(model, mesh):
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.layers:
+            fully_shard(block.moe.experts, mesh=mesh, shard_placement_fn=ns["_experts_shard_placement_fn"])
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    real = fsdp2_nd(ns["MoEModel"], wrap, world_size=8, rank=rank, mesh_shape=(8,), mesh_dim_names=None)
+    res = analyse(MOE, Settings(world_size=8))
+    mine = {p.fqn: p for ul in res.layout.units for p in ul.params}
+    for group in real:
+        for p in group["params"]:
+            lp = mine[p["fqn"]]
+            local = lp.local_shape_first if rank == 0 else lp.local_shape_last
+            assert list(local) == p["local_shape"], p["fqn"]
+            dim = int(p["placements"][0].split("dim=")[1].split(")")[0])
+            assert lp.shard_dim == dim, p["fqn"]
+            # the collective moves the padded shard of every rank
+            padded = 1
+            for d in p["padded_local_shape"]:
+                padded *= d
+            assert lp.padded_numel == padded * 8, p["fqn"]
+    # experts sharded on dim 1 leave no rank empty: FSD601 only names the 4-row router
+    (fsd601,) = [f for f in __import__("fsdp_lint.engine", fromlist=["lint_file"]).lint_file(
+        MOE, Settings(world_size=8)).findings if f.code == "FSD601"]
+    assert "router" in fsd601.message and "experts" not in fsd601.message

@@ -234,18 +234,22 @@ def test_run_summary_and_exit_code(bad_run):
     assert [f["path"] for f in run["files"]] == [os.path.join("fixtures", "bad", f) for f in BAD_FILES]
     for f in run["files"]:
         if f["status"] == "completed":
-            assert f["memory_measure"] == "peak RSS of the rank process (CPU)"
+            # on CPU: the tensor memory torch's tracker counted, by category; RSS only beside it
+            assert f["memory_measure"].endswith("tensor memory")
             assert len(f["peak_memory_bytes"]) == 2 and all(p > 0 for p in f["peak_memory_bytes"])
+            assert sum(f["memory_breakdown"].values()) == f["peak_memory_bytes"][0]
+            assert len(f["rss_peak_bytes"]) == 2
+            assert all(rss > p for rss, p in zip(f["rss_peak_bytes"], f["peak_memory_bytes"]))
 
 
 # --------------------------------------------------------------------------------------------
 # the article's fixtures: nothing confirmed as an error, collectives as the static layout says
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("fixture", ["article_fsdp1.py", "article_fsdp2.py"])
-def test_article_fixtures_measured_collectives_equal_static(fixture):
+@pytest.mark.parametrize("fixture,extra", [("article_fsdp1.py", ()), ("article_fsdp2.py", ("--world-size", "8"))])
+def test_article_fixtures_measured_collectives_equal_static(fixture, extra):
     path = os.path.join("fixtures", fixture)
     code, out, err = _cli(path, "--model", f"{path}:{SMALL_ARTICLE}", "--run", "--format", "json",
-                          "--run-timeout", "240")
+                          "--run-timeout", "240", *extra)
     assert code in (0, 1), err
     doc = json.loads(out)
     (res,) = doc["files"]
@@ -253,7 +257,20 @@ def test_article_fixtures_measured_collectives_equal_static(fixture):
     assert not [f for f in res["findings"] if f["severity"] == "error" and f["confirmed"]]
     run = _run_file(doc, fixture)
     assert run["status"] == "completed" and run["error"] is None
-    plan, measured = res["plan"], run["measured"]
+    # like with like: the static side is recomputed for the run's 2 ranks (the report's plan is
+    # for --world-size), with activations for the run's own inputs, beside the tracker's tensor memory
+    static = run["static"]
+    assert static["world_size"] == doc["run"]["ranks"] == 2
+    assert res["plan"]["world_size"] == (8 if extra else 2)
+    peak = max(run["peak_memory_bytes"])
+    assert abs(static["memory_per_rank_bytes"] - peak) <= 0.25 * peak, (static["memory_per_rank_bytes"], peak)
+    measured = run["measured"]
+    for key in ("all_gathers_per_step", "reduce_scatters_per_step", "all_gather_bytes_per_step",
+                "reduce_scatter_bytes_per_step"):
+        assert measured[key] == static[key] > 0, key
+    if extra:
+        return
+    plan = res["plan"]
     assert measured["all_gathers_per_step"] == plan["all_gathers_per_step"] > 0
     assert measured["reduce_scatters_per_step"] == plan["reduce_scatters_per_step"] > 0
     static_ag = sum(u["all_gather_bytes"] * u["all_gathers_per_step"] for u in plan["units"])
@@ -419,7 +436,8 @@ def _json_paths(obj, prefix=""):
         for k, v in obj.items():
             p = f"{prefix}.{k}" if prefix else k
             out.add(p)
-            out |= _json_paths(v, p)
+            if not p.endswith("breakdown"):       # a map: category -> bytes
+                out |= _json_paths(v, p)
     elif isinstance(obj, list):
         for v in obj:
             out |= _json_paths(v, prefix + "[]")

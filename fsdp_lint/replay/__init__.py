@@ -1,19 +1,24 @@
-"""Replay a training file's setup code against a meta-device model, with FSDP replaced by recorders.
+"""The replay: run a training entry point's setup code the way ``python`` runs it, on the meta
+device, with FSDP replaced by recorders, up to the moment training starts.
 
-The file is compiled with its own line numbers after a small AST transform:
+The stages, one module each:
 
-* training/data loops (``for batch in loader``, loops that call ``.backward()``/``.step()``, every
-  ``while``) are replaced by ``pass``;
-* statements that do not affect the wrap plan run inside ``try``: a data set or checkpoint that
-  cannot be loaded here is skipped, not fatal;
-* after the last statement that affects the plan (a wrap call, a freeze, a dtype change, an
-  optimizer, or a call of a function that does one of these) a checkpoint stops the replay, so
-  nothing after the wrap -- the training loop -- ever runs;
-* the ``if __name__ == "__main__":`` block runs only up to that checkpoint.
-
-While it runs, tensors are created on the meta device, ``torch.distributed``/``torch.cuda`` calls are
-simulated for rank 0 of ``world_size`` ranks, ``fully_shard``/``FullyShardedDataParallel`` record
-their calls instead of sharding, and optimizers record which parameters they hold.
+* ``runner``     -- how Python runs the entry (a script, or a module of a package with its relative
+                    imports), the script's own ``argv``, the model found afterwards, the result;
+* ``imports``    -- project-local imports loaded through the transform, stand-ins for packages that
+                    are not installed (their uses tracked), circular imports named;
+* ``transform``  -- the code transform of every project module (training loops end the replay,
+                    failing setup statements can be skipped, the entry's unneeded setup does not run);
+* ``sandbox``    -- the simulated world: rank 0 of ``world_size``, ``torch.distributed``/``torch.cuda``,
+                    the meta device, launchers (``mp.spawn``, Hydra), records of casts, freezes and
+                    optimizers;
+* ``boundary``   -- the training boundary detected while running (first forward of a wrapped model,
+                    ``backward()``, ``optimizer.step()``, iterating a DataLoader);
+* ``recorders``  -- ``fully_shard``/``FullyShardedDataParallel`` recorded (or real, ``real=True``);
+* ``parallel``   -- device meshes, process groups and tensor parallelism run by torch's own code;
+* ``failures``   -- which failures may be skipped, and the one line that names the first cause;
+* ``targets``    -- ``--model`` targets, models built by the setup code, uncalled wrap helpers;
+* ``records``    -- the plain data a replay returns.
 
 The same replay runs with the real FSDP APIs (``real=True``) for ``--run`` and for the tests that
 compare the static plan with what torch builds.
@@ -23,6 +28,7 @@ from fsdp_lint.replay.records import (  # noqa: F401
     OptimizerCall,
     ParamEvent,
     Position,
+    NoModelError,
     ReplayError,
     ReplayResult,
     TrainingBoundary,

@@ -33,11 +33,11 @@ def install_boundaries(rec, patch: Callable[[Any, str, Any], None]) -> List[Any]
         if rec.stopped is not None and not rec.real:
             raise TrainingBoundary(rec.stopped[0])
         if id(module) in rec.wrapped_ids:
-            stop(f"the first forward of the wrapped {type(module).__name__}")
+            stop(f"the first forward of the wrapped {_user_class(module)}")
         if rec.optimizer_param_ids:
             p = next(iter(module._parameters.values()), None) if module._parameters else None
             if p is not None and id(p) in rec.optimizer_param_ids:
-                stop(f"the first forward of {type(module).__name__}, whose parameters an optimizer holds")
+                stop(f"the first forward of {_user_class(module)}, whose parameters an optimizer holds")
         return None
 
     handles = [nn.modules.module.register_module_forward_pre_hook(on_forward)]
@@ -60,6 +60,12 @@ def install_boundaries(rec, patch: Callable[[Any, str, Any], None]) -> List[Any]
 
     patch(torch.utils.data.DataLoader, "__iter__", loader_iter)
     return handles
+
+
+def _user_class(module) -> str:
+    from fsdp_lint.tree import user_class
+
+    return user_class(module).__name__
 
 
 def training_loop(rec, line: int) -> None:

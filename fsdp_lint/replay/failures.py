@@ -50,6 +50,8 @@ class Failures:
     imports: List[MissingImport] = field(default_factory=list)
     stub_uses: List[StubUse] = field(default_factory=list)
     argv: List[str] = field(default_factory=list)        # the script's arguments
+    cycles: List[List[str]] = field(default_factory=list)  # circular imports met (module names, in order)
+    resolves_locally: Optional[object] = None            # callable(module name) -> project file or None
 
     def names_an_argument(self, exc: BaseException) -> bool:
         """A file named in the script's arguments (a config) cannot be read: the launch command is
@@ -187,13 +189,18 @@ class Failures:
     def describe_import_error(self, exc: ImportError, importer=None) -> Optional[str]:
         if is_circular(exc):
             mod = circular_module(exc)
-            chain = importer.cycle_through(mod) if importer is not None and mod else None
+            chain = next((c for c in reversed(self.cycles) if c and c[-1] == mod), None)
             if chain:
-                names = " -> ".join([n for n, _ in chain] + [mod])
-                return f"circular import: {names} ({mod} is imported again before it finished importing)"
+                names = " -> ".join(chain)
+                return (f"circular import: {names} ({mod} is imported again before it has finished importing; "
+                        f"`python` fails the same way)")
             return f"circular import of {mod}: {_one_line(exc)}"
         missing = missing_module_of(exc)
         if missing:
+            top = missing.split(".")[0]
+            if "." in missing and self.resolves_locally is not None and self.resolves_locally(top):
+                return (f"the project has no module `{missing}` (its package `{top}` is here, that module is not); "
+                        f"check the import, or the checkout")
             return (f"`{missing}` is not installed here (pip install {distribution_of(missing)}); "
                     f"install the training repository's dependencies to lint it")
         return None

@@ -96,6 +96,15 @@ class Missing:
     def __bool__(self):
         return False
 
+    def __len__(self):              # a data set from a package not installed here sizes a DataLoader
+        self._fsdp_lint_on_use(self._fsdp_lint_name)
+        return 1
+
+    def __getitem__(self, item):
+        name = f"{self._fsdp_lint_name}[]"
+        self._fsdp_lint_on_use(name)
+        return Missing(name, self._fsdp_lint_on_use)
+
     def __mro_entries__(self, bases):
         self._fsdp_lint_on_use(self._fsdp_lint_name)
         return (object,)

@@ -145,8 +145,12 @@ class ParallelState:
         kw = call.kwargs
         mesh = kw.get("mesh")
         pos = call.pos
+        # shard_placement_fn is evaluated per parameter (WrapCall.shard_dims); over DTensor (TP/EP)
+        # parameters the combined placement is not modelled
+        over_dtensors = kw.get("shard_placement_fn") is not None and any(
+            type(p).__name__ == "DTensor" for m in call.modules for p in m.parameters())
         for name in ("dp_mesh_dims", "shard_placement_fn"):
-            if kw.get(name) is not None:
+            if kw.get(name) is not None and (name != "shard_placement_fn" or over_dtensors):
                 self.unsupported.append(Unsupported(
                     name, pos.path, pos.line, f"fully_shard({name}=...) is not modelled: the shards of the "
                                               f"parameters it places differently are not computed"))

@@ -84,6 +84,18 @@ class Recorder:
         self.optimizer_param_ids: Set[int] = set()
         self.stopped: Optional[Tuple[str, Position]] = None
         self._local: Dict[str, bool] = {}
+        self.skipped_elsewhere: List[Tuple[str, int, BaseException]] = []
+
+    def skipped_records(self) -> list:
+        from fsdp_lint.replay.records import Skipped
+
+        return [Skipped(path=p, line=ln, error=f"{type(e).__name__}: {e}".splitlines()[0][:300],
+                        exc_type=type(e).__name__) for p, ln, e in self.skipped_elsewhere]
+
+    def record_skip(self, path: str, line: int, exc: BaseException) -> None:
+        """A failure the framework drivers tolerate (a data set that cannot load here); the replay's
+        runner reports it with the skipped statements."""
+        self.skipped_elsewhere.append((path, line, exc))
 
     def is_project_file(self, fname: str) -> bool:
         known = self._local.get(fname)
@@ -126,6 +138,78 @@ class Recorder:
         return state
 
 
+_RECORDED_CLASSES: Dict[type, type] = {}
+
+
+def _recorded_fsdp_module_base():
+    """A stand-in for FSDP2's ``FSDPModule`` on a recorded module: ``isinstance(m, FSDPModule)`` holds
+    as after a real ``fully_shard``, the set-up methods scripts call after wrapping
+    (``set_modules_to_forward_prefetch``, ``unshard``, ``set_requires_gradient_sync``, ...) do nothing,
+    and ``set_reshard_after_forward`` changes the recorded call, as it changes torch's group."""
+    from torch.distributed.fsdp import FSDPModule as RealFSDPModule
+
+    cached = _RECORDED_CLASSES.get(RealFSDPModule)
+    if cached is not None:
+        return cached
+
+    def noop(name):
+        def method(self, *args, **kwargs):
+            return None
+        method.__name__ = name
+        return method
+
+    namespace = {name: noop(name) for name in dir(RealFSDPModule)
+                 if not name.startswith("_") and callable(getattr(RealFSDPModule, name))}
+
+    def set_reshard_after_forward(self, reshard_after_forward, recurse=True):
+        targets = [m for m in self.modules() if hasattr(m, "_fsdp_lint_call")] if recurse else [self]
+        for m in targets:
+            m._fsdp_lint_call.kwargs["reshard_after_forward"] = reshard_after_forward
+
+    namespace["set_reshard_after_forward"] = set_reshard_after_forward
+    namespace["__module__"] = __name__
+    # named like torch's base, so that the tree reports the user's class (see tree.build_module_tree)
+    base = type("FSDPModule", (RealFSDPModule,), namespace)
+    _RECORDED_CLASSES[RealFSDPModule] = base
+    return base
+
+
+def _as_fsdp_module(module, call) -> None:
+    base = _recorded_fsdp_module_base()
+    cls = type(module)
+    if isinstance(module, base) or not hasattr(module, "__dict__"):
+        module.__dict__["_fsdp_lint_call"] = call
+        return
+    new = _RECORDED_CLASSES.get(cls)
+    if new is None:
+        new = type(f"FSDP{cls.__name__}", (base, cls), {"__module__": cls.__module__})
+        _RECORDED_CLASSES[cls] = new
+    module.__class__ = new
+    module.__dict__["_fsdp_lint_call"] = call
+
+
+def shard_dims(modules, placement_fn) -> Dict[int, int]:
+    """FSDP2's ``shard_placement_fn``, evaluated as torch evaluates it: per parameter of the call's
+    modules, the dim it shards (``Shard(d)``; None keeps dim 0). id(param) -> dim (normalised)."""
+    if placement_fn is None:
+        return {}
+    out: Dict[int, int] = {}
+    seen = set()
+    for m in modules:
+        for p in m.parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            placement = placement_fn(p)
+            if placement is None:
+                continue
+            dim = getattr(placement, "dim", None)
+            if dim is None:
+                raise ValueError(f"shard_placement_fn must return a Shard placement or None, got {placement!r}")
+            out[id(p)] = dim % p.ndim if p.ndim else 0
+    return out
+
+
 def _column(frame) -> int:
     """1-based column of the call the frame is executing (Python >= 3.11 keeps positions), else 1."""
     try:
@@ -150,7 +234,11 @@ def _install_recorders(rec: Recorder, patch) -> None:
         for name, value in zip(names, args):
             kwargs[name] = value
         rec.undo.clear()
-        rec.record_wrap(WrapCall("fsdp2", next(rec.seq), mods, kwargs, rec.position(), state=rec.snapshot(mods)))
+        call = WrapCall("fsdp2", next(rec.seq), mods, kwargs, rec.position(), state=rec.snapshot(mods))
+        call.shard_dims = shard_dims(mods, kwargs.get("shard_placement_fn"))
+        rec.record_wrap(call)
+        for m in mods:
+            _as_fsdp_module(m, call)
         return module
 
     class _FSDPMeta(type):
@@ -179,20 +267,7 @@ def _install_recorders(rec: Recorder, patch) -> None:
             return module
 
     RecordingFSDP.__name__ = "FullyShardedDataParallel"
-    for mod_name in ("torch.distributed.fsdp", "torch.distributed.fsdp.fully_sharded_data_parallel",
-                     "torch.distributed._composable.fsdp", "torch.distributed._composable.fsdp.fully_shard",
-                     "torch.distributed.fsdp._fully_shard", "torch.distributed.fsdp._fully_shard._fully_shard"):
-        mod = sys.modules.get(mod_name)
-        if mod is None:
-            try:
-                __import__(mod_name)
-                mod = sys.modules[mod_name]
-            except Exception:
-                continue
-        if hasattr(mod, "fully_shard"):
-            patch(mod, "fully_shard", fully_shard)
-        if hasattr(mod, "FullyShardedDataParallel"):
-            patch(mod, "FullyShardedDataParallel", RecordingFSDP)
+    _patch_fsdp_entry_points(patch, fully_shard, RecordingFSDP, _FSDP_MODULES + _FSDP2_PRIVATE_MODULES)
     del fsdp_mod
 
 
@@ -232,8 +307,19 @@ def _install_real_wrappers(rec: Recorder, patch) -> None:
         def __new__(cls, module, *args, **kwargs):
             return make_fsdp(module, *args, **kwargs)
 
-    for mod_name in ("torch.distributed.fsdp", "torch.distributed.fsdp.fully_sharded_data_parallel",
-                     "torch.distributed._composable.fsdp", "torch.distributed._composable.fsdp.fully_shard"):
+    _patch_fsdp_entry_points(patch, fully_shard, RealRecordingFSDP, _FSDP_MODULES)
+    del fsdp_mod
+
+
+# where code finds the FSDP APIs: the public modules, and (recording) FSDP2's own implementation modules
+_FSDP_MODULES = ("torch.distributed.fsdp", "torch.distributed.fsdp.fully_sharded_data_parallel",
+                 "torch.distributed._composable.fsdp", "torch.distributed._composable.fsdp.fully_shard")
+_FSDP2_PRIVATE_MODULES = ("torch.distributed.fsdp._fully_shard", "torch.distributed.fsdp._fully_shard._fully_shard")
+
+
+def _patch_fsdp_entry_points(patch, fully_shard, fsdp_cls, module_names) -> None:
+    """Put `fully_shard`/`fsdp_cls` wherever a file can import ``fully_shard``/``FullyShardedDataParallel``."""
+    for mod_name in module_names:
         mod = sys.modules.get(mod_name)
         if mod is None:
             try:
@@ -244,5 +330,4 @@ def _install_real_wrappers(rec: Recorder, patch) -> None:
         if hasattr(mod, "fully_shard"):
             patch(mod, "fully_shard", fully_shard)
         if hasattr(mod, "FullyShardedDataParallel"):
-            patch(mod, "FullyShardedDataParallel", RealRecordingFSDP)
-    del fsdp_mod
+            patch(mod, "FullyShardedDataParallel", fsdp_cls)

@@ -12,6 +12,11 @@ class ReplayError(Exception):
     """The file's setup code could not be replayed (message is one line)."""
 
 
+class NoModelError(ReplayError):
+    """The file builds no model, and none of its model classes or factories can be built with their
+    defaults (a model file whose constructor needs a config)."""
+
+
 class TrainingBoundary(BaseException):
     """Raised where the replay stops: training starts (the first forward of a wrapped model, a
     ``backward()``, an optimizer ``step()``, a framework's fit/train, iteration over a data loader),
@@ -50,6 +55,7 @@ class WrapCall:
     policy_desc: Optional[str] = None
     policy_classes: List[str] = field(default_factory=list)   # class names a class-based policy names
     state: Dict[int, Tuple[bool, Any]] = field(default_factory=dict)  # id(param) -> (requires_grad, dtype)
+    shard_dims: Dict[int, int] = field(default_factory=dict)   # FSDP2 shard_placement_fn: id(param) -> dim
 
 
 @dataclass

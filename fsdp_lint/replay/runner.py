@@ -24,9 +24,21 @@ from typing import Any, Dict, List, Optional, Union
 from fsdp_lint.project import Entry, Reach, facts_for, reach
 from fsdp_lint.replay import boundary
 from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_line
-from fsdp_lint.replay.imports import Missing, MissingImport, ProjectImporter, StubUse, is_circular, missing_module_of
+from fsdp_lint.replay.imports import (
+    Missing,
+    MissingImport,
+    ProjectImporter,
+    StubUse,
+    is_circular,
+    missing_module_of,
+)
 from fsdp_lint.replay.recorders import Recorder
-from fsdp_lint.replay.records import _MISSING, ReplayError, ReplayResult, TrainingBoundary
+from fsdp_lint.replay.records import (
+    _MISSING,
+    ReplayError,
+    ReplayResult,
+    TrainingBoundary,
+)
 from fsdp_lint.replay.sandbox import guarded_builtins, sandbox
 from fsdp_lint.replay.targets import (
     LazyOverride,
@@ -37,8 +49,16 @@ from fsdp_lint.replay.targets import (
     helper_arguments,
     load_target,
 )
-from fsdp_lint.replay.transform import LOOP, REBIND, SETUP_DONE, SKIP, STUB_IMPORT, transform
+from fsdp_lint.replay.transform import (
+    LOOP,
+    REBIND,
+    SETUP_DONE,
+    SKIP,
+    STUB_IMPORT,
+    transform,
+)
 from fsdp_lint.source import SourceFacts, relevant_lines_with
+from fsdp_lint.tree import user_class
 
 
 class _ReplayTimeout(BaseException):
@@ -85,6 +105,10 @@ class _Run:
         self.rec.device = self.device
         self.rec.api = self.facts.api
         self.failures = Failures(entry_path=path, argv=list(self.argv))
+        self.rec.record_skip = self.failures.record_skip
+        from fsdp_lint.project import Project
+
+        self.failures.resolves_locally = Project(self.entry).resolve
         self.cwd: Optional[str] = None
         self.importer = ProjectImporter(self._load_module)
         self.override: Optional[Override] = None
@@ -164,6 +188,15 @@ class _Run:
     def _stub_import(self, names, globs, module, exc, frame) -> bool:
         """A top-level import of project code failed: bind tracked stand-ins (False: re-raise)."""
         if is_circular(exc):
+            # name the cycle while the imports that make it are still on the importer's stack
+            from fsdp_lint.replay.imports import circular_module
+
+            mod = circular_module(exc)
+            chain = self.importer.cycle_through(mod) if mod else None
+            if chain and not getattr(exc, "_fsdp_lint_cycle", False):     # the innermost import names it
+                exc._fsdp_lint_cycle = True
+                entry = "__main__ (" + self.display + ")"
+                self.failures.cycles.append([entry] + [n for n, _ in chain] + [mod])
             return False
         missing = missing_module_of(exc) or (module or "").lstrip(".")
         path = os.path.abspath(frame.f_code.co_filename)
@@ -201,7 +234,9 @@ class _Run:
         root = how = None
         launchers = tuple(sorted({imp.module.split(".")[0] for f in self.project.modules.values()
                                   for imp in f.imports} & {"hydra"}))
-        with sandbox(self.rec, entry.root, self.argv, launchers=launchers):
+        siblings = os.path.dirname(self.path) if entry.is_package_module else None
+        with _own_project_modules(), sandbox(self.rec, entry.root, self.argv, launchers=launchers,
+                                             last_resort_path=siblings):
             if self.cwd:
                 os.chdir(self.cwd)      # restored by the sandbox
             sys.meta_path.insert(0, self.importer)
@@ -317,13 +352,13 @@ class _Run:
             _undo_after_last_wrap(rec)
         if rec.wrap_calls:
             root = _root_of(rec)
-            how = how if (how and override is not None and override.used) else f"{self.display}:{type(root).__name__}"
+            how = how if (how and override is not None and override.used) else f"{self.display}:{user_class(root).__name__}"
             if override is not None and not override.used:
                 # the file wraps a model of its own: applying its wrap code (policies naming the
                 # file's own block classes) to another model would report a plan nobody wrote
                 raise ReplayError(
                     f"--model {self.target.text}: {self.display} never builds {self.target.name}; its wrap code wraps "
-                    f"its own {type(root).__name__}. Use --model {self.display}:{type(root).__name__}(...) to change "
+                    f"its own {user_class(root).__name__}. Use --model {self.display}:{user_class(root).__name__}(...) to change "
                     f"that model's arguments, or lint the file that builds {self.target.name}")
         elif root is None:
             if override is not None and override.used:
@@ -357,6 +392,11 @@ class _Run:
         taking = [h for h in helpers if h.params and h.defaults < len(h.params) and callable(ns.get(h.name))]
         if not taking:
             return None, None
+        if self.override is None and not (self.facts.defines_model or self.rec.constructed):
+            names = ", ".join(f"{h.name}({', '.join(h.params)})" for h in taking)
+            raise ReplayError(
+                f"{self.display}: {names} wraps a model it is given, and nothing here builds one: lint the entry "
+                f"point that calls it (fsdp-lint train.py -- ARGS), or pass the model with --model path.py:Class(...)")
         if self.override is not None:
             root = None
 
@@ -392,6 +432,24 @@ class _Run:
             names = ", ".join(dict.fromkeys(i.missing for i in unused))
             notes.append(f"not installed here, stood in for (not used by the model): {names}")
         return notes
+
+
+@contextlib.contextmanager
+def _own_project_modules():
+    """The entry imports its own project modules afresh: project-local modules this process imported
+    before (another file linted in-process, a test's fixtures) are set aside for the replay and put
+    back afterwards, so that a `model` of another project never stands in for this one's."""
+    from fsdp_lint.project import is_local
+
+    aside = {name: mod for name, mod in list(sys.modules.items())
+             if name != "__main__" and is_local(getattr(mod, "__file__", None) or "")}
+    for name in aside:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        for name, mod in aside.items():
+            sys.modules.setdefault(name, mod)
 
 
 def _resolves_locally(entry: Entry, module: str) -> bool:

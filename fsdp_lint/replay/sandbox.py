@@ -64,7 +64,8 @@ def _noop():
 
 
 @contextlib.contextmanager
-def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launchers: Tuple[str, ...] = ()):
+def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launchers: Tuple[str, ...] = (),
+            last_resort_path: Optional[str] = None):
     """Patch torch and the process for a replay; everything is restored on exit. `launchers`:
     command-line frameworks the program uses that need a shim (``"hydra"``)."""
     import torch
@@ -81,6 +82,11 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     os.environ.update({"WORLD_SIZE": str(rec.world_size), "LOCAL_WORLD_SIZE": str(rec.world_size)})
     sys.argv = [rec.path, *(argv or [])]
     sys.path.insert(0, root)
+    if last_resort_path and last_resort_path not in sys.path:
+        # a package module's own folder, last: siblings it imports as top-level modules (as
+        # `python pkg/train.py` finds them) resolve, and never shadow an installed package
+        sys.path.append(last_resort_path)
+    hub_was_imported = _hub_offline(patch)
 
     hooks = _record_module_tree(rec, patch)
     owned_pg = _simulate_dist(rec, patch)
@@ -95,6 +101,10 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
         _install_recorders(rec, patch)
     else:
         _install_real_wrappers(rec, patch)
+    # the framework drivers (Lightning, accelerate, HF Trainer): their own code calls the recorders
+    from fsdp_lint.frameworks import install as install_frameworks
+
+    install_frameworks(rec, patch)
     hooks += install_boundaries(rec, patch)
 
     rec.stdout, rec.stderr = io.StringIO(), io.StringIO()
@@ -123,6 +133,23 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
             else:
                 setattr(obj, name, old)
         saved.restore(torch)
+        if not hub_was_imported:
+            _hub_offline(None)
+
+
+def _hub_offline(patch: Optional[Patch]) -> bool:
+    """huggingface_hub reads HF_HUB_OFFLINE once, at import: when it is imported already, its constant
+    is patched for the replay (returns True); one imported during the replay gets the value of the
+    restored environment back afterwards (`patch` None)."""
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is None:
+        return False
+    if patch is not None:
+        patch(constants, "HF_HUB_OFFLINE", True)
+    else:
+        constants.HF_HUB_OFFLINE = str(os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
+                                       or "").upper() in {"1", "ON", "YES", "TRUE"}
+    return True
 
 
 class _ProcessState:

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from fsdp_lint.replay.recorders import FakeMesh, Recorder
-from fsdp_lint.replay.records import ReplayError, TrainingBoundary
+from fsdp_lint.replay.records import NoModelError, ReplayError, TrainingBoundary
 from fsdp_lint.source import SourceFacts
+from fsdp_lint.tree import user_class
 
 # `path.py:Name` or `pkg.mod:Name.attr` inside a target expression
 _REF = re.compile(
@@ -118,8 +119,16 @@ _SAFE = (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Name, ast.Att
          ast.USub, ast.UAdd, ast.Load, ast.keyword)
 
 
+_SAFE_BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "int", "float", "str", "bool", "range", "slice",
+                  "complex", "bytes", "None", "True", "False"}
+
+
 def _check_safe(node: ast.AST, text: str) -> None:
     for n in ast.walk(node):
+        name = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None
+        if name is not None and name.startswith("__") and not name.startswith("__fsdp_lint_ref"):
+            raise ReplayError(f"invalid --model target {text!r}: {name!r} is not allowed (only literals, names and "
+                              f"calls of named callables are evaluated)")
         if not isinstance(n, _SAFE):
             raise ReplayError(f"invalid --model target {text!r}: only literals, names and calls of named callables "
                               f"are evaluated, not {ast.unparse(n) if isinstance(n, ast.expr) else type(n).__name__}")
@@ -205,7 +214,7 @@ class Override:
                 return space[name]
         import builtins
 
-        if hasattr(builtins, name):
+        if name in _SAFE_BUILTINS and hasattr(builtins, name):
             return getattr(builtins, name)
         raise ReplayError(f"--model {self.target.text}: {name!r} is not defined in "
                           f"{self.target.source or 'the linted file'}")
@@ -354,7 +363,7 @@ def discover_model(facts: SourceFacts, ns: dict, rec: Recorder, display: str):
     built = largest_built_model(rec)
     if built is not None:
         model, pos = built
-        return model, f"{display}:{type(model).__name__}"
+        return model, f"{display}:{user_class(model).__name__}"
     errors = []
     for name in facts.factories():
         fn = ns.get(name)
@@ -378,11 +387,12 @@ def discover_model(facts: SourceFacts, ns: dict, rec: Recorder, display: str):
             errors.append(f"{cls_name}(): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             continue
         return model, f"{display}:{cls_name}"
+    shown = os.path.relpath(facts.path) if not os.path.relpath(facts.path).startswith("..") else facts.path
     if errors:
-        raise ReplayError(f"{display}: cannot build the model on the meta device: {errors[0]}"
-                          f" (pass --model {display}:Class(arg=...) to choose the model and its arguments)")
-    raise ReplayError(f"{display}: no model found: define an nn.Module, a build_model() factory, "
-                      f"or pass --model path.py:Class")
+        raise NoModelError(f"{display}: cannot build the model on the meta device: {errors[0]}"
+                           f" (pass --model {shown}:Class(arg=...) to choose the model and its arguments)")
+    raise NoModelError(f"{display}: no model found: define an nn.Module, a build_model() factory, "
+                       f"or pass --model path.py:Class")
 
 
 def _top_module_classes(facts: SourceFacts, ns: dict) -> List[str]:
@@ -454,8 +464,7 @@ def helper_arguments(fn, model, rec: Recorder, display: str) -> Tuple[List[Any],
         shown = ", ".join(f"`{n}`" for n in unfilled)
         params = ", ".join(sig.parameters)
         raise ReplayError(
-            f"{display}: {fn.__name__}({params}) wraps the model but is never called here, and fsdp-lint cannot "
-            f"make up its argument{'s' if len(unfilled) > 1 else ''} {shown}: lint the entry point that calls it "
-            f"(fsdp-lint train.py -- ARGS), or pass --model {display}:{fn.__name__} with a function of this file "
-            f"that calls it")
+            f"{display}: {fn.__name__}({params}) wraps the model but is never called here, and fsdp-lint does not "
+            f"make up its argument{'s' if len(unfilled) > 1 else ''} {shown}: lint the entry point that calls it, "
+            f"with the script's arguments (fsdp-lint train.py -- ARGS)")
     return args, kwargs

@@ -1,0 +1,145 @@
+"""accelerate driven through its own code.
+
+``Accelerator.prepare`` computes the policy (``FullyShardedDataParallelPlugin.set_auto_wrap_policy``:
+``TRANSFORMER_BASED_WRAP`` names or the model's ``_no_split_modules``, ``SIZE_BASED_WRAP`` with its
+threshold, ``NO_WRAP``) and calls ``FullyShardedDataParallel(model, ...)`` (``fsdp_version: 1``) or
+``fully_shard`` per module, embedding and tail groups, root (``fsdp_version: 2``): fsdp-lint's recorders
+see exactly those calls. The configuration comes from the code (``FullyShardedDataParallelPlugin``),
+the environment ``accelerate launch`` sets (``ACCELERATE_USE_FSDP``, ``FSDP_*``), or ``--accelerate-config``.
+
+Patched for the replay only:
+
+* accelerate's process-wide state (``PartialState``/``AcceleratorState``/``GradientState`` are
+  singletons) is fresh for each replay and put back afterwards;
+* a wrap-class name that matches no module: accelerate raises ``Could not find the transformer layer
+  class ...``; fsdp-lint notes the error (FSD103 quotes it) and lets accelerate continue with the
+  names that exist, so the rest of the plan is still linted;
+* FSDP2 weight loading (``cpu_ram_efficient_loading``) moves no data in a recorded plan, and data loaders
+  are returned as they are (a sampler's generator cannot live on the meta device).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List
+
+FRAMEWORK = "accelerate"
+_NOT_FOUND = re.compile(r"Could not find the transformer layer class (.+?) in the model")
+
+
+def prepare_environment(rec, patch, options) -> None:
+    import os
+
+    os.environ.update(options.accelerate_env)       # the sandbox restores the environment afterwards
+
+
+def _state(hooks, module) -> None:
+    # fresh singletons for this replay; the previous ones come back when the sandbox undoes its patches
+    for name in ("PartialState", "AcceleratorState", "GradientState"):
+        cls = getattr(module, name, None)
+        if cls is not None and isinstance(cls.__dict__.get("_shared_state"), dict):
+            hooks.patch(cls, "_shared_state", {})
+
+
+def _accelerator(hooks, module) -> None:
+    for name in ("prepare", "prepare_model"):
+        hooks.wrap(module.Accelerator, name, hooks.scope(FRAMEWORK))
+
+    def make(prepare):
+        def wrapped(self, *args, **kwargs):
+            _mark_remapped(hooks, args)
+            return prepare(self, *args, **kwargs)
+        return wrapped
+
+    hooks.wrap(module.Accelerator, "prepare", make)
+    if not hooks.rec.real:
+        hooks.wrap(module.Accelerator, "prepare_model", lambda fn: _upcast_after(hooks, fn))
+        # data loaders do not change the plan, and their samplers' generators cannot live on meta
+        hooks.wrap(module.Accelerator, "prepare_data_loader", lambda fn: lambda self, loader, *a, **k: loader)
+
+
+def _upcast_after(hooks, prepare_model):
+    """FSDP1 with mixed precision: after wrapping, accelerate upcasts every trainable FlatParameter that is
+    not float32 to float32 (the optimizer's master weights). The recorded wrap calls carry that, and
+    `annotate_plan` applies it to the units that own trainable low-precision parameters."""
+    def wrapped(self, *args, **kwargs):
+        start = len(hooks.rec.wrap_calls)
+        try:
+            return prepare_model(self, *args, **kwargs)
+        finally:
+            if getattr(self, "mixed_precision", "no") != "no":
+                for call in hooks.rec.wrap_calls[start:]:
+                    if call.api == "fsdp1":
+                        call.upcast_trainable_to_fp32 = True
+    return wrapped
+
+
+def apply_upcast(plan, result, tree) -> None:
+    calls = {call.seq for call in result.wrap_calls if getattr(call, "upcast_trainable_to_fp32", False)}
+    for unit in plan.units:
+        if unit.seq not in calls or not unit.params:
+            continue
+        infos = [tree.params[p] for p in unit.params]
+        dtypes = {p.dtype for p in infos}
+        # a FlatParameter is uniform (else FSDP raised, FSD203), trainable if any of its params is
+        if len(dtypes) == 1 and dtypes != {"float32"} and any(p.requires_grad for p in infos):
+            for p in infos:
+                p.dtype = "float32"
+
+
+def _mark_remapped(hooks, args) -> None:
+    """Optimizers handed to ``prepare()`` together with the model: accelerate points them at the wrapped
+    parameters (FSDP1 FlatParameters, FSDP2 DTensors), so building them before the wrap is no mistake."""
+    import torch
+
+    for obj in args:
+        if isinstance(obj, torch.optim.Optimizer):
+            ids = {id(p) for group in obj.param_groups for p in group["params"]}
+            for call in hooks.rec.optimizers:
+                if set(call.param_ids) == ids:
+                    call.remapped_by = FRAMEWORK
+
+
+def _plugin(hooks, module) -> None:
+    plugin_cls = module.FullyShardedDataParallelPlugin
+
+    def make(set_auto_wrap_policy):
+        def wrapped(self, model, *args, **kwargs):
+            try:
+                return set_auto_wrap_policy(self, model, *args, **kwargs)
+            except ValueError as exc:
+                if hooks.rec.real or not _NOT_FOUND.search(str(exc)):
+                    raise               # a real session (--run, the tests' oracle) raises as accelerate does
+                _note_missing(hooks, self, model, exc)
+                return set_auto_wrap_policy(self, model, *args, **kwargs)
+        return wrapped
+
+    hooks.wrap(plugin_cls, "set_auto_wrap_policy", make)
+
+
+def _note_missing(hooks, plugin, model, exc) -> None:
+    """accelerate raised for a class name the model lacks: note every missing name, keep the others."""
+    from accelerate.utils.dataclasses import get_module_class_from_name
+
+    explicit = plugin.transformer_cls_names_to_wrap is not None
+    names = list(plugin.transformer_cls_names_to_wrap if explicit else (getattr(model, "_no_split_modules", None) or []))
+    missing = [n for n in names if get_module_class_from_name(model, n) is None]
+    found = [n for n in names if n not in missing]
+    setting = ("transformer_layer_cls_to_wrap" if explicit
+               else f"_no_split_modules of {type(model).__name__} (no transformer_layer_cls_to_wrap given)")
+    hooks.note_error(FRAMEWORK, f"{type(exc).__name__}: {exc}", names, missing, setting,
+                     api="fsdp2" if getattr(plugin, "fsdp_version", 1) == 2 else "fsdp1")
+    plugin.transformer_cls_names_to_wrap = found
+
+
+def _fsdp_utils(hooks, module) -> None:
+    if not hooks.rec.real and hasattr(module, "fsdp2_load_full_state_dict"):
+        hooks.patch(module, "fsdp2_load_full_state_dict", lambda *args, **kwargs: None)
+
+
+def hook_table() -> Dict[str, List[Any]]:
+    return {
+        "accelerate.state": [_state],
+        "accelerate.accelerator": [_accelerator],
+        "accelerate.utils.dataclasses": [_plugin],
+        "accelerate.utils.fsdp_utils": [_fsdp_utils],
+    }

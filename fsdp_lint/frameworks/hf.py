@@ -1,0 +1,178 @@
+"""The Hugging Face Trainer driven through its own code, and Hugging Face models without downloads.
+
+``Trainer(args=TrainingArguments(fsdp="full_shard auto_wrap", fsdp_config={...}))`` turns its arguments
+into an accelerate FSDP plugin; ``trainer.train()`` builds the data loader, then (PEFT models: after
+``update_fsdp_plugin_peft``) hands the model to ``accelerator.prepare``. All of that runs as the
+installed transformers does it; the replay stops right after, before the first batch.
+
+Patched for the replay only:
+
+* ``Trainer._prepare_for_training`` ends the replay once the model is wrapped and the optimizer built;
+* a train data set that cannot be loaded here (no network, ``datasets`` not installed) is replaced by a
+  one-sample loader: the data does not change the plan, and no batch is ever drawn;
+* ``from_pretrained("org/name")`` builds the model from its config on the meta device: the config comes
+  from ``--hf-config`` or the local Hugging Face cache (the hub is never contacted); weights are never
+  loaded. The dtype is resolved as ``from_pretrained`` resolves it (``dtype="auto"``: the config's).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List
+
+FRAMEWORK = "transformers"
+
+
+def prepare_environment(rec, patch, options) -> None:
+    pass
+
+
+class HubConfigMissing(OSError):
+    """A model named by its hub id has no config here (fsdp-lint never downloads)."""
+
+
+def missing_config_message(name: str) -> str:
+    cache = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return (f"no config.json for the hub model {name!r} here, and fsdp-lint never downloads: pass "
+            f"--hf-config path/to/config.json (or the model's directory), or put the config in the local Hugging "
+            f"Face cache ({cache}) with `huggingface-cli download {name} config.json`")
+
+
+def load_config(name_or_path, options, **kwargs):
+    """The model's config for ``from_pretrained``: `--hf-config` if given, else the one found locally."""
+    from transformers import AutoConfig
+
+    keep = {k: kwargs[k] for k in ("revision", "subfolder", "trust_remote_code", "cache_dir") if k in kwargs}
+    if options.hf_config:
+        return AutoConfig.from_pretrained(options.hf_config, local_files_only=True)
+    try:
+        return AutoConfig.from_pretrained(name_or_path, local_files_only=True, **keep)
+    except (OSError, ValueError):
+        raise HubConfigMissing(missing_config_message(str(name_or_path))) from None
+
+
+def _resolve_dtype(config, kwargs):
+    """`from_pretrained`'s dtype: ``dtype``/``torch_dtype`` if given; else "auto" (transformers >= 5,
+    the config's dtype) or the default dtype (transformers 4)."""
+    import torch
+    import transformers
+
+    dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+    if dtype is None:
+        dtype = "auto" if int(transformers.__version__.split(".")[0]) >= 5 else None
+    if dtype == "auto":
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.get_default_dtype()
+
+
+def _modeling(hooks, module) -> None:
+    options = hooks.options
+
+    def make(from_pretrained):
+        def wrapped(cls, pretrained_model_name_or_path=None, *model_args, **kwargs):
+            config = kwargs.get("config")
+            if config is None or isinstance(config, (str, os.PathLike)):
+                config = load_config(config or pretrained_model_name_or_path, options, **kwargs)
+            dtype = _resolve_dtype(config, kwargs)
+            extra = {k: kwargs[k] for k in ("attn_implementation",) if k in kwargs}
+            return cls._from_config(config, dtype=dtype, **extra)
+        return wrapped
+
+    hooks.wrap(module.PreTrainedModel, "from_pretrained", make)
+
+
+def _auto_config(hooks, module) -> None:
+    """``AutoConfig.from_pretrained("org/name")``: `--hf-config`, else the local cache, never the hub. The
+    ``AutoModel*`` classes load their config through it, then call the concrete class's ``from_pretrained``
+    (patched in `_modeling`); each of them holds its own copy of ``from_pretrained``, so they are not
+    patched themselves."""
+    options = hooks.options
+
+    def make(from_pretrained):
+        def wrapped(cls, pretrained_model_name_or_path, *args, **kwargs):
+            if options.hf_config:
+                kwargs.pop("subfolder", None)
+                pretrained_model_name_or_path = options.hf_config
+            kwargs["local_files_only"] = True
+            try:
+                return from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs)
+            except (OSError, ValueError) as exc:
+                if options.hf_config:
+                    raise HubConfigMissing(f"--hf-config {options.hf_config}: transformers cannot read it: "
+                                           f"{exc}") from None
+                raise HubConfigMissing(missing_config_message(str(pretrained_model_name_or_path))) from None
+        return wrapped
+
+    hooks.wrap(module.AutoConfig, "from_pretrained", make)
+
+
+def _trainer(hooks, module) -> None:
+    from fsdp_lint.replay.records import TrainingBoundary
+
+    Trainer = module.Trainer
+    hooks.wrap(Trainer, "train", hooks.scope(FRAMEWORK))
+
+    def make_init(init):
+        def __init__(self, *args, **kwargs):
+            # the Trainer creates `output_dir` at once; nothing is written before training, so the
+            # replay creates no directory in the user's tree
+            real_makedirs = os.makedirs
+            os.makedirs = lambda *a, **k: None
+            try:
+                return init(self, *args, **kwargs)
+            finally:
+                os.makedirs = real_makedirs
+        return __init__
+
+    hooks.wrap(Trainer, "__init__", make_init)
+
+    def make_prepare(prepare):
+        def _prepare_for_training(self, *args, **kwargs):
+            prepare(self, *args, **kwargs)
+            raise TrainingBoundary("Trainer.train: the first batch")
+        return _prepare_for_training
+
+    hooks.wrap(Trainer, "_prepare_for_training", make_prepare)
+
+    def make_loader(get_train_dataloader):
+        def wrapped(self, *args, **kwargs):
+            try:
+                return get_train_dataloader(self, *args, **kwargs)
+            except Exception as exc:
+                from torch.utils.data import DataLoader
+
+                hooks.rec.record_skip(hooks.rec.position().path, hooks.rec.position().line, exc)
+                return DataLoader([0], batch_size=1)
+        return wrapped
+
+    hooks.wrap(Trainer, "get_train_dataloader", make_loader)
+
+
+def hook_table() -> Dict[str, List[Any]]:
+    return {
+        "transformers.modeling_utils": [_modeling],
+        "transformers.models.auto.configuration_auto": [_auto_config],
+        "transformers.trainer": [_trainer],
+        "datasets": [_datasets],
+    }
+
+
+def _datasets(hooks, module) -> None:
+    """A data set that cannot be loaded here (the hub is offline for a lint) stands in as a placeholder:
+    the plan does not depend on the data, and no sample is ever drawn."""
+    from fsdp_lint.replay.imports import Missing
+
+    def make(load):
+        def wrapped(*args, **kwargs):
+            try:
+                return load(*args, **kwargs)
+            except Exception as exc:
+                pos = hooks.rec.position()
+                hooks.rec.record_skip(pos.path, pos.line, exc)
+                return Missing(f"{load.__name__}()", lambda name: None)
+        return wrapped
+
+    for name in ("load_dataset", "load_from_disk"):
+        if hasattr(module, name):
+            hooks.wrap(module, name, make)

@@ -1,0 +1,136 @@
+"""Lightning (Fabric and Trainer) driven through its own code.
+
+`FSDPStrategy` calls ``FullyShardedDataParallel(module, auto_wrap_policy=..., use_orig_params=True, ...)``
+and `ModelParallelStrategy` calls the user's ``parallelize_fn`` / ``configure_model()`` with its device
+mesh: both reach fsdp-lint's recorders, so the plan is the one the installed Lightning builds. What is
+patched, for the replay only:
+
+* the world: ``devices``/``num_nodes`` are fitted to the simulated world size (as a launcher with that
+  many processes would require: Lightning checks ``devices * num_nodes == WORLD_SIZE``);
+* the training boundary: ``Trainer.fit`` stops where training starts (``on_fit_start``, after the
+  strategy wrapped the model and built the optimizers), ``validate``/``test``/``predict`` before their
+  loop, Fabric at the first forward of a model it set up;
+* what only a real FlatParameter satisfies: FSDP1 with ``use_orig_params=False`` checks that the
+  optimizer holds flat parameters (they do not exist in a recorded plan);
+* ``prepare_data()`` (downloads) is tolerant: a data set that cannot be fetched here does not stop the lint.
+
+Both the unified package (``lightning.fabric``/``lightning.pytorch``) and the standalone ones
+(``lightning_fabric``/``pytorch_lightning``) are hooked.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+FRAMEWORK = "lightning"
+_FABRIC = ("lightning.fabric", "lightning_fabric")
+_PYTORCH = ("lightning.pytorch", "pytorch_lightning")
+
+
+def _fit_devices(hooks, devices, num_nodes):
+    """(devices, num_nodes) whose product is the simulated world size, keeping num_nodes if it divides it."""
+    ws = hooks.rec.world_size
+    try:
+        nodes = int(num_nodes)
+    except (TypeError, ValueError):
+        nodes = 1
+    if nodes < 1 or ws % nodes:
+        nodes = 1
+    return ws // nodes, nodes
+
+
+def _connector(hooks, module) -> None:
+    cls = getattr(module, "_Connector", None) or getattr(module, "_AcceleratorConnector", None)
+    if cls is None:
+        return
+
+    def make(init):
+        def __init__(self, *args, **kwargs):
+            import inspect
+
+            bound = inspect.signature(init).bind_partial(self, *args, **kwargs)
+            arguments = dict(bound.arguments)
+            arguments.pop("self", None)
+            accelerator = arguments.get("accelerator", "auto")
+            if not (isinstance(accelerator, str) and accelerator in ("mps", "tpu")):
+                arguments["devices"], arguments["num_nodes"] = _fit_devices(
+                    hooks, arguments.get("devices", "auto"), arguments.get("num_nodes", 1))
+            return init(self, **arguments)
+        return __init__
+
+    hooks.wrap(cls, "__init__", make)
+
+
+def _fabric(hooks, module) -> None:
+    Fabric = module.Fabric
+    for name in ("setup", "setup_module"):
+        hooks.wrap(Fabric, name, hooks.scope(FRAMEWORK))
+
+
+def _fabric_wrappers(hooks, module) -> None:
+    hooks.wrap(module._FabricModule, "forward",
+               hooks.boundary("the first forward of the model set up by Fabric: training starts"))
+
+
+def _flat_params_check(hooks, module) -> None:
+    # FSDP1 use_orig_params=False: Lightning checks that the optimizer holds FlatParameters; recorded
+    # wraps have none (real ones do)
+    if not hooks.rec.real and hasattr(module, "_optimizer_has_flat_params"):
+        hooks.patch(module, "_optimizer_has_flat_params", lambda optimizer: True)
+
+
+def _trainer(hooks, module) -> None:
+    Trainer = module.Trainer
+
+    def make_init(init):
+        def __init__(self, *args, **kwargs):
+            # loggers create their directories at set-up (``setup`` hook); nothing is logged before
+            # training starts, so the replay runs without them and writes nothing
+            kwargs["logger"] = False
+            return init(self, *args, **kwargs)
+        return __init__
+
+    hooks.wrap(Trainer, "__init__", make_init)
+    for name in ("fit", "validate", "test", "predict"):
+        hooks.wrap(Trainer, name, hooks.scope(FRAMEWORK))
+    hooks.wrap(Trainer, "_run_stage", hooks.boundary("Trainer: the loop starts"))
+
+
+def _trainer_call(hooks, module) -> None:
+    from fsdp_lint.replay.records import TrainingBoundary
+
+    def make(fn):
+        def _call_callback_hooks(trainer, hook_name, *args, **kwargs):
+            if hook_name == "on_fit_start":
+                raise TrainingBoundary("Trainer.fit: training starts (on_fit_start)")
+            return fn(trainer, hook_name, *args, **kwargs)
+        return _call_callback_hooks
+
+    hooks.wrap(module, "_call_callback_hooks", make)
+
+
+def _data_connector(hooks, module) -> None:
+    from fsdp_lint.frameworks.hooks import tolerant
+
+    def make(fn):
+        def prepare_data(self, *args, **kwargs):
+            with tolerant(hooks, "prepare_data"):
+                return fn(self, *args, **kwargs)
+        return prepare_data
+
+    hooks.wrap(module._DataConnector, "prepare_data", make)
+
+
+def hook_table() -> Dict[str, List[Any]]:
+    table: Dict[str, List[Any]] = {}
+    for f in _FABRIC:
+        table[f"{f}.connector"] = [_connector]
+        table[f"{f}.fabric"] = [_fabric]
+        table[f"{f}.wrappers"] = [_fabric_wrappers]
+        table[f"{f}.strategies.fsdp"] = [_flat_params_check]
+    for p in _PYTORCH:
+        table[f"{p}.trainer.connectors.accelerator_connector"] = [_connector]
+        table[f"{p}.trainer.trainer"] = [_trainer]
+        table[f"{p}.trainer.call"] = [_trainer_call]
+        table[f"{p}.strategies.fsdp"] = [_flat_params_check]
+        table[f"{p}.trainer.connectors.data_connector"] = [_data_connector]
+    return table

@@ -1,0 +1,119 @@
+"""Framework options of one lint: ``--accelerate-config``, ``--hf-config``, ``--hf-class``.
+
+An accelerate config file is read by accelerate's own launcher code (``accelerate launch``'s parser,
+``_validate_launch_command`` and ``prepare_multi_gpu_env``), so the environment the replayed script
+sees is the one ``accelerate launch --config_file FILE train.py`` would give it, for the installed
+accelerate version.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+
+class OptionError(Exception):
+    """A framework option that cannot be used (message is one line, exit code 2)."""
+
+
+@dataclass
+class FrameworkOptions:
+    accelerate_config: Optional[str] = None
+    accelerate_env: Dict[str, str] = field(default_factory=dict)
+    hf_config: Optional[str] = None           # a config.json, or a directory holding one
+    hf_class: Optional[str] = None            # AutoModelForCausalLM, LlamaForCausalLM, ...
+
+    @classmethod
+    def from_settings(cls, settings) -> "FrameworkOptions":
+        opts = cls(accelerate_config=getattr(settings, "accelerate_config", None),
+                   hf_config=getattr(settings, "hf_config", None), hf_class=getattr(settings, "hf_class", None))
+        if opts.hf_config:
+            opts.hf_config = _config_json(opts.hf_config)
+        if opts.accelerate_config:
+            opts.accelerate_env = accelerate_launch_env(opts.accelerate_config)
+        return opts
+
+    def yaml_lines(self) -> Dict[str, Tuple[int, int]]:
+        """key -> (line, col) of the keys of the accelerate config file, for findings that point there."""
+        return yaml_key_lines(self.accelerate_config) if self.accelerate_config else {}
+
+
+def _config_json(path: str) -> str:
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    if not os.path.isfile(path):
+        raise OptionError(f"--hf-config {path}: no such file (pass a model's config.json or the directory holding it)")
+    return path
+
+
+# what `accelerate launch` sets but that is about processes, not about the plan
+_LAUNCHER_ONLY = {"OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"}
+
+
+def accelerate_launch_env(path: str) -> Dict[str, str]:
+    """The environment variables ``accelerate launch --config_file PATH`` sets for the script."""
+    if not os.path.isfile(path):
+        raise OptionError(f"--accelerate-config {path}: no such file")
+    try:
+        from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+        from accelerate.utils.launch import prepare_multi_gpu_env
+    except ImportError:
+        raise OptionError("--accelerate-config needs accelerate: pip install 'fsdp-lint[hf]'") from None
+    before = dict(os.environ)
+    try:
+        args = launch_command_parser().parse_args(["--config_file", path, "train.py"])
+        args, _, _ = _validate_launch_command(args)
+        env = prepare_multi_gpu_env(args)
+    except SystemExit:
+        raise OptionError(f"--accelerate-config {path}: accelerate rejects it") from None
+    except Exception as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise OptionError(f"--accelerate-config {path}: accelerate cannot read it: {type(exc).__name__}: {msg}") from None
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+    out = {k: v for k, v in env.items() if before.get(k) != v and k not in _LAUNCHER_ONLY}
+    if out.get("ACCELERATE_USE_FSDP") != "true":
+        raise OptionError(f"--accelerate-config {path}: distributed_type is not FSDP (accelerate would not shard)")
+    return out
+
+
+def yaml_key_lines(path: str) -> Dict[str, Tuple[int, int]]:
+    out: Dict[str, Tuple[int, int]] = {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for i, text in enumerate(fh, start=1):
+                stripped = text.lstrip()
+                if stripped.startswith("#") or ":" not in stripped:
+                    continue
+                key = stripped.split(":", 1)[0].strip().strip("'\"")
+                out.setdefault(key, (i, len(text) - len(stripped) + 1))
+    except OSError:
+        pass
+    return out
+
+
+def find_literal(path: str, value: str) -> Optional[Tuple[int, int]]:
+    """(line, col) of the first string literal in `path` that is `value` or names it in a comma-separated
+    list ("LlamaDecoderLayer,MistralDecoderLayer"), for findings about a class name a file spells."""
+    import re
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    pattern = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(value)}(?![A-Za-z0-9_])")
+    for i, text in enumerate(lines, start=1):
+        m = pattern.search(text)
+        if m and not text.lstrip().startswith("#"):
+            return i, m.start() + 1
+    return None
+
+
+def names_list(value) -> List[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [str(v) for v in value]

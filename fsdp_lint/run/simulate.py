@@ -1,0 +1,164 @@
+"""`--simulate`: the real peak memory per rank of the file's plan, without a GPU and without memory.
+
+For every linted file one process (started, watched and cleaned up like a ``--run`` rank) becomes
+rank 0 of the plan's world size under torch's fake process group and ``FakeTensorMode``: the file's
+setup code is replayed with the real FSDP1/FSDP2 (``session``: its model, freezing, dtype changes,
+wrap calls and optimizer; AdamW when it builds none), then two training steps run on the same
+synthetic inputs as ``--run`` with torch's memory tracker watching (``memory``: ``FSDPMemTracker``
+for FSDP2, ``MemTracker`` with FSDP1's buffers labelled for FSDP1) and the collectives counted.
+Tensors are fake: shapes, dtypes and storages are real, no byte is allocated, so an 8B model on
+64 ranks simulates on a laptop.
+
+The device meshes are built outside ``FakeTensorMode`` (a mesh holds real rank tensors).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+from fsdp_lint.run.spec import RunError, RunOptions, display_path, spec_for
+
+SIMULATED_STEPS = 2
+
+
+def simulate(results, settings, opts: RunOptions) -> dict:
+    """Simulate every linted file; sets ``res.simulated`` (plain data) and returns a summary.
+    Raises RunError (with the summary) when a file could not be simulated."""
+    from fsdp_lint.run.launch import launch_ranks
+    from fsdp_lint.run.spec import check_options
+
+    t0 = time.monotonic()
+    check_options(opts)
+    deadline = t0 + opts.timeout
+    runnable = [r for r in results if not r.skipped and r.plan is not None and r.tree is not None]
+    failed: List[str] = []
+    done = 0
+    for res in runnable:
+        started = time.monotonic()
+        spec = simulation_spec(res, settings, opts)
+        try:
+            if time.monotonic() >= deadline:
+                raise RunError(f"no time left for this file within --run-timeout {opts.timeout:g} s")
+            report = launch_ranks(spec, 1, "fake", "cpu", deadline, opts)[0]
+        except RunError as exc:
+            res.simulated = {"error": str(exc)}
+            failed.append(f"{display_path(res.path)}: {exc}" if len(runnable) > 1 else str(exc))
+            continue
+        res.simulated = _file_result(report, spec, time.monotonic() - started)
+        if "error" in res.simulated:
+            failed.append(f"{display_path(res.path)}: {res.simulated['error']}" if len(runnable) > 1
+                          else res.simulated["error"])
+        else:
+            done += 1
+    summary = {"files": len(runnable), "simulated": done, "wall_time_s": round(time.monotonic() - t0, 1)}
+    if failed:
+        raise RunError("; ".join(failed), summary=summary)
+    return summary
+
+
+def simulation_spec(res, settings, opts: RunOptions) -> dict:
+    spec = spec_for(res, settings, opts)
+    spec.update(world_size=res.plan.world_size, steps=SIMULATED_STEPS,
+                materialise_meta=True)
+    return spec
+
+
+def _file_result(report: dict, spec: dict, seconds: float) -> Dict[str, Any]:
+    from fsdp_lint.run.failures import at_frame
+
+    if report.get("setup_error"):
+        return {"error": report["setup_error"]}
+    err = report.get("error")
+    if err:
+        return {"error": f"torch raised {err['type']} in {err['phase']}: {err['message']}{at_frame(err)}"}
+    if report.get("unfinished") or "memory" not in report:
+        return {"error": f"the simulation did not finish (last phase: {report.get('last_phase')})"}
+    mem = report["memory"]
+    steps = report.get("collectives") or []
+    last = steps[-1] if steps else {}
+    shapes = report.get("input_shapes") or []
+    return {
+        "world_size": spec["world_size"],
+        "rank": 0,
+        "steps": report.get("steps_done", 0),
+        "peak_bytes": mem["peak_bytes"],
+        "breakdown": mem["breakdown"],
+        "peak_at": mem["peak_at"],
+        "timeline": mem["timeline"],
+        "measure": mem["measure"],
+        "input_shape": shapes[0] if shapes else None,
+        "inputs": report.get("inputs"),
+        "optimizer": report.get("optimizer"),
+        "collectives": {
+            "all_gathers_per_step": last.get("all_gather", {}).get("count", 0),
+            "reduce_scatters_per_step": last.get("reduce_scatter", {}).get("count", 0),
+            "all_reduces_per_step": last.get("all_reduce", {}).get("count", 0),
+            "all_gather_bytes_per_step": last.get("all_gather", {}).get("bytes", 0),
+            "reduce_scatter_bytes_per_step": last.get("reduce_scatter", {}).get("bytes", 0),
+        },
+        "wall_time_s": round(seconds, 1),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# the simulated rank (a child process)
+# --------------------------------------------------------------------------------------------
+def simulate_rank(spec: dict, rep, remaining) -> None:
+    """Rank 0 of ``spec["world_size"]``: fake process group, fake tensors, the shared session."""
+    import torch
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from fsdp_lint.run.session import Phases, build, run_steps, user_code_io
+
+    ws = spec["world_size"]
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(ws), "LOCAL_WORLD_SIZE": str(ws)})
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ws)
+    with contextlib.suppress(Exception):
+        import torch._dynamo
+
+        torch._dynamo.config.disable = True
+    out: Dict[str, Any] = {"rank": 0, "error": None, "setup_error": None, "steps_done": 0,
+                           "collectives": [], "notes": []}
+    phase = Phases(rep)
+    cpu = torch.device("cpu")
+    try:
+        with _meshes_outside_fake_mode(), FakeTensorMode(allow_non_fake_inputs=True):
+            with user_code_io(spec["debug"]):
+                model, optimizers, info, example_fn = build(spec, ws, cpu, phase, out, remaining)
+            if model is not None:
+                out.update(info)
+                with user_code_io(spec["debug"]):
+                    run_steps(spec, 0, cpu, model, optimizers, phase, out, example_fn, track_memory=True)
+    finally:
+        rep.result(out)
+
+
+@contextlib.contextmanager
+def _meshes_outside_fake_mode():
+    """``init_device_mesh`` (the file's, or the one the replay makes for ``fully_shard``) builds
+    its mesh with fake tensor mode suspended: a DeviceMesh holds real rank tensors."""
+    import torch.distributed as dist
+    import torch.distributed.device_mesh as dm
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    original = dm.init_device_mesh
+
+    def init_device_mesh(*args, **kwargs):
+        with unset_fake_temporarily():
+            return original(*args, **kwargs)
+
+    dm.init_device_mesh = init_device_mesh
+    had = hasattr(dist, "init_device_mesh")
+    previous: Optional[Any] = getattr(dist, "init_device_mesh", None)
+    if had:
+        dist.init_device_mesh = init_device_mesh
+    try:
+        yield
+    finally:
+        dm.init_device_mesh = original
+        if had:
+            dist.init_device_mesh = previous

@@ -1,0 +1,451 @@
+"""The front door: which files are linted, how the script's command line reaches it, `--model` for
+real constructors, and errors that name the cause (one line, exit 2).
+
+Small repositories are written into a temporary folder the way real ones are laid out (a package
+with helpers in other modules, a script next to them), and linted through the command line.
+"""
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pytest
+
+from conftest import run_subprocess
+
+MODEL = '''
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn as nn
+
+
+@dataclass
+class GPTConfig:
+    n_layer: int = 12
+    n_embd: int = 64
+    vocab: int = 128
+
+    @classmethod
+    def from_name(cls, name: str) -> GPTConfig:
+        return cls(**{"tiny": dict(n_layer=2), "small": dict(n_layer=4)}[name])
+
+
+class Block(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.proj = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.proj(self.fc(self.ln(x)).relu())
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab, config.n_embd)
+        self.h = nn.ModuleList(Block(config.n_embd) for _ in range(config.n_layer))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.wte(idx)
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(x)
+
+    @classmethod
+    def from_config_name(cls, name: str) -> GPT:
+        return cls(GPTConfig.from_name(name))
+'''
+
+SHARDING = '''
+from torch.distributed.fsdp import fully_shard
+
+
+def shard(model):
+    for block in model.h:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+'''
+
+
+def write_repo(root, files):
+    for name, text in files.items():
+        path = os.path.join(str(root), name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(textwrap.dedent(text))
+    return str(root)
+
+
+def units(res):
+    return [u["modules"] for u in json.loads(res.out)["files"][0]["plan"]["units"]]
+
+
+# --------------------------------------------------------------------------------------------
+# 1. no silent pass: relevance from the syntax tree and the project-local imports
+# --------------------------------------------------------------------------------------------
+def test_an_entry_point_that_reaches_fsdp_only_through_its_imports_is_linted(tmp_path, cli):
+    write_repo(tmp_path, {"lm/__init__.py": "", "lm/model.py": MODEL, "lm/sharding.py": SHARDING,
+                          "train.py": '''
+                              import torch
+                              from lm.model import GPT, GPTConfig
+                              from lm.sharding import shard
+
+                              model = shard(GPT(GPTConfig(n_layer=3)))
+                              optimizer = torch.optim.AdamW(model.parameters())
+                          '''})
+    res = cli("train.py", "--world-size", "4", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    assert units(res) == [["h.0"], ["h.1"], ["h.2"], [""]]
+
+
+def test_a_word_in_a_comment_or_string_does_not_make_a_file_relevant(tmp_path, cli):
+    write_repo(tmp_path, {"utils.py": '''
+        # We used to call fully_shard(model) and FullyShardedDataParallel here; nn.Module docs.
+        HELP = "wrap with fully_shard() or FSDP(model); subclass torch.nn.Module"
+
+        def fmt(x):
+            return f"{x:.2f}"
+    '''})
+    res = cli(".", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0
+    assert "skipped" in json.loads(res.out)["files"][0]
+
+
+def test_a_file_named_on_the_command_line_and_not_linted_says_why(tmp_path, cli):
+    write_repo(tmp_path, {"utils.py": "def fmt(x):\n    return x\n"})
+    res = cli("utils.py", cwd=str(tmp_path))
+    assert res.code == 0
+    assert "utils.py: not linted: no nn.Module and no FSDP use" in res.err and "--model" in res.err
+
+
+def test_a_directory_walk_skips_files_that_only_import_a_model(tmp_path, cli):
+    write_repo(tmp_path, {"lm/__init__.py": "", "lm/model.py": MODEL,
+                          "sample.py": "from lm.model import GPT, GPTConfig\nmodel = GPT(GPTConfig())\n"})
+    doc = json.loads(cli(".", "--format", "json", cwd=str(tmp_path)).out)
+    by_path = {f["path"]: f for f in doc["files"]}
+    assert "imports a model" in by_path["sample.py"]["skipped"]
+    # the model file is where the model is linted: its constructor needs a config, so the walk says what
+    # to pass rather than failing the gate on a file that uses no FSDP
+    assert "pass --model lm/model.py:Class(arg=...)" in by_path["lm/model.py"]["skipped"]
+
+
+def test_a_syntax_error_in_a_named_file_is_reported_even_without_model_words(tmp_path, cli):
+    write_repo(tmp_path, {"notes.py": "def broken(:\n    pass\n"})
+    res = cli("notes.py", cwd=str(tmp_path))
+    assert res.code == 2 and "notes.py:1" in res.err and "syntax error" in res.err
+
+
+def test_a_non_python_path_is_not_parsed_as_python(tmp_path, cli):
+    write_repo(tmp_path, {"configs/8b.yaml": "model:\n  n_layer: 32\n"})
+    res = cli("configs/8b.yaml", cwd=str(tmp_path))
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1
+    assert "not a Python file" in res.err and "fsdp-lint train.py -- --config configs/8b.yaml" in res.err
+
+
+# --------------------------------------------------------------------------------------------
+# 2. the script's own command line
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cli_kind", ["typer", "sys.argv"])
+def test_the_scripts_arguments_pick_the_model(tmp_path, cli, cli_kind):
+    if cli_kind == "typer":
+        body = '''
+            import typer
+
+            def main(layers: int = 2, root: bool = True):
+                run(layers, root)
+
+            if __name__ == "__main__":
+                typer.run(main)
+        '''
+        args = ["--layers", "5", "--no-root"]
+    else:
+        body = '''
+            import sys
+
+            if __name__ == "__main__":
+                run(int(sys.argv[1]), sys.argv[2] == "root")
+        '''
+        args = ["5", "noroot"]
+    write_repo(tmp_path, {"model.py": MODEL, "train.py": textwrap.dedent('''
+        from torch.distributed.fsdp import fully_shard
+        from model import GPT, GPTConfig
+
+        def run(layers, root):
+            model = GPT(GPTConfig(n_layer=layers))
+            for block in model.h:
+                fully_shard(block)
+            if root:
+                fully_shard(model)
+    ''') + textwrap.dedent(body)})
+    res = cli("train.py", "--world-size", "2", "--format", "json", "--", *args, cwd=str(tmp_path))
+    assert units(res) == [[f"h.{i}"] for i in range(5)]
+    assert json.loads(res.out)["files"][0]["findings"][0]["code"] == "FSD301"
+
+
+# --------------------------------------------------------------------------------------------
+# 3. the training boundary: a training step inside a callback never runs
+# --------------------------------------------------------------------------------------------
+def test_a_training_step_in_a_callback_never_runs(tmp_path, cli):
+    write_repo(tmp_path, {"model.py": MODEL, "callbacks.py": '''
+        import os
+
+        import torch
+
+        class WarmupCallback:
+            """Runs one warm-up step when training starts."""
+
+            def on_fit_start(self, trainer):
+                out = trainer.model(torch.randint(0, 128, (2, 8)))
+                with open(os.path.join(os.path.dirname(__file__), "TRAINING_STARTED"), "w") as fh:
+                    fh.write("warmup")
+                out.float().mean().backward()
+    ''', "train.py": '''
+        import torch
+        from torch.distributed.fsdp import fully_shard
+        from callbacks import WarmupCallback
+        from model import GPT, GPTConfig
+
+        class Trainer:
+            def __init__(self, model, callbacks):
+                self.model, self.callbacks = model, callbacks
+
+            def fit(self):
+                for cb in self.callbacks:
+                    cb.on_fit_start(self)
+
+        model = GPT(GPTConfig(n_layer=2))
+        for block in model.h:
+            fully_shard(block)
+        fully_shard(model)
+        Trainer(model, [WarmupCallback()]).fit()
+    '''})
+    res = cli("train.py", "--world-size", "2", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    doc = json.loads(res.out)["files"][0]
+    assert "first forward of the wrapped GPT" in doc["replay"]["stopped_at"]["reason"]
+    assert not os.path.exists(tmp_path / "TRAINING_STARTED")
+
+
+# --------------------------------------------------------------------------------------------
+# 4. wrap helpers nobody calls here
+# --------------------------------------------------------------------------------------------
+def test_an_uncalled_helper_whose_arguments_cannot_be_made_up_says_which_and_how_to_lint_it(tmp_path, cli):
+    write_repo(tmp_path, {"model.py": MODEL, "parallelize.py": '''
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        def apply_fsdp(model, dp_mesh, param_dtype, reduce_dtype):
+            mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+            for block in model.h:
+                fully_shard(block, mesh=dp_mesh, mp_policy=mp)
+            fully_shard(model, mesh=dp_mesh, mp_policy=mp)
+    '''})
+    res = cli("parallelize.py", cwd=str(tmp_path))
+    assert res.code == 2 and "nothing here builds one" in res.err and "lint the entry point" in res.err
+    res = cli("parallelize.py", "--model", "model.py:GPT(GPTConfig(n_layer=2))", cwd=str(tmp_path))
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1
+    assert "does not make up its arguments `param_dtype`, `reduce_dtype`" in res.err
+    assert "None" not in res.err
+
+
+# --------------------------------------------------------------------------------------------
+# 7. --model for real constructors
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("target,layers", [
+    ("model.py:GPT(GPTConfig(n_layer=2))", 2),
+    ('model.py:GPT.from_config_name("small")', 4),
+    ('model.py:GPT(config=model.py:GPTConfig.from_name("tiny"))', 2),
+    ("lm_model:GPT(GPTConfig(n_layer=3))", 3),
+])
+def test_model_targets_with_config_objects_and_classmethods(tmp_path, cli, target, layers):
+    write_repo(tmp_path, {"model.py": MODEL, "lm_model.py": MODEL})
+    res = cli("model.py", "--model", target, "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    doc = json.loads(res.out)["files"][0]
+    assert doc["model"]["target"] == target
+    assert units(res) == [[f"h.{i}"] for i in range(layers)] + [[""]]      # the suggested plan
+
+
+def test_model_target_main_is_a_function_that_builds_and_wraps(tmp_path, cli):
+    write_repo(tmp_path, {"model.py": MODEL, "train.py": '''
+        from torch.distributed.fsdp import fully_shard
+        from model import GPT, GPTConfig
+
+        def main(n_layer: int = 6):
+            model = GPT(GPTConfig(n_layer=n_layer))
+            for block in model.h:
+                fully_shard(block)
+            fully_shard(model)
+    '''})
+    res = cli("train.py", "--model", "train.py:main(n_layer=3)", "--format", "json", cwd=str(tmp_path))
+    assert units(res) == [["h.0"], ["h.1"], ["h.2"], [""]]
+    assert json.loads(res.out)["files"][0]["plan"]["origin"] == "file"
+
+
+@pytest.mark.parametrize("target,message", [
+    ("model.py:GPT(GPTConfig(n_layer=1 + 1))", "only literals, names and calls of named callables"),
+    ("model.py:GPT(__import__('os'))", "'__import__' is not allowed"),
+    ("model.py:GPT(__import__('os').getcwd())", "is not a named callable"),
+    ("model.py:GPT(eval('1'))", "'eval' is not defined in model.py"),
+    ("model.py:Nope", "'Nope' is not defined in model.py"),
+])
+def test_model_targets_are_evaluated_safely(tmp_path, cli, target, message):
+    write_repo(tmp_path, {"model.py": MODEL})
+    res = cli("model.py", "--model", target, cwd=str(tmp_path))
+    assert res.code == 2 and message in res.err
+
+
+# --------------------------------------------------------------------------------------------
+# 8. errors name the cause
+# --------------------------------------------------------------------------------------------
+def test_a_package_the_model_needs_that_is_not_installed_is_named_with_its_distribution(tmp_path, cli):
+    write_repo(tmp_path, {"lm/__init__.py": "", "lm/model.py": '''
+        import torch.nn as nn
+        import cv2
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.size = cv2.IMREAD_COLOR
+                self.fc = nn.Linear(4, 4)
+    ''', "train.py": '''
+        from torch.distributed.fsdp import fully_shard
+        from lm.model import Net
+        fully_shard(Net())
+    '''})
+    res = cli("train.py", cwd=str(tmp_path))
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1
+    assert "lm/model.py:8" in res.err and "pip install opencv-python" in res.err
+    assert "Missing" not in res.err and "_Stub" not in res.err
+
+
+def test_a_package_used_outside_the_model_is_a_note_not_an_error(tmp_path, cli):
+    write_repo(tmp_path, {"model.py": MODEL, "train.py": '''
+        import wandb_is_not_installed as wandb
+        from torch.distributed.fsdp import fully_shard
+        from model import GPT, GPTConfig
+
+        wandb.init(project="lm")
+        model = GPT(GPTConfig(n_layer=2))
+        for block in model.h:
+            fully_shard(block)
+        fully_shard(model)
+    '''})
+    res = cli("train.py", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    notes = json.loads(res.out)["files"][0]["notes"]
+    assert any("wandb_is_not_installed" in n and "not used by the model" in n for n in notes)
+
+
+def test_a_missing_module_of_the_projects_own_package_is_not_a_pip_install(tmp_path, cli):
+    write_repo(tmp_path, {"lm/__init__.py": "", "lm/model.py": MODEL, "train.py": '''
+        def main():
+            from lm.modeling_v2 import GPT
+            from torch.distributed.fsdp import fully_shard
+            fully_shard(GPT())
+
+        main()
+    '''})
+    res = cli("train.py", cwd=str(tmp_path))
+    assert res.code == 2 and "the project has no module `lm.modeling_v2`" in res.err and "pip install" not in res.err
+
+
+def test_a_circular_import_names_the_cycle(tmp_path, cli):
+    write_repo(tmp_path, {"model.py": MODEL, "a.py": '''
+        from b import helper
+        from torch.distributed.fsdp import fully_shard
+        from model import GPT, GPTConfig
+        fully_shard(GPT(GPTConfig()))
+    ''', "b.py": "from a import GPT\n\ndef helper():\n    return GPT\n"})
+    res = cli("a.py", cwd=str(tmp_path))
+    assert res.code == 2 and "circular import: __main__ (a.py) -> b -> a -> b" in res.err
+
+
+def test_the_first_failure_is_reported_not_the_name_it_left_unbound(tmp_path, cli):
+    write_repo(tmp_path, {"model.py": MODEL, "train.py": '''
+        import json
+        from torch.distributed.fsdp import fully_shard
+        from model import GPT, GPTConfig
+
+        class Trainer:
+            def __init__(self, path):
+                with open(path) as fh:
+                    self.config = GPTConfig(**json.load(fh))
+                self.model = GPT(self.config)
+                for block in self.model.h:
+                    fully_shard(block)
+                fully_shard(self.model)
+
+        Trainer("configs/missing.json")
+    '''})
+    res = cli("train.py", cwd=str(tmp_path))
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1
+    assert "train.py:8" in res.err and "FileNotFoundError" in res.err and "configs/missing.json" in res.err
+    assert "AttributeError" not in res.err
+
+
+def test_debug_shows_the_traceback_of_the_users_failure(tmp_path):
+    write_repo(tmp_path, {"train.py": '''
+        import torch.nn as nn
+        from torch.distributed.fsdp import fully_shard
+
+        def build():
+            return nn.Linear(4, "four")
+
+        fully_shard(build())
+    '''})
+    proc = run_subprocess(["-m", "fsdp_lint", "train.py", "--debug"], cwd=str(tmp_path))
+    assert proc.returncode == 2
+    assert "Traceback" in proc.stderr and 'train.py", line 6, in build' in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("fsdp-lint: error: train.py:6")
+
+
+def test_libraries_that_probe_cuda_when_imported_do_not_fail_the_replay(tmp_path, cli):
+    write_repo(tmp_path, {"model.py": MODEL, "kernels.py": '''
+        import torch
+
+        # what attention/kernel libraries do at import
+        MAJOR, MINOR = torch.cuda.get_device_capability()
+        PROPS = torch.cuda.get_device_properties(0)
+        TOTAL_GB = PROPS.total_memory / 2 ** 30
+        FREE, TOTAL = torch.cuda.mem_get_info()
+        USE_FLASH = MAJOR >= 8 and torch.cuda.is_bf16_supported()
+        STREAM = torch.cuda.Stream()
+    ''', "train.py": '''
+        import torch
+        from torch.distributed.fsdp import fully_shard
+        import kernels
+        from model import GPT, GPTConfig
+
+        torch.cuda.set_device(0)
+        model = GPT(GPTConfig(n_layer=2)).to(torch.cuda.current_device())
+        for block in model.h:
+            fully_shard(block)
+        fully_shard(model)
+    '''})
+    res = cli("train.py", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    assert units(res) == [["h.0"], ["h.1"], [""]]
+
+
+def test_a_package_script_that_imports_its_siblings_as_top_level_modules(tmp_path, cli):
+    """`scripts/` has an `__init__.py`, yet its script imports `train_utils` next to it as `python
+    scripts/train.py` would find it; a sibling never hides an installed package."""
+    write_repo(tmp_path, {"scripts/__init__.py": "", "scripts/model.py": MODEL, "scripts/yaml.py": "raise ImportError\n",
+                          "scripts/train_utils.py": SHARDING, "scripts/train.py": '''
+        import yaml                     # the installed PyYAML, not scripts/yaml.py
+        from model import GPT, GPTConfig
+        from train_utils import shard
+
+        cfg = yaml.safe_load("n_layer: 3")
+        shard(GPT(GPTConfig(**cfg)))
+    '''})
+    res = cli("scripts/train.py", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    assert units(res) == [["h.0"], ["h.1"], ["h.2"], [""]]
