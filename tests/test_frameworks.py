@@ -52,9 +52,9 @@ def cpu_module_states():
         FSDP.__init__ = orig
 
 
-def real_units(path: str, settings: Settings):
+def real_units(path: str, settings: Settings, argv=None):
     with frameworks.configured(FrameworkOptions.from_settings(settings)), cpu_module_states():
-        return torch_units(path, settings.world_size)
+        return torch_units(path, settings.world_size, argv)
 
 
 def _strip(fqn: str) -> str:
@@ -64,9 +64,9 @@ def _strip(fqn: str) -> str:
     return fqn[len("_forward_module."):] if fqn.startswith("_forward_module.") else fqn
 
 
-def assert_framework_plan_matches(path: str, settings: Settings):
-    res = lint_file(path, settings)
-    real, _ = real_units(path, settings)
+def assert_framework_plan_matches(path: str, settings: Settings, argv=None):
+    res = lint_file(path, settings, argv=argv)
+    real, _ = real_units(path, settings, argv)
     plan, tree = res.plan, res.tree
     assert [u.modules for u in plan.units] == [[_strip(m) for m in r["modules"]] for r in real]
     for unit, ref in zip(plan.units, real):
@@ -104,10 +104,19 @@ CASES = {
     "accelerate-lora-orig-params": ("accelerate_sft/train_lora.py", acc("fsdp1.yaml"), "accelerate", ["FSD202"]),
     # accelerate, FullyShardedDataParallelPlugin in code, GPT-2 (tied), optimizer before prepare (no FSD501)
     "accelerate-plugin-gpt2": ("accelerate_plugin/train_gpt2.py", {}, "accelerate", []),
-    # HF Trainer: fsdp_config from a JSON file and HfArgumentParser; T5's shared embedding stays in the root
+    # HF Trainer: fsdp and fsdp_config (a JSON file) on the command line, parsed by HfArgumentParser; T5's
+    # shared embedding stays in the root
     "hf-trainer-t5": ("hf_trainer/train_t5.py", {}, "transformers", []),
     # HF Trainer + PEFT: the Trainer swaps in PEFT's fsdp_auto_wrap_policy (adapters in their own units)
     "hf-trainer-lora": ("hf_trainer/train_lora.py", {"hf_config": os.path.join(CFG, "tiny-llama")}, "transformers", []),
+}
+
+
+# the script's own command line, where a case is launched with one
+ARGV = {
+    "hf-trainer-t5": ["--output_dir", "t5-ro-en", "--per_device_train_batch_size", "8", "--learning_rate", "3e-4",
+                      "--max_steps", "1000", "--fsdp", "full_shard auto_wrap",
+                      "--fsdp_config", os.path.join(F, "hf_trainer", "fsdp_config.json"), "--report_to", "none"],
 }
 
 
@@ -115,7 +124,7 @@ CASES = {
 def test_framework_plan_equals_what_the_framework_builds(case):
     rel, options, framework, codes = CASES[case]
     settings = Settings(**{"world_size": 4, **options})
-    res = assert_framework_plan_matches(os.path.join(F, rel), settings)
+    res = assert_framework_plan_matches(os.path.join(F, rel), settings, ARGV.get(case))
     assert res.plan.framework == framework
     assert sorted({f.code for f in res.findings}) == codes, [f.message for f in res.findings]
 

@@ -367,7 +367,7 @@ _lint_cache: Dict[tuple, object] = {}
 
 @pytest.fixture(scope="module", autouse=True)
 def _session(tmp_path_factory):
-    """A directory for the case files; libcst's facts of a file are read once for all world sizes
+    """A directory for the case files; the source facts of a file are read once for all world sizes
     (the file does not depend on the world size; parsing is most of analyse's time)."""
     global _TMP
     import fsdp_lint.source as source

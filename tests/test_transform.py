@@ -19,18 +19,24 @@ from fsdp_lint.source import parse_source
 
 def _transform_files(paths):
     """(files transformed, [(path, error)]) for every file Python itself compiles."""
+    from fsdp_lint.source import SourceError
+
     done, failures = 0, []
     for path in paths:
         try:
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
-            compile(text, path, "exec", dont_inherit=True)
-        except (SyntaxError, UnicodeDecodeError, ValueError):
+            facts = parse_source(path, text)
+        except (SourceError, UnicodeDecodeError):
             continue            # not valid Python 3.x source for this interpreter: nothing to keep
         try:
-            transform(parse_source(path, text), main=True)
+            transform(facts, main=True)
             done += 1
         except Exception as exc:   # noqa: BLE001 - every failure is reported
+            try:
+                compile(text, path, "exec", dont_inherit=True)
+            except SyntaxError:
+                continue        # parses, but Python itself rejects it (return outside a function...)
             failures.append((path, f"{type(exc).__name__}: {exc}"))
     return done, failures
 
