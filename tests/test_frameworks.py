@@ -24,7 +24,7 @@ from fsdp_lint.config import Settings
 from fsdp_lint.engine import analyse, lint_file
 from fsdp_lint.frameworks.options import FrameworkOptions
 from fsdp_lint.replay import ReplayError
-from test_idioms import torch_units
+from test_idioms import strip_wrapper_prefixes, torch_units
 
 F = os.path.join(REPO, "fixtures", "frameworks")
 CFG = os.path.join(F, "configs")
@@ -93,6 +93,9 @@ CASES = {
     "trainer-lora-fsdp1": ("lightning_lora/finetune.py", {}, "lightning", ["FSD202"]),
     # Lightning Trainer, ModelParallelStrategy: configure_model() shards over the strategy's mesh
     "trainer-model-parallel-fsdp2": ("lightning_tp/train.py", {"world_size": 8}, "lightning", []),
+    # Lightning Fabric, ModelParallelStrategy(parallelize_fn): TP over "tensor_parallel", FSDP2 over
+    # "data_parallel" of Fabric's own 4 x 2 mesh; the optimizer is set up after the model, in one line
+    "fabric-model-parallel-tp-fsdp2": ("lightning_tp/fabric_tp.py", {"world_size": 8}, "lightning", []),
     # accelerate from its config file (accelerate launch's environment), model via from_pretrained
     "accelerate-fsdp1": ("accelerate_sft/train.py", acc("fsdp1.yaml"), "accelerate", []),
     "accelerate-size-small": ("accelerate_sft/train.py", acc("fsdp1_size_small.yaml"), "accelerate", ["FSD102"]),
@@ -127,6 +130,28 @@ def test_framework_plan_equals_what_the_framework_builds(case):
     res = assert_framework_plan_matches(os.path.join(F, rel), settings, ARGV.get(case))
     assert res.plan.framework == framework
     assert sorted({f.code for f in res.findings}) == codes, [f.message for f in res.findings]
+
+
+def test_fabric_sets_up_without_skipped_statements():
+    """Fabric refuses an optimizer over meta parameters; what Fabric set up is materialised in a real run,
+    so the canonical set-up (model, then the optimizer over its parameters) replays without a skip."""
+    for rel in ("lightning_gpt/fabric_train.py", "lightning_tp/fabric_tp.py"):
+        res = lint_file(os.path.join(F, rel), Settings(world_size=8))
+        assert not [n for n in res.notes if "skipped" in n], (rel, res.notes)
+
+
+def test_fabric_tensor_parallel_local_shapes_are_torchs():
+    """Fabric's parallelize_fn applies TP before FSDP2: every parameter's local shape on rank 0 is the
+    one torch builds (TP halves the MLP, FSDP shards dim 0 over the data-parallel dimension)."""
+    path = os.path.join(F, "lightning_tp", "fabric_tp.py")
+    settings = Settings(world_size=8)
+    res = lint_file(path, settings)
+    _, real = real_units(path, settings)
+    want = {_strip(strip_wrapper_prefixes(n)): list(p.to_local().shape) for n, p in real.model.named_parameters()}
+    got = {p.fqn: list(p.local_shape_first) for ul in res.layout.units for p in ul.params}
+    assert got == want
+    assert got["transformer.h.0.mlp.c_fc.weight"] == [32, 64]     # [256, 64]: rows / 2 (TP), then / 4 (FSDP)
+    assert res.plan.mesh.names == ("data_parallel", "tensor_parallel") and res.plan.mesh.shape == (4, 2)
 
 
 # --------------------------------------------------------------------------------------------

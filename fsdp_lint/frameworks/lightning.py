@@ -12,6 +12,8 @@ patched, for the replay only:
   loop, Fabric at the first forward of a model it set up;
 * what only a real FlatParameter satisfies: FSDP1 with ``use_orig_params=False`` checks that the
   optimizer holds flat parameters (they do not exist in a recorded plan);
+* Fabric's check that an optimizer holds no meta-device parameters: what Fabric set up counts as
+  materialised (a real run materialises it there), an optimizer built before the set-up still fails;
 * ``prepare_data()`` (downloads) is tolerant: a data set that cannot be fetched here does not stop the lint.
 
 Both the unified package (``lightning.fabric``/``lightning.pytorch``) and the standalone ones
@@ -61,9 +63,41 @@ def _connector(hooks, module) -> None:
 
 
 def _fabric(hooks, module) -> None:
+    import torch
+
     Fabric = module.Fabric
+    set_up: set = set()  # ids of the parameters of modules Fabric has set up
+    scoped = hooks.scope(FRAMEWORK)
+
+    def make(fn):
+        inner = scoped(fn)
+
+        def setup(*args, **kwargs):
+            out = inner(*args, **kwargs)
+            model = out[0] if isinstance(out, tuple) else out
+            if isinstance(model, torch.nn.Module):
+                set_up.update(id(p) for p in model.parameters())
+            return out
+        return setup
+
     for name in ("setup", "setup_module"):
-        hooks.wrap(Fabric, name, hooks.scope(FRAMEWORK))
+        hooks.wrap(Fabric, name, make)
+
+    real_check = getattr(module, "_has_meta_device_parameters_or_buffers", None)
+    if real_check is None:
+        return
+
+    def has_meta(obj, recurse=True):
+        # a real run materialises what Fabric sets up (FSDP's param_init_fn, ModelParallelStrategy's
+        # to_empty + reset_parameters); here every parameter stays on meta, so an optimizer counts as
+        # holding meta parameters only for those Fabric has not set up (an optimizer built before
+        # `setup_module`, which Lightning refuses for real)
+        if isinstance(obj, torch.optim.Optimizer):
+            return any(isinstance(t, torch.nn.Parameter) and t.is_meta and id(t) not in set_up
+                       for group in obj.param_groups for t in group["params"])
+        return real_check(obj, recurse)
+
+    hooks.patch(module, "_has_meta_device_parameters_or_buffers", has_meta)
 
 
 def _fabric_wrappers(hooks, module) -> None:
