@@ -26,6 +26,8 @@ import io
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from fsdp_lint.alarm import alarm
+
 
 @dataclass
 class ParamRead:
@@ -86,7 +88,7 @@ def trace_forward(model, tree, plan, input_shape=None, input_dtype=None, example
     precision). Never raises for what the model does."""
     out = Trace()
     try:
-        with _quiet(), _deadline(timeout), _rank0_env(plan.world_size):
+        with _quiet(), alarm(timeout, _TraceTimeout), _rank0_env(plan.world_size):
             _trace(model, tree, plan, input_shape, input_dtype, example_fn, out, activations)
     except _TraceTimeout:
         out.error = f"the forward took longer than {timeout:g} s"
@@ -363,27 +365,6 @@ def _nbytes(t) -> int:
 
 class _TraceTimeout(BaseException):
     pass
-
-
-@contextlib.contextmanager
-def _deadline(seconds: Optional[float]):
-    import signal
-    import threading
-
-    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
-
-    def handler(signum, frame):
-        raise _TraceTimeout()
-
-    old = signal.signal(signal.SIGALRM, handler)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
+from fsdp_lint.alarm import alarm
 from fsdp_lint.project import Entry, Reach, facts_for, reach
 from fsdp_lint.replay import boundary
 from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_line
@@ -280,7 +281,7 @@ class _Run:
 
     def _run(self, fn, timeout: Optional[float], where_real: str) -> None:
         try:
-            with _alarm(timeout):
+            with alarm(timeout, _ReplayTimeout):
                 fn()
         except TrainingBoundary:
             pass
@@ -484,27 +485,6 @@ def _undo_after_last_wrap(rec: Recorder) -> None:
             else:
                 rec.parents[id(child)] = old_parent
     rec.undo.clear()
-
-
-@contextlib.contextmanager
-def _alarm(seconds: Optional[float]):
-    import signal
-    import threading
-
-    if not seconds or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def handler(signum, frame):
-        raise _ReplayTimeout()
-
-    old = signal.signal(signal.SIGALRM, handler)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _root_of(rec: Recorder):
