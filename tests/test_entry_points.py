@@ -152,19 +152,28 @@ def test_a_non_python_path_is_not_parsed_as_python(tmp_path, cli):
 # --------------------------------------------------------------------------------------------
 # 2. the script's own command line
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("cli_kind", ["typer", "sys.argv"])
+# the command-line libraries of real entry points: typer; jsonargparse's CLI(setup) (litgpt, LightningCLI);
+# tyro.cli(main); plain sys.argv
+FUNCTION_CLIS = {
+    "typer": ("import typer", "typer.run(main)", ["--layers", "5", "--no-root"]),
+    "jsonargparse": ("from jsonargparse import CLI", "CLI(main)", ["--layers", "5", "--root", "false"]),
+    "tyro": ("import tyro", "tyro.cli(main)", ["--layers", "5", "--no-root"]),
+}
+
+
+@pytest.mark.parametrize("cli_kind", [*FUNCTION_CLIS, "sys.argv"])
 def test_the_scripts_arguments_pick_the_model(tmp_path, cli, cli_kind):
-    if cli_kind == "typer":
-        body = '''
-            import typer
+    if cli_kind in FUNCTION_CLIS:
+        imp, call, args = FUNCTION_CLIS[cli_kind]
+        body = f'''
+            {imp}
 
             def main(layers: int = 2, root: bool = True):
                 run(layers, root)
 
             if __name__ == "__main__":
-                typer.run(main)
+                {call}
         '''
-        args = ["--layers", "5", "--no-root"]
     else:
         body = '''
             import sys
