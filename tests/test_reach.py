@@ -97,6 +97,15 @@ def test_a_script_stopped_by_its_argument_parser_says_so_and_how_to_pass_argumen
     assert "fsdp-lint train.py -- ARGS" in res.err
 
 
+def test_a_script_asked_for_its_help_is_not_a_model_search(cli):
+    # argparse prints the help and exits 0 before any model exists: say so, not "cannot build the model"
+    res = cli(TITAN_TRAIN, "--world-size", "8", "--", "--help")
+    assert res.code == 2
+    assert len(res.err.strip().splitlines()) == 1
+    assert "printed its help and exited (arguments --help)" in res.err
+    assert "fsdp-lint train.py -- ARGS" in res.err
+
+
 def test_a_config_named_in_the_arguments_that_does_not_exist_is_the_error_not_a_default_plan(cli):
     res = cli(TITAN_TRAIN, "--world-size", "8", "--", "--config", "configs/8b.yaml")
     assert res.code == 2, res.out

@@ -311,6 +311,14 @@ class _Run:
         stopping it, or a failure."""
         code = exc.code
         if code in (0, None):
+            out = self.rec.stdout.getvalue() if getattr(self.rec, "stdout", None) else ""
+            if (set(self.argv or ()) & {"-h", "--help", "--helpfull"} or out.lstrip().lower().startswith("usage:")) \
+                    and not self.rec.wrap_calls:
+                # the script printed its help and ended: there is no plan to lint in that run
+                args = " ".join(self.argv) if self.argv else "(none)"
+                raise ReplayError(f"{self.display}: the script printed its help and exited (arguments {args}) "
+                                  f"before it built a model: pass the arguments of a real launch after --: "
+                                  f"fsdp-lint {self.display} -- ARGS")
             return
         err_text = self.rec.stderr.getvalue() if getattr(self.rec, "stderr", None) else ""
         lines = [ln.strip() for ln in err_text.strip().splitlines() if ln.strip()]
