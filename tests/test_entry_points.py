@@ -11,6 +11,7 @@ import os
 import textwrap
 
 import pytest
+import torch
 
 from conftest import run_subprocess
 
@@ -350,6 +351,46 @@ def test_a_package_used_outside_the_model_is_a_note_not_an_error(tmp_path, cli):
     assert res.code == 0, res.err
     notes = json.loads(res.out)["files"][0]["notes"]
     assert any("wandb_is_not_installed" in n and "not used by the model" in n for n in notes)
+
+
+def test_a_name_the_installed_package_lacks_is_not_a_missing_package(tmp_path, cli):
+    # `from transformers import AdamW, T5ForConditionalGeneration` on a transformers without AdamW: the
+    # package is installed, one name is not in this version; the names it has are the real ones
+    files = {"model.py": MODEL, "data.py": '''
+        from torch.optim import AdamW, NoSuchOptimizer
+        from torch.nn import Linear, NoSuchLayer
+    ''', "train.py": '''
+        import torch.nn as nn
+        from torch.distributed.fsdp import fully_shard
+        from data import *
+        from model import GPT, GPTConfig
+
+        class Head(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = HEAD_LAYER(4, 4)
+
+        model = GPT(GPTConfig(n_layer=2))
+        model.extra = Head()
+        for block in model.h:
+            fully_shard(block)
+        fully_shard(model)
+        optimizer = AdamW(model.parameters())
+    '''}
+    write_repo(tmp_path, {**files, "train.py": files["train.py"].replace("HEAD_LAYER", "Linear")})
+    res = cli("train.py", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    doc = json.loads(res.out)["files"][0]
+    assert "extra.proj.weight" in [p["fqn"] for u in doc["plan"]["units"] for p in u["params"]]   # the real Linear
+    note = next(n for n in doc["notes"] if "NoSuchOptimizer" in n)
+    assert "data.py:2: cannot import name 'NoSuchOptimizer' from 'torch.optim'" in note
+    assert f"the installed torch {torch.__version__}" in note and "not installed" not in note
+    # the absent name used while the model is built: the plan would miss it
+    write_repo(tmp_path, {**files, "train.py": files["train.py"].replace("HEAD_LAYER", "NoSuchLayer")})
+    res = cli("train.py", cwd=str(tmp_path))
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1
+    assert "cannot import name 'NoSuchLayer' from 'torch.nn'" in res.err
+    assert "needs another version" in res.err and "pip install" not in res.err
 
 
 def test_a_missing_module_of_the_projects_own_package_is_not_a_pip_install(tmp_path, cli):

@@ -21,6 +21,7 @@ from fsdp_lint.replay.imports import (
     StubUse,
     circular_module,
     distribution_of,
+    installed_version,
     is_circular,
     missing_module_of,
 )
@@ -238,6 +239,10 @@ class Failures:
         imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
         missing = imp.missing if imp is not None else top
         where = f"{_display(u.path, self.entry_path, entry_display)}:{u.line}"
+        if imp is not None and imp.absent_names:
+            return (f"{where}: the model uses `{u.name.rstrip('()')}`, which could not be imported here: "
+                    f"{imp.message} (the installed {installed_version(imp.module)}; the training repository "
+                    f"needs another version); the plan would be built without it")
         return (f"{where}: the model uses `{u.name.rstrip('()')}`, which could not be imported here "
                 f"(`{missing}` is not installed: pip install {distribution_of(missing)}); the plan would be "
                 f"built without it")

@@ -46,6 +46,18 @@ def distribution_of(module: str) -> str:
     return top.replace("_", "-")
 
 
+def installed_version(module: str) -> str:
+    """"transformers 4.57.1": the distribution that provides `module` and its version, as far as known."""
+    from importlib import metadata
+
+    top = module.split(".")[0]
+    try:
+        dists = metadata.packages_distributions().get(top) or [distribution_of(top)]
+        return f"{dists[0]} {metadata.version(dists[0])}"
+    except Exception:  # noqa: BLE001
+        return top
+
+
 # --------------------------------------------------------------------------------------------
 # stand-ins for what is not installed
 # --------------------------------------------------------------------------------------------
@@ -66,6 +78,7 @@ class MissingImport:
     local: bool               # a project module that exists but failed on its own imports
     message: str              # the ImportError's message
     names: List[str] = field(default_factory=list)
+    absent_names: bool = False  # the module is installed; the names are not in it (another version)
 
 
 class Missing:

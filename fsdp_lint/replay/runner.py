@@ -30,6 +30,7 @@ from fsdp_lint.replay.imports import (
     MissingImport,
     ProjectImporter,
     StubUse,
+    installed_version,
     is_circular,
     missing_module_of,
 )
@@ -199,14 +200,22 @@ class _Run:
                 entry = "__main__ (" + self.display + ")"
                 self.failures.cycles.append([entry] + [n for n, _ in chain] + [mod])
             return False
-        missing = missing_module_of(exc) or (module or "").lstrip(".")
         path = os.path.abspath(frame.f_code.co_filename)
+        absent = _names_absent_from_installed(module, names, globs, exc)
+        if absent:
+            # `from transformers import AdamW, T5ForConditionalGeneration`: the package is installed and
+            # lacks a name (another version); the names it has are bound for real above, only the absent
+            # ones are stood in for
+            names = absent
+            missing = ", ".join(f"{module}.{n}" for n in absent)
+        else:
+            missing = missing_module_of(exc) or (module or "").lstrip(".")
         local = bool(module) and (module.startswith(".") or
                                   self.project is not None and _resolves_locally(self.entry, module))
         self.failures.imports.append(MissingImport(module=module or "", missing=missing, path=path,
                                                    line=frame.f_lineno, local=local,
-                                                   message=str(exc).splitlines()[0] if str(exc) else "",
-                                                   names=list(names)))
+                                                   message=_import_message(exc), names=list(names),
+                                                   absent_names=bool(absent)))
 
         def on_use(name, _path=path):
             use_frame = sys._getframe(2)
@@ -436,10 +445,15 @@ class _Run:
             n = len(self.failures.skips)
             notes.append(f"{n} setup statement{'s' if n != 1 else ''} failed here and {'were' if n != 1 else 'was'} "
                          f"skipped (first: {_display(first.path, self.path, self.shown)}:{first.line}: {first.error})")
-        unused = [i for i in self.failures.imports if not i.local]
+        unused = [i for i in self.failures.imports if not i.local and not i.absent_names]
         if unused:
             names = ", ".join(dict.fromkeys(i.missing for i in unused))
             notes.append(f"not installed here, stood in for (not used by the model): {names}")
+        for imp in self.failures.imports:
+            if imp.absent_names:
+                notes.append(f"{_display(imp.path, self.path, self.shown)}:{imp.line}: {imp.message} "
+                             f"(the installed {installed_version(imp.module)}); `python` stops there, "
+                             f"fsdp-lint stood in for it (not used by the model)")
         return notes
 
 
@@ -459,6 +473,45 @@ def _own_project_modules():
     finally:
         for name, mod in aside.items():
             sys.modules.setdefault(name, mod)
+
+
+def _import_message(exc: BaseException) -> str:
+    """The ImportError's first line without the path of the package's ``__init__.py``."""
+    import re
+
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return re.sub(r" \((/|[A-Za-z]:\\)[^()]*\)$", "", text)
+
+
+def _names_absent_from_installed(module: Optional[str], names, globs, exc=None) -> List[str]:
+    """For ``from pkg import a, b`` that failed with "cannot import name": bind in `globs` the names
+    the imported (installed, not project) module has, and return those it lacks; [] when the failure
+    is anything else."""
+    if not module or module.startswith(".") or not isinstance(exc, ImportError) \
+            or isinstance(exc, ModuleNotFoundError) or "cannot import name" not in str(exc):
+        return []
+    from fsdp_lint.project import is_local
+
+    try:
+        mod = importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - the module itself fails: described as before
+        return []
+    if is_local(getattr(mod, "__file__", None) or ""):
+        return []
+    absent = []
+    for name in names:
+        if name == "*":
+            return []
+        try:
+            globs[name] = getattr(mod, name)
+        except AttributeError:
+            try:        # a submodule imported by name (`from pkg import sub`)
+                globs[name] = importlib.import_module(f"{module}.{name}")
+            except Exception:  # noqa: BLE001
+                absent.append(name)
+        except Exception:  # noqa: BLE001 - a lazy attribute whose own import fails
+            absent.append(name)
+    return absent
 
 
 def _resolves_locally(entry: Entry, module: str) -> bool:
