@@ -17,6 +17,13 @@ def pytest_addoption(parser):
     )
 
 
+@pytest.fixture(autouse=True)
+def _from_the_repository_root(monkeypatch):
+    """Tests name fixtures relative to the repository root (as the README's command runs them); the
+    same holds when pytest is started from elsewhere (`pytest /path/to/fsdp-lint/tests`)."""
+    monkeypatch.chdir(REPO)
+
+
 @pytest.fixture
 def update_goldens(request) -> bool:
     return bool(request.config.getoption("--update-goldens"))
