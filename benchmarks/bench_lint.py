@@ -11,7 +11,7 @@ the figure is the minimum over rounds, wall-clock and CPU (user+sys) time of the
   parameters, one ``fully_shard`` per block) against the floor ``python -c "import torch; <build it on
   meta>"`` (the floor imports the model file and builds ``Transformer()`` under ``torch.device("meta")``).
   fsdp-lint's own work = lint - floor; budget: under half the floor.
-* ``50 files``: ``fsdp-lint DIR`` on 50 generated non-model files (utilities, CLIs, data code; some
+* ``300 files``: ``fsdp-lint DIR`` on 300 generated non-model files (utilities, CLIs, data code; some
   import torch or torch.nn.functional, none defines an nn.Module or uses FSDP) against ``python -c pass``
   and ``python -c "import torch"``: these files must be skipped without importing torch.
 * ``article``: ``fsdp-lint fixtures/article_fsdp2.py --world-size 4`` against the same two floors.
@@ -155,7 +155,11 @@ def accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
 '''
 
 
-def make_plain_tree(directory: str, n: int = 50) -> None:
+N_PLAIN = 300     # a repository's worth of plain files: skipped without importing torch
+PLAIN = f"fsdp-lint {N_PLAIN} non-model files"
+
+
+def make_plain_tree(directory: str, n: int = N_PLAIN) -> None:
     for i in range(n):
         sub = os.path.join(directory, "pkg" if i % 2 else "scripts")
         os.makedirs(sub, exist_ok=True)
@@ -243,14 +247,14 @@ def main() -> None:
 
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
-        make_plain_tree(tmp, 50)
+        make_plain_tree(tmp, N_PLAIN)
         cases = {
             "python -c pass": ([py, "-c", "pass"], None),
             "python -c 'import torch'": ([py, "-c", "import torch"], None),
             "floor: import torch + build 70B on meta": ([py, "-c", FLOOR_70B], None),
             "fsdp-lint llama_70b.py": ([py, "-m", "fsdp_lint", MODEL_70B, "--world-size", str(args.world_size)],
                                        "81 units"),
-            "fsdp-lint 50 non-model files": ([py, "-m", "fsdp_lint", tmp], "50 skipped"),
+            PLAIN: ([py, "-m", "fsdp_lint", tmp], f"{N_PLAIN} skipped"),
             "fsdp-lint article_fsdp2.py": ([py, "-m", "fsdp_lint", "fixtures/article_fsdp2.py", "--world-size", "4"],
                                            "13 units"),
         }
@@ -264,14 +268,14 @@ def main() -> None:
         p, t = fig("python -c pass", key), fig("python -c 'import torch'", key)
         floor, lint = fig("floor: import torch + build 70B on meta", key), fig("fsdp-lint llama_70b.py", key)
         own = lint - floor
-        plain, art = fig("fsdp-lint 50 non-model files", key), fig("fsdp-lint article_fsdp2.py", key)
+        plain, art = fig(PLAIN, key), fig("fsdp-lint article_fsdp2.py", key)
         rows.append((label, p, t, floor, lint, own, own / floor, plain, plain / p, plain / t, art, art / p, art / t))
 
     print(f"\n{args.repeat} rounds, minimum per case; python {sys.version.split()[0]}, "
           f"{os.cpu_count()} CPUs, world size {args.world_size} for the 70B model\n")
     print("| time | `python -c pass` | `python -c 'import torch'` | 70B floor (import torch + build on meta) "
           "| fsdp-lint 70B | fsdp-lint's own work (lint − floor) | own work / floor (budget < 0.5) "
-          "| fsdp-lint 50 non-model files | ÷ `pass` | ÷ `import torch` | fsdp-lint article_fsdp2.py | ÷ `pass` "
+          f"| fsdp-lint {N_PLAIN} non-model files | ÷ `pass` | ÷ `import torch` | fsdp-lint article_fsdp2.py | ÷ `pass` "
           "| ÷ `import torch` |")
     print("|" + "---|" * 13)
     for (label, p, t, floor, lint, own, ratio, plain, pr, tr, art, ar, atr) in rows:
