@@ -457,3 +457,38 @@ def test_module_settings_read_by_a_main_that_also_trains(tmp_path):
     res = replay(read_source(str(path)), 4)
     assert [c.api for c in res.wrap_calls] == ["fsdp2"] * 3
     assert [o.cls for o in res.optimizers] == ["AdamW"]
+
+
+def test_torch_compile_of_the_wrapped_model_is_not_the_root(tmp_path):
+    """`model = torch.compile(model)` after wrapping holds the model as `_orig_mod`: the model FSDP
+    wrapped stays the root (--simulate tracks it as an FSDPModule, not a plain module)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from fsdp_lint.replay import replay
+    from fsdp_lint.source import read_source
+
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        import torch.nn as nn
+        from torch.distributed.fsdp import fully_shard
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+            def forward(self, x):
+                for b in self.blocks:
+                    x = b(x)
+                return x
+
+        model = Net()
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        model = torch.compile(model)
+    """))
+    for real in (False, True):      # recorded (the lint) and real FSDP2 on meta (--simulate's session)
+        res = replay(read_source(str(path)), 4, real=real)
+        assert isinstance(res.model, FSDPModule) and "Net" in [c.__name__ for c in type(res.model).__mro__]
