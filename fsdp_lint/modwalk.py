@@ -11,7 +11,7 @@ parameters first) with an explicit stack. A class that overrides ``named_paramet
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterator, Tuple
+from typing import AbstractSet, Dict, Iterator, Tuple
 
 _PLAIN: Dict[type, bool] = {}
 
@@ -26,18 +26,23 @@ def _plain(cls) -> bool:
     return known
 
 
-def named_parameters(module) -> Iterator[Tuple[str, object]]:
-    """As ``module.named_parameters()``."""
+def named_parameters(module, stop_at: AbstractSet[int] = frozenset()) -> Iterator[Tuple[str, object]]:
+    """As ``module.named_parameters()``; with `stop_at` (ids of modules), without the subtrees of those
+    modules below `module` (units wrapped before: what a nested ``fully_shard`` already manages)."""
     out = []
     seen_modules, seen_params = set(), set()
     stack = [("", module)]
     while stack:
         prefix, m = stack.pop()
         if not _plain(type(m)):
+            if stop_at:
+                return _torch_walk_stopping(module, stop_at)
             return iter(module.named_parameters())
         if id(m) in seen_modules:
             continue
         seen_modules.add(id(m))
+        if m is not module and id(m) in stop_at:
+            continue
         for name, p in m._parameters.items():
             if p is not None and id(p) not in seen_params:
                 seen_params.add(id(p))
@@ -47,9 +52,21 @@ def named_parameters(module) -> Iterator[Tuple[str, object]]:
     return iter(out)
 
 
-def parameters(module) -> Iterator[object]:
-    """As ``module.parameters()``."""
-    return (p for _, p in named_parameters(module))
+def _torch_walk_stopping(module, stop_at: AbstractSet[int]) -> Iterator[Tuple[str, object]]:
+    """torch's walk (a class overrides it), without entering the modules in `stop_at`."""
+    stopped = [name + "." for name, m in module.named_modules(remove_duplicate=False)
+               if m is not module and id(m) in stop_at]
+    out, seen = [], set()
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) not in seen and not any(name.startswith(prefix) for prefix in stopped):
+            seen.add(id(p))
+            out.append((name, p))
+    return iter(out)
+
+
+def parameters(module, stop_at: AbstractSet[int] = frozenset()) -> Iterator[object]:
+    """As ``module.parameters()`` (`stop_at`: as in `named_parameters`)."""
+    return (p for _, p in named_parameters(module, stop_at))
 
 
 @contextlib.contextmanager

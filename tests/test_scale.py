@@ -122,3 +122,27 @@ def test_modwalk_leaves_overridden_walks_to_the_class():
 
     m = nn.Sequential(Filtered())
     assert [n for n, _ in modwalk.named_parameters(m[0])] == ["a.weight", "a.bias"]
+    # without a unit wrapped before (`a`), as torch's walk of the Sequential gives it
+    assert [n for n, _ in modwalk.named_parameters(m, {id(m[0].a)})] == ["0.b.weight", "0.b.bias"]
+
+
+@pytest.mark.parametrize("name", ["tied", "deep", "sequential"])
+def test_modwalk_stops_at_units_wrapped_before(name):
+    """A wrap call walks its subtree without entering units wrapped before (FSDP2 leaves their parameters
+    to them): the parameters, names and order of torch's walk of the modules reached that way."""
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 2000))
+    model = _models()[name]
+    inner = [m for _, m in model.named_modules()][1::3][:20]
+    stop = {id(m) for m in inner}
+
+    def torch_walk_without(root):
+        stopped = [n + "." for n, m in root.named_modules(remove_duplicate=False) if m is not root and id(m) in stop]
+        out, seen = [], set()
+        for n, p in root.named_parameters(remove_duplicate=False):
+            if id(p) not in seen and not any(n.startswith(s) for s in stopped):
+                seen.add(id(p))
+                out.append((n, id(p)))
+        return out
+
+    for root in [model] + inner[:5]:
+        assert [(n, id(p)) for n, p in modwalk.named_parameters(root, stop)] == torch_walk_without(root)

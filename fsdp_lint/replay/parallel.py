@@ -56,6 +56,7 @@ class ParallelState:
         self.unsupported: List[Unsupported] = []
         self._checked: Dict[Tuple[int, int], Optional[str]] = {}
         self._claimed: set = set()                      # ids of params an earlier fully_shard manages
+        self._wrapped_before: set = set()               # ids of the modules of earlier fully_shard calls
         self.real_init_mesh = None                      # torch's init_device_mesh (install() sets it)
         self._default_mesh = None
         self._described: Dict[int, Tuple[Any, MeshInfo]] = {}
@@ -180,8 +181,10 @@ class ParallelState:
                     "ValueError: If passing reshard_after_forward as an int, it should be a factor of "
                     f"{shard_size}, not {raf}"))
         dtensors = False
+        # the subtrees of units wrapped before are theirs (and walked when they were wrapped)
+        earlier = self._wrapped_before
         for m in call.modules:
-            for name, p in modwalk.named_parameters(m):   # issue 10: no nested generators
+            for name, p in modwalk.named_parameters(m, earlier):   # issue 10: no nested generators
                 # the parameters this call manages: not those of a nested, earlier fully_shard
                 if not _is_dtensor(p) or id(p) in self._claimed:
                     continue
@@ -194,7 +197,8 @@ class ParallelState:
             self.problems.append(MeshProblem("reshard-int-dtensor", pos.path, pos.line, pos.col,
                                              RESHARD_INT_DTENSOR))
         for m in call.modules:
-            self._claimed.update(id(p) for p in modwalk.parameters(m))   # issue 10
+            self._claimed.update(id(p) for p in modwalk.parameters(m, earlier))   # issue 10
+        self._wrapped_before.update(id(m) for m in call.modules)
 
     def default_mesh(self):
         """The mesh ``fully_shard`` builds without ``mesh=``: a new 1-D mesh over the world."""

@@ -128,12 +128,14 @@ class Recorder:
             self.parallel.on_wrap_call(call)  # issue 11: its mesh / process groups, DTensor params
 
     def snapshot(self, modules) -> Dict[int, Tuple[bool, Any]]:
+        """requires_grad and dtype of the parameters a wrap call takes, as they are at the call; those
+        under units wrapped before keep what their own call saw (a wrap call per level of a 1,000-deep
+        model would otherwise read half a million parameters)."""
         state = {}
         for m in modules:
-            # issue 10: no nested generators, attributes read outside the replay's torch-function
-            # modes (a wrap call per level of a 1,000-deep model reads a million parameters)
+            # issue 10: no nested generators, attributes read outside the replay's torch-function modes
             with modwalk.plain_torch():
-                for p in modwalk.parameters(m):
+                for p in modwalk.parameters(m, self.wrapped_ids):
                     state[id(p)] = (bool(p.requires_grad), p.dtype)
         return state
 
