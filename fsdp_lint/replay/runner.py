@@ -550,15 +550,21 @@ def _undo_after_last_wrap(rec: Recorder) -> None:
 
 def _root_of(rec: Recorder):
     """The top ancestor of the wrapped modules (the model the file builds)."""
+    tops: Dict[int, Any] = {}       # a wrap call per level of a deep model: each path walked once
+
     def top(m):
-        seen = set()
-        while id(m) in rec.parents and id(m) not in seen:
+        path, seen = [], set()
+        while id(m) not in tops and id(m) in rec.parents and id(m) not in seen:
             seen.add(id(m))
+            path.append(id(m))
             parent = rec.parents[id(m)]
             if getattr(parent, "_orig_mod", None) is m:
                 break       # `torch.compile(model)` holds the model; the model is still the root FSDP wraps
             m = parent
-        return m
+        found = tops.get(id(m), m)
+        for key in path:
+            tops[key] = found
+        return found
 
     last = rec.wrap_calls[-1]
     candidates = []
