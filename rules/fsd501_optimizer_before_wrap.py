@@ -127,7 +127,7 @@ fully_shard(model)
         if plan.origin != "file" or not plan.units:
             return
         for opt in plan.optimizers:
-            if opt.remapped_by:         # accelerate's prepare(model, optimizer) remaps it
+            if opt.remapped_by:         # accelerate's prepare(model, optimizer) keeps it working
                 continue
             replaced = []
             units = {}
@@ -165,5 +165,12 @@ fully_shard(model)
             last_line = max(u.line for u in wraps)
             fix = (f"build the optimizer after the wrap: move the `{opt.cls}(...)` at line {opt.line} below the "
                    f"wrap call at line {last_line}, and pass it the wrapped model's `parameters()`")
+            if getattr(plan, "framework", None) == "accelerate":
+                # accelerate 1.x remaps optimizers for FSDP2 only; FSDP1 keeps what the optimizer holds
+                fix = (f"prepare the model first (`model = accelerator.prepare(model)` at line {last_line}), then "
+                       f"build the `{opt.cls}` over `model.parameters()` and `optimizer = "
+                       f"accelerator.prepare(optimizer)`; or set `use_orig_params=True` (`fsdp_use_orig_params: "
+                       f"true`), or FSDP2 (`fsdp_version: 2`), where accelerate points the optimizer at the "
+                       f"sharded parameters")
             yield self.finding(ctx, msg, line=opt.line, path=opt.path, fix=fix, severity=severity,
                                wrap_lines=sorted({u.line for u in wraps}), params=replaced, last_wrap=last.line)

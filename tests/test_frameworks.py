@@ -105,8 +105,12 @@ CASES = {
     "accelerate-fsdp2-tied": ("accelerate_sft/train.py", acc("fsdp2.yaml", "tiny-llama-tied"), "accelerate", []),
     "accelerate-fsdp2-moe": ("accelerate_sft/train.py", acc("fsdp2.yaml", "tiny-mixtral"), "accelerate", []),
     "accelerate-lora-orig-params": ("accelerate_sft/train_lora.py", acc("fsdp1.yaml"), "accelerate", ["FSD202"]),
-    # accelerate, FullyShardedDataParallelPlugin in code, GPT-2 (tied), optimizer before prepare (no FSD501)
-    "accelerate-plugin-gpt2": ("accelerate_plugin/train_gpt2.py", {}, "accelerate", []),
+    # accelerate, FullyShardedDataParallelPlugin in code, GPT-2 (tied), optimizer before prepare with FSDP1
+    # and use_orig_params=False: accelerate does not remap it, nothing trains (FSD501; confirmed by --run)
+    "accelerate-plugin-gpt2": ("accelerate_plugin/train_gpt2.py", {}, "accelerate", ["FSD501"]),
+    # the same optimizer before prepare, with use_orig_params=False from a config: FSD501 too
+    "accelerate-fsdp1-no-orig-params": ("accelerate_sft/train.py", acc("fsdp1_no_orig_params.yaml"), "accelerate",
+                                        ["FSD501"]),
     # HF Trainer: fsdp and fsdp_config (a JSON file) on the command line, parsed by HfArgumentParser; T5's
     # shared embedding stays in the root
     "hf-trainer-t5": ("hf_trainer/train_t5.py", {}, "transformers", []),
@@ -406,3 +410,20 @@ def test_lint_module_reads_real_units():
         report2 = fsdp_lint.lint_module(net2)
         assert [u.module for u in report2.plan.units] == ["layers.0", "layers.1", "layers.2"]
         assert "FSD301" in [f.code for f in report2.findings]
+
+
+def test_run_trains_framework_scripts_through_the_framework(cli):
+    """`--run` (two gloo ranks, the framework's own code): Fabric's model is stepped through Fabric's
+    backward (a plain `loss.backward()` is refused by Lightning), and accelerate's FSDP1 with
+    use_orig_params=False leaves an optimizer built before `prepare()` holding none of the
+    FlatParameters: FSD501 is confirmed, nothing trains."""
+    res = cli(os.path.join(F, "lightning_gpt", "fabric_train.py"), os.path.join(F, "accelerate_plugin", "train_gpt2.py"),
+              "--run", "--steps", "1", "--world-size", "2", "--format", "json", "--run-timeout", "240")
+    doc = json.loads(res.out)
+    runs = {os.path.basename(f["path"]): f for f in doc["run"]["files"]}
+    findings = {os.path.basename(f["path"]): f["findings"] for f in doc["files"]}
+    assert runs["fabric_train.py"]["status"] == "completed", runs["fabric_train.py"]
+    assert not findings["fabric_train.py"], findings["fabric_train.py"]
+    [f] = [f for f in findings["train_gpt2.py"] if f["code"] == "FSD501"]
+    assert f["confirmed"] is True, f
+    assert res.code == 1

@@ -46,7 +46,8 @@ def _accelerator(hooks, module) -> None:
 
     def make(prepare):
         def wrapped(self, *args, **kwargs):
-            _mark_remapped(hooks, args)
+            if _keeps_optimizers_working(self):
+                _mark_remapped(hooks, args)
             return prepare(self, *args, **kwargs)
         return wrapped
 
@@ -86,9 +87,21 @@ def apply_upcast(plan, result, tree) -> None:
                 p.dtype = "float32"
 
 
+def _keeps_optimizers_working(accelerator) -> bool:
+    """Whether an optimizer built over the model's parameters before ``prepare()`` still trains it.
+    FSDP2: accelerate points it at the DTensors (``fsdp2_switch_optimizer_parameters``). FSDP1 with
+    ``use_orig_params=True``: FSDP keeps the original Parameter objects. FSDP1 with
+    ``use_orig_params=False``: accelerate does not remap it (checked with ``--run``: the optimizer holds
+    none of the FlatParameters and nothing trains), which is FSD501's failure."""
+    if getattr(accelerator, "is_fsdp2", False):
+        return True
+    plugin = getattr(getattr(accelerator, "state", None), "fsdp_plugin", None)
+    return plugin is None or bool(getattr(plugin, "use_orig_params", True))
+
+
 def _mark_remapped(hooks, args) -> None:
-    """Optimizers handed to ``prepare()`` together with the model: accelerate points them at the wrapped
-    parameters (FSDP1 FlatParameters, FSDP2 DTensors), so building them before the wrap is no mistake."""
+    """Optimizers handed to ``prepare()`` together with the model, where they keep training it (see
+    `_keeps_optimizers_working`): building them before the wrap is no mistake there."""
     import torch
 
     for obj in args:

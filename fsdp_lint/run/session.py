@@ -201,6 +201,23 @@ def _train(spec, rank, ws, device, model, optimizers, phase, out, example_fn) ->
     out["params_trainable"] = len(trainable)
 
 
+def backward(model, loss) -> None:
+    """``loss.backward()``, or what the framework that set the model up requires instead: a model set up
+    by Lightning Fabric refuses a plain backward (its strategy and precision run it: ``fabric.backward``)."""
+    import sys
+
+    for name in ("lightning.fabric.wrappers", "lightning_fabric.wrappers"):
+        wrappers = sys.modules.get(name)
+        if wrappers is not None and isinstance(model, wrappers._FabricModule):
+            wrappers._in_fabric_backward = True
+            try:
+                model._strategy.backward(loss, model._forward_module)
+            finally:
+                wrappers._in_fabric_backward = False
+            return
+    loss.backward()
+
+
 def run_steps(spec, rank, device, model, optimizers, phase, out, example_fn, track_memory: bool = False) -> bool:
     """``spec["steps"]`` training steps (zero_grad, forward, loss, backward, optimizer step) on
     synthetic inputs, collectives counted per step; with `track_memory` torch's memory tracker
@@ -248,7 +265,7 @@ def run_steps(spec, rank, device, model, optimizers, phase, out, example_fn, tra
                     current = f"backward (step {step})"
                     phase(current, base + 3)
                     if loss is not None and loss.requires_grad:
-                        loss.backward()
+                        backward(model, loss)
                     elif step == 1:
                         out["notes"].append("the loss does not require grad: no backward pass ran")
                     current = f"optimizer step (step {step})"
