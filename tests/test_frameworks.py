@@ -414,16 +414,21 @@ def test_lint_module_reads_real_units():
 
 def test_run_trains_framework_scripts_through_the_framework(cli):
     """`--run` (two gloo ranks, the framework's own code): Fabric's model is stepped through Fabric's
-    backward (a plain `loss.backward()` is refused by Lightning), and accelerate's FSDP1 with
-    use_orig_params=False leaves an optimizer built before `prepare()` holding none of the
-    FlatParameters: FSD501 is confirmed, nothing trains."""
+    backward (a plain `loss.backward()` is refused by Lightning); the Lightning Trainer's module through
+    its `training_step` (it has no `forward`) on the first batch of the script's own loader; and
+    accelerate's FSDP1 with use_orig_params=False leaves an optimizer built before `prepare()` holding
+    none of the FlatParameters: FSD501 is confirmed, nothing trains."""
     res = cli(os.path.join(F, "lightning_gpt", "fabric_train.py"), os.path.join(F, "accelerate_plugin", "train_gpt2.py"),
+              os.path.join(F, "lightning_lora", "finetune.py"),
               "--run", "--steps", "1", "--world-size", "2", "--format", "json", "--run-timeout", "240")
     doc = json.loads(res.out)
     runs = {os.path.basename(f["path"]): f for f in doc["run"]["files"]}
     findings = {os.path.basename(f["path"]): f["findings"] for f in doc["files"]}
     assert runs["fabric_train.py"]["status"] == "completed", runs["fabric_train.py"]
     assert not findings["fabric_train.py"], findings["fabric_train.py"]
+    assert runs["finetune.py"]["status"] == "completed", runs["finetune.py"]
+    assert "the first batch of the Trainer's train data loader" in json.dumps(runs["finetune.py"])
+    assert [f["code"] for f in findings["finetune.py"]] == ["FSD202"]
     [f] = [f for f in findings["train_gpt2.py"] if f["code"] == "FSD501"]
     assert f["confirmed"] is True, f
     assert res.code == 1

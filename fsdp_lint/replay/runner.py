@@ -117,6 +117,7 @@ class _Run:
         self.namespaces: List[dict] = []
         self.terminal_spans: Dict = {}
         self.setup_done: Optional[tuple] = None     # (file, line) where the entry's setup ended
+        self.finished = False                        # the replay is over (project code runs on in --run)
         self.ended_after_setup: Optional[str] = None
 
     # -- modules -------------------------------------------------------------------------------
@@ -124,6 +125,8 @@ class _Run:
         rec = self.rec
 
         def skip(line, exc):
+            if self.finished:       # the replay is over: project code called later (--run's steps) fails as written
+                return False
             frame = sys._getframe(1)
             if not self.failures.may_skip(exc, frame):
                 return False
@@ -138,7 +141,8 @@ class _Run:
                 self.override.rebind(globs)
 
         def training_loop(line):
-            boundary.training_loop(rec, line)
+            if not self.finished:
+                boundary.training_loop(rec, line)
 
         return {SKIP: skip, STUB_IMPORT: stub_import, REBIND: rebind, LOOP: training_loop,
                 SETUP_DONE: self._setup_done, "__builtins__": guarded_builtins()}
@@ -258,6 +262,7 @@ class _Run:
                 self._run(lambda: self._exec_entry(code, ns), timeout, where_real)
                 root, how = self._find_model(ns, timeout, where_real)
             finally:
+                self.finished = True
                 with contextlib.suppress(ValueError):
                     sys.meta_path.remove(self.importer)
         problem = self.failures.incomplete_plan(self.display)

@@ -275,8 +275,11 @@ def _cost_evidence(static: dict, measured: dict, ranks: int, per_rank) -> Tuple[
     if not same_ws:
         text += f" for world size {static['world_size']} (bytes not comparable)"
     if peaks:
+        # a framework's own batch (the Lightning Trainer's loader) is not the input shape the estimate used
+        own_batch = str(per_rank[0].get("inputs") or "").startswith("the first batch")
         text += (f"; peak memory {human_bytes(max(peaks))}/rank ({per_rank[0].get('memory_measure')}), "
-                 f"static estimate {human_bytes(static['memory_per_rank_bytes'])} for the same inputs")
+                 f"static estimate {human_bytes(static['memory_per_rank_bytes'])}"
+                 + (" (without that batch's activations)" if own_batch else " for the same inputs"))
     return counts_equal and (bytes_equal or not same_ws), text
 
 

@@ -201,6 +201,69 @@ def _train(spec, rank, ws, device, model, optimizers, phase, out, example_fn) ->
     out["params_trainable"] = len(trainable)
 
 
+def _lightning_module(model):
+    import sys
+
+    root = user_root(model)
+    for pkg in ("lightning.pytorch", "pytorch_lightning"):
+        mod = sys.modules.get(pkg)
+        if mod is not None and isinstance(root, mod.LightningModule):
+            return pkg, root
+    return None, None
+
+
+def framework_batch(model, device):
+    """What the framework would feed the first step, where the script gives it: the first batch of the
+    Lightning Trainer's train data loader (the replay stopped inside ``fit``, with the loader known).
+    None where there is none, or it cannot be drawn here."""
+    pkg, root = _lightning_module(model)
+    trainer = getattr(root, "_trainer", None) if root is not None else None
+    if trainer is None:
+        return None
+    try:
+        import torch
+
+        loader = trainer.fit_loop._data_source.dataloader()
+        batch = next(iter(loader))
+
+        def move(x):
+            if isinstance(x, torch.Tensor):
+                return x.to(device)
+            if isinstance(x, dict):
+                return {k: move(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return type(x)(move(v) for v in x)
+            return x
+        return move(batch)
+    except Exception:  # noqa: BLE001 - no loader, or data that cannot be read here: inferred inputs instead
+        return None
+
+
+def forward_step(model, args, kwargs):
+    """``model(*inputs)``, or what the framework runs as a step: a LightningModule's ``training_step``
+    (the Trainer calls it, not ``forward``; through the strategy's wrapper when there is one, as
+    Lightning's forward redirection does). The inputs are the batch; ``self.log`` does nothing here."""
+    pkg, root = _lightning_module(model)
+    if root is not None:
+        batch = args[0] if len(args) == 1 and not kwargs else (dict(kwargs) if kwargs and not args else tuple(args))
+        silent = {name: root.__dict__.get(name) for name in ("log", "log_dict")}
+        root.log = root.log_dict = lambda *a, **k: None
+        try:
+            if model is root:
+                return root.training_step(batch, 0)
+            from importlib import import_module
+
+            redirect = import_module(f"{pkg}.strategies.strategy")._ForwardRedirection()
+            return redirect(model, root, "training_step", batch, 0)
+        finally:
+            for name, value in silent.items():
+                if value is None:
+                    root.__dict__.pop(name, None)
+                else:
+                    root.__dict__[name] = value
+    return model(*args, **kwargs)
+
+
 def backward(model, loss) -> None:
     """``loss.backward()``, or what the framework that set the model up requires instead: a model set up
     by Lightning Fabric refuses a plain backward (its strategy and precision run it: ``fabric.backward``)."""
@@ -239,6 +302,9 @@ def run_steps(spec, rank, device, model, optimizers, phase, out, example_fn, tra
                     out["setup_error"] = f"example_inputs() raised {type(exc).__name__}: {one_line(str(exc))}"
                     return False
                 raise
+            batch = framework_batch(model, device) if example_fn is None and not spec["input_shape"] else None
+            if batch is not None:
+                args, kwargs, how, inferred = (batch,), {}, "the first batch of the Trainer's train data loader", False
             out["inputs"] = how
             out["inputs_inferred"] = inferred
             out["input_shapes"] = [list(t.shape) for t in list(args) + list(kwargs.values()) if hasattr(t, "shape")]
@@ -260,7 +326,7 @@ def run_steps(spec, rank, device, model, optimizers, phase, out, example_fn, tra
                     phase(current, base + 2)
                     for opt in optimizers:
                         opt.zero_grad(set_to_none=True)
-                    output = model(*args, **kwargs)
+                    output = forward_step(model, args, kwargs)
                     loss = loss_of(output)
                     current = f"backward (step {step})"
                     phase(current, base + 3)
