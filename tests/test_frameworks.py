@@ -9,13 +9,13 @@ torch's uniform requires_grad/dtype checks), fsdp-lint's finding must quote that
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from conftest import REPO
@@ -35,25 +35,10 @@ def acc(yaml: str, model: str = "tiny-llama") -> dict:
     return {"accelerate_config": os.path.join(ACC, "configs", yaml), "hf_config": os.path.join(CFG, model)}
 
 
-@contextlib.contextmanager
-def cpu_module_states():
-    """Real FSDP1 on CPU: ``sync_module_states=True`` (accelerate's ``cpu_ram_efficient_loading``) needs GPU
-    tensors; the broadcast does not change which units FSDP builds, so the oracle runs without it."""
-    orig = FSDP.__init__
-
-    def init(self, *args, **kwargs):
-        kwargs["sync_module_states"] = False
-        return orig(self, *args, **kwargs)
-
-    FSDP.__init__ = init
-    try:
-        yield
-    finally:
-        FSDP.__init__ = orig
-
-
 def real_units(path: str, settings: Settings, argv=None):
-    with frameworks.configured(FrameworkOptions.from_settings(settings)), cpu_module_states():
+    # accelerate's cpu_ram_efficient_loading sets sync_module_states=True: the real replay on CPU drops the
+    # broadcast (it needs GPU tensors and changes no unit), as --run on CPU does
+    with frameworks.configured(FrameworkOptions.from_settings(settings)):
         return torch_units(path, settings.world_size, argv)
 
 
@@ -432,3 +417,17 @@ def test_run_trains_framework_scripts_through_the_framework(cli):
     [f] = [f for f in findings["train_gpt2.py"] if f["code"] == "FSD501"]
     assert f["confirmed"] is True, f
     assert res.code == 1
+
+
+def test_run_gives_seq2seq_models_their_labels():
+    """T5/BART (`*ForConditionalGeneration`) derive their decoder inputs from `labels`: --run and
+    --simulate give them the token ids as labels, as causal LMs get them."""
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    from fsdp_lint.run.inputs import make_inputs
+
+    with torch.device("meta"):
+        model = AutoModelForSeq2SeqLM.from_config(AutoConfig.from_pretrained(os.path.join(CFG, "tiny-t5")))
+    spec = {"input_shape": [2, 16], "input_dtype": "long", "params": [n for n, _ in model.named_parameters()]}
+    args, kwargs, how = make_inputs(spec, model, torch.device("meta"), 0, 1, None)
+    assert kwargs["labels"] is args[0] and "labels = the token ids" in how

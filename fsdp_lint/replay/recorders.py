@@ -294,6 +294,10 @@ def _install_real_wrappers(rec: Recorder, patch) -> None:
 
     def make_fsdp(module, *args, **kwargs):
         kwargs["device_id"] = device
+        if device.type == "cpu" and kwargs.get("sync_module_states"):
+            # rank 0's broadcast needs GPU tensors (torch raises on CPU); it changes no unit, and the
+            # ranks of a CPU --run start from the same seed (accelerate's cpu_ram_efficient_loading sets it)
+            kwargs["sync_module_states"] = False
         call = WrapCall("fsdp1", next(rec.seq), [module], dict(kwargs), rec.position(), state=rec.snapshot([module]))
         rec.record_wrap(call)
         return RealFSDP(module, *args, **kwargs)

@@ -25,7 +25,8 @@ _DTYPES = {"float": "float32", "long": "int64", "bfloat16": "bfloat16", "half": 
 def make_inputs(spec, model, device, rank: int, step: int, example_fn):
     """(args, kwargs, description) for one step; raises InputError when nothing fits. A language
     model that computes its own loss (Hugging Face ``*ForCausalLM``, ``*LMHeadModel``,
-    ``*ForMaskedLM`` with a ``labels`` argument) is given its token ids as labels too."""
+    ``*ForMaskedLM``, ``*ForConditionalGeneration`` with a ``labels`` argument) is given its token ids as
+    labels too."""
     import torch
 
     torch.manual_seed(10_007 * (rank + 1) + step)     # different data on every rank and step
@@ -41,7 +42,8 @@ def _takes_labels(model) -> bool:
     import inspect
 
     root = user_root(model)
-    if not any(k in type(root).__name__ for k in ("CausalLM", "LMHead", "MaskedLM")):
+    # seq2seq models (T5, BART: *ForConditionalGeneration) derive their decoder inputs from the labels
+    if not any(k in type(root).__name__ for k in ("CausalLM", "LMHead", "MaskedLM", "ConditionalGeneration")):
         return False
     try:
         return "labels" in inspect.signature(root.forward).parameters
