@@ -102,6 +102,8 @@ CASES = {
     "accelerate-size-0": ("accelerate_sft/train.py", acc("fsdp1_size_0.yaml"), "accelerate", ["FSD101"]),
     "accelerate-size-default": ("accelerate_sft/train.py", acc("fsdp1_size_default.yaml"), "accelerate", ["FSD101"]),
     "accelerate-fsdp2": ("accelerate_sft/train.py", acc("fsdp2.yaml"), "accelerate", []),
+    # a config without num_processes (the launcher passes it): launched with --num_processes WORLD_SIZE
+    "accelerate-no-process-count": ("accelerate_sft/train.py", acc("fsdp1_no_process_count.yaml"), "accelerate", []),
     "accelerate-fsdp2-tied": ("accelerate_sft/train.py", acc("fsdp2.yaml", "tiny-llama-tied"), "accelerate", []),
     "accelerate-fsdp2-moe": ("accelerate_sft/train.py", acc("fsdp2.yaml", "tiny-mixtral"), "accelerate", []),
     "accelerate-lora-orig-params": ("accelerate_sft/train_lora.py", acc("fsdp1.yaml"), "accelerate", ["FSD202"]),
