@@ -16,6 +16,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
+from fsdp_lint.replay import arguments
 from fsdp_lint.replay.imports import (
     MissingImport,
     StubUse,
@@ -70,6 +71,8 @@ class Failures:
         from fsdp_lint.replay.records import ReplayError
 
         if isinstance(exc, (ReplayError, RecursionError, MemoryError)) or self.names_an_argument(exc):
+            return False
+        if arguments.while_parsing(exc, frame):     # trials: the script refuses its arguments
             return False
         # raised inside model construction, a wrap/freeze/cast/optimizer statement, or fsdp-lint
         tb = exc.__traceback__
@@ -152,6 +155,10 @@ class Failures:
         stub = self.stub_cause(exc)
         if stub is not None:
             return self._stub_message(stub, entry_display)
+        parsing = None if self.names_an_argument(exc) else \
+            arguments.describe(exc, self._location(exc, entry_display), self.argv, entry_display, _one_line)
+        if parsing:                                 # trials: the script refuses its arguments
+            return parsing
         cause = self.root_cause(exc)
         if cause is not None:
             exc = cause.exc

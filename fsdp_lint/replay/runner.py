@@ -554,7 +554,10 @@ def _root_of(rec: Recorder):
         seen = set()
         while id(m) in rec.parents and id(m) not in seen:
             seen.add(id(m))
-            m = rec.parents[id(m)]
+            parent = rec.parents[id(m)]
+            if getattr(parent, "_orig_mod", None) is m:
+                break       # `torch.compile(model)` holds the model; the model is still the root FSDP wraps
+            m = parent
         return m
 
     last = rec.wrap_calls[-1]
