@@ -256,3 +256,16 @@ def test_arguments_an_argument_dataclass_refuses_are_the_error_not_skipped(cli):
     assert len(res.err.strip().splitlines()) == 1, res.err
     assert "lm_recipe/options.py:22: the script's arguments were refused while they were parsed" in res.err
     assert "ValueError: give --corpus or --text_file" in res.err and "-- ARGS" in res.err
+
+
+def test_a_wrap_class_the_model_lacks_is_fsd103_at_the_fsdp_config_file_named_in_the_arguments(cli):
+    # the HF Trainer reads transformer_layer_cls_to_wrap from --fsdp_config FILE: the finding points
+    # there, and the fix names the repeated block, not the class spelled most alike (GPT2MLP)
+    launch = [a if not a.endswith("fsdp.json") else "configs/fsdp_renamed_block.json" for a in LM_LAUNCH]
+    res = cli(LM_FINETUNE, "--hf-config", TINY_GPT2, "--format", "json", "--", "--corpus", "wikitext", *launch,
+              cwd=LM_RECIPE)
+    assert res.code == 1, res.err
+    [f] = [f for f in json.loads(res.out)["files"][0]["findings"] if f["code"] == "FSD103"]
+    assert (f["path"], f["line"]) == ("configs/fsdp_renamed_block.json", 3)
+    assert "`GPT2Layer`" in f["message"] and "Could not find the transformer layer class GPT2Layer" in f["message"]
+    assert f["fix"] == "write `GPT2Block` instead of `GPT2Layer` in `transformer_layer_cls_to_wrap`"
