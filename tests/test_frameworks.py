@@ -96,6 +96,10 @@ CASES = {
     # Lightning Fabric, ModelParallelStrategy(parallelize_fn): TP over "tensor_parallel", FSDP2 over
     # "data_parallel" of Fabric's own 4 x 2 mesh; the optimizer is set up after the model, in one line
     "fabric-model-parallel-tp-fsdp2": ("lightning_tp/fabric_tp.py", {"world_size": 8}, "lightning", []),
+    # Fabric ModelParallelStrategy (4 x 1) whose parallelize_fn hands its whole 2-D mesh to fully_shard: HSDP
+    # over a shard dimension of 1 rank, nothing sharded (torch's shard size is 1); the data-parallel sub-mesh shards
+    "fabric-fsdp2-whole-2d-mesh": ("lightning_tp/fabric_fsdp2_whole_mesh.py", {}, "lightning", ["FSD705"]),
+    "fabric-fsdp2-dp-submesh": ("lightning_tp/fabric_fsdp2_whole_mesh.py", {}, "lightning", []),
     # accelerate from its config file (accelerate launch's environment), model via from_pretrained
     "accelerate-fsdp1": ("accelerate_sft/train.py", acc("fsdp1.yaml"), "accelerate", []),
     "accelerate-size-small": ("accelerate_sft/train.py", acc("fsdp1_size_small.yaml"), "accelerate", ["FSD102"]),
@@ -119,6 +123,7 @@ CASES = {
 
 # the script's own command line, where a case is launched with one
 ARGV = {
+    "fabric-fsdp2-dp-submesh": ["--dp-submesh"],
     "hf-trainer-t5": ["--output_dir", "t5-ro-en", "--per_device_train_batch_size", "8", "--learning_rate", "3e-4",
                       "--max_steps", "1000", "--fsdp", "full_shard auto_wrap",
                       "--fsdp_config", os.path.join(F, "hf_trainer", "fsdp_config.json"), "--report_to", "none"],
