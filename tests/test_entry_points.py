@@ -499,3 +499,37 @@ def test_a_package_script_that_imports_its_siblings_as_top_level_modules(tmp_pat
     res = cli("scripts/train.py", "--format", "json", cwd=str(tmp_path))
     assert res.code == 0, res.err
     assert units(res) == [["h.0"], ["h.1"], ["h.2"], [""]]
+
+
+def test_a_package_not_installed_that_is_handed_the_model_is_an_error_not_a_note(tmp_path, cli):
+    # a conversion applied in the parallelize helper (fp8 training, fused kernels) changes the model that
+    # is wrapped: standing in for it would report a plan without it. A logger watching the model does not.
+    write_repo(tmp_path, {"model.py": MODEL, "parallel.py": '''
+        from lowbit_kernels_not_installed.fp8 import convert_linears
+        from torch.distributed.fsdp import fully_shard
+
+        def parallelize(model, mesh=None):
+            convert_linears(model, skip=("lm_head",))
+            for block in model.h:
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            return model
+    ''', "train.py": '''
+        import wandb
+        from model import GPT, GPTConfig
+        from parallel import parallelize
+
+        model = parallelize(GPT(GPTConfig(n_layer=2)))
+        wandb.watch(model, log="gradients")
+    '''})
+    res = cli("train.py", cwd=str(tmp_path))
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
+    assert "parallel.py:6: the model uses `convert_linears`" in res.err
+    assert "pip install lowbit-kernels-not-installed" in res.err
+
+    (tmp_path / "parallel.py").write_text((tmp_path / "parallel.py").read_text().replace(
+        "convert_linears(model, ", "print("))
+    res = cli("train.py", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    notes = json.loads(res.out)["files"][0]["notes"]
+    assert any("wandb" in n and "not used by the model" in n for n in notes) or "wandb" not in " ".join(notes)

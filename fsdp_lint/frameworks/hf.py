@@ -170,7 +170,7 @@ def _datasets(hooks, module) -> None:
             except Exception as exc:
                 pos = hooks.rec.position()
                 hooks.rec.record_skip(pos.path, pos.line, exc)
-                return Missing(f"{load.__name__}()", lambda name: None)
+                return Missing(f"{load.__name__}()", lambda name, **_: None)
         return wrapped
 
     for name in ("load_dataset", "load_from_disk"):

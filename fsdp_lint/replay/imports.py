@@ -100,7 +100,10 @@ class Missing:
         return Missing(name, self._fsdp_lint_on_use)
 
     def __call__(self, *args, **kwargs):
-        self._fsdp_lint_on_use(self._fsdp_lint_name + "()")
+        if _holds_a_module(args, kwargs):     # trials: `convert_to_float8_training(model)` acts on the model
+            self._fsdp_lint_on_use(self._fsdp_lint_name + "()", model=True)
+        else:
+            self._fsdp_lint_on_use(self._fsdp_lint_name + "()")
         return Missing(self._fsdp_lint_name + "()", self._fsdp_lint_on_use)
 
     def __iter__(self):
@@ -129,6 +132,24 @@ class Missing:
 
     def __repr__(self):
         return f"<{self._fsdp_lint_name}: not installed here>"
+
+
+# packages that only look at a model they are given (loggers, profilers, summaries): a stand-in for
+# them called with the model leaves the plan as it is
+_OBSERVERS = {"wandb", "mlflow", "comet_ml", "neptune", "clearml", "aim", "tensorboard", "tensorboardX",
+              "torchinfo", "torchsummary", "thop", "fvcore", "ptflops", "codecarbon", "tqdm", "rich", "swanlab",
+              "dvclive", "trackio"}
+
+
+def only_observes(module: str) -> bool:
+    """Whether the package of import `module` only looks at a model it is given (`wandb.watch(model)`)."""
+    return (module or "").lstrip(".").split(".")[0] in _OBSERVERS
+
+
+def _holds_a_module(args, kwargs) -> bool:
+    """A stand-in called with a model (an ``nn.Module`` argument) acts on the model: the plan would miss it."""
+    nn = sys.modules.get("torch.nn")
+    return nn is not None and any(isinstance(a, nn.Module) for a in (*args, *kwargs.values()))
 
 
 # --------------------------------------------------------------------------------------------

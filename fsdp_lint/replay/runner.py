@@ -33,6 +33,7 @@ from fsdp_lint.replay.imports import (
     installed_version,
     is_circular,
     missing_module_of,
+    only_observes,
 )
 from fsdp_lint.replay.recorders import Recorder
 from fsdp_lint.replay.records import (
@@ -217,10 +218,11 @@ class _Run:
                                                    message=_import_message(exc), names=list(names),
                                                    absent_names=bool(absent)))
 
-        def on_use(name, _path=path):
+        def on_use(name, _path=path, model=False):     # model: called with the model (trials)
             use_frame = sys._getframe(2)
             self.failures.stub_uses.append(StubUse(name=name, path=use_frame.f_code.co_filename,
-                                                   line=use_frame.f_lineno, in_model=_in_model_build()))
+                                                   line=use_frame.f_lineno,
+                                                   in_model=model and not only_observes(missing) or _in_model_build()))
 
         for name in names:
             globs.setdefault(name, Missing(name, on_use))
