@@ -113,6 +113,11 @@ CASES = {
     "accelerate-lora-orig-params": ("accelerate_sft/train_lora.py", acc("fsdp1.yaml"), "accelerate", ["FSD202"]),
     # accelerate, FullyShardedDataParallelPlugin in code, GPT-2 (tied), optimizer before prepare (no FSD501)
     "accelerate-plugin-gpt2": ("accelerate_plugin/train_gpt2.py", {}, "accelerate", []),
+    # TRL SFTTrainer + LoRA from a local model folder, FSDP1 SHARD_GRAD_OP from an accelerate config: the hub
+    # data set stands in (TRL gets a placeholder Dataset), flash-attn is absent, --push_to_hub creates no repo
+    "trl-sft-lora-fsdp1": ("trl_sft/sft.py", {"accelerate_config": os.path.join(F, "trl_sft", "configs",
+                                                                                 "fsdp1_shard_grad_op.yaml")},
+                           "transformers", []),
     # HF Trainer: fsdp and fsdp_config (a JSON file) on the command line, parsed by HfArgumentParser; T5's
     # shared embedding stays in the root
     "hf-trainer-t5": ("hf_trainer/train_t5.py", {}, "transformers", []),
@@ -123,6 +128,8 @@ CASES = {
 
 # the script's own command line, where a case is launched with one
 ARGV = {
+    "trl-sft-lora-fsdp1": ["--model_name_or_path", os.path.join(CFG, "tiny-llama-local"), "--output_dir", "out",
+                           "--use_lora", "--flash_attention", "--push_to_hub", "--bf16", "True", "--packing"],
     "fabric-fsdp2-dp-submesh": ["--dp-submesh"],
     "hf-trainer-t5": ["--output_dir", "t5-ro-en", "--per_device_train_batch_size", "8", "--learning_rate", "3e-4",
                       "--max_steps", "1000", "--fsdp", "full_shard auto_wrap",
@@ -413,3 +420,19 @@ def test_lint_module_reads_real_units():
         report2 = fsdp_lint.lint_module(net2)
         assert [u.module for u in report2.plan.units] == ["layers.0", "layers.1", "layers.2"]
         assert "FSD301" in [f.code for f in report2.findings]
+
+
+def test_trl_sft_notes_what_it_planned_without_and_touches_no_hub(tmp_path):
+    settings = Settings(world_size=4, accelerate_config=CASES["trl-sft-lora-fsdp1"][1]["accelerate_config"])
+    res = lint_file(os.path.join(F, "trl_sft", "sft.py"), settings, argv=ARGV["trl-sft-lora-fsdp1"], cwd=str(tmp_path))
+    assert any("attn_implementation='flash_attention_2' needs `flash_attn`" in n for n in res.notes), res.notes
+    assert any("org/chat-data" in n for n in res.notes), res.notes      # the data set that stood in
+    assert not os.listdir(tmp_path)                                   # no output_dir, nothing written
+
+
+def test_a_tokenizer_that_is_not_here_is_named_as_the_cause():
+    proc = _cli("fixtures/frameworks/trl_sft/sft.py", "--hf-config", "fixtures/frameworks/configs/tiny-llama", "--",
+                "--model_name_or_path", "org/llama-sft", "--output_dir", "out")
+    assert proc.returncode == 2, proc.stdout
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "no tokenizer for 'org/llama-sft' here, and fsdp-lint never downloads" in proc.stderr

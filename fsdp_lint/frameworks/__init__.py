@@ -43,12 +43,12 @@ def current_options():
 
 def install(rec, patch) -> None:
     """Called by the replay's sandbox after the FSDP recorders are in place."""
-    from fsdp_lint.frameworks import accelerate, hf, lightning
+    from fsdp_lint.frameworks import accelerate, hf, lightning, trl
     from fsdp_lint.frameworks.hooks import install_hooks, simulate_ddp, simulate_object_collectives
 
     options = current_options()
     table: Dict[str, List[Any]] = {}
-    for driver in (lightning, accelerate, hf):
+    for driver in (lightning, accelerate, hf, trl):
         for name, fns in driver.hook_table().items():
             table.setdefault(name, []).extend(fns)
     for driver in (accelerate, hf):

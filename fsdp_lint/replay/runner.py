@@ -447,6 +447,7 @@ class _Run:
             n = len(self.failures.skips)
             notes.append(f"{n} setup statement{'s' if n != 1 else ''} failed here and {'were' if n != 1 else 'was'} "
                          f"skipped (first: {_display(first.path, self.path, self.shown)}:{first.line}: {first.error})")
+        notes.extend(getattr(rec, "framework_notes", []))     # trials: what a framework hook changed
         unused = [i for i in self.failures.imports if not i.local and not i.absent_names]
         if unused:
             names = ", ".join(dict.fromkeys(i.missing for i in unused))
