@@ -533,3 +533,25 @@ def test_a_package_not_installed_that_is_handed_the_model_is_an_error_not_a_note
     assert res.code in (0, 1), res.err
     notes = json.loads(res.out)["files"][0]["notes"]
     assert any("wandb" in n and "not used by the model" in n for n in notes) or "wandb" not in " ".join(notes)
+
+
+def test_a_gloo_side_group_next_to_the_training_group_is_not_an_unmodelled_plan(tmp_path, cli):
+    # a CPU group for barriers and object collectives (`new_group(backend="gloo")`) beside NCCL training:
+    # the group's ranks are what a plan reads, its backend is not
+    write_repo(tmp_path, {"model.py": MODEL, "train.py": '''
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+        from model import GPT, GPTConfig
+
+        dist.init_process_group("nccl")
+        cpu_group = dist.new_group(backend="gloo")
+        model = GPT(GPTConfig(n_layer=2))
+        for block in model.h:
+            fully_shard(block)
+        fully_shard(model)
+        dist.barrier(group=cpu_group)
+    '''})
+    res = cli("train.py", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    [doc] = json.loads(res.out)["files"]
+    assert len(doc["plan"]["units"]) == 3

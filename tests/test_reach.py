@@ -269,3 +269,40 @@ def test_a_wrap_class_the_model_lacks_is_fsd103_at_the_fsdp_config_file_named_in
     assert (f["path"], f["line"]) == ("configs/fsdp_renamed_block.json", 3)
     assert "`GPT2Layer`" in f["message"] and "Could not find the transformer layer class GPT2Layer" in f["message"]
     assert f["fix"] == "write `GPT2Block` instead of `GPT2Layer` in `transformer_layer_cls_to_wrap`"
+
+
+# --------------------------------------------------------------------------------------------
+# a litgpt-shaped package: `python -m litlm pretrain ...` (jsonargparse CLI over a dict of commands),
+# the logger from a helper module, Fabric FSDPStrategy(HYBRID_SHARD), data prepared in rank_zero_first()
+# --------------------------------------------------------------------------------------------
+LITLM = os.path.join(REPOS, "lit_pretrain_like")
+LITLM_MAIN = os.path.join(LITLM, "litlm", "__main__.py")
+
+
+def test_cli_of_subcommands_with_fabric_fsdp_plan_equals_lightnings(tmp_path):
+    from test_frameworks import assert_framework_plan_matches
+
+    # (the oracle's FSDP1 runs on CPU, where HYBRID_SHARD's node is one device: compared with FULL_SHARD)
+    argv = ["pretrain", "--devices", "8", "--out_dir", str(tmp_path / "out"), "--sharding_strategy", "FULL_SHARD"]
+    res = assert_framework_plan_matches(LITLM_MAIN, Settings(world_size=8), argv)
+    assert res.plan.framework == "lightning"
+    assert [u.modules for u in res.plan.units][:4] == [[f"blocks.{i}"] for i in range(4)]
+
+
+def test_fabric_hybrid_shard_with_data_prepared_rank_zero_first_skips_nothing(cli, tmp_path):
+    # rank_zero_first()'s gloo barrier waits on nothing: prepare_data() runs, no statement is skipped
+    res = cli(LITLM_MAIN, "--format", "json", "--", "pretrain", "--out_dir", str(tmp_path / "out"), cwd=LITLM)
+    assert res.code == 0, res.err
+    [doc] = json.loads(res.out)["files"]
+    assert doc["plan"]["sharding_strategy"] == "HYBRID_SHARD" and doc["plan"]["framework"] == "lightning"
+    assert doc["replay"]["skipped_statements"] == [], doc["replay"]
+
+
+def test_setup_that_never_reaches_the_model_names_the_failure_that_started_it(cli, tmp_path):
+    # the tracker is not installed: its import fails inside choose_logger's branch, the helper falls through
+    # to its own ValueError, `logger` and then `fabric` stay unbound and every later statement fails in turn
+    res = cli(LITLM_MAIN, "--", "pretrain", "--logger_name", "aim", "--out_dir", str(tmp_path / "out"), cwd=LITLM)
+    assert res.code == 2, res.out
+    assert len(res.err.strip().splitlines()) == 1, res.err
+    assert ("the setup never reached a model or its wrap code: litlm/utils.py:11: ModuleNotFoundError: "
+            "No module named 'aim_tracker_for_litlm'") in res.err

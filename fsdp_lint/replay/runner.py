@@ -38,6 +38,7 @@ from fsdp_lint.replay.imports import (
 from fsdp_lint.replay.recorders import Recorder
 from fsdp_lint.replay.records import (
     _MISSING,
+    NoModelError,
     ReplayError,
     ReplayResult,
     TrainingBoundary,
@@ -128,7 +129,7 @@ class _Run:
             frame = sys._getframe(1)
             if not self.failures.may_skip(exc, frame):
                 return False
-            self.failures.record_skip(frame.f_code.co_filename, line, exc)
+            self.failures.record_skip(frame.f_code.co_filename, line, exc, depth=_depth(frame))
             return True
 
         def stub_import(names, globs, module, exc):
@@ -285,6 +286,8 @@ class _Run:
     def _with_failures(self, fn, where_real: str):
         try:
             return fn()
+        except NoModelError as exc:     # trials: say which skipped failure kept the wrap code from running
+            raise self._unreached(exc) from None
         except (ReplayError, TrainingBoundary):
             raise
         except Exception as exc:
@@ -310,6 +313,21 @@ class _Run:
                 self.ended_after_setup = _one_line(exc)
                 return
             raise self._error(exc, where_real) from exc
+
+    def _unreached(self, exc: "NoModelError") -> "NoModelError":
+        """No model, though the entry reaches wrap code: when setup statements failed and were skipped, the
+        first of them is the likely cause (a logger whose backend is missing left `fabric` unbound, and
+        every statement after it was skipped in turn)."""
+        cause = self.failures.first_cause()
+        if cause is None or not self.project.reaches_fsdp or self.rec.wrap_calls:
+            return exc
+        n = len(self.failures.skips) - 1
+        later = f"; {n} later setup statement{'s' if n != 1 else ''} failed too" if n else ""
+        err = NoModelError(f"{self.display}: the setup never reached a model or its wrap code: "
+                           f"{_display(cause.skipped.path, self.path, self.shown)}:{cause.skipped.line}: "
+                           f"{cause.skipped.error} (failed here and skipped{later})")
+        err.user_exception = cause.exc
+        return err
 
     def _error(self, exc: BaseException, where_real: str) -> ReplayError:
         err = ReplayError(self.failures.describe(exc, entry_display=self.display, where_real=where_real,
@@ -521,6 +539,13 @@ def _resolves_locally(entry: Entry, module: str) -> bool:
     from fsdp_lint.project import Project
 
     return Project(entry).resolve(module) is not None
+
+
+def _depth(frame) -> int:
+    n = 0
+    while frame is not None:
+        n, frame = n + 1, frame.f_back
+    return n
 
 
 def _in_model_build() -> bool:
