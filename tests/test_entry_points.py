@@ -555,3 +555,23 @@ def test_a_gloo_side_group_next_to_the_training_group_is_not_an_unmodelled_plan(
     assert res.code in (0, 1), res.err
     [doc] = json.loads(res.out)["files"]
     assert len(doc["plan"]["units"]) == 3
+
+
+def test_a_script_that_exits_names_its_first_message_line_not_a_trailing_hint(tmp_path, cli):
+    write_repo(tmp_path, {"model.py": MODEL, "train.py": '''
+        import os
+        import sys
+        from torch.distributed.fsdp import fully_shard
+        from model import GPT, GPTConfig
+
+        ckpt = sys.argv[1] if len(sys.argv) > 1 else "checkpoints/base"
+        if not os.path.isfile(os.path.join(ckpt, "model.pth")):
+            print(f"checkpoint_dir {ckpt!r} has no model.pth.", file=sys.stderr)
+            print("Download one first with:\\n  python download.py", file=sys.stderr)
+            sys.exit(1)
+        model = GPT(GPTConfig(n_layer=2))
+        fully_shard(model)
+    '''})
+    res = cli("train.py", cwd=str(tmp_path))
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
+    assert "exited with status 1 before training started: checkpoint_dir 'checkpoints/base' has no model.pth." in res.err

@@ -352,7 +352,9 @@ class _Run:
         err_text = self.rec.stderr.getvalue() if getattr(self.rec, "stderr", None) else ""
         lines = [ln.strip() for ln in err_text.strip().splitlines() if ln.strip()]
         usage = next((ln for ln in lines if ln.lower().startswith("usage:")), None)
-        last_error = next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[-1] if lines else "")
+        # trials: with no line saying "error", the first line says why (litgpt: "checkpoint_dir ... is missing
+        # the files ...", then download hints); the last one is a hint
+        last_error = next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[0] if lines else "")
         if usage or (last_error and "argument" in last_error.lower()):
             args = " ".join(self.argv) if self.argv else "(none)"
             raise ReplayError(
