@@ -430,9 +430,9 @@ def test_trl_sft_notes_what_it_planned_without_and_touches_no_hub(tmp_path):
     assert not os.listdir(tmp_path)                                   # no output_dir, nothing written
 
 
-def test_a_tokenizer_that_is_not_here_is_named_as_the_cause():
-    proc = _cli("fixtures/frameworks/trl_sft/sft.py", "--hf-config", "fixtures/frameworks/configs/tiny-llama", "--",
-                "--model_name_or_path", "org/llama-sft", "--output_dir", "out")
-    assert proc.returncode == 2, proc.stdout
-    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert "no tokenizer for 'org/llama-sft' here, and fsdp-lint never downloads" in proc.stderr
+def test_a_tokenizer_that_is_not_here_is_named_as_the_cause(cli):
+    res = cli("fixtures/frameworks/trl_sft/sft.py", "--hf-config", "fixtures/frameworks/configs/tiny-llama", "--",
+              "--model_name_or_path", "org/llama-sft", "--output_dir", "out")
+    assert res.code == 2, res.out
+    assert res.err.count("\n") == 1 and "Traceback" not in res.err, res.err
+    assert "no tokenizer for 'org/llama-sft' here, and fsdp-lint never downloads" in res.err

@@ -433,17 +433,13 @@ def _install_groups(state: ParallelState, patch, ensure_pg, dist, c10d) -> None:
         try:
             pg = c10d.new_group(ranks, *args, **kwargs)
         except Exception as exc:
-            # trials: a group with a backend of its own (Lightning's rank_zero_first: new_group(backend="gloo")
-            # for its barrier) is the same ranks over the simulated backend; the ranks are what a plan reads
+            # trials: a group with a backend of its own (`new_group(backend="gloo")` for CPU barriers) is the
+            # same ranks over the simulated backend; the ranks are what a plan reads
             pg = _without_backend(c10d, ranks, args, kwargs)
-            if pg is not None:
-                if ranks is not None:
-                    state.groups[id(pg)] = sorted(int(r) for r in ranks)
-                    state.group_pos[id(pg)] = state._where()
-                return pg
-            state.unsupported.append(Unsupported("process_group", *state._where(),
-                                                 f"dist.new_group({ranks!r}) failed here: {exc}"))
-            return None
+            if pg is None:
+                state.unsupported.append(Unsupported("process_group", *state._where(),
+                                                     f"dist.new_group({ranks!r}) failed here: {exc}"))
+                return None
         if ranks is not None:
             state.groups[id(pg)] = sorted(int(r) for r in ranks)
             state.group_pos[id(pg)] = state._where()
