@@ -26,6 +26,11 @@ def close_names(name: str, names: List[str], n: int = 3) -> List[str]:
     return [lower[h] for h in hits]
 
 
+def _names_a_block(name: str) -> bool:
+    """A class name that says it is a transformer block (`...Layer`, `...Block`)."""
+    return name.lower().rpartition(".")[2].endswith(("layer", "block"))
+
+
 def policy_with(pol, missing: str, replacement: str) -> str:
     """The policy's description with `missing` replaced by `replacement` in its class set."""
     classes = [c for c in pol.classes if c != missing]
@@ -153,6 +158,8 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
         block = tree.repeated_block_class()
         close = close_names(name, [c for c, _, _ in inventory] or all_classes)
         best = close[0] if close else block
+        if block and close and (block in close or _names_a_block(name) and not _names_a_block(close[0])):
+            best = block    # `GPT2Layer` means the repeated `GPT2Block`, not the closer-spelled `GPT2MLP`
         found = ", ".join(f"{c} ×{k}" if k > 1 else c for c, k, _ in inventory[:6])
         return best, close, block, found
 
@@ -160,12 +167,16 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
         tree = ctx.tree
         best, close, block, found = self._suggest(tree, name, inventory, all_classes)
         hints = []
-        if close:
-            hints.append("did you mean " + " or ".join(f"`{c}`" for c in close) + "?")
-        if block and block not in close:
-            hints.append(f"the repeated block is `{block}`")
+        if close and best == block and block not in close:
+            hints.append(f"did you mean the repeated block `{block}`? (" + ", ".join(f"`{c}`" for c in close)
+                         + " only looks alike)")
+        else:
+            if close:
+                hints.append("did you mean " + " or ".join(f"`{c}`" for c in close) + "?")
+            if block and block not in close:
+                hints.append(f"the repeated block is `{block}`")
         hint = "; ".join(hints)
-        hint = (" " + hint[0].upper() + hint[1:]) if hint else ""
+        hint = (" " + hint[0].upper() + hint[1:] + ("." if hint.endswith(")") else "")) if hint else ""
         if getattr(pol, "framework", None):
             return self._framework_missing(ctx, pol, name, best, close, block, found, hint)
         if cli:

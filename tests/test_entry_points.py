@@ -499,3 +499,79 @@ def test_a_package_script_that_imports_its_siblings_as_top_level_modules(tmp_pat
     res = cli("scripts/train.py", "--format", "json", cwd=str(tmp_path))
     assert res.code == 0, res.err
     assert units(res) == [["h.0"], ["h.1"], ["h.2"], [""]]
+
+
+def test_a_package_not_installed_that_is_handed_the_model_is_an_error_not_a_note(tmp_path, cli):
+    # a conversion applied in the parallelize helper (fp8 training, fused kernels) changes the model that
+    # is wrapped: standing in for it would report a plan without it. A logger watching the model does not.
+    write_repo(tmp_path, {"model.py": MODEL, "parallel.py": '''
+        from lowbit_kernels_not_installed.fp8 import convert_linears
+        from torch.distributed.fsdp import fully_shard
+
+        def parallelize(model, mesh=None):
+            convert_linears(model, skip=("lm_head",))
+            for block in model.h:
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            return model
+    ''', "train.py": '''
+        import wandb
+        from model import GPT, GPTConfig
+        from parallel import parallelize
+
+        model = parallelize(GPT(GPTConfig(n_layer=2)))
+        wandb.watch(model, log="gradients")
+    '''})
+    res = cli("train.py", cwd=str(tmp_path))
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
+    assert "parallel.py:6: the model uses `convert_linears`" in res.err
+    assert "pip install lowbit-kernels-not-installed" in res.err
+
+    (tmp_path / "parallel.py").write_text((tmp_path / "parallel.py").read_text().replace(
+        "convert_linears(model, ", "print("))
+    res = cli("train.py", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    notes = json.loads(res.out)["files"][0]["notes"]
+    assert any("wandb" in n and "not used by the model" in n for n in notes) or "wandb" not in " ".join(notes)
+
+
+def test_a_gloo_side_group_next_to_the_training_group_is_not_an_unmodelled_plan(tmp_path, cli):
+    # a CPU group for barriers and object collectives (`new_group(backend="gloo")`) beside NCCL training:
+    # the group's ranks are what a plan reads, its backend is not
+    write_repo(tmp_path, {"model.py": MODEL, "train.py": '''
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+        from model import GPT, GPTConfig
+
+        dist.init_process_group("nccl")
+        cpu_group = dist.new_group(backend="gloo")
+        model = GPT(GPTConfig(n_layer=2))
+        for block in model.h:
+            fully_shard(block)
+        fully_shard(model)
+        dist.barrier(group=cpu_group)
+    '''})
+    res = cli("train.py", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    [doc] = json.loads(res.out)["files"]
+    assert len(doc["plan"]["units"]) == 3
+
+
+def test_a_script_that_exits_names_its_first_message_line_not_a_trailing_hint(tmp_path, cli):
+    write_repo(tmp_path, {"model.py": MODEL, "train.py": '''
+        import os
+        import sys
+        from torch.distributed.fsdp import fully_shard
+        from model import GPT, GPTConfig
+
+        ckpt = sys.argv[1] if len(sys.argv) > 1 else "checkpoints/base"
+        if not os.path.isfile(os.path.join(ckpt, "model.pth")):
+            print(f"checkpoint_dir {ckpt!r} has no model.pth.", file=sys.stderr)
+            print("Download one first with:\\n  python download.py", file=sys.stderr)
+            sys.exit(1)
+        model = GPT(GPTConfig(n_layer=2))
+        fully_shard(model)
+    '''})
+    res = cli("train.py", cwd=str(tmp_path))
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
+    assert "exited with status 1 before training started: checkpoint_dir 'checkpoints/base' has no model.pth." in res.err

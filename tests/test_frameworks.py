@@ -81,12 +81,18 @@ CASES = {
     # Lightning Fabric, ModelParallelStrategy(parallelize_fn): TP over "tensor_parallel", FSDP2 over
     # "data_parallel" of Fabric's own 4 x 2 mesh; the optimizer is set up after the model, in one line
     "fabric-model-parallel-tp-fsdp2": ("lightning_tp/fabric_tp.py", {"world_size": 8}, "lightning", []),
+    # Fabric ModelParallelStrategy (4 x 1) whose parallelize_fn hands its whole 2-D mesh to fully_shard: HSDP
+    # over a shard dimension of 1 rank, nothing sharded (torch's shard size is 1); the data-parallel sub-mesh shards
+    "fabric-fsdp2-whole-2d-mesh": ("lightning_tp/fabric_fsdp2_whole_mesh.py", {}, "lightning", ["FSD705"]),
+    "fabric-fsdp2-dp-submesh": ("lightning_tp/fabric_fsdp2_whole_mesh.py", {}, "lightning", []),
     # accelerate from its config file (accelerate launch's environment), model via from_pretrained
     "accelerate-fsdp1": ("accelerate_sft/train.py", acc("fsdp1.yaml"), "accelerate", []),
     "accelerate-size-small": ("accelerate_sft/train.py", acc("fsdp1_size_small.yaml"), "accelerate", ["FSD102"]),
     "accelerate-size-0": ("accelerate_sft/train.py", acc("fsdp1_size_0.yaml"), "accelerate", ["FSD101"]),
     "accelerate-size-default": ("accelerate_sft/train.py", acc("fsdp1_size_default.yaml"), "accelerate", ["FSD101"]),
     "accelerate-fsdp2": ("accelerate_sft/train.py", acc("fsdp2.yaml"), "accelerate", []),
+    # a config without num_processes (the launcher passes it): launched with --num_processes WORLD_SIZE
+    "accelerate-no-process-count": ("accelerate_sft/train.py", acc("fsdp1_no_process_count.yaml"), "accelerate", []),
     "accelerate-fsdp2-tied": ("accelerate_sft/train.py", acc("fsdp2.yaml", "tiny-llama-tied"), "accelerate", []),
     "accelerate-fsdp2-moe": ("accelerate_sft/train.py", acc("fsdp2.yaml", "tiny-mixtral"), "accelerate", []),
     "accelerate-lora-orig-params": ("accelerate_sft/train_lora.py", acc("fsdp1.yaml"), "accelerate", ["FSD202"]),
@@ -96,6 +102,11 @@ CASES = {
     # the same optimizer before prepare, with use_orig_params=False from a config: FSD501 too
     "accelerate-fsdp1-no-orig-params": ("accelerate_sft/train.py", acc("fsdp1_no_orig_params.yaml"), "accelerate",
                                         ["FSD501"]),
+    # TRL SFTTrainer + LoRA from a local model folder, FSDP1 SHARD_GRAD_OP from an accelerate config: the hub
+    # data set stands in (TRL gets a placeholder Dataset), flash-attn is absent, --push_to_hub creates no repo
+    "trl-sft-lora-fsdp1": ("trl_sft/sft.py", {"accelerate_config": os.path.join(F, "trl_sft", "configs",
+                                                                                 "fsdp1_shard_grad_op.yaml")},
+                           "transformers", []),
     # HF Trainer: fsdp and fsdp_config (a JSON file) on the command line, parsed by HfArgumentParser; T5's
     # shared embedding stays in the root
     "hf-trainer-t5": ("hf_trainer/train_t5.py", {}, "transformers", []),
@@ -106,6 +117,9 @@ CASES = {
 
 # the script's own command line, where a case is launched with one
 ARGV = {
+    "trl-sft-lora-fsdp1": ["--model_name_or_path", os.path.join(CFG, "tiny-llama-local"), "--output_dir", "out",
+                           "--use_lora", "--flash_attention", "--push_to_hub", "--bf16", "True", "--packing"],
+    "fabric-fsdp2-dp-submesh": ["--dp-submesh"],
     "hf-trainer-t5": ["--output_dir", "t5-ro-en", "--per_device_train_batch_size", "8", "--learning_rate", "3e-4",
                       "--max_steps", "1000", "--fsdp", "full_shard auto_wrap",
                       "--fsdp_config", os.path.join(F, "hf_trainer", "fsdp_config.json"), "--report_to", "none"],
@@ -431,3 +445,19 @@ def test_run_gives_seq2seq_models_their_labels():
     spec = {"input_shape": [2, 16], "input_dtype": "long", "params": [n for n, _ in model.named_parameters()]}
     args, kwargs, how = make_inputs(spec, model, torch.device("meta"), 0, 1, None)
     assert kwargs["labels"] is args[0] and "labels = the token ids" in how
+
+
+def test_trl_sft_notes_what_it_planned_without_and_touches_no_hub(tmp_path):
+    settings = Settings(world_size=4, accelerate_config=CASES["trl-sft-lora-fsdp1"][1]["accelerate_config"])
+    res = lint_file(os.path.join(F, "trl_sft", "sft.py"), settings, argv=ARGV["trl-sft-lora-fsdp1"], cwd=str(tmp_path))
+    assert any("attn_implementation='flash_attention_2' needs `flash_attn`" in n for n in res.notes), res.notes
+    assert any("org/chat-data" in n for n in res.notes), res.notes      # the data set that stood in
+    assert not os.listdir(tmp_path)                                   # no output_dir, nothing written
+
+
+def test_a_tokenizer_that_is_not_here_is_named_as_the_cause(cli):
+    res = cli("fixtures/frameworks/trl_sft/sft.py", "--hf-config", "fixtures/frameworks/configs/tiny-llama", "--",
+              "--model_name_or_path", "org/llama-sft", "--output_dir", "out")
+    assert res.code == 2, res.out
+    assert res.err.count("\n") == 1 and "Traceback" not in res.err, res.err
+    assert "no tokenizer for 'org/llama-sft' here, and fsdp-lint never downloads" in res.err

@@ -43,12 +43,12 @@ def current_options():
 
 def install(rec, patch) -> None:
     """Called by the replay's sandbox after the FSDP recorders are in place."""
-    from fsdp_lint.frameworks import accelerate, hf, lightning
+    from fsdp_lint.frameworks import accelerate, hf, lightning, trl
     from fsdp_lint.frameworks.hooks import install_hooks, simulate_ddp, simulate_object_collectives
 
     options = current_options()
     table: Dict[str, List[Any]] = {}
-    for driver in (lightning, accelerate, hf):
+    for driver in (lightning, accelerate, hf, trl):
         for name, fns in driver.hook_table().items():
             table.setdefault(name, []).extend(fns)
     for driver in (accelerate, hf):
@@ -103,6 +103,26 @@ def annotate_plan(plan, result, tree) -> None:
             elif explicit and from_yaml and "fsdp_transformer_layer_cls_to_wrap" in yaml_lines:
                 path, line = options.accelerate_config, yaml_lines["fsdp_transformer_layer_cls_to_wrap"][0]
                 setting = "fsdp_transformer_layer_cls_to_wrap"
+            elif explicit and _spelled_in_arguments(getattr(result, "argv", None) or [], name):
+                # a config file named on the script's command line (the HF Trainer's --fsdp_config fsdp.json)
+                path, line = _spelled_in_arguments(result.argv, name)
             desc = f"{setting}: {', '.join(err['names'])}"
             plan.policies.append(PolicyInfo(path, line, desc, [name], 0, setting=setting,
                                             framework=err["framework"], error=err["message"]))
+
+
+def _spelled_in_arguments(argv, name: str):
+    """(path, line) where a file named in the script's arguments (``--fsdp_config fsdp.json``,
+    ``--config=train.yaml``) spells the wrap-class `name`, or None."""
+    import os
+
+    from fsdp_lint.frameworks.options import find_literal
+
+    for arg in argv:
+        candidate = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+        if candidate.startswith("-") or not os.path.isfile(candidate):
+            continue
+        spot = find_literal(candidate, name)
+        if spot is not None:
+            return candidate, spot[0]
+    return None

@@ -45,7 +45,7 @@ def imported_framework(module: str) -> Optional[str]:
 
 # the extra that installs each framework package
 EXTRAS = {"lightning": "lightning", "pytorch_lightning": "lightning", "lightning_fabric": "lightning",
-          "accelerate": "hf", "transformers": "hf", "peft": "hf", "trl": "hf"}
+          "accelerate": "hf", "transformers": "hf", "peft": "hf", "trl": "trl"}
 
 
 def missing_packages(packages) -> list:

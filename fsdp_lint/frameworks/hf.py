@@ -8,6 +8,7 @@ installed transformers does it; the replay stops right after, before the first b
 Patched for the replay only:
 
 * ``Trainer._prepare_for_training`` ends the replay once the model is wrapped and the optimizer built;
+* ``Trainer.init_hf_repo`` (``--push_to_hub``) creates no repository on the hub;
 * a train data set that cannot be loaded here (no network, ``datasets`` not installed) is replaced by a
   one-sample loader: the data does not change the plan, and no batch is ever drawn;
 * ``from_pretrained("org/name")`` builds the model from its config on the meta device: the config comes
@@ -28,6 +29,10 @@ def prepare_environment(rec, patch, options) -> None:
 
 class HubConfigMissing(OSError):
     """A model named by its hub id has no config here (fsdp-lint never downloads)."""
+
+
+class TokenizerMissing(OSError):
+    """A tokenizer named by its hub id has no files here (fsdp-lint never downloads)."""
 
 
 def missing_config_message(name: str) -> str:
@@ -76,10 +81,59 @@ def _modeling(hooks, module) -> None:
                 config = load_config(config or pretrained_model_name_or_path, options, **kwargs)
             dtype = _resolve_dtype(config, kwargs)
             extra = {k: kwargs[k] for k in ("attn_implementation",) if k in kwargs}
+            impl = extra.get("attn_implementation") or getattr(config, "_attn_implementation_internal", None)
+            kernel = _absent_attention_kernel(impl)
+            if kernel:
+                # a GPU attention kernel holds no parameters: the plan is the one of the default attention
+                extra.pop("attn_implementation", None)
+                if getattr(config, "_attn_implementation_internal", None) == impl:
+                    config._attn_implementation = None      # the Auto classes put it on the config
+                _note(hooks.rec, f"attn_implementation={impl!r} needs `{kernel}`, which is not installed here: "
+                                 f"the model was built with the default attention (kernels hold no parameters; "
+                                 f"the plan is the same)")
             return cls._from_config(config, dtype=dtype, **extra)
         return wrapped
 
     hooks.wrap(module.PreTrainedModel, "from_pretrained", make)
+
+
+# attention implementations that need a kernel package a CPU machine rarely has
+_ATTENTION_KERNELS = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}
+
+
+def _absent_attention_kernel(impl) -> str:
+    """The kernel package `attn_implementation` needs when it is not installed here, else ""."""
+    import importlib.util
+
+    package = _ATTENTION_KERNELS.get(impl) if isinstance(impl, str) else None
+    return package if package and importlib.util.find_spec(package) is None else ""
+
+
+def _note(rec, text: str) -> None:
+    notes = rec.__dict__.setdefault("framework_notes", [])
+    if text not in notes:
+        notes.append(text)
+
+
+def _auto_tokenizer(hooks, module) -> None:
+    """``AutoTokenizer.from_pretrained("org/name")`` that finds no tokenizer files here fails with whatever the
+    tokenizer class says (with `--hf-config`, transformers picks the class from that config and fails with
+    "Couldn't instantiate the backend tokenizer"): the cause is that the tokenizer is not here."""
+    def make(from_pretrained):
+        def wrapped(cls, pretrained_model_name_or_path, *args, **kwargs):
+            try:
+                return from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs)
+            except (OSError, ValueError) as exc:
+                name = str(pretrained_model_name_or_path)
+                if os.path.isdir(name) and any(f.startswith("tokenizer") for f in os.listdir(name)):
+                    raise               # a local tokenizer that fails on its own
+                raise TokenizerMissing(
+                    f"no tokenizer for {name!r} here, and fsdp-lint never downloads: put it in the local Hugging "
+                    f"Face cache (`huggingface-cli download {name} --include 'tokenizer*' 'special_tokens_map.json'`) "
+                    f"or pass a local tokenizer folder in the script's arguments ({type(exc).__name__})") from None
+        return wrapped
+
+    hooks.wrap(module.AutoTokenizer, "from_pretrained", make)
 
 
 def _auto_config(hooks, module) -> None:
@@ -126,6 +180,9 @@ def _trainer(hooks, module) -> None:
         return __init__
 
     hooks.wrap(Trainer, "__init__", make_init)
+    if hasattr(Trainer, "init_hf_repo"):
+        # `--push_to_hub`: the Trainer creates the hub repository in __init__; a lint never touches the hub
+        hooks.patch(Trainer, "init_hf_repo", lambda self, *args, **kwargs: None)
 
     def make_prepare(prepare):
         def _prepare_for_training(self, *args, **kwargs):
@@ -153,6 +210,7 @@ def hook_table() -> Dict[str, List[Any]]:
     return {
         "transformers.modeling_utils": [_modeling],
         "transformers.models.auto.configuration_auto": [_auto_config],
+        "transformers.models.auto.tokenization_auto": [_auto_tokenizer],
         "transformers.trainer": [_trainer],
         "datasets": [_datasets],
     }
@@ -170,7 +228,7 @@ def _datasets(hooks, module) -> None:
             except Exception as exc:
                 pos = hooks.rec.position()
                 hooks.rec.record_skip(pos.path, pos.line, exc)
-                return Missing(f"{load.__name__}()", lambda name: None)
+                return Missing(f"{load.__name__}()", lambda name, **_: None)
         return wrapped
 
     for name in ("load_dataset", "load_from_disk"):

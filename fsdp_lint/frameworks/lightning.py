@@ -14,7 +14,8 @@ patched, for the replay only:
   optimizer holds flat parameters (they do not exist in a recorded plan);
 * Fabric's check that an optimizer holds no meta-device parameters: what Fabric set up counts as
   materialised (a real run materialises it there), an optimizer built before the set-up still fails;
-* ``prepare_data()`` (downloads) is tolerant: a data set that cannot be fetched here does not stop the lint.
+* ``prepare_data()`` (downloads) is tolerant: a data set that cannot be fetched here does not stop the lint;
+* ``fabric.rank_zero_first()`` waits on nothing (its gloo barrier group is not built).
 
 Both the unified package (``lightning.fabric``/``lightning.pytorch``) and the standalone ones
 (``lightning_fabric``/``pytorch_lightning``) are hooked.
@@ -154,6 +155,15 @@ def _data_connector(hooks, module) -> None:
     hooks.wrap(module._DataConnector, "prepare_data", make)
 
 
+def _infinite_barrier(hooks, module) -> None:
+    """``fabric.rank_zero_first()`` / ``trainer.strategy.barrier``'s ``_InfiniteBarrier`` builds a gloo group to
+    wait on with ``monitored_barrier``: nothing is communicated in a replay, so it waits on nothing (was: the
+    fake backend has no monitored barrier, and the statement in the block -- ``prepare_data()`` -- was skipped)."""
+    barrier = getattr(module, "_InfiniteBarrier", None)
+    if barrier is not None and not hooks.rec.real:
+        hooks.patch(barrier, "__enter__", lambda self: self)
+
+
 def hook_table() -> Dict[str, List[Any]]:
     table: Dict[str, List[Any]] = {}
     for f in _FABRIC:
@@ -161,6 +171,7 @@ def hook_table() -> Dict[str, List[Any]]:
         table[f"{f}.fabric"] = [_fabric]
         table[f"{f}.wrappers"] = [_fabric_wrappers]
         table[f"{f}.strategies.fsdp"] = [_flat_params_check]
+        table[f"{f}.utilities.distributed"] = [_infinite_barrier]
     for p in _PYTORCH:
         table[f"{p}.trainer.connectors.accelerator_connector"] = [_connector]
         table[f"{p}.trainer.trainer"] = [_trainer]

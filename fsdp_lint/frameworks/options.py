@@ -30,7 +30,8 @@ class FrameworkOptions:
         if opts.hf_config:
             opts.hf_config = _config_json(opts.hf_config)
         if opts.accelerate_config:
-            opts.accelerate_env = accelerate_launch_env(opts.accelerate_config)
+            opts.accelerate_env = accelerate_launch_env(opts.accelerate_config,
+                                                        getattr(settings, "world_size", None))
         return opts
 
     def yaml_lines(self) -> Dict[str, Tuple[int, int]]:
@@ -50,8 +51,12 @@ def _config_json(path: str) -> str:
 _LAUNCHER_ONLY = {"OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"}
 
 
-def accelerate_launch_env(path: str) -> Dict[str, str]:
-    """The environment variables ``accelerate launch --config_file PATH`` sets for the script."""
+def accelerate_launch_env(path: str, world_size: Optional[int] = None) -> Dict[str, str]:
+    """The environment variables ``accelerate launch --config_file PATH`` sets for the script.
+
+    The launch gets ``--num_processes WORLD_SIZE``: the world is fsdp-lint's ``--world-size``, and a config
+    written for a launcher that passes the process count itself (no ``num_processes`` key, as with SLURM
+    scripts) is refused by accelerate without it."""
     if not os.path.isfile(path):
         raise OptionError(f"--accelerate-config {path}: no such file")
     try:
@@ -61,7 +66,8 @@ def accelerate_launch_env(path: str) -> Dict[str, str]:
         raise OptionError("--accelerate-config needs accelerate: pip install 'fsdp-lint[hf]'") from None
     before = dict(os.environ)
     try:
-        args = launch_command_parser().parse_args(["--config_file", path, "train.py"])
+        count = ["--num_processes", str(world_size)] if world_size else []
+        args = launch_command_parser().parse_args(["--config_file", path, *count, "train.py"])
         args, _, _ = _validate_launch_command(args)
         env = prepare_multi_gpu_env(args)
     except SystemExit:

@@ -16,6 +16,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
+from fsdp_lint.replay import arguments
 from fsdp_lint.replay.imports import (
     MissingImport,
     StubUse,
@@ -36,6 +37,7 @@ class SkipRecord:
     binds: FrozenSet[str]
     attrs: FrozenSet[str]
     exc: BaseException
+    depth: int = 0            # frames on the stack of the skipped statement (trials: which skip ran inside which)
 
 
 @dataclass
@@ -70,6 +72,8 @@ class Failures:
         from fsdp_lint.replay.records import ReplayError
 
         if isinstance(exc, (ReplayError, RecursionError, MemoryError)) or self.names_an_argument(exc):
+            return False
+        if arguments.while_parsing(exc, frame):     # trials: the script refuses its arguments
             return False
         # raised inside model construction, a wrap/freeze/cast/optimizer statement, or fsdp-lint
         tb = exc.__traceback__
@@ -115,13 +119,28 @@ class Failures:
         lines = self.fatal_lines.get(os.path.abspath(fname))
         return bool(lines) and line in lines
 
-    def record_skip(self, path: str, line: int, exc: BaseException) -> None:
+    def record_skip(self, path: str, line: int, exc: BaseException, depth: int = 0) -> None:
         from fsdp_lint.replay.transform import binding
 
         stmt = self.tolerant.get(os.path.abspath(path), {}).get(line)
         names, attrs = binding(stmt) if stmt is not None else (frozenset(), frozenset())
         sk = Skipped(path=os.path.abspath(path), line=line, error=_one_line(exc), exc_type=type(exc).__name__)
-        self.skips.append(SkipRecord(sk, names, attrs, exc))
+        self.skips.append(SkipRecord(sk, names, attrs, exc, depth))
+
+    def first_cause(self) -> Optional[SkipRecord]:
+        """The skipped failure that the last skipped one goes back to: its chain of unbound names, then the
+        first failure skipped inside that statement's own call (a skipped `return` inside a helper makes the
+        helper fail later: the skip inside it is the cause)."""
+        if not self.skips:
+            return None
+        root = self.root_cause(self.skips[-1].exc) or self.skips[-1]
+        i = self.skips.index(root)
+        inner = []
+        for rec in reversed(self.skips[:i]):
+            if rec.depth <= root.depth:
+                break
+            inner.append(rec)
+        return inner[-1] if inner else root
 
     # -- the cause of a failure ------------------------------------------------------------------
     def root_cause(self, exc: BaseException, limit: int = 20) -> Optional[SkipRecord]:
@@ -152,6 +171,10 @@ class Failures:
         stub = self.stub_cause(exc)
         if stub is not None:
             return self._stub_message(stub, entry_display)
+        parsing = None if self.names_an_argument(exc) else \
+            arguments.describe(exc, self._location(exc, entry_display), self.argv, entry_display, _one_line)
+        if parsing:                                 # trials: the script refuses its arguments
+            return parsing
         cause = self.root_cause(exc)
         if cause is not None:
             exc = cause.exc

@@ -83,7 +83,8 @@ class MissingImport:
 
 class Missing:
     """A stand-in for a name whose import failed. Attribute access, calls and iteration work and are
-    recorded; it is falsy and iterates as empty."""
+    recorded; it is falsy, iterates as empty and contains whatever it is asked for (a data set that
+    does not exist here has the splits and columns the script checks for)."""
 
     __slots__ = ("_fsdp_lint_name", "_fsdp_lint_on_use")
 
@@ -99,7 +100,10 @@ class Missing:
         return Missing(name, self._fsdp_lint_on_use)
 
     def __call__(self, *args, **kwargs):
-        self._fsdp_lint_on_use(self._fsdp_lint_name + "()")
+        if _holds_a_module(args, kwargs):     # trials: `convert_to_float8_training(model)` acts on the model
+            self._fsdp_lint_on_use(self._fsdp_lint_name + "()", model=True)
+        else:
+            self._fsdp_lint_on_use(self._fsdp_lint_name + "()")
         return Missing(self._fsdp_lint_name + "()", self._fsdp_lint_on_use)
 
     def __iter__(self):
@@ -113,6 +117,10 @@ class Missing:
         self._fsdp_lint_on_use(self._fsdp_lint_name)
         return 1
 
+    def __contains__(self, item):   # trials: a stand-in data set has the split a script checks for
+        self._fsdp_lint_on_use(self._fsdp_lint_name)   # (`if "train" not in raw_datasets: raise ...`)
+        return True
+
     def __getitem__(self, item):
         name = f"{self._fsdp_lint_name}[]"
         self._fsdp_lint_on_use(name)
@@ -124,6 +132,24 @@ class Missing:
 
     def __repr__(self):
         return f"<{self._fsdp_lint_name}: not installed here>"
+
+
+# packages that only look at a model they are given (loggers, profilers, summaries): a stand-in for
+# them called with the model leaves the plan as it is
+_OBSERVERS = {"wandb", "mlflow", "comet_ml", "neptune", "clearml", "aim", "tensorboard", "tensorboardX",
+              "torchinfo", "torchsummary", "thop", "fvcore", "ptflops", "codecarbon", "tqdm", "rich", "swanlab",
+              "dvclive", "trackio"}
+
+
+def only_observes(module: str) -> bool:
+    """Whether the package of import `module` only looks at a model it is given (`wandb.watch(model)`)."""
+    return (module or "").lstrip(".").split(".")[0] in _OBSERVERS
+
+
+def _holds_a_module(args, kwargs) -> bool:
+    """A stand-in called with a model (an ``nn.Module`` argument) acts on the model: the plan would miss it."""
+    nn = sys.modules.get("torch.nn")
+    return nn is not None and any(isinstance(a, nn.Module) for a in (*args, *kwargs.values()))
 
 
 # --------------------------------------------------------------------------------------------

@@ -420,15 +420,30 @@ def _off_meta(fn):
     return wrapper
 
 
+def _without_backend(c10d, ranks, args, kwargs):
+    """`new_group` again without its `backend`/`pg_options`, or None (it failed for another reason)."""
+    if not args and "backend" not in kwargs and "pg_options" not in kwargs:
+        return None
+    rest = {k: v for k, v in kwargs.items() if k not in ("backend", "pg_options")}
+    try:
+        return c10d.new_group(ranks, **rest)
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _install_groups(state: ParallelState, patch, ensure_pg, dist, c10d) -> None:
     def new_group(ranks=None, *args, **kwargs):
         ensure_pg(max(ranks) + 1 if ranks else 0)
         try:
             pg = c10d.new_group(ranks, *args, **kwargs)
         except Exception as exc:
-            state.unsupported.append(Unsupported("process_group", *state._where(),
-                                                 f"dist.new_group({ranks!r}) failed here: {exc}"))
-            return None
+            # trials: a group with a backend of its own (`new_group(backend="gloo")` for CPU barriers) is the
+            # same ranks over the simulated backend; the ranks are what a plan reads
+            pg = _without_backend(c10d, ranks, args, kwargs)
+            if pg is None:
+                state.unsupported.append(Unsupported("process_group", *state._where(),
+                                                     f"dist.new_group({ranks!r}) failed here: {exc}"))
+                return None
         if ranks is not None:
             state.groups[id(pg)] = sorted(int(r) for r in ranks)
             state.group_pos[id(pg)] = state._where()

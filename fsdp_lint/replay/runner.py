@@ -33,10 +33,12 @@ from fsdp_lint.replay.imports import (
     installed_version,
     is_circular,
     missing_module_of,
+    only_observes,
 )
 from fsdp_lint.replay.recorders import Recorder
 from fsdp_lint.replay.records import (
     _MISSING,
+    NoModelError,
     ReplayError,
     ReplayResult,
     TrainingBoundary,
@@ -130,7 +132,7 @@ class _Run:
             frame = sys._getframe(1)
             if not self.failures.may_skip(exc, frame):
                 return False
-            self.failures.record_skip(frame.f_code.co_filename, line, exc)
+            self.failures.record_skip(frame.f_code.co_filename, line, exc, depth=_depth(frame))
             return True
 
         def stub_import(names, globs, module, exc):
@@ -221,10 +223,11 @@ class _Run:
                                                    message=_import_message(exc), names=list(names),
                                                    absent_names=bool(absent)))
 
-        def on_use(name, _path=path):
+        def on_use(name, _path=path, model=False):     # model: called with the model (trials)
             use_frame = sys._getframe(2)
             self.failures.stub_uses.append(StubUse(name=name, path=use_frame.f_code.co_filename,
-                                                   line=use_frame.f_lineno, in_model=_in_model_build()))
+                                                   line=use_frame.f_lineno,
+                                                   in_model=model and not only_observes(missing) or _in_model_build()))
 
         for name in names:
             globs.setdefault(name, Missing(name, on_use))
@@ -288,6 +291,8 @@ class _Run:
     def _with_failures(self, fn, where_real: str):
         try:
             return fn()
+        except NoModelError as exc:     # trials: say which skipped failure kept the wrap code from running
+            raise self._unreached(exc) from None
         except (ReplayError, TrainingBoundary):
             raise
         except Exception as exc:
@@ -314,6 +319,21 @@ class _Run:
                 return
             raise self._error(exc, where_real) from exc
 
+    def _unreached(self, exc: "NoModelError") -> "NoModelError":
+        """No model, though the entry reaches wrap code: when setup statements failed and were skipped, the
+        first of them is the likely cause (a logger whose backend is missing left `fabric` unbound, and
+        every statement after it was skipped in turn)."""
+        cause = self.failures.first_cause()
+        if cause is None or not self.project.reaches_fsdp or self.rec.wrap_calls:
+            return exc
+        n = len(self.failures.skips) - 1
+        later = f"; {n} later setup statement{'s' if n != 1 else ''} failed too" if n else ""
+        err = NoModelError(f"{self.display}: the setup never reached a model or its wrap code: "
+                           f"{_display(cause.skipped.path, self.path, self.shown)}:{cause.skipped.line}: "
+                           f"{cause.skipped.error} (failed here and skipped{later})")
+        err.user_exception = cause.exc
+        return err
+
     def _error(self, exc: BaseException, where_real: str) -> ReplayError:
         err = ReplayError(self.failures.describe(exc, entry_display=self.display, where_real=where_real,
                                                  importer=self.importer))
@@ -337,7 +357,9 @@ class _Run:
         err_text = self.rec.stderr.getvalue() if getattr(self.rec, "stderr", None) else ""
         lines = [ln.strip() for ln in err_text.strip().splitlines() if ln.strip()]
         usage = next((ln for ln in lines if ln.lower().startswith("usage:")), None)
-        last_error = next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[-1] if lines else "")
+        # trials: with no line saying "error", the first line says why (litgpt: "checkpoint_dir ... is missing
+        # the files ...", then download hints); the last one is a hint
+        last_error = next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[0] if lines else "")
         if usage or (last_error and "argument" in last_error.lower()):
             args = " ".join(self.argv) if self.argv else "(none)"
             raise ReplayError(
@@ -450,6 +472,7 @@ class _Run:
             n = len(self.failures.skips)
             notes.append(f"{n} setup statement{'s' if n != 1 else ''} failed here and {'were' if n != 1 else 'was'} "
                          f"skipped (first: {_display(first.path, self.path, self.shown)}:{first.line}: {first.error})")
+        notes.extend(getattr(rec, "framework_notes", []))     # trials: what a framework hook changed
         unused = [i for i in self.failures.imports if not i.local and not i.absent_names]
         if unused:
             names = ", ".join(dict.fromkeys(i.missing for i in unused))
@@ -523,6 +546,13 @@ def _resolves_locally(entry: Entry, module: str) -> bool:
     from fsdp_lint.project import Project
 
     return Project(entry).resolve(module) is not None
+
+
+def _depth(frame) -> int:
+    n = 0
+    while frame is not None:
+        n, frame = n + 1, frame.f_back
+    return n
 
 
 def _in_model_build() -> bool:
