@@ -60,6 +60,7 @@ from fsdp_lint.replay.transform import (
     transform,
 )
 from fsdp_lint.source import SourceFacts, relevant_lines_with
+from fsdp_lint.replay.roots import last_resort_roots
 from fsdp_lint.tree import user_class
 
 
@@ -245,6 +246,7 @@ class _Run:
         launchers = tuple(sorted({imp.module.split(".")[0] for f in self.project.modules.values()
                                   for imp in f.imports} & {"hydra"}))
         siblings = os.path.dirname(self.path) if entry.is_package_module else None
+        siblings = last_resort_roots(entry, siblings)   # trials: the roots the static Project resolves with
         with _own_project_modules(), sandbox(self.rec, entry.root, self.argv, launchers=launchers,
                                              last_resort_path=siblings):
             if self.cwd:

@@ -65,7 +65,7 @@ def _noop():
 
 @contextlib.contextmanager
 def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launchers: Tuple[str, ...] = (),
-            last_resort_path: Optional[str] = None):
+            last_resort_path=None):
     """Patch torch and the process for a replay; everything is restored on exit. `launchers`:
     command-line frameworks the program uses that need a shim (``"hydra"``)."""
     import torch
@@ -82,10 +82,12 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     os.environ.update({"WORLD_SIZE": str(rec.world_size), "LOCAL_WORLD_SIZE": str(rec.world_size)})
     sys.argv = [rec.path, *(argv or [])]
     sys.path.insert(0, root)
-    if last_resort_path and last_resort_path not in sys.path:
-        # a package module's own folder, last: siblings it imports as top-level modules (as
-        # `python pkg/train.py` finds them) resolve, and never shadow an installed package
-        sys.path.append(last_resort_path)
+    # trials: several last-resort folders (the repository root of a namespace-package layout too)
+    for last in ([last_resort_path] if isinstance(last_resort_path, str) else list(last_resort_path or ())):
+        if last and last not in sys.path:
+            # a package module's own folder, last: siblings it imports as top-level modules (as
+            # `python pkg/train.py` finds them) resolve, and never shadow an installed package
+            sys.path.append(last)
     hub_was_imported = _hub_offline(patch)
 
     hooks = _record_module_tree(rec, patch)

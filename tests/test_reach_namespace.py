@@ -1,0 +1,61 @@
+"""Entry points of repositories without ``__init__.py`` files, launched as ``python -m apps.lm.train
+config=...`` from the repository root (facebookresearch/lingua's shape): the core library beside
+``apps/`` is found as Python finds it, a module-level statement of an imported module that cannot run
+here is skipped like the entry's own, and a value that comes from a package that is not installed
+names the package.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import REPO  # noqa: E402
+from test_idioms import assert_plan_matches_torch  # noqa: E402
+
+APP = os.path.join(REPO, "fixtures", "repos", "namespace_apps")
+TRAIN = os.path.join(APP, "apps", "lm", "train.py")
+TINY = "config=" + os.path.join(APP, "apps", "lm", "configs", "tiny.yaml")
+
+
+@pytest.mark.parametrize("argv,world_size", [([TINY], 4), ([TINY, "parallel.shard_groups=2", "model.depth=2"], 8)],
+                         ids=["fsdp-ws4", "hsdp-ws8"])
+def test_namespace_package_entry_point_plan_equals_real_torch(argv, world_size):
+    res, _ = assert_plan_matches_torch(TRAIN, world_size, argv=argv)
+    depth = 2 if "model.depth=2" in argv else 3
+    assert [u.modules for u in res.plan.units] == (
+        [["embed"]] + [[f"trunk.layers.{i}"] for i in range(depth)] + [["head"], [""]])
+    assert [u.reshard_after_forward for u in res.plan.units][:2] == [False, True]
+
+
+def test_a_module_level_statement_of_an_imported_module_that_cannot_run_here_is_skipped():
+    """`SAVE_OPS = {torch.ops.quickattn.fwd.default, ...}` in the sharding helper's module needs a kernels
+    package that is not installed: the statement is skipped and noted, the helper still wraps."""
+    from fsdp_lint.replay import replay
+
+    res = replay(TRAIN, 4, argv=[TINY])
+    first = res.skipped[0]
+    assert first.path == os.path.join(APP, "corelib", "sharding.py")
+    assert "quickattn" in first.error
+    assert len(res.wrap_calls) == 6
+
+
+def test_a_model_size_read_from_a_package_that_is_not_installed_names_the_package(cli):
+    # vocab.kind=bpe: the vocabulary size is `bpe_turbo.load(path).size`, a stand-in: the error says so
+    res = cli(TRAIN, "--world-size", "4", "--", TINY, "vocab.kind=bpe", "vocab.path=merges.bin", cwd=APP)
+    assert res.code == 2, res.out
+    assert len(res.err.strip().splitlines()) == 1
+    assert "the model uses `bpe_turbo.load().size`" in res.err
+    assert "`bpe_turbo` is not installed: pip install bpe-turbo" in res.err
+    assert "Missing" not in res.err
+
+
+def test_a_key_value_config_argument_that_does_not_exist_is_the_error(cli):
+    # OmegaConf-style `config=PATH`, relative to the launch folder; the script opens it by absolute path
+    res = cli(TRAIN, "--world-size", "4", "--", "config=apps/lm/configs/8b.yaml", cwd=APP)
+    assert res.code == 2, res.out
+    assert len(res.err.strip().splitlines()) == 1
+    assert "named in the script's arguments, cannot be read" in res.err
+    assert "8b.yaml" in res.err
