@@ -149,11 +149,11 @@ class _Transformer:
             tree.body = head + self._body(body, needed_after=set(), tolerate=True, spans=spans)
             self.terminal_spans[("<module>", 0)] = spans
         else:
-            # an imported module's top level runs as written (its names are read by other modules
-            # the slice cannot see); its functions are transformed
-            for stmt in body:
-                self._visit_defs_in(stmt)
-            tree.body = head + body
+            # an imported module's top level is not sliced (its names are read by other modules the
+            # slice cannot see), but its statements may be skipped like the entry's: a module-level
+            # `torch.ops.xformers...` lookup, tokenizer or env setup that cannot run here (trials)
+            tree.body = head + self._body(body, needed_after=set(), tolerate=True, slice_=False,
+                                          terminal=False)
         return tree
 
     def _synthetic(self, node: ast.stmt) -> ast.stmt:
