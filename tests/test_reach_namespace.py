@@ -59,3 +59,13 @@ def test_a_key_value_config_argument_that_does_not_exist_is_the_error(cli):
     assert len(res.err.strip().splitlines()) == 1
     assert "named in the script's arguments, cannot be read" in res.err
     assert "8b.yaml" in res.err
+
+
+def test_an_override_the_config_loader_rejects_is_the_error_not_a_none_config(cli):
+    # the loader's `try: ... return OmegaConf.to_object(merged)` re-raises the schema error as its own:
+    # the statement holding the return runs as written, so the error is the loader's, not a None config
+    res = cli(TRAIN, "--world-size", "4", "--", TINY, "model.widthh=3", cwd=APP)
+    assert res.code == 2, res.out
+    assert len(res.err.strip().splitlines()) == 1
+    assert "SettingsError: Key 'widthh' not in 'LMArgs'" in res.err
+    assert "corelib/settings.py" in res.err and "NoneType" not in res.err
