@@ -69,3 +69,16 @@ def test_an_override_the_config_loader_rejects_is_the_error_not_a_none_config(cl
     assert len(res.err.strip().splitlines()) == 1
     assert "SettingsError: Key 'widthh' not in 'LMArgs'" in res.err
     assert "corelib/settings.py" in res.err and "NoneType" not in res.err
+
+
+def test_a_script_that_needs_its_arguments_and_got_none_says_how_to_pass_them(cli):
+    # `config=` is required by the settings helper (no argparse to recognise): the failure is the
+    # cause, and the hint says the script ran without arguments
+    res = cli(TRAIN, "--world-size", "4", cwd=APP)
+    assert res.code == 2, res.out
+    assert len(res.err.strip().splitlines()) == 1
+    assert "Key not found: 'config'" in res.err
+    assert "the script ran without arguments: pass those of a real launch after --" in res.err
+    # with arguments, a failure gets no such hint
+    res = cli(TRAIN, "--world-size", "4", "--", TINY, "model.widthh=3", cwd=APP)
+    assert "without arguments" not in res.err

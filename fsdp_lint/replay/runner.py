@@ -60,6 +60,7 @@ from fsdp_lint.replay.transform import (
     transform,
 )
 from fsdp_lint.source import SourceFacts, relevant_lines_with
+from fsdp_lint.replay.argv_hint import argv_hint
 from fsdp_lint.replay.roots import last_resort_roots
 from fsdp_lint.tree import user_class
 
@@ -313,7 +314,8 @@ class _Run:
 
     def _error(self, exc: BaseException, where_real: str) -> ReplayError:
         err = ReplayError(self.failures.describe(exc, entry_display=self.display, where_real=where_real,
-                                                 importer=self.importer))
+                                                 importer=self.importer)
+                          + argv_hint(exc, self.path, self.argv, self.display))  # trials: no-argument launches
         err.user_exception = exc
         return err
 
