@@ -6,6 +6,7 @@ names the package.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -82,3 +83,34 @@ def test_a_script_that_needs_its_arguments_and_got_none_says_how_to_pass_them(cl
     # with arguments, a failure gets no such hint
     res = cli(TRAIN, "--world-size", "4", "--", TINY, "model.widthh=3", cwd=APP)
     assert "without arguments" not in res.err
+
+
+def test_the_device_type_from_torch_accelerator_is_the_simulated_cuda(cli, tmp_path):
+    # device-generic scripts take the mesh's device type from torch.accelerator (torch >= 2.6): on a
+    # CPU-only build it is None, but the replay simulates CUDA, and the accelerator API says the same
+    (tmp_path / "train.py").write_text('''
+import os
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+
+def main():
+    device_type = torch.accelerator.current_accelerator().type
+    assert torch.accelerator.is_available() and torch.accelerator.device_count() >= 1
+    torch.accelerator.set_device_index(int(os.environ.get("LOCAL_RANK", 0)))
+    mesh = init_device_mesh(device_type, (int(os.environ["WORLD_SIZE"]),), mesh_dim_names=("dp",))
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+if __name__ == "__main__":
+    main()
+''')
+    res = cli(str(tmp_path / "train.py"), "--world-size", "4", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    units = json.loads(res.out)["files"][0]["plan"]["units"]
+    assert [u["module"] for u in units] == ["0", "1", "2", "3", ""]

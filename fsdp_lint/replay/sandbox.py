@@ -24,6 +24,7 @@ import sys
 import types
 from typing import Any, Callable, List, Optional, Tuple
 
+from fsdp_lint.replay.accelerator import simulate_accelerator
 from fsdp_lint.project import is_local
 from fsdp_lint.replay.boundary import install_boundaries
 from fsdp_lint.replay.recorders import (
@@ -93,6 +94,7 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     hooks = _record_module_tree(rec, patch)
     owned_pg = _simulate_dist(rec, patch)
     _simulate_cuda(rec, patch)
+    simulate_accelerator(patch)       # trials: torch.accelerator answers as the simulated CUDA
     _simulate_launchers(rec, patch)
     cleanups = [_hydra_without_outputs(patch)] if "hydra" in launchers else []
     _simulate_mesh(rec, patch)
