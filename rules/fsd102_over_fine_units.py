@@ -25,7 +25,9 @@ class OverFineUnits(Rule):
       (a toy model whose whole weight is below that is left alone).
 
     Units inside a block that separate its trainable parameters from its frozen ones (PEFT's
-    FSDP1 LoRA policy wraps every adapter) are deliberate and do not count.
+    FSDP1 LoRA policy wraps every adapter) are deliberate and do not count, and neither are units
+    that give some of a block's modules another mixed precision than the rest of the block (FSDP2
+    groups of the norms with a float32 `MixedPrecisionPolicy` inside bfloat16 blocks).
     A per-block plan with a few extra groups (torchtitan's embedding group and `[norm, output]`
     group) is not flagged for the first reason, and neither is one extra group per block (an MoE
     block's experts).
@@ -99,6 +101,43 @@ policy = functools.partial(_or_policy, policies=[
 ])
 model = FSDP(model, auto_wrap_policy=policy, use_orig_params=False)
 ''', note="PEFT-style: trainable adapters as units of their own inside frozen blocks"),
+        Example('''
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+class Block(nn.Module):
+    def __init__(self, dim=1024):
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(dim)
+        self.attn = nn.Linear(dim, dim)
+        self.mlp_norm = nn.LayerNorm(dim)
+        self.mlp = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+class Net(nn.Module):
+    def __init__(self, layers=8):
+        super().__init__()
+        self.layers = nn.ModuleList([Block() for _ in range(layers)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+model = Net()
+fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+for module in model.modules():
+    if isinstance(module, nn.LayerNorm):
+        fully_shard(module, mp_policy=fp32)
+for layer in model.layers:
+    fully_shard(layer, mp_policy=bf16)
+fully_shard(model, mp_policy=bf16)
+''', note="FSDP2: the norms as groups of their own to keep them in float32 inside bfloat16 blocks"),
     ]
     INVALID = [
         Example(_MODEL + '''
@@ -153,9 +192,13 @@ model = FSDP(Net(), auto_wrap_policy=policy)
 
         blocks = set(blocks)      # looked up by FQN from each unit's modules (depth, not units x blocks)
         kinds_in: dict = {}       # block -> the requires_grad values of its parameters (once per block)
+        owner = {p: u for u in plan.units for p in u.params}
+        deliberate = {id(ul.unit) for ul in nonroot
+                      if blocks and (self._splits_requires_grad(tree, ul.unit, blocks, kinds_in)
+                                     or self._keeps_own_precision(tree, ul.unit, blocks, owner))}
         inner = [ul for ul in nonroot
                  if blocks and all(tree.nearest_ancestor_in(m, blocks) is not None for m in ul.unit.modules)
-                 and not self._splits_requires_grad(tree, ul.unit, blocks, kinds_in)]
+                 and id(ul.unit) not in deliberate]
         if blocks and len(inner) >= 2 and len(inner) > frac * len(nonroot) \
                 and alt_layout is not None and layout.collectives_per_step > alt_layout.collectives_per_step:
             yield self._inner(ctx, block, inner, nonroot, alt_layout)
@@ -164,8 +207,7 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         ws = max((ul.world_size for ul in layout.units), default=1)
         if ws <= 1:
             return
-        with_params = [ul for ul in layout.units
-                       if ul.numel and not (blocks and self._splits_requires_grad(tree, ul.unit, blocks, kinds_in))]
+        with_params = [ul for ul in layout.units if ul.numel and id(ul.unit) not in deliberate]
         floor = settings.collective_floor_bytes
         small = [ul for ul in with_params if ul.all_gather_bytes < floor]
         if len(small) < 2 or len(small) <= frac * len(with_params):
@@ -194,6 +236,21 @@ model = FSDP(Net(), auto_wrap_policy=policy)
                     if kinds_in is not None:
                         kinds_in[b] = block_kinds
                 return bool(block_kinds - kinds)
+        return False
+
+    @staticmethod
+    def _keeps_own_precision(tree, unit, blocks, owner) -> bool:
+        """A unit inside a block whose mixed precision differs from that of the unit holding the rest
+        of its block: the FSDP2 way to keep a block's norms in float32 while the block computes in
+        bfloat16 (one MixedPrecisionPolicy per group), deliberate like the LoRA units above."""
+        mine = (unit.param_dtype, unit.reduce_dtype)
+        for m in unit.modules:
+            b = tree.nearest_ancestor_in(m, blocks)
+            if b is None:
+                continue
+            own = set(unit.params)
+            rest = next((owner.get(p) for p in tree.params_under(b) if p not in own and owner.get(p) is not None), None)
+            return rest is not None and (rest.param_dtype, rest.reduce_dtype) != mine
         return False
 
     def _inner(self, ctx, block, inner, nonroot, alt_layout):

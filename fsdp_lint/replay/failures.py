@@ -63,7 +63,11 @@ class Failures:
         if not isinstance(exc, OSError) or not name:
             return False
         name = os.fspath(name)
-        return any(a == name or a.endswith("=" + name) or os.path.abspath(a) == os.path.abspath(name)
+        target = os.path.abspath(name)
+        # `--config x.yaml`, `--config=x.yaml`, and OmegaConf/Hydra-style `config=x.yaml` that the
+        # script opens by its absolute path (trials: lingua's `config=apps/main/configs/debug.yaml`)
+        return any(a == name or a.endswith("=" + name) or os.path.abspath(a) == target
+                   or ("=" in a and os.path.abspath(a.split("=", 1)[1]) == target)
                    for a in self.argv)
 
     # -- decisions while running ---------------------------------------------------------------

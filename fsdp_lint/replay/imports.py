@@ -133,6 +133,19 @@ class Missing:
     def __repr__(self):
         return f"<{self._fsdp_lint_name}: not installed here>"
 
+    def _fsdp_lint_as_value(self, *_):
+        # a stand-in used as a number (`vocab_size = tokenizer.n_words` from a tokenizer package that
+        # is not installed, then `vocab_size > 0`, `nn.Embedding(vocab_size, dim)`): the use is
+        # recorded where it happens, so that the failure names the package, not a 'Missing' type
+        self._fsdp_lint_on_use(self._fsdp_lint_name)
+        raise TypeError(f"{self._fsdp_lint_name} stands in for something not installed here and has no value")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _fsdp_lint_as_value
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _fsdp_lint_as_value
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _fsdp_lint_as_value
+    __mod__ = __rmod__ = __pow__ = __rpow__ = __neg__ = _fsdp_lint_as_value
+    __index__ = __int__ = __float__ = _fsdp_lint_as_value
+
 
 # packages that only look at a model they are given (loggers, profilers, summaries): a stand-in for
 # them called with the model leaves the plan as it is

@@ -62,6 +62,8 @@ from fsdp_lint.replay.transform import (
     transform,
 )
 from fsdp_lint.source import SourceFacts, relevant_lines_with
+from fsdp_lint.replay.argv_hint import argv_hint
+from fsdp_lint.replay.roots import last_resort_roots
 from fsdp_lint.tree import user_class
 
 
@@ -252,6 +254,7 @@ class _Run:
         launchers = tuple(sorted({imp.module.split(".")[0] for f in self.project.modules.values()
                                   for imp in f.imports} & {"hydra"}))
         siblings = os.path.dirname(self.path) if entry.is_package_module else None
+        siblings = last_resort_roots(entry, siblings)   # trials: the roots the static Project resolves with
         with _own_project_modules(), sandbox(self.rec, entry.root, self.argv, launchers=launchers,
                                              last_resort_path=siblings):
             if self.cwd:
@@ -336,7 +339,8 @@ class _Run:
 
     def _error(self, exc: BaseException, where_real: str) -> ReplayError:
         err = ReplayError(self.failures.describe(exc, entry_display=self.display, where_real=where_real,
-                                                 importer=self.importer))
+                                                 importer=self.importer)
+                          + argv_hint(exc, self.path, self.argv, self.display))  # trials: no-argument launches
         err.user_exception = exc
         return err
 

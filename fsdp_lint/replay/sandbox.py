@@ -24,6 +24,7 @@ import sys
 import types
 from typing import Any, Callable, List, Optional, Tuple
 
+from fsdp_lint.replay.accelerator import simulate_accelerator
 from fsdp_lint.project import is_local
 from fsdp_lint.replay.boundary import install_boundaries
 from fsdp_lint.replay.recorders import (
@@ -65,7 +66,7 @@ def _noop():
 
 @contextlib.contextmanager
 def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launchers: Tuple[str, ...] = (),
-            last_resort_path: Optional[str] = None):
+            last_resort_path=None):
     """Patch torch and the process for a replay; everything is restored on exit. `launchers`:
     command-line frameworks the program uses that need a shim (``"hydra"``)."""
     import torch
@@ -82,15 +83,18 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     os.environ.update({"WORLD_SIZE": str(rec.world_size), "LOCAL_WORLD_SIZE": str(rec.world_size)})
     sys.argv = [rec.path, *(argv or [])]
     sys.path.insert(0, root)
-    if last_resort_path and last_resort_path not in sys.path:
-        # a package module's own folder, last: siblings it imports as top-level modules (as
-        # `python pkg/train.py` finds them) resolve, and never shadow an installed package
-        sys.path.append(last_resort_path)
+    # trials: several last-resort folders (the repository root of a namespace-package layout too)
+    for last in ([last_resort_path] if isinstance(last_resort_path, str) else list(last_resort_path or ())):
+        if last and last not in sys.path:
+            # a package module's own folder, last: siblings it imports as top-level modules (as
+            # `python pkg/train.py` finds them) resolve, and never shadow an installed package
+            sys.path.append(last)
     hub_was_imported = _hub_offline(patch)
 
     hooks = _record_module_tree(rec, patch)
     owned_pg = _simulate_dist(rec, patch)
     _simulate_cuda(rec, patch)
+    simulate_accelerator(patch)       # trials: torch.accelerator answers as the simulated CUDA
     _simulate_launchers(rec, patch)
     cleanups = [_hydra_without_outputs(patch)] if "hydra" in launchers else []
     _simulate_mesh(rec, patch)

@@ -95,6 +95,20 @@ def iter_stmts(node: ast.AST):
             todo.extend(reversed(lst))
 
 
+def _returns(stmt: ast.stmt) -> bool:
+    """A block holding a ``return`` of its own function (``try: ... return cfg`` in a config loader):
+    skipping it would make the function return None silently, so it runs as written (its other
+    statements may still be skipped) and a failure in it reaches the caller (trials: OLMo's
+    ``BaseConfig.load`` turning an unknown override key into ``OLMoConfigurationError``)."""
+    if isinstance(stmt, _DEFS):
+        return False
+    for lst in _child_stmt_lists(stmt):
+        for sub in lst:
+            if isinstance(sub, ast.Return) or (not isinstance(sub, _DEFS) and _returns(sub)):
+                return True
+    return False
+
+
 def _is_docstring(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
 
@@ -149,11 +163,11 @@ class _Transformer:
             tree.body = head + self._body(body, needed_after=set(), tolerate=True, spans=spans)
             self.terminal_spans[("<module>", 0)] = spans
         else:
-            # an imported module's top level runs as written (its names are read by other modules
-            # the slice cannot see); its functions are transformed
-            for stmt in body:
-                self._visit_defs_in(stmt)
-            tree.body = head + body
+            # an imported module's top level is not sliced (its names are read by other modules the
+            # slice cannot see), but its statements may be skipped like the entry's: a module-level
+            # `torch.ops.xformers...` lookup, tokenizer or env setup that cannot run here (trials)
+            tree.body = head + self._body(body, needed_after=set(), tolerate=True, slice_=False,
+                                          terminal=False)
         return tree
 
     def _synthetic(self, node: ast.stmt) -> ast.stmt:
@@ -236,7 +250,7 @@ class _Transformer:
             if id(stmt) in self.synthetic or _is_stop(stmt):
                 out.append(stmt)
                 continue
-            if not self._is_rel(stmt):
+            if not self._is_rel(stmt) and not _returns(stmt):
                 if self.main and isinstance(stmt, ast.While) and slice_ and _calls_something(stmt):
                     # a `while` of the entry's setup that matters for nothing and calls out (a wait or
                     # retry loop: `while not os.path.exists(ready): time.sleep(10)`); a loop that only
