@@ -311,6 +311,44 @@ def test_model_targets_are_evaluated_safely(tmp_path, cli, target, message):
     assert res.code == 2 and message in res.err
 
 
+def test_a_loop_that_changes_the_models_parts_runs_before_the_wrap(tmp_path, cli):
+    """`for i, block in enumerate(model.layers): parallelize_module(block, tp_mesh, plan)` changes the
+    model through its loop variable (read by nothing later): it runs, so the blocks' parameters are
+    tensor-parallel when the helper shards them (was: left out of the setup, a plan without TP)."""
+    write_repo(tmp_path, {"parallel.py": '''
+        from torch.distributed.fsdp import fully_shard
+
+        def shard(model, mesh):
+            for block in model.h:
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+    ''', "model.py": MODEL, "train.py": '''
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+        from model import GPT, GPTConfig
+        from parallel import shard
+
+        def main():
+            mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
+            model = GPT(GPTConfig(n_layer=2))
+            plan = {"fc": ColwiseParallel()}
+            for layer_id, block in enumerate(model.h):
+                parallelize_module(module=block, device_mesh=mesh["tp"], parallelize_plan=plan)
+            shard(model, mesh["dp"])
+
+        main()
+    '''})
+    res = cli("train.py", "--world-size", "4", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    params = {p["fqn"]: p for u in plan["units"] for p in u["params"]}
+    for i in range(2):      # one placement per mesh dimension: FSDP's on dp, ColwiseParallel's Shard(0) on tp
+        fc = params[f"h.{i}.fc.weight"]
+        assert fc["mesh_dims"] == ["dp", "tp"] and fc["placements"][1] == "Shard(dim=0)", fc
+    assert {c["module"] for c in plan["tp_collectives"]} == {"h.0.fc", "h.1.fc"}
+
+
 # --------------------------------------------------------------------------------------------
 # 8. errors name the cause
 # --------------------------------------------------------------------------------------------

@@ -299,10 +299,11 @@ def test_fabric_hybrid_shard_with_data_prepared_rank_zero_first_skips_nothing(cl
 
 
 def test_setup_that_never_reaches_the_model_names_the_failure_that_started_it(cli, tmp_path):
-    # the tracker is not installed: its import fails inside choose_logger's branch, the helper falls through
-    # to its own ValueError, `logger` and then `fabric` stay unbound and every later statement fails in turn
+    # the tracker is not installed: its import fails inside choose_logger's branch (which returns, so it runs
+    # as written), the call is skipped, `logger` and then `fabric` stay unbound and every later statement
+    # fails in turn: the error names the import that failed, and the skipped call
     res = cli(LITLM_MAIN, "--", "pretrain", "--logger_name", "aim", "--out_dir", str(tmp_path / "out"), cwd=LITLM)
     assert res.code == 2, res.out
     assert len(res.err.strip().splitlines()) == 1, res.err
-    assert ("the setup never reached a model or its wrap code: litlm/utils.py:11: ModuleNotFoundError: "
-            "No module named 'aim_tracker_for_litlm'") in res.err
+    assert ("the setup never reached a model or its wrap code: litlm/utils.py:13: ModuleNotFoundError: "
+            "No module named 'aim_tracker_for_litlm' (the statement at litlm/pretrain.py:30 was skipped") in res.err

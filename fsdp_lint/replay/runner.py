@@ -331,9 +331,12 @@ class _Run:
             return exc
         n = len(self.failures.skips) - 1
         later = f"; {n} later setup statement{'s' if n != 1 else ''} failed too" if n else ""
+        skipped_at = f"{_display(cause.skipped.path, self.path, self.shown)}:{cause.skipped.line}"
+        failed_at = _innermost_project_line(cause.exc)
+        where = (f"{_display(failed_at[0], self.path, self.shown)}:{failed_at[1]}" if failed_at else skipped_at)
+        how = "failed here and skipped" if where == skipped_at else f"the statement at {skipped_at} was skipped"
         err = NoModelError(f"{self.display}: the setup never reached a model or its wrap code: "
-                           f"{_display(cause.skipped.path, self.path, self.shown)}:{cause.skipped.line}: "
-                           f"{cause.skipped.error} (failed here and skipped{later})")
+                           f"{where}: {cause.skipped.error} ({how}{later})")
         err.user_exception = cause.exc
         return err
 
@@ -544,6 +547,20 @@ def _names_absent_from_installed(module: Optional[str], names, globs, exc=None) 
         except Exception:  # noqa: BLE001 - a lazy attribute whose own import fails
             absent.append(name)
     return absent
+
+
+def _innermost_project_line(exc: BaseException) -> Optional[tuple]:
+    """(path, line) of the innermost frame of the project's own code in `exc`'s traceback."""
+    from fsdp_lint.project import is_local
+
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if is_local(path) and not path.startswith(_FSDP_LINT_DIR):
+            found = (path, tb.tb_lineno)
+        tb = tb.tb_next
+    return found
 
 
 def _resolves_locally(entry: Entry, module: str) -> bool:

@@ -375,6 +375,9 @@ class _Transformer:
         if binds & needed:
             return True
         objects = needed - self.imported
+        if isinstance(stmt, (ast.For, ast.AsyncFor)) and _reads(stmt.iter) & objects \
+                and self._changes_parts(stmt, objects | _binds(stmt.target)):
+            return True     # `for block in model.layers: parallelize_module(block, tp_mesh, plan)`
         # a statement that only computes a value nobody needs (`loader = DataLoader(dataset, ...)`)
         # runs only for a method call on a needed object; a bare call also for torch/sys calls and
         # for passing a needed object along
@@ -402,6 +405,25 @@ class _Transformer:
                             if root in objects or root in self.torch_names or _dotted_name(sub).startswith(
                                     ("os.environ", "sys.")):
                                 return True      # model.head.weight = ..., cfg["layers"] = 2
+        return False
+
+    @staticmethod
+    def _changes_parts(loop: ast.stmt, objects: Set[str]) -> bool:
+        """A loop over a needed object's parts (its variable names a part) that passes a part to a
+        function, calls a method on it or assigns to its attributes: it changes the needed object."""
+        for node in ast.walk(loop):
+            if isinstance(node, ast.Call):
+                if isinstance(node.func, ast.Attribute) and _root_name(node.func) in objects:
+                    return True
+                for arg in list(node.args) + [k.value for k in node.keywords]:
+                    arg = arg.value if isinstance(arg, ast.Starred) else arg
+                    if isinstance(arg, ast.Name) and arg.id in objects:
+                        return True
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(sub, (ast.Attribute, ast.Subscript)) and _root_name(sub) in objects
+                       for t in targets for sub in ast.walk(t)):
+                    return True
         return False
 
     def _tolerant(self, stmt: ast.stmt) -> ast.stmt:
