@@ -324,7 +324,7 @@ def test_a_loop_that_changes_the_models_parts_runs_before_the_wrap(tmp_path, cli
             fully_shard(model, mesh=mesh)
     ''', "model.py": MODEL, "train.py": '''
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         from model import GPT, GPTConfig
         from parallel import shard
@@ -335,6 +335,9 @@ def test_a_loop_that_changes_the_models_parts_runs_before_the_wrap(tmp_path, cli
             plan = {"fc": ColwiseParallel()}
             for layer_id, block in enumerate(model.h):
                 parallelize_module(module=block, device_mesh=mesh["tp"], parallelize_plan=plan)
+            blocks = model.h
+            for block in blocks:                # through a name bound to the model's part
+                parallelize_module(block, mesh["tp"], {"proj": RowwiseParallel()})
             shard(model, mesh["dp"])
 
         main()
@@ -346,7 +349,7 @@ def test_a_loop_that_changes_the_models_parts_runs_before_the_wrap(tmp_path, cli
     for i in range(2):      # one placement per mesh dimension: FSDP's on dp, ColwiseParallel's Shard(0) on tp
         fc = params[f"h.{i}.fc.weight"]
         assert fc["mesh_dims"] == ["dp", "tp"] and fc["placements"][1] == "Shard(dim=0)", fc
-    assert {c["module"] for c in plan["tp_collectives"]} == {"h.0.fc", "h.1.fc"}
+    assert {c["module"] for c in plan["tp_collectives"]} == {"h.0.fc", "h.1.fc", "h.0.proj", "h.1.proj"}
 
 
 # --------------------------------------------------------------------------------------------

@@ -126,6 +126,7 @@ class _Transformer:
         self.synthetic: Set[int] = set()          # ids of statements the transform inserted
         self.imported: Set[str] = set()           # names bound by imports anywhere in the file
         self.torch_names: Set[str] = set()        # ... of them, those bound from torch
+        self._assigned_from: Dict[str, Set[str]] = {}   # in the list being sliced: name -> names its value read
 
     # -- the module ----------------------------------------------------------------------------
     def module(self, tree: ast.Module) -> ast.Module:
@@ -340,6 +341,11 @@ class _Transformer:
                 # a function reads the names of its enclosing scope when it is called, whenever
                 # it was defined
                 needed |= self._def_reads(stmt)
+        # `blocks = model.layers` ... `for b in blocks:`: what a name of this list was assigned from
+        self._assigned_from = {}
+        for stmt in stmts:
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+                self._assigned_from[stmt.targets[0].id] = _reads(stmt.value)
         skip: Set[int] = set()
         for i in range(len(stmts) - 1, -1, -1):
             stmt = stmts[i]
@@ -375,9 +381,11 @@ class _Transformer:
         if binds & needed:
             return True
         objects = needed - self.imported
-        if isinstance(stmt, (ast.For, ast.AsyncFor)) and _reads(stmt.iter) & objects \
-                and self._changes_parts(stmt, objects | _binds(stmt.target)):
-            return True     # `for block in model.layers: parallelize_module(block, tp_mesh, plan)`
+        if isinstance(stmt, (ast.For, ast.AsyncFor)):
+            over = _reads(stmt.iter)
+            over |= {n for name in over for n in self._assigned_from.get(name, ())}
+            if over & objects and self._changes_parts(stmt, objects | _binds(stmt.target)):
+                return True     # `for block in model.layers: parallelize_module(block, tp_mesh, plan)`
         # a statement that only computes a value nobody needs (`loader = DataLoader(dataset, ...)`)
         # runs only for a method call on a needed object; a bare call also for torch/sys calls and
         # for passing a needed object along
