@@ -193,9 +193,10 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         blocks = set(blocks)      # looked up by FQN from each unit's modules (depth, not units x blocks)
         kinds_in: dict = {}       # block -> the requires_grad values of its parameters (once per block)
         owner = {p: u for u in plan.units for p in u.params}
+        precisions_in: dict = {}  # block -> the mixed precisions of the units holding its parameters
         deliberate = {id(ul.unit) for ul in nonroot
                       if blocks and (self._splits_requires_grad(tree, ul.unit, blocks, kinds_in)
-                                     or self._keeps_own_precision(tree, ul.unit, blocks, owner))}
+                                     or self._keeps_own_precision(tree, ul.unit, blocks, owner, precisions_in))}
         inner = [ul for ul in nonroot
                  if blocks and all(tree.nearest_ancestor_in(m, blocks) is not None for m in ul.unit.modules)
                  and id(ul.unit) not in deliberate]
@@ -239,18 +240,24 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         return False
 
     @staticmethod
-    def _keeps_own_precision(tree, unit, blocks, owner) -> bool:
-        """A unit inside a block whose mixed precision differs from that of the unit holding the rest
-        of its block: the FSDP2 way to keep a block's norms in float32 while the block computes in
-        bfloat16 (one MixedPrecisionPolicy per group), deliberate like the LoRA units above."""
+    def _keeps_own_precision(tree, unit, blocks, owner, precisions_in=None) -> bool:
+        """A unit inside a block where other units hold parameters in another mixed precision: the
+        FSDP2 way to keep a block's norms in float32 while the block computes in bfloat16 (one
+        MixedPrecisionPolicy per group), deliberate like the LoRA units above."""
         mine = (unit.param_dtype, unit.reduce_dtype)
         for m in unit.modules:
             b = tree.nearest_ancestor_in(m, blocks)
             if b is None:
                 continue
-            own = set(unit.params)
-            rest = next((owner.get(p) for p in tree.params_under(b) if p not in own and owner.get(p) is not None), None)
-            return rest is not None and (rest.param_dtype, rest.reduce_dtype) != mine
+            # the unit's own parameters are all in its precision: another one in the block is another
+            # unit's (computed once per block: 10,000 expert units in 8 blocks)
+            found = precisions_in.get(b) if precisions_in is not None else None
+            if found is None:
+                found = {(o.param_dtype, o.reduce_dtype) for o in (owner.get(p) for p in tree.params_under(b))
+                         if o is not None}
+                if precisions_in is not None:
+                    precisions_in[b] = found
+            return bool(found - {mine})
         return False
 
     def _inner(self, ctx, block, inner, nonroot, alt_layout):
