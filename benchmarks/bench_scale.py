@@ -7,7 +7,8 @@ Three models, each at its full size and at a quarter of it (every case a fresh p
 interleaved; the minimum over rounds; wall-clock and CPU of the whole process tree):
 
 * ``experts``: a mixture-of-experts layer stack with one ``fully_shard`` per expert (per-expert
-  wrapping of a large MoE): 8 layers x 1,250 experts = 10,000 expert units, 8 layer units and the root;
+  wrapping of a large MoE): 8 layers x 1,250 experts = 10,000 expert units, 8 layer units and the root,
+  then an AdamW over all its parameters (rules look each of them up);
 * ``wide``: 100,000 parameters in one FSDP1 unit (``use_orig_params=True``: 100,000 aligned slots in one
   FlatParameter), a per-feature embedding table;
 * ``deep``: 1,000 levels of nesting, one ``fully_shard`` per level (the script raises Python's recursion
@@ -32,6 +33,7 @@ sys.path.insert(0, HERE)
 from bench_lint import measure, print_cases  # noqa: E402
 
 EXPERTS = '''
+import torch
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 
@@ -77,6 +79,7 @@ if __name__ == "__main__":
             fully_shard(expert)
         fully_shard(layer)
     fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)   # as every training script builds one
 '''
 
 WIDE = '''

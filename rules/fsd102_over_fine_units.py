@@ -192,7 +192,7 @@ model = FSDP(Net(), auto_wrap_policy=policy)
 
         blocks = set(blocks)      # looked up by FQN from each unit's modules (depth, not units x blocks)
         kinds_in: dict = {}       # block -> the requires_grad values of its parameters (once per block)
-        owner = {p: u for u in plan.units for p in u.params}
+        owner = {p: units[-1] for p, units in plan.param_units().items()}
         precisions_in: dict = {}  # block -> the mixed precisions of the units holding its parameters
         deliberate = {id(ul.unit) for ul in nonroot
                       if blocks and (self._splits_requires_grad(tree, ul.unit, blocks, kinds_in)
