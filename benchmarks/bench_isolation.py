@@ -36,7 +36,8 @@ from bench_lint import _plain_file, measure, print_cases  # noqa: E402
 
 IN_ONE_PROCESS = """
 import sys
-from fsdp_lint import engine, report
+from fsdp_lint import engine
+from fsdp_lint.report import text as report
 from fsdp_lint.cli import collect_files
 from fsdp_lint.config import load_settings
 

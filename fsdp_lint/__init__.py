@@ -1,5 +1,5 @@
 """fsdp-lint: a static model-inspection and wrap-policy linter for PyTorch FSDP."""
-__version__ = "0.1.0"
+from fsdp_lint.version import __version__
 
 __all__ = ["record", "lint_module", "__version__"]
 

@@ -61,9 +61,9 @@ class Report:
 
     def to_json(self) -> str:
         """The document ``fsdp-lint --format json`` prints for this model."""
-        from fsdp_lint import report
+        from fsdp_lint.report.machine import render_json
 
-        return report.render_json([self.result])
+        return render_json([self.result])
 
     def __repr__(self) -> str:
         return (f"<fsdp_lint Report: {self.plan.api} on {self.plan.world_size} ranks, {len(self.plan.units)} units, "
@@ -79,7 +79,7 @@ def _settings(world_size: int, settings=None, **overrides):
 
 def _lint(path: str, model, replay_result, settings) -> Report:
     from fsdp_lint.engine import FileResult, check_rules, plan_replay
-    from fsdp_lint.source import parse_source, read_source
+    from fsdp_lint.entry.source import parse_source, read_source
 
     try:
         facts = read_source(path) if path.endswith(".py") and os.path.isfile(path) else parse_source(path, "")
@@ -106,8 +106,8 @@ class Recording:
     def __enter__(self) -> "Recording":
         import argparse
 
-        from fsdp_lint import frameworks
-        from fsdp_lint.frameworks.options import FrameworkOptions
+        from fsdp_lint.replay import frameworks
+        from fsdp_lint.replay.frameworks.options import FrameworkOptions
         from fsdp_lint.replay.recorders import Recorder
         from fsdp_lint.replay.sandbox import sandbox
 
@@ -156,7 +156,7 @@ class Recording:
         root = model if model is not None else (_root_of(rec) if rec.wrap_calls else None)
         if root is None:
             raise ValueError("no FSDP wrap call was recorded in the block; pass the model: rec.report(model)")
-        from fsdp_lint.tree import user_class
+        from fsdp_lint.model.tree import user_class
 
         result = ReplayResult(model=root, target=f"{os.path.basename(self.path)}:{user_class(root).__name__}",
                               wrap_calls=rec.wrap_calls, optimizers=rec.optimizers, param_events=rec.param_events,
@@ -175,7 +175,7 @@ def record(world_size: int = 8, *, settings=None, path: Optional[str] = None, **
 def lint_module(model, world_size: Optional[int] = None, *, settings=None, path: Optional[str] = None) -> Report:
     """Lint a model wrapped for real (FSDP1 ``FullyShardedDataParallel`` units or FSDP2 ``fully_shard``
     groups) from the units torch built; `world_size` defaults to the process group's."""
-    from fsdp_lint.wrapped import read_wrapped
+    from fsdp_lint.replay.wrapped import read_wrapped
 
     if world_size is None:
         import torch.distributed as dist

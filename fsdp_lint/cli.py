@@ -7,7 +7,7 @@ from typing import List, Optional, Tuple
 
 import click
 
-from fsdp_lint import __version__
+from fsdp_lint.version import __version__
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 _SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".tox", ".nox", "node_modules",
@@ -91,14 +91,14 @@ def plan_runs(files: List[Tuple[str, bool]], settings, script_args: Optional[Lis
 def _print_rules() -> None:
     from tabulate import tabulate
 
-    from fsdp_lint.rule import all_rules
+    from fsdp_lint.check.rule import all_rules
 
     rows = [[r.code, r.name, r.severity, r.summary] for r in all_rules()]
     click.echo(tabulate(rows, headers=["code", "name", "severity", "summary"], tablefmt="simple"))
 
 
 def _explain(code: str) -> None:
-    from fsdp_lint.rule import rule_by_code
+    from fsdp_lint.check.rule import rule_by_code
 
     rule = rule_by_code(code)
     if rule is None:
@@ -202,8 +202,8 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
         raise BadInput(f"--nproc must be at least 1, got {nproc}")
 
     from fsdp_lint.config import ConfigError, load_settings, validate
-    from fsdp_lint.rule import SEVERITY_RANK
-    from fsdp_lint.selection import check_all_selectors
+    from fsdp_lint.check.rule import SEVERITY_RANK
+    from fsdp_lint.check.selection import check_all_selectors
 
     missing: List[str] = []
     files = collect_files(paths, missing)
@@ -290,7 +290,7 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
 
         shown = accelerate_config or hf_config
         try:   # in a child process, as a file's lint (the config's model code runs)
-            results.append(lint_call("fsdp_lint.frameworks.config_only:lint_config", settings, shown))
+            results.append(lint_call("fsdp_lint.config_only:lint_config", settings, shown))
         except LintError as exc:
             failures.append((shown, _with_path(shown, str(exc))))
             click.echo(f"fsdp-lint: error: {_with_path(shown, str(exc))}", err=True)
@@ -317,7 +317,7 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
         from fsdp_lint.run import RunError, RunOptions
         from fsdp_lint.run.simulate import simulate as run_simulation
 
-        from fsdp_lint.reaper import RunGuard   # what a simulated rank starts dies with the run
+        from fsdp_lint.process.reaper import RunGuard   # what a simulated rank starts dies with the run
 
         opts = RunOptions(input_shape=input_shape, input_dtype=input_dtype, timeout=run_timeout, debug=debug)
         try:
@@ -328,25 +328,26 @@ def cli(paths, world_size, gpus_per_node, allow_partial, api, wrap, use_orig_par
             errors += 1
 
     if compare_granularity:
-        from fsdp_lint.granularity import compare_granularity as compare
+        from fsdp_lint.report.granularity import compare_granularity as compare
 
         for res in results:
             if not res.skipped and res.plan is not None:
                 res.granularity = compare(res, settings)
 
-    from fsdp_lint import report
+    from fsdp_lint.report import machine
+    from fsdp_lint.report import text as report
 
     layout_opt = None if layout == "units" else layout
     if fmt == "json":
-        text = report.render_json(results, layout=layout_opt, run_summary=run_summary, failures=failures)
+        text = machine.render_json(results, layout=layout_opt, run_summary=run_summary, failures=failures)
     elif fmt == "html":
-        from fsdp_lint.html_report import render_html
+        from fsdp_lint.report.html import render_html
 
         text = render_html(results, run_summary=run_summary, failures=failures)
     elif fmt == "sarif":
-        text = report.render_sarif(results, failures=failures)
+        text = machine.render_sarif(results, failures=failures)
     elif fmt == "github":
-        text = report.render_github(results, failures=failures)
+        text = machine.render_github(results, failures=failures)
     else:
         text = report.render_text(results, full=fmt == "full", layout=layout_opt, statistics=statistics,
                                   run_summary=run_summary, failures=failures)
@@ -375,7 +376,7 @@ def _first_line(exc: BaseException) -> str:
 
 def _with_path(path: str, msg: str) -> str:
     """`msg` prefixed with the file as the user named it (engine messages may start with the basename)."""
-    from fsdp_lint.report import display_path
+    from fsdp_lint.humanize import display_path
 
     shown = display_path(path)
     msg = msg.strip().splitlines()[0] if msg.strip() else "unknown error"
@@ -406,7 +407,7 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     # torch CPU wheels do not depend on numpy and warn on import without it: noise for a linter
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
-    from fsdp_lint.reaper import EXIT_TERMINATED, Terminated, sigterm_as_interrupt
+    from fsdp_lint.process.reaper import EXIT_TERMINATED, Terminated, sigterm_as_interrupt
 
     try:
         with sigterm_as_interrupt():   # SIGTERM cleans up as Ctrl-C does

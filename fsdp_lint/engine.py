@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 from fsdp_lint.config import Settings
-from fsdp_lint.rule import Finding
+from fsdp_lint.check.rule import Finding
 
 
 class LintError(Exception):
@@ -30,7 +30,7 @@ class FileResult:
     skipped_statements: List[Any] = field(default_factory=list)
     cwd: Optional[str] = None                                # launched from (an entry's config folder)
     simulated: Optional[dict] = None      # --simulate: the measured peak (fsdp_lint.run.simulate)
-    granularity: Optional[list] = None    # --compare-granularity: rows (fsdp_lint.granularity)
+    granularity: Optional[list] = None    # --compare-granularity: rows (fsdp_lint.report.granularity)
 
 
 @dataclass
@@ -55,8 +55,8 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False, argv: Op
 def screen(path: str, settings: Settings, *, explicit: bool = True):
     """The file's source and the project modules it imports, read, never run (no torch): a skipped
     FileResult, or what `analyse_facts` replays. Raises LintError."""
-    from fsdp_lint.project import reach
-    from fsdp_lint.source import SourceError, read_source
+    from fsdp_lint.entry.project import reach
+    from fsdp_lint.entry.source import SourceError, read_source
 
     try:
         facts = read_source(path)
@@ -77,9 +77,9 @@ def screen(path: str, settings: Settings, *, explicit: bool = True):
 def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = False,
                   argv: Optional[List[str]] = None, explicit: bool = True, cwd: Optional[str] = None) -> FileResult:
     """Replay the file (its code runs), then tree, plan and layout. Raises LintError."""
-    from fsdp_lint import frameworks
-    from fsdp_lint.frameworks.detect import install_hint, missing_packages
-    from fsdp_lint.frameworks.options import FrameworkOptions, OptionError
+    from fsdp_lint.replay import frameworks
+    from fsdp_lint.entry.detect import install_hint, missing_packages
+    from fsdp_lint.replay.frameworks.options import FrameworkOptions, OptionError
     from fsdp_lint.replay import ModelTarget, NoModelError, ReplayError, replay
 
     facts, project, path = screened.facts, screened.project, screened.facts.path
@@ -124,10 +124,10 @@ def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = 
 def plan_replay(result, settings: Settings):
     """Tree, plan and layout of a replay's records (the file's, a framework's, or ``fsdp_lint.record()``'s).
     Raises LintError for a plan with elements fsdp-lint does not model (unless --allow-partial)."""
-    from fsdp_lint import frameworks
-    from fsdp_lint.layout import compute_layout
-    from fsdp_lint.plan import PlanOptions, build_plan
-    from fsdp_lint.tree import build_module_tree
+    from fsdp_lint.model.tree import build_module_tree
+    from fsdp_lint.plan.build import PlanOptions, build_plan
+    from fsdp_lint.plan.frameworks import annotate_plan
+    from fsdp_lint.plan.layout import compute_layout
 
     state = {}
     for call in result.wrap_calls:
@@ -137,10 +137,10 @@ def plan_replay(result, settings: Settings):
                                                 wrap=list(settings.wrap), use_orig_params=settings.use_orig_params,
                                                 gpus_per_node=settings.gpus_per_node,
                                                 world_size_source=settings.world_size_source))
-    frameworks.annotate_plan(plan, result, tree)
+    annotate_plan(plan, result, tree)
     if plan.unsupported and not settings.allow_partial:
         raise LintError(unsupported_message(result.target or "", plan.unsupported))
-    from fsdp_lint.run.inputs import find_example_inputs
+    from fsdp_lint.model.inputs import find_example_inputs
 
     example_fn = find_example_inputs(result.namespace, result.model)     # it loses to --input-shape, as in --run
     # activations enter the estimate when the input shape is known (or --simulate measures the same inputs)
@@ -151,9 +151,9 @@ def plan_replay(result, settings: Settings):
 
 
 def _trace(result, tree, plan, settings: Settings, example_fn, activations: bool):
-    """One forward of the replay's model with the training inputs (``fsdp_lint.trace``)."""
+    """One forward of the replay's model with the training inputs (``fsdp_lint.plan.trace``)."""
     from fsdp_lint.config import input_shape_dims
-    from fsdp_lint.trace import trace_forward
+    from fsdp_lint.plan.trace import trace_forward
 
     return trace_forward(result.model, tree, plan, input_shape=input_shape_dims(settings.input_shape),
                          input_dtype=settings.input_dtype, example_fn=example_fn, timeout=settings.replay_timeout,
@@ -218,13 +218,13 @@ def lint_facts(screened: Screened, settings: Settings, *, argv: Optional[List[st
 
 def check_rules(res: FileResult, settings: Settings) -> List[Finding]:
     """The enabled rules' findings on an analysed file, unsuppressed, by line."""
-    from fsdp_lint.rule import LintContext
-    from fsdp_lint.selection import rule_enabled, suppressed
+    from fsdp_lint.check.rule import LintContext
+    from fsdp_lint.check.selection import rule_enabled, suppressed
 
     path = res.path
     ctx = LintContext(path=path, facts=res.facts, tree=res.tree, plan=res.plan, layout=res.layout, settings=settings)
     findings: List[Finding] = []
-    from fsdp_lint.rule import all_rules
+    from fsdp_lint.check.rule import all_rules
 
     for rule in all_rules():
         if not rule_enabled(rule.code, settings, path):

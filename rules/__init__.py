@@ -1,1 +1,1 @@
-"""The fsdp-lint rule catalogue: one module per rule (see ``fsdp_lint.rule.Rule``)."""
+"""The fsdp-lint rule catalogue: one module per rule (see ``fsdp_lint.check.rule.Rule``)."""

@@ -2,9 +2,9 @@
 how a unit was wrapped, and the concrete grouping that makes every unit uniform.
 """
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
-from fsdp_lint.layout import fsdp1_flatten_error
+from fsdp_lint.plan.layout import fsdp1_flatten_error
 from fsdp_lint.rules._reads import reads_outside
-from fsdp_lint.tree import ModuleTree, describe_params, param_patterns, uniform_cover
+from fsdp_lint.model.tree import ModuleTree, describe_params, param_patterns, uniform_cover
 
 _MODEL = '''
 import torch

@@ -54,8 +54,8 @@ def _class_set(blocks) -> str:
 def per_block_layout(ctx, block=None):
     """(plan, layout) of the per-block alternative to ctx.plan (`block`: a class or several;
     default: the model's repeated blocks), or (None, None)."""
-    from fsdp_lint.layout import compute_layout
-    from fsdp_lint.plan import per_block_plan
+    from fsdp_lint.plan.layout import compute_layout
+    from fsdp_lint.plan.build import per_block_plan
 
     alt = per_block_plan(ctx.tree, ctx.plan, block)
     if alt is None:

@@ -1,7 +1,7 @@
 """FSD101 whole-model-unit."""
 
 import re
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._granularity import (
     _MODEL, block_label, block_wrap_fix, largest_submodule, managed_numel, pct, per_block_layout, where,
 )
@@ -157,7 +157,7 @@ fully_shard(model)
             return
 
     def _finding(self, ctx, ul, blocks, inside, managed, peak, alt, alt_layout, alt_peak):
-        from fsdp_lint.report import human_bytes, human_count
+        from fsdp_lint.humanize import human_bytes, human_count
 
         plan, tree = ctx.plan, ctx.tree
         unit = ul.unit
@@ -182,7 +182,7 @@ fully_shard(model)
                             per_block_collectives_per_step=alt_layout.collectives_per_step)
 
     def _cause(self, ctx, unit, ul, managed) -> str:
-        from fsdp_lint.report import human_count
+        from fsdp_lint.humanize import human_count
 
         plan, tree = ctx.plan, ctx.tree
         others = [u for u in ctx.layout.units if u.unit is not unit and u.numel]

@@ -1,6 +1,6 @@
 """FSD102 over-fine-units."""
-from fsdp_lint.rule import Example, Rule
-from fsdp_lint.tree import dtype_itemsize
+from fsdp_lint.check.rule import Example, Rule
+from fsdp_lint.model.tree import dtype_itemsize
 from fsdp_lint.rules._granularity import (_MODEL, block_label, block_wrap_fix, per_block_layout,
                                                      where)
 
@@ -261,7 +261,7 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         return False
 
     def _inner(self, ctx, block, inner, nonroot, alt_layout):
-        from fsdp_lint.report import human_bytes
+        from fsdp_lint.humanize import human_bytes
 
         plan, tree, layout = ctx.plan, ctx.tree, ctx.layout
         classes = sorted({ul.unit.cls for ul in inner})
@@ -280,7 +280,7 @@ model = FSDP(Net(), auto_wrap_policy=policy)
                             per_block_collectives_per_step=alt_layout.collectives_per_step)
 
     def _small(self, ctx, block, small, with_params, alt_layout, floor):
-        from fsdp_lint.report import human_bytes
+        from fsdp_lint.humanize import human_bytes
 
         plan, tree, layout = ctx.plan, ctx.tree, ctx.layout
         sizes = sorted(ul.all_gather_bytes for ul in small)

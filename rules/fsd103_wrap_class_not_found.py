@@ -3,7 +3,7 @@ import difflib
 import re
 from typing import Dict, List
 
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._granularity import _MODEL, where
 
 _CONTAINERS = ("torch.nn.modules.container.",)
@@ -142,7 +142,7 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
             cli = pol.path == "<cli>"
             for name in pol.classes:
                 if cli:
-                    from fsdp_lint.plan import wrap_pattern_matches
+                    from fsdp_lint.plan.build import wrap_pattern_matches
 
                     if wrap_pattern_matches(tree, name):
                         continue

@@ -1,7 +1,7 @@
 """FSD104 heavy-root-unit."""
 from typing import Dict, List, Set
 
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._granularity import block_label, block_loop, per_block_layout, where
 from fsdp_lint.rules._reads import reads_outside
 
@@ -209,7 +209,7 @@ fully_shard(model)
         return {b: inside[b] for b in instances if inside[b] and all(p in owned for p in inside[b])}
 
     def _finding(self, ctx, root, rl, largest, others):
-        from fsdp_lint.report import human_bytes, human_count
+        from fsdp_lint.humanize import human_bytes, human_count
 
         plan, tree = ctx.plan, ctx.tree
         owned = set(root.params)

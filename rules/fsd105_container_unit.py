@@ -1,5 +1,5 @@
 """FSD105 container-unit."""
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._granularity import _MODEL, where
 
 
@@ -99,7 +99,7 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({nn.ModuleList}))
                 yield self._finding(ctx, unit, m)
 
     def _finding(self, ctx, unit, fqn):
-        from fsdp_lint.report import human_count
+        from fsdp_lint.humanize import human_count
 
         plan, tree = ctx.plan, ctx.tree
         info = tree.modules[fqn]

@@ -1,6 +1,6 @@
 """FSD201 mixed-requires-grad."""
 
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._flat_params import (
     _FSDP1, _LORA, _MODEL, anchor, describe_mix, freeze_positions, freeze_story, fsdp1_torch_error,
     grad_numels, group_units, mix_signature, mixed_units, shared_owner, split_fix, units_label, wrapped_how,

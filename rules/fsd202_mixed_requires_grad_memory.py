@@ -1,5 +1,5 @@
 """FSD202 mixed-requires-grad-memory."""
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._flat_params import (
     _FSDP1, _LORA, _MODEL, anchor, describe_mix, freeze_positions, freeze_story, grad_numels, group_units,
     mix_signature, mixed_units, split_fix, units_label, wrapped_how,

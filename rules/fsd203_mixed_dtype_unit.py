@@ -1,13 +1,13 @@
 """FSD203 mixed-dtype-unit."""
 from typing import List
 
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._flat_params import (
     _FSDP1, _MODEL, anchor, event_positions, fsdp1_torch_error, group_units, join_lines, split_grouping,
     uniform_cover, units_label, where, wrap_seq, wrapped_how,
 )
 from fsdp_lint.rules._peft import dtype_fix
-from fsdp_lint.tree import describe_params, param_patterns
+from fsdp_lint.model.tree import describe_params, param_patterns
 
 _FSDP2 = '''
 from torch.distributed.fsdp import fully_shard

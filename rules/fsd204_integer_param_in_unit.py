@@ -1,5 +1,5 @@
 """FSD204 integer-param-in-unit."""
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._flat_params import (
     anchor, fsdp1_torch_error, group_units, units_label, wrapped_how,
 )

@@ -1,5 +1,5 @@
 """FSD301 missing-root-wrap."""
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 
 _MODEL = '''
 import torch.nn as nn

@@ -1,7 +1,7 @@
 """FSD302 wrap-order."""
 from typing import Dict, List, Tuple
 
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 
 _MODEL = '''
 import torch.nn as nn

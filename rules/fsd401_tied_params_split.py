@@ -1,7 +1,7 @@
 """FSD401 tied-params-split."""
 from typing import List, Optional
 
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 
 _MODEL = '''
 import torch.nn as nn

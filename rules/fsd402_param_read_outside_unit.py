@@ -1,7 +1,7 @@
 """FSD402 param-read-outside-unit."""
 import os
 
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._granularity import where
 
 _MODEL = '''
@@ -138,7 +138,7 @@ model = FSDP(LM(), auto_wrap_policy=ModuleWrapPolicy({nn.Embedding, Block}), use
             yield self._finding(ctx, read, owner, units.get(read.unit) if read.unit is not None else None)
 
     def _finding(self, ctx, read, owner, reader_unit):
-        from fsdp_lint.report import display_path, unit_label
+        from fsdp_lint.humanize import display_path, unit_label
 
         plan, tree = ctx.plan, ctx.tree
         reader = read.module

@@ -1,7 +1,7 @@
 """FSD601 uneven-shards."""
 from typing import Dict, List, Tuple
 
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._granularity import where
 
 _MODEL = '''
@@ -117,7 +117,7 @@ model = FSDP(model, use_orig_params=True)
             yield self._finding(ctx, path, line, items)
 
     def _finding(self, ctx, path, line, items):
-        from fsdp_lint.report import human_count
+        from fsdp_lint.humanize import human_count
 
         ul, heavy, empty = items[0]
         ws = ul.world_size

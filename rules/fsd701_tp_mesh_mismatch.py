@@ -1,5 +1,5 @@
 """FSD701 tp-mesh-mismatch."""
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._mesh_examples import MODEL
 
 

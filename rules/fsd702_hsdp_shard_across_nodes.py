@@ -1,5 +1,5 @@
 """FSD702 hsdp-shard-across-nodes."""
-from fsdp_lint.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule
 
 _MODEL = '''
 import torch
@@ -86,7 +86,7 @@ model = FSDP(model, process_group=(peers[rank % gpus_per_node], nodes[rank // gp
     ]
 
     def check(self, ctx):
-        from fsdp_lint.report import human_bytes
+        from fsdp_lint.humanize import human_bytes
 
         gpn = ctx.settings.gpus_per_node
         groups = {}

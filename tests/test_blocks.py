@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from fsdp_lint.config import Settings
 from fsdp_lint.engine import lint_file
-from fsdp_lint.tree import build_module_tree
+from fsdp_lint.model.tree import build_module_tree
 
 sys.path.insert(0, os.path.dirname(__file__))
 import block_zoo  # noqa: E402

@@ -349,7 +349,7 @@ def test_missing_path_and_no_path(cli, tmp_path):
 
 
 def test_explain_and_list_rules(cli):
-    from fsdp_lint.rule import all_rules
+    from fsdp_lint.check.rule import all_rules
 
     res = cli("--list-rules")
     assert res.code == 0

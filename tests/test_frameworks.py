@@ -19,10 +19,10 @@ import torch
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from conftest import REPO
-from fsdp_lint import frameworks
+from fsdp_lint.replay import frameworks
 from fsdp_lint.config import Settings
 from fsdp_lint.engine import analyse, lint_file
-from fsdp_lint.frameworks.options import FrameworkOptions
+from fsdp_lint.replay.frameworks.options import FrameworkOptions
 from fsdp_lint.replay import ReplayError
 from test_idioms import strip_wrapper_prefixes, torch_units
 
@@ -438,7 +438,7 @@ def test_run_gives_seq2seq_models_their_labels():
     --simulate give them the token ids as labels, as causal LMs get them."""
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-    from fsdp_lint.run.inputs import make_inputs
+    from fsdp_lint.model.inputs import make_inputs
 
     with torch.device("meta"):
         model = AutoModelForSeq2SeqLM.from_config(AutoConfig.from_pretrained(os.path.join(CFG, "tiny-t5")))

@@ -31,7 +31,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 from fsdp_lint.config import Settings
 from fsdp_lint.engine import analyse
 from fsdp_lint.replay import replay
-from fsdp_lint.source import read_source
+from fsdp_lint.entry.source import read_source
 
 sys.path.insert(0, os.path.dirname(__file__))
 from oracle import _record_calls, dtype_name  # noqa: E402

@@ -2,7 +2,7 @@
 next file or outlive it -- and neither can what ``--run``'s ranks start.
 
 Each file's lint runs in a child of a fork server (``fsdp_lint.isolation``); ``--run`` runs under a
-subreaper and a watchdog (``fsdp_lint.reaper``). The files here do what real training scripts do at
+subreaper and a watchdog (``fsdp_lint.process.reaper``). The files here do what real training scripts do at
 module level or in their model's constructor (rank-0 printing that patches ``builtins.print``,
 ``os.chdir`` to the experiment folder, a logging thread, a helper server started in its own session)
 and what hostile or broken ones do (``os._exit(0)``, a wait that never ends with SIGALRM ignored).
@@ -154,7 +154,7 @@ def _with_marker(marker: str, also: str = ""):
 
 
 def _descendants(pid: int):
-    from fsdp_lint.reaper import descendants
+    from fsdp_lint.process.reaper import descendants
 
     return set(descendants(pid))
 

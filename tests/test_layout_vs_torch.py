@@ -370,7 +370,7 @@ def _session(tmp_path_factory):
     """A directory for the case files; the source facts of a file are read once for all world sizes
     (the file does not depend on the world size; parsing is most of analyse's time)."""
     global _TMP
-    import fsdp_lint.source as source
+    import fsdp_lint.entry.source as source
 
     _TMP = tmp_path_factory.mktemp("layout_vs_torch")
     facts_cache: Dict[str, object] = {}

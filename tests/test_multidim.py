@@ -32,7 +32,7 @@ from oracle_nd import device_count, fsdp2_nd, step_collectives  # noqa: E402
 
 from fsdp_lint.config import Settings  # noqa: E402
 from fsdp_lint.engine import analyse  # noqa: E402
-from fsdp_lint.layout import ring_all_reduce_bytes  # noqa: E402
+from fsdp_lint.plan.layout import ring_all_reduce_bytes  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures" / "multidim"
@@ -245,7 +245,7 @@ FSDP1_CASES = [n for n, c in CASES.items() if c[0] == "fsdp1"]
 
 
 def _local_shape_at(res, ul, p, rank):
-    from fsdp_lint.layout import param_local_shape
+    from fsdp_lint.plan.layout import param_local_shape
 
     return list(param_local_shape(res.plan, ul.unit, p, rank))
 
@@ -436,7 +436,7 @@ def test_mesh_messages_are_torchs():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from fsdp_lint.mesh_plan import MESH_TOO_BIG, MESH_TOO_SMALL
+    from fsdp_lint.plan.multidim import MESH_TOO_BIG, MESH_TOO_SMALL
     from fsdp_lint.replay.parallel import RESHARD_INT_DTENSOR
     from oracle import fake_pg, raises
 
@@ -530,7 +530,7 @@ def test_fsd701_quotes_what_torch_raises(tmp_path, index):
     import torch
 
     from fsdp_lint.engine import lint_file
-    from fsdp_lint.rule import rule_by_code
+    from fsdp_lint.check.rule import rule_by_code
     from oracle import fake_pg
 
     ex = rule_by_code("FSD701").INVALID[index]

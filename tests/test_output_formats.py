@@ -249,7 +249,7 @@ def test_sarif_is_valid_and_repo_relative(cli):
     doc = json.loads(res.out)
     validate_sarif(doc)
     run = doc["runs"][0]
-    from fsdp_lint.rule import all_rules
+    from fsdp_lint.check.rule import all_rules
 
     assert [r["id"] for r in run["tool"]["driver"]["rules"]] == [r.code for r in all_rules()]
     fsd301 = next(r for r in run["tool"]["driver"]["rules"] if r["id"] == "FSD301")
@@ -298,8 +298,8 @@ def test_github_annotations(cli, tmp_path):
 
 
 def test_github_annotation_escaping(tmp_path):
-    from fsdp_lint.report import render_github
-    from fsdp_lint.rule import Finding
+    from fsdp_lint.report.machine import render_github
+    from fsdp_lint.check.rule import Finding
 
     class Res:
         skipped = None

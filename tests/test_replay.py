@@ -22,7 +22,7 @@ import torch.nn as nn
 from fsdp_lint.config import Settings
 from fsdp_lint.engine import LintError, analyse
 from fsdp_lint.replay import ReplayError, replay
-from fsdp_lint.source import read_source
+from fsdp_lint.entry.source import read_source
 
 # a training script with every hazard: it writes before the wrap, saves a checkpoint, has a training
 # loop that writes and raises, code after the loop and after main() that raises, and it prints
@@ -416,7 +416,7 @@ def test_model_target_the_file_never_builds_is_a_clear_error(tmp_path):
     """--model naming another file's class, while the file wraps a model of its own, would apply
     the file's policies to a model they were not written for: refuse with one line."""
     from fsdp_lint.replay import ModelTarget, ReplayError, replay
-    from fsdp_lint.source import read_source
+    from fsdp_lint.entry.source import read_source
 
     import pytest as _pytest
 
@@ -432,7 +432,7 @@ def test_module_settings_read_by_a_main_that_also_trains(tmp_path):
     """nanoGPT style: module-level settings, then a `main()` that builds, wraps, builds the
     optimizer from those settings, and trains. The set-up part of main() runs and needs them."""
     from fsdp_lint.replay import replay
-    from fsdp_lint.source import read_source
+    from fsdp_lint.entry.source import read_source
 
     path = tmp_path / "train.py"
     path.write_text(
@@ -465,7 +465,7 @@ def test_torch_compile_of_the_wrapped_model_is_not_the_root(tmp_path):
     from torch.distributed.fsdp import FSDPModule
 
     from fsdp_lint.replay import replay
-    from fsdp_lint.source import read_source
+    from fsdp_lint.entry.source import read_source
 
     path = tmp_path / "train.py"
     path.write_text(textwrap.dedent("""

@@ -5,7 +5,7 @@ import pytest
 
 from fsdp_lint.config import Settings
 from fsdp_lint.engine import lint_file
-from fsdp_lint.rule import SEVERITIES, all_rules
+from fsdp_lint.check.rule import SEVERITIES, all_rules
 
 RULES = all_rules()
 

@@ -30,8 +30,8 @@ from oracle import fake_pg, fsdp1_units  # noqa: E402
 from fsdp_lint.config import Settings  # noqa: E402
 from fsdp_lint.engine import lint_file  # noqa: E402
 from fsdp_lint.replay import ReplayError, replay  # noqa: E402
-from fsdp_lint.rule import rule_by_code  # noqa: E402
-from fsdp_lint.source import read_source  # noqa: E402
+from fsdp_lint.check.rule import rule_by_code  # noqa: E402
+from fsdp_lint.entry.source import read_source  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BAD = REPO / "fixtures" / "bad"

@@ -369,7 +369,7 @@ def test_fsd601_empty_shards_are_empty_in_torch():
 
 # ------------------------------------------------------------------ the block the rules name
 def _tree(model):
-    from fsdp_lint.tree import build_module_tree
+    from fsdp_lint.model.tree import build_module_tree
 
     return build_module_tree(model)
 

@@ -2,7 +2,7 @@
 
 The analysis looks ancestors up by FQN and subtrees up by an index instead of pairwise walks
 (`ModuleTree.subtree`, `aliases_under`, `params_under`, `nearest_ancestor_in`, `subtree_numels`;
-`fsdp_lint.modwalk` for the replay's walks). Each is compared here with its plain definition -- the
+`fsdp_lint.model.modwalk` for the replay's walks). Each is compared here with its plain definition -- the
 slow code it replaced -- on models with tied weights, a module shared at two paths, a container and
 deep nesting. How fast they are is measured in ``benchmarks/bench_scale.py``, not here.
 """
@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from fsdp_lint import modwalk
-from fsdp_lint.tree import build_module_tree
+from fsdp_lint.model import modwalk
+from fsdp_lint.model.tree import build_module_tree
 
 
 class Block(nn.Module):

@@ -14,12 +14,12 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 from fsdp_lint.replay.transform import SETUP_DONE, SKIP, STUB_IMPORT, transform
-from fsdp_lint.source import parse_source
+from fsdp_lint.entry.source import parse_source
 
 
 def _transform_files(paths):
     """(files transformed, [(path, error)]) for every file Python itself compiles."""
-    from fsdp_lint.source import SourceError
+    from fsdp_lint.entry.source import SourceError
 
     done, failures = 0, []
     for path in paths:

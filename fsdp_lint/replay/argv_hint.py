@@ -12,7 +12,7 @@ import re
 import traceback
 from typing import List
 
-from fsdp_lint.project import is_local
+from fsdp_lint.entry.project import is_local
 
 # what a script reads its command line with (besides argparse/click/typer/fire, whose own messages
 # the replay already turns into "the script's argument parser stopped it")

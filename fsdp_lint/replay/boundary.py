@@ -63,7 +63,7 @@ def install_boundaries(rec, patch: Callable[[Any, str, Any], None]) -> List[Any]
 
 
 def _user_class(module) -> str:
-    from fsdp_lint.tree import user_class
+    from fsdp_lint.model.tree import user_class
 
     return user_class(module).__name__
 

@@ -316,7 +316,7 @@ def _is_recorder_frame(fname: str) -> bool:
 
 
 def _is_project(fname: str) -> bool:
-    from fsdp_lint.project import is_local
+    from fsdp_lint.entry.project import is_local
 
     return is_local(fname)
 

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from fsdp_lint.project import is_local
+from fsdp_lint.entry.project import is_local
 
 # import names whose PyPI distribution is called something else
 _DISTRIBUTIONS = {

@@ -6,8 +6,8 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from fsdp_lint import modwalk  # issue 10
-from fsdp_lint.project import is_local
+from fsdp_lint.model import modwalk  # issue 10
+from fsdp_lint.entry.project import is_local
 from fsdp_lint.replay.records import OptimizerCall, ParamEvent, Position, WrapCall
 
 
@@ -252,7 +252,7 @@ def _install_recorders(rec: Recorder, patch) -> None:
 
     class RecordingFSDP(metaclass=_FSDPMeta):
         def __new__(cls, module, *args, **kwargs):
-            from fsdp_lint.plan import resolve_fsdp1_auto_wrap
+            from fsdp_lint.model.policy import resolve_fsdp1_auto_wrap
 
             names = ["process_group", "sharding_strategy", "cpu_offload", "auto_wrap_policy", "backward_prefetch",
                      "mixed_precision", "ignored_modules", "param_init_fn", "device_id", "sync_module_states",

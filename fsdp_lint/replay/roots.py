@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import List, Optional
 
-from fsdp_lint.project import Entry, Project
+from fsdp_lint.entry.project import Entry, Project
 
 
 def last_resort_roots(entry: Entry, siblings: Optional[str]) -> List[str]:

@@ -12,6 +12,7 @@ boundary, and turning what happened into a ReplayResult.
 """
 from __future__ import annotations
 
+
 import contextlib
 import importlib
 import importlib.util
@@ -21,10 +22,12 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
-from fsdp_lint.alarm import alarm
-from fsdp_lint.project import Entry, Reach, facts_for, reach
+from fsdp_lint.process.alarm import alarm
+from fsdp_lint.entry.project import Entry, Reach, facts_for, reach
 from fsdp_lint.replay import boundary
 from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_line
+from fsdp_lint.replay.import_errors import (_import_message, _innermost_project_line, _names_absent_from_installed,
+                                           _own_project_modules)
 from fsdp_lint.replay.imports import (
     Missing,
     MissingImport,
@@ -61,10 +64,10 @@ from fsdp_lint.replay.transform import (
     STUB_IMPORT,
     transform,
 )
-from fsdp_lint.source import SourceFacts, relevant_lines_with
+from fsdp_lint.entry.source import SourceFacts, relevant_lines_with
 from fsdp_lint.replay.argv_hint import argv_hint
 from fsdp_lint.replay.roots import last_resort_roots
-from fsdp_lint.tree import user_class
+from fsdp_lint.model.tree import user_class
 
 
 class _ReplayTimeout(BaseException):
@@ -112,7 +115,7 @@ class _Run:
         self.rec.api = self.facts.api
         self.failures = Failures(entry_path=path, argv=list(self.argv))
         self.rec.record_skip = self.failures.record_skip
-        from fsdp_lint.project import Project
+        from fsdp_lint.entry.project import Project
 
         self.failures.resolves_locally = Project(self.entry).resolve
         self.cwd: Optional[str] = None
@@ -492,79 +495,8 @@ class _Run:
         return notes
 
 
-@contextlib.contextmanager
-def _own_project_modules():
-    """The entry imports its own project modules afresh: project-local modules this process imported
-    before (another file linted in-process, a test's fixtures) are set aside for the replay and put
-    back afterwards, so that a `model` of another project never stands in for this one's."""
-    from fsdp_lint.project import is_local
-
-    aside = {name: mod for name, mod in list(sys.modules.items())
-             if name != "__main__" and is_local(getattr(mod, "__file__", None) or "")}
-    for name in aside:
-        del sys.modules[name]
-    try:
-        yield
-    finally:
-        for name, mod in aside.items():
-            sys.modules.setdefault(name, mod)
-
-
-def _import_message(exc: BaseException) -> str:
-    """The ImportError's first line without the path of the package's ``__init__.py``."""
-    import re
-
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return re.sub(r" \((/|[A-Za-z]:\\)[^()]*\)$", "", text)
-
-
-def _names_absent_from_installed(module: Optional[str], names, globs, exc=None) -> List[str]:
-    """For ``from pkg import a, b`` that failed with "cannot import name": bind in `globs` the names
-    the imported (installed, not project) module has, and return those it lacks; [] when the failure
-    is anything else."""
-    if not module or module.startswith(".") or not isinstance(exc, ImportError) \
-            or isinstance(exc, ModuleNotFoundError) or "cannot import name" not in str(exc):
-        return []
-    from fsdp_lint.project import is_local
-
-    try:
-        mod = importlib.import_module(module)
-    except Exception:  # noqa: BLE001 - the module itself fails: described as before
-        return []
-    if is_local(getattr(mod, "__file__", None) or ""):
-        return []
-    absent = []
-    for name in names:
-        if name == "*":
-            return []
-        try:
-            globs[name] = getattr(mod, name)
-        except AttributeError:
-            try:        # a submodule imported by name (`from pkg import sub`)
-                globs[name] = importlib.import_module(f"{module}.{name}")
-            except Exception:  # noqa: BLE001
-                absent.append(name)
-        except Exception:  # noqa: BLE001 - a lazy attribute whose own import fails
-            absent.append(name)
-    return absent
-
-
-def _innermost_project_line(exc: BaseException) -> Optional[tuple]:
-    """(path, line) of the innermost frame of the project's own code in `exc`'s traceback."""
-    from fsdp_lint.project import is_local
-
-    found = None
-    tb = exc.__traceback__
-    while tb is not None:
-        path = os.path.abspath(tb.tb_frame.f_code.co_filename)
-        if is_local(path) and not path.startswith(_FSDP_LINT_DIR):
-            found = (path, tb.tb_lineno)
-        tb = tb.tb_next
-    return found
-
-
 def _resolves_locally(entry: Entry, module: str) -> bool:
-    from fsdp_lint.project import Project
+    from fsdp_lint.entry.project import Project
 
     return Project(entry).resolve(module) is not None
 

@@ -25,7 +25,7 @@ import types
 from typing import Any, Callable, List, Optional, Tuple
 
 from fsdp_lint.replay.accelerator import simulate_accelerator
-from fsdp_lint.project import is_local
+from fsdp_lint.entry.project import is_local
 from fsdp_lint.replay.boundary import install_boundaries
 from fsdp_lint.replay.recorders import (
     FakeMesh,
@@ -106,7 +106,7 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     else:
         _install_real_wrappers(rec, patch)
     # the framework drivers (Lightning, accelerate, HF Trainer): their own code calls the recorders
-    from fsdp_lint.frameworks import install as install_frameworks
+    from fsdp_lint.replay.frameworks import install as install_frameworks
 
     install_frameworks(rec, patch)
     hooks += install_boundaries(rec, patch)

@@ -24,8 +24,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from fsdp_lint.replay.recorders import FakeMesh, Recorder
 from fsdp_lint.replay.records import NoModelError, ReplayError, TrainingBoundary
-from fsdp_lint.source import SourceFacts
-from fsdp_lint.tree import user_class
+from fsdp_lint.entry.source import SourceFacts
+from fsdp_lint.model.tree import user_class
 
 # `path.py:Name` or `pkg.mod:Name.attr` inside a target expression
 _REF = re.compile(
@@ -178,7 +178,7 @@ def load_module(source: str, *, text: str):
         path = os.path.abspath(source)
         if not os.path.isfile(path):
             raise ReplayError(f"--model {text}: no such file {source!r}")
-        from fsdp_lint.project import entry_for
+        from fsdp_lint.entry.project import entry_for
 
         entry = entry_for(path)
         if entry.root not in sys.path:

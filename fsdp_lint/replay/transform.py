@@ -23,7 +23,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
-from fsdp_lint.source import SourceFacts
+from fsdp_lint.entry.source import SourceFacts
 
 SKIP = "__fsdp_lint_skip__"
 STUB_IMPORT = "__fsdp_lint_stub_import__"

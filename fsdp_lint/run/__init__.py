@@ -49,7 +49,7 @@ def confirm(results, settings, opts: RunOptions) -> Optional[dict]:
         check_plan(res, settings)
     if under_torchrun():
         return confirm_torchrun(runnable, settings, opts, t0)
-    from fsdp_lint.reaper import RunGuard  # issue 10: what the ranks start dies with the run, even on SIGKILL
+    from fsdp_lint.process.reaper import RunGuard  # issue 10: what the ranks start dies with the run, even on SIGKILL
 
     with RunGuard():
         return confirm_spawn(runnable, settings, opts, t0)

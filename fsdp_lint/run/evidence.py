@@ -43,7 +43,7 @@ def run_summary(files, backend, device, ranks, opts, mode, t0) -> dict:
 
 
 def apply_evidence(res, per_rank: List[dict], spec: dict, ranks: int, opts: RunOptions) -> dict:
-    from fsdp_lint.rule import Finding
+    from fsdp_lint.check.rule import Finding
 
     plan = res.plan
     r0 = per_rank[0]
@@ -210,7 +210,7 @@ def _first_wrap_line(res) -> int:
 
 
 def _run_finding(res, err: dict, rank, per_rank):
-    from fsdp_lint.rule import Finding
+    from fsdp_lint.check.rule import Finding
 
     path, line = res.path, _first_wrap_line(res)
     if err.get("user_path") and os.path.isfile(err["user_path"]):

@@ -167,7 +167,7 @@ def _preimport() -> None:
         import torch._dynamo  # noqa: F401  (torch imports it lazily under function modes)
 
     import fsdp_lint.replay  # noqa: F401
-    import fsdp_lint.source  # noqa: F401
+    import fsdp_lint.entry.source  # noqa: F401
 
 
 def _receive(conn, st: dict) -> None:
@@ -315,7 +315,7 @@ def _child_entry(rank, ranks, spec, conn, backend, device, wall_deadline, debug,
         rep.phase("init", 1)
         if backend == "fake":
             # --simulate: one process, rank 0 of the plan's world under the fake process group
-            from fsdp_lint.run.simulate import simulate_rank
+            from fsdp_lint.run.simulated_rank import simulate_rank
 
             simulate_rank(spec, rep, remaining)
             rep.done()

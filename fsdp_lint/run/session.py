@@ -10,10 +10,10 @@ from typing import Any, Dict, Optional, Tuple
 
 from fsdp_lint.run.collectives import comm_counter
 from fsdp_lint.run.failures import describe_exception, in_fsdp, one_line
-from fsdp_lint.run.inputs import InputError, find_example_inputs, loss_of, make_inputs
+from fsdp_lint.model.inputs import InputError, find_example_inputs, loss_of, make_inputs
 from fsdp_lint.run.memory import StepMemory
 from fsdp_lint.run.spec import td
-from fsdp_lint.run.wrapped import resolve, user_root
+from fsdp_lint.model.unwrap import resolve, user_root
 
 
 class Phases:
@@ -84,7 +84,7 @@ def build(spec, ws, device, phase, out, remaining):
     import torch
 
     from fsdp_lint.replay import ModelTarget, ReplayError, replay
-    from fsdp_lint.source import SourceError, read_source
+    from fsdp_lint.entry.source import SourceError, read_source
 
     phase("build and wrap", 2)
     try:

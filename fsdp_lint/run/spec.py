@@ -115,7 +115,7 @@ def layout_for_run(res, ranks: int):
     over `ranks`), with the traced activations: the inputs the trace ran with are the run's."""
     import copy
 
-    from fsdp_lint.layout import compute_layout
+    from fsdp_lint.plan.layout import compute_layout
 
     if ranks == res.layout.world_size and "activations" in res.layout.memory.covers:
         return res.layout

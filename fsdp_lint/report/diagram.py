@@ -41,7 +41,7 @@ class UnitDiagram:
 
 def bars(res) -> List[UnitDiagram]:
     """The diagram of every unit of `res` as plain data (repeated layouts referenced, not redrawn)."""
-    from fsdp_lint.report import unit_label
+    from fsdp_lint.humanize import unit_label
 
     out: List[UnitDiagram] = []
     seen = {}
@@ -63,7 +63,7 @@ def bars(res) -> List[UnitDiagram]:
 
 
 def _fsdp1(ul, label: str) -> UnitDiagram:
-    from fsdp_lint.report import _n
+    from fsdp_lint.humanize import exact_count as _n
 
     ws = ul.world_size
     top: List[Segment] = []

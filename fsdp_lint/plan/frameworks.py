@@ -1,62 +1,11 @@
-"""Frameworks that wrap the model with FSDP themselves: Lightning, accelerate, the Hugging Face Trainer.
-
-The installed framework decides, fsdp-lint records: during a replay the framework's own code runs on
-the meta device with the simulated process group, computes its policy and calls the FSDP APIs, which
-are fsdp-lint's recorders. The drivers here only
-
-* fit the framework to the simulated world (Lightning's ``devices``, accelerate's process state),
-* stop it at the training boundary (``TrainingBoundary``: Lightning's ``on_fit_start`` or a Fabric
-  model's first forward, the HF Trainer's first batch),
-* record which framework made each wrap call (``plan.framework``) and the errors it raises for a
-  wrap-class name that matches nothing (reported as FSD103),
-* read configurations as the framework does (``--accelerate-config``: accelerate's own launcher code
-  turns the YAML into the environment ``accelerate launch`` would set),
-* build Hugging Face models from a config without downloading (``--hf-config``, ``from_pretrained``).
-
-Nothing here imports a framework (or torch) until a replayed file does.
-"""
+"""The plan of a framework's wrap calls: which framework made them (``plan.framework``), the wrap-class
+names it could not match (policy entries for FSD103, at the line or argument that set them) and
+accelerate's upcast of low-precision trainable parameters."""
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Dict, Iterator, List, Optional
+from typing import List, Optional
 
-# options of the current lint (``--accelerate-config``, ``--hf-config``, ``--hf-class``), set by the
-# engine around a replay: the sandbox installs the drivers without knowing the settings
-_OPTIONS: List[Any] = []
-
-
-@contextlib.contextmanager
-def configured(options) -> Iterator[None]:
-    """Make `options` (a FrameworkOptions) the ones `install` sees while the block runs."""
-    _OPTIONS.append(options)
-    try:
-        yield
-    finally:
-        _OPTIONS.pop()
-
-
-def current_options():
-    from fsdp_lint.frameworks.options import FrameworkOptions
-
-    return _OPTIONS[-1] if _OPTIONS else FrameworkOptions()
-
-
-def install(rec, patch) -> None:
-    """Called by the replay's sandbox after the FSDP recorders are in place."""
-    from fsdp_lint.frameworks import accelerate, hf, lightning, trl
-    from fsdp_lint.frameworks.hooks import install_hooks, simulate_ddp, simulate_object_collectives
-
-    options = current_options()
-    table: Dict[str, List[Any]] = {}
-    for driver in (lightning, accelerate, hf, trl):
-        for name, fns in driver.hook_table().items():
-            table.setdefault(name, []).extend(fns)
-    for driver in (accelerate, hf):
-        driver.prepare_environment(rec, patch, options)
-    simulate_object_collectives(rec, patch)
-    simulate_ddp(rec, patch)
-    install_hooks(rec, patch, options, table)
-
+from fsdp_lint.replay.frameworks import current_options
 
 def framework_of(wrap_calls) -> Optional[str]:
     """The framework that made the plan's wrap calls (the last call's), or None (the file's own code)."""
@@ -79,10 +28,10 @@ def annotate_plan(plan, result, tree) -> None:
     find, located where the name is written: the linted file, the accelerate config, or the call."""
     import os
 
-    from fsdp_lint.frameworks.options import find_literal
-    from fsdp_lint.plan import PolicyInfo
+    from fsdp_lint.replay.frameworks.options import find_literal
+    from fsdp_lint.plan.build import PolicyInfo
 
-    from fsdp_lint.frameworks.accelerate import apply_upcast
+    from fsdp_lint.replay.frameworks.accelerate import apply_upcast
 
     plan.framework = framework_of(result.wrap_calls)
     apply_upcast(plan, result, tree)
@@ -116,7 +65,7 @@ def _spelled_in_arguments(argv, name: str):
     ``--config=train.yaml``) spells the wrap-class `name`, or None."""
     import os
 
-    from fsdp_lint.frameworks.options import find_literal
+    from fsdp_lint.replay.frameworks.options import find_literal
 
     for arg in argv:
         candidate = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg

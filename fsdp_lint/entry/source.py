@@ -3,7 +3,7 @@
 SourceFacts tell the later stages where the wrap calls, freezing statements, dtype changes and
 optimizer constructions are, which statements (and which functions, transitively) matter for the
 wrap plan, which loops are training/data loops that the replay must never run, and what the module
-imports (``fsdp_lint.project`` follows the project-local ones).
+imports (``fsdp_lint.entry.project`` follows the project-local ones).
 
 The syntax tree is Python's own (``ast``): the replay reads every project-local module a training
 script imports, and ``ast`` parses a few thousand lines in milliseconds where a concrete syntax tree
@@ -11,8 +11,9 @@ takes a second.
 """
 from __future__ import annotations
 
+from fsdp_lint.entry.noqa import _noqa_lines
+
 import ast
-import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -144,34 +145,6 @@ class SourceFacts:
     loop_calls: Dict[int, Set[str]] = field(default_factory=dict)     # loop line -> names called inside it
     # of the dropped loops, those that step: they call backward()/step()/zero_grad() (training itself)
     stepping_loop_lines: Set[int] = field(default_factory=set)
-
-
-_NOQA = re.compile(r"#\s*noqa\b(?P<colon>\s*:)?(?P<rest>.*)", re.IGNORECASE)
-_NOQA_CODE = re.compile(r"[A-Za-z]+[0-9]+")
-
-
-def _noqa_lines(text: str) -> Dict[int, Optional[Set[str]]]:
-    """line -> the codes its ``# noqa: FSD201, FSD3`` suppresses (None: a bare ``# noqa``, all).
-    As ruff does, a ``# noqa:`` not followed by codes (letters then digits: ``# noqa: see below``,
-    ``# noqa:``) suppresses nothing."""
-    out: Dict[int, Optional[Set[str]]] = {}
-    if "noqa" not in text.lower():
-        return out
-    for i, line in enumerate(text.splitlines(), start=1):
-        m = _NOQA.search(line)
-        if not m:
-            continue
-        if not m.group("colon"):
-            out[i] = None
-            continue
-        codes: Set[str] = set()
-        for token in re.split(r"[\s,]+", m.group("rest").strip()):
-            if not _NOQA_CODE.fullmatch(token):
-                break                       # the codes end where the explanation starts
-            codes.add(token.upper())
-        if codes:
-            out[i] = codes
-    return out
 
 
 def read_text(path: str) -> str:
@@ -487,7 +460,7 @@ class _Collector(ast.NodeVisitor):
         return not self._fn_stack and not self._class_depth and not self._try_depth
 
     def _framework_import(self, module: str) -> None:
-        from fsdp_lint.frameworks.detect import imported_framework
+        from fsdp_lint.entry.detect import imported_framework
 
         framework = imported_framework(module)
         if framework:
@@ -568,7 +541,7 @@ class _Collector(ast.NodeVisitor):
                 self._call(arg.id)
 
     def _framework_call(self, written: str) -> bool:
-        from fsdp_lint.frameworks.detect import framework_call
+        from fsdp_lint.entry.detect import framework_call
 
         return framework_call(written, self.frameworks) is not None
 

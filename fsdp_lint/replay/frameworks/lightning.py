@@ -144,7 +144,7 @@ def _trainer_call(hooks, module) -> None:
 
 
 def _data_connector(hooks, module) -> None:
-    from fsdp_lint.frameworks.hooks import tolerant
+    from fsdp_lint.replay.frameworks.hooks import tolerant
 
     def make(fn):
         def prepare_data(self, *args, **kwargs):

@@ -26,7 +26,7 @@ import io
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
-from fsdp_lint.alarm import alarm
+from fsdp_lint.process.alarm import alarm
 
 
 @dataclass
@@ -104,7 +104,7 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, 
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fsdp_lint.run.inputs import loss_of, make_inputs
+    from fsdp_lint.model.inputs import loss_of, make_inputs
 
     cpu = torch.device("cpu" if activations else "meta")
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if activations else contextlib.nullcontext()
@@ -132,7 +132,7 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, 
         for unit in plan.units:
             if any(tree.params[p].requires_grad for p in unit.params):
                 flat_grad |= set(unit.params)
-    from fsdp_lint.layout import runs_as_root
+    from fsdp_lint.plan.layout import runs_as_root
 
     keeps_gathered = [runs_as_root(u, plan, tree) and not u.reshard_after_forward_explicit
                       or not u.reshard_after_forward for u in plan.units]

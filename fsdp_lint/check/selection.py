@@ -70,7 +70,7 @@ def check_all_selectors(settings: Settings) -> None:
         for selectors, origin in groups:
             check_selectors(selectors, cheap, origin)
     except ConfigError:
-        from fsdp_lint.rule import all_rules
+        from fsdp_lint.check.rule import all_rules
 
         known = [r.code for r in all_rules()]
         for selectors, origin in groups:
@@ -110,8 +110,8 @@ def suppressed(finding, facts) -> bool:
     if facts is None:
         return False
     if os.path.abspath(finding.path) != os.path.abspath(facts.path):
-        from fsdp_lint.project import facts_for
-        from fsdp_lint.source import SourceError
+        from fsdp_lint.entry.project import facts_for
+        from fsdp_lint.entry.source import SourceError
 
         try:
             facts = facts_for(os.path.abspath(finding.path))

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from fsdp_lint.plan import Unit, WrapPlan
-from fsdp_lint.tree import ModuleTree, dtype_itemsize
+from fsdp_lint.plan.build import Unit, WrapPlan
+from fsdp_lint.model.tree import ModuleTree, dtype_itemsize
 
 ALIGNMENT_BYTES = 16
 
@@ -142,7 +142,7 @@ class Layout:
     units: List[UnitLayout]
     memory: Memory
     tp_collectives: List = field(default_factory=list)   # tensor parallelism's (tp_comms.TPCollective)
-    trace: Optional[Any] = None      # fsdp_lint.trace.Trace of the forward, when it ran
+    trace: Optional[Any] = None      # fsdp_lint.plan.trace.Trace of the forward, when it ran
 
     @property
     def all_gathers_per_step(self) -> int:
@@ -362,7 +362,7 @@ def spmd_placements(unit: Unit, sharding) -> List[str]:
     """The placements of an FSDP2-sharded parameter as torch names them (``FSDPParam``'s
     ``_spmd_placements``): HSDP's ``Replicate()``, FSDP's ``Shard(0)`` -- ``_StridedShard`` when tensor
     parallelism shards dim 0 too -- then the parameter's own TP/EP placements."""
-    from fsdp_lint.mesh import placement_str
+    from fsdp_lint.model.mesh import placement_str
 
     out = ["Replicate()"] if unit.replicate_size > 1 or (unit.mesh is not None and unit.mesh.replicate is not None) \
         else []
@@ -545,7 +545,7 @@ def _backward_prefetch(units: List[UnitLayout], reached: List[bool], trace, tree
 
 
 def compute_layout(plan: WrapPlan, tree: ModuleTree, trace=None, activations: bool = False) -> Layout:
-    """The layout of `plan`. `trace` (``fsdp_lint.trace.Trace``, optional) says which units autograd
+    """The layout of `plan`. `trace` (``fsdp_lint.plan.trace.Trace``, optional) says which units autograd
     reaches in backward; with `activations` its saved tensors enter the memory estimate."""
     units = [_unit_layout(u, plan, tree) for u in plan.units]
     traced = trace is not None and not trace.error and len(trace.unit_forward_calls) == len(units)
@@ -559,7 +559,7 @@ def compute_layout(plan: WrapPlan, tree: ModuleTree, trace=None, activations: bo
         ul.all_gathers_per_step = entries * (2 if reached[i] else 1)
     if plan.api == "fsdp2":
         _backward_prefetch(units, reached, trace if traced else None, tree)
-    from fsdp_lint.tp_comms import tp_collectives
+    from fsdp_lint.plan.tp_comms import tp_collectives
 
     return Layout(api=plan.api, world_size=plan.world_size, units=units,
                   memory=_memory(plan, tree, units, trace, activations), trace=trace,

@@ -26,10 +26,11 @@ per-expert MoE plans).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Set, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fsdp_lint.tree import ModuleTree
+# the trees searched here are `fsdp_lint.model.tree.ModuleTree`s; this module reads them and never
+# imports that one (the tree asks this module for its blocks: the dependency goes one way)
+ModuleTree = Any
 
 CONTAINER_PREFIX = "torch.nn.modules.container."
 # torch's leaf layers: the files of `torch.nn.modules` whose layers hold only their own parameters

@@ -225,13 +225,13 @@ class ModuleTree:
         return blocks[0] if blocks else None
 
     def repeated_blocks(self) -> List[str]:
-        """The block classes a per-block plan wraps, found structurally (`fsdp_lint.blocks`): the
+        """The block classes a per-block plan wraps, found structurally (`fsdp_lint.model.blocks`): the
         repeated children of the container that holds most parameters (never a leaf layer such as
         a `class Linear(nn.Linear)`), plus the blocks of other stacks as heavy as a block (both
         towers of a vision-language model). Heaviest first; empty when nothing repeats."""
         found = self.__dict__.get("_repeated_blocks")
         if found is None:
-            from fsdp_lint.blocks import find_repeated_blocks
+            from fsdp_lint.model.blocks import find_repeated_blocks
 
             found = self.__dict__["_repeated_blocks"] = find_repeated_blocks(self)
         return list(found)
@@ -277,7 +277,7 @@ def build_module_tree(model, state: Optional[Dict[int, Tuple[bool, object]]] = N
     state = state or {}
     import torch.nn as nn
 
-    from fsdp_lint.blocks import torch_base
+    from fsdp_lint.model.blocks import torch_base
 
     modules: Dict[str, ModuleInfo] = {}
     per_class: Dict[type, tuple] = {}     # what depends on the class only, once per class (10,000 experts)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from fsdp_lint.mesh import TPStyle
+from fsdp_lint.model.mesh import TPStyle
 
 
 @dataclass

@@ -1,12 +1,11 @@
 """`report`: rendering only -- text (full/concise), JSON, SARIF 2.1.0 and GitHub annotations."""
 from __future__ import annotations
 
-import json
 import os
 from typing import Dict, List, Optional
 
-from fsdp_lint import __version__
-from fsdp_lint.rule import SEVERITIES
+from fsdp_lint.check.rule import SEVERITIES
+from fsdp_lint.humanize import display_path, exact_count as _n, human_bytes, human_count, unit_label  # noqa: F401
 
 SCHEMA_VERSION = 1
 
@@ -14,28 +13,6 @@ SCHEMA_VERSION = 1
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-def display_path(path: str, base: Optional[str] = None) -> str:
-    base = base or os.getcwd()
-    ap = os.path.abspath(path)
-    try:
-        rel = os.path.relpath(ap, base)
-    except ValueError:
-        return ap
-    return ap if rel.startswith("..") else rel.replace(os.sep, "/")
-
-
-def human_count(n: int) -> str:
-    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if abs(n) >= div:
-            return f"{n / div:.3g}{suffix}" if n / div < 100 else f"{n / div:.0f}{suffix}"
-    return str(n)
-
-
-def human_bytes(n: int) -> str:
-    for div, suffix in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-        if abs(n) >= div:
-            return f"{n / div:.3g} {suffix}" if n / div < 100 else f"{n / div:.0f} {suffix}"
-    return f"{n} B"
 
 
 def file_label(res) -> str:
@@ -47,10 +24,6 @@ def file_label(res) -> str:
 
         shown += " -- " + " ".join(shlex.quote(a) for a in args)
     return shown
-
-
-def unit_label(module: str) -> str:
-    return module if module else "(root)"
 
 
 def _shape(shape) -> str:
@@ -95,7 +68,7 @@ def summary_line(res) -> str:
 
 def tp_summary(layout) -> str:
     """``TP (tp 2): 10 all-gathers + 10 reduce-scatters + 5 all-reduces per step``."""
-    from fsdp_lint.tp_comms import summary
+    from fsdp_lint.plan.tp_comms import summary
 
     by_dim = summary(getattr(layout, "tp_collectives", []))
     out = []
@@ -161,11 +134,6 @@ def unit_table(res) -> str:
     headers = ["#", "unit", "class", "params", "trainable", "dtype", "padded", "shard/rank",
                "all-gather/rank", "reduce-scatter/rank"] + (["all-reduce/rank"] if with_ar else []) + ["line"]
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
-
-
-def _n(n: int) -> str:
-    """An exact count, readable: 788,096."""
-    return f"{n:,}"
 
 
 def _pad_rows(p) -> int:
@@ -373,7 +341,7 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
             elif layout == "ranks":
                 blocks.append(ranks_table(res))
             elif layout == "diagram":
-                from fsdp_lint.diagram import layout_diagram
+                from fsdp_lint.report.diagram import layout_diagram
 
                 blocks.append(layout_diagram(res))
             if getattr(res, "granularity", None):
@@ -516,271 +484,3 @@ def statistics_table(results) -> str:
 
 # --------------------------------------------------------------------------------------------
 # JSON
-# --------------------------------------------------------------------------------------------
-def _replay_json(res) -> dict:
-    stopped = getattr(res, "stopped", None)
-    return {
-        "stopped_at": None if not stopped else {"reason": stopped[0], "path": display_path(stopped[1].path),
-                                                "line": stopped[1].line},
-        "skipped_statements": [{"path": display_path(s.path), "line": s.line, "error": s.error}
-                               for s in getattr(res, "skipped_statements", None) or []],
-    }
-
-
-def file_to_json(res, *, layout: Optional[str] = None) -> dict:
-    path = display_path(res.path)
-    if res.skipped:
-        return {"path": path, "args": list(getattr(res, "argv", None) or []), "skipped": res.skipped}
-    tree, plan, lay = res.tree, res.plan, res.layout
-    from fsdp_lint.layout import param_local_shape
-
-    # a mesh of several dimensions: the local shapes at the first and last coordinate of each
-    corners = plan.mesh.corner_ranks() if plan.api == "fsdp2" and plan.mesh is not None and plan.mesh.ndim > 1 \
-        else []
-    units = []
-    for ul in lay.units:
-        u = ul.unit
-        params = []
-        for p in ul.params:
-            entry = {"fqn": p.fqn, "shape": list(p.shape), "dtype": p.dtype, "requires_grad": p.requires_grad,
-                     "numel": p.numel}
-            if plan.api == "fsdp2":
-                entry["local_shape"] = list(p.local_shape_first)
-                entry["local_shape_last"] = list(p.local_shape_last)
-                entry["padded_numel"] = p.padded_numel
-                entry["placements"] = p.placements
-                entry["mesh_dims"] = p.mesh_dims
-                entry["pre_shard_shape"] = list(p.pre_shape) if p.pre_shape is not None else None
-                entry["shard_dim"] = p.shard_dim
-                if corners:
-                    entry["local_shapes"] = [{"rank": r, "coordinates": list(plan.mesh.coordinates(r)),
-                                              "shape": list(param_local_shape(plan, u, p, r))} for r in corners]
-            else:
-                entry["offset"] = p.offset
-                entry["padding_before"] = p.padding_before
-            params.append(entry)
-        unit = {
-            "module": u.module, "modules": u.modules, "class": u.cls, "path": display_path(u.path) if u.line else None,
-            "line": u.line or None,
-            "call_site": {"path": display_path(u.call_site[0]), "line": u.call_site[1]} if u.call_site else None,
-            "origin": u.origin, "numel": ul.numel, "trainable_numel": ul.trainable_numel,
-            "dtypes": ul.dtypes, "param_dtype": ul.param_dtype, "reduce_dtype": ul.reduce_dtype,
-            "padded_numel": ul.padded_numel, "shard_numel": ul.shard_numel,
-            "all_gather_bytes": ul.all_gather_bytes, "reduce_scatter_bytes": ul.reduce_scatter_bytes,
-            "all_gathers_per_step": ul.all_gathers_per_step, "reduce_scatters_per_step": ul.reduce_scatters_per_step,
-            "all_reduces_per_step": ul.all_reduces_per_step,
-            "all_reduce_bytes": ul.all_reduce_bytes,
-            "backward_all_gather_bytes": ul.backward_all_gather_bytes,
-            "all_gather_bytes_per_step": ul.all_gather_bytes_per_step,
-            "reduce_scatter_bytes_per_step": ul.reduce_scatter_bytes_per_step,
-            "all_reduce_bytes_per_step": ul.all_reduce_bytes_per_step,
-            "shard_group_size": ul.world_size, "replicate_group_size": ul.replicate_size,
-            "mesh_dims": _unit_mesh_json(u),
-            "reshard_after_forward": u.reshard_after_forward, "is_root": u.is_root, "params": params,
-        }
-        if plan.api == "fsdp1" and layout == "ranks":
-            unit["ranks"] = [[{"fqn": s.fqn, "start": s.start, "end": s.end} for s in ul.rank_spans(r)]
-                             for r in range(ul.world_size)]
-        units.append(unit)
-    return {
-        "path": path,
-        "args": list(getattr(res, "argv", None) or []),
-        "notes": list(getattr(res, "notes", None) or []),
-        "replay": _replay_json(res),
-        "model": {"target": res.target, "class": tree.root_class, "numel": tree.numel,
-                  "trainable_numel": tree.trainable_numel},
-        "plan": {
-            "api": plan.api, "world_size": plan.world_size, "root_wrapped": plan.root_wrapped,
-            "use_orig_params": plan.use_orig_params, "sharding_strategy": plan.sharding_strategy,
-            "origin": plan.origin, "framework": getattr(plan, "framework", None), "units": units,
-            "leftover_params": plan.leftover_params, "ignored_params": plan.ignored_params,
-            "all_gathers_per_step": lay.all_gathers_per_step,
-            "reduce_scatters_per_step": lay.reduce_scatters_per_step,
-            "all_reduces_per_step": lay.all_reduces_per_step,
-            "step_bytes": lay.step_bytes,
-            "tp_collectives": [_tp_json(c) for c in lay.tp_collectives],
-            "mesh": _mesh_json(plan.mesh),
-            "world_size_source": plan.world_size_source,
-            "unsupported": [item.to_json(display_path) for item in plan.unsupported],
-        },
-        "memory": memory_to_json(res),
-        "findings": [f.to_json(display_path(f.path), display_path) for f in res.findings],
-        **({"granularity": granularity_to_json(res)} if getattr(res, "granularity", None) else {}),
-    }
-
-
-def memory_to_json(res) -> dict:
-    mem = res.layout.memory
-    out = {"per_rank_bytes": mem.per_rank_bytes, "breakdown": mem.breakdown, "optimizer": mem.optimizer,
-           "covers": mem.covers, "phase": mem.phase, "note": mem.activation_note}
-    if getattr(res, "simulated", None) is not None:
-        out["simulated"] = res.simulated
-    return out
-
-
-def granularity_to_json(res) -> list:
-    return [{"plan": r.name, "units": r.units, "all_gathers_per_step": r.all_gathers_per_step,
-             "bytes_per_all_gather": r.bytes_per_all_gather, "forward_peak_bytes": r.forward_peak_bytes,
-             "per_rank_bytes": r.per_rank_bytes, "verdict": r.verdict} for r in res.granularity]
-
-
-def _mesh_json(mesh) -> Optional[dict]:
-    if mesh is None:
-        return None
-    return {"shape": list(mesh.shape), "dim_names": list(mesh.names), "size": mesh.size,
-            "path": display_path(mesh.path) if mesh.path else None, "line": mesh.line or None}
-
-
-def _tp_json(c) -> dict:
-    return {"module": c.module, "style": c.style, "kind": c.kind, "phase": c.phase, "mesh_dim": c.mesh_dim,
-            "group_size": c.group_size, "what": c.what, "elements_per_token": c.elements_per_token,
-            "numel": c.numel, "path": display_path(c.path) if c.path else None, "line": c.line or None}
-
-
-def _unit_mesh_json(unit) -> Optional[dict]:
-    m = unit.mesh
-    if m is None:
-        return None
-    return {"shard": m.shard.name, "replicate": m.replicate.name if m.replicate is not None else None,
-            "source": m.source}
-
-
-def render_json(results, *, layout: Optional[str] = None, run_summary: Optional[dict] = None,
-                failures=()) -> str:
-    counts = summary_counts(results)
-    files = [file_to_json(r, layout=layout) for r in results]
-    files += [{"path": display_path(path), "error": message} for path, message in failures]
-    doc = {
-        "schema_version": SCHEMA_VERSION,
-        "files": files,
-        "summary": {"files": len(files), **counts, "skipped": sum(1 for r in results if r.skipped),
-                    "failed": len(failures)},
-    }
-    if run_summary is not None:
-        doc["run"] = run_summary
-    return json.dumps(doc, indent=2) + "\n"
-
-
-# --------------------------------------------------------------------------------------------
-# SARIF 2.1.0 and GitHub annotations
-# --------------------------------------------------------------------------------------------
-_SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
-
-
-def repo_root(start: Optional[str] = None) -> str:
-    d = os.path.abspath(start or os.getcwd())
-    probe = d
-    while True:
-        if os.path.exists(os.path.join(probe, ".git")):
-            return probe
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            return d
-        probe = parent
-
-
-def _artifact_location(path: str, root: str) -> dict:
-    """A repo-relative URI (what GitHub code scanning maps to the file); absolute outside the repo."""
-    from pathlib import Path
-    from urllib.parse import quote
-
-    ap = os.path.abspath(path)
-    rel = os.path.relpath(ap, root)
-    if rel.startswith(".."):
-        return {"uri": Path(ap).as_uri()}
-    return {"uri": quote(rel.replace(os.sep, "/")), "uriBaseId": "%SRCROOT%"}
-
-
-def render_sarif(results, failures=()) -> str:
-    from fsdp_lint.rule import all_rules
-
-    root = repo_root()
-    rules = all_rules()
-    index = {r.code: i for i, r in enumerate(rules)}
-    sarif_rules = []
-    extra = {}   # codes no rule owns (--run's "RUN" findings): described from the finding itself
-    for res in results:
-        for f in res.findings:
-            if f.code not in index and f.code not in extra:
-                extra[f.code] = f
-    for r in rules:
-        doc = r.doc()
-        sarif_rules.append({
-            "id": r.code,
-            "name": r.name,
-            "shortDescription": {"text": r.summary},
-            "fullDescription": {"text": doc.split("\n\n")[0] if doc else r.summary},
-            "help": {"text": doc or r.summary, "markdown": doc or r.summary},
-            "defaultConfiguration": {"level": _SARIF_LEVEL[r.severity]},
-            "properties": {"tags": ["fsdp", r.name]},
-        })
-    for code, f in extra.items():
-        index[code] = len(sarif_rules)
-        sarif_rules.append({"id": code, "name": f.name, "shortDescription": {"text": f.name},
-                            "defaultConfiguration": {"level": _SARIF_LEVEL[f.severity]},
-                            "properties": {"tags": ["fsdp", f.name]}})
-    out_results = []
-    for res in results:
-        for f in res.findings:
-            result = {
-                "ruleId": f.code,
-                "ruleIndex": index.get(f.code, 0),
-                "level": _SARIF_LEVEL[f.severity],
-                "message": {"text": f.message + (f" Fix: {f.fix}" if f.fix else "")},
-                "locations": [{"physicalLocation": {
-                    "artifactLocation": _artifact_location(f.path, root),
-                    "region": {"startLine": max(1, f.line), "startColumn": max(1, f.col)},
-                }}],
-            }
-            if f.call_site is not None:
-                result["relatedLocations"] = [{"id": 1, "message": {"text": "called from here"}, "physicalLocation": {
-                    "artifactLocation": _artifact_location(f.call_site[0], root),
-                    "region": {"startLine": max(1, f.call_site[1])}}}]
-            if f.module:
-                result["properties"] = {"module": f.module}
-            if f.confirmed is not None or f.evidence:
-                result.setdefault("properties", {}).update({"confirmed": f.confirmed, "evidence": f.evidence})
-            out_results.append(result)
-    from pathlib import Path
-
-    notifications = [{
-        "level": "error",
-        "message": {"text": message},
-        "locations": [{"physicalLocation": {"artifactLocation": _artifact_location(path, root)}}],
-    } for path, message in failures]
-    doc = {
-        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
-        "version": "2.1.0",
-        "runs": [{
-            "tool": {"driver": {"name": "fsdp-lint", "version": __version__, "semanticVersion": __version__,
-                                "rules": sarif_rules}},
-            "originalUriBaseIds": {"%SRCROOT%": {"uri": Path(root).as_uri().rstrip("/") + "/"}},
-            "invocations": [{"executionSuccessful": not failures, "toolExecutionNotifications": notifications}],
-            "results": out_results,
-        }],
-    }
-    return json.dumps(doc, indent=2) + "\n"
-
-
-def _gh_escape(text: str, prop: bool = False) -> str:
-    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-    if prop:
-        text = text.replace(":", "%3A").replace(",", "%2C")
-    return text
-
-
-def render_github(results, failures=()) -> str:
-    lines = []
-    level = {"error": "error", "warning": "warning", "info": "notice"}
-    for path, message in failures:
-        lines.append(f"::error file={_gh_escape(display_path(path), True)},"
-                     f"title={_gh_escape('fsdp-lint could not lint this file', True)}::{_gh_escape(message)}")
-    for res in results:
-        for f in res.findings:
-            msg = f.message + (f" Fix: {f.fix}" if f.fix else "")
-            if f.call_site is not None:
-                msg += f" (called from {display_path(f.call_site[0])}:{f.call_site[1]})"
-            lines.append(
-                f"::{level[f.severity]} file={_gh_escape(display_path(f.path), True)},line={f.line},col={f.col},"
-                f"title={_gh_escape(f.code, True)}::{_gh_escape(f'{f.name}: {msg}')}")
-    return "\n".join(lines) + ("\n" if lines else "")

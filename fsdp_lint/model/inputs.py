@@ -3,7 +3,7 @@ and the loss a step backpropagates."""
 from __future__ import annotations
 
 
-from fsdp_lint.run.wrapped import class_name, resolve_module, user_root
+from fsdp_lint.model.unwrap import class_name, resolve_module, user_root
 
 
 def find_example_inputs(namespace, model):

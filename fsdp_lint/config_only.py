@@ -35,7 +35,7 @@ def build_hf_model(options):
 
 def lint_config(settings) -> FileResult:
     from fsdp_lint.api import Recording
-    from fsdp_lint.frameworks.options import FrameworkOptions, OptionError
+    from fsdp_lint.replay.frameworks.options import FrameworkOptions, OptionError
 
     try:
         options = FrameworkOptions.from_settings(settings)

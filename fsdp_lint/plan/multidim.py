@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from fsdp_lint.mesh import HYBRID, MeshDim, MeshInfo, MeshProblem, UnitMesh, Unsupported, world_dim
+from fsdp_lint.model.mesh import HYBRID, MeshDim, MeshInfo, MeshProblem, UnitMesh, Unsupported, world_dim
 
 # torch 2.13's messages for a mesh that does not match the ranks the job runs on (the tests check them
 # against torch): a mesh larger than the world fails in init_device_mesh; on a rank outside a smaller

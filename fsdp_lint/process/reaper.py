@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
 _PR_SET_PDEATHSIG = 1
@@ -169,7 +169,7 @@ class RunGuard:
         prctl(_PR_SET_CHILD_SUBREAPER, 1)
         with contextlib.suppress(Exception):
             self.watchdog = subprocess.Popen(
-                [sys.executable, "-c", "import sys; from fsdp_lint.reaper import watch; watch(int(sys.argv[1]))",
+                [sys.executable, "-c", "import sys; from fsdp_lint.process.reaper import watch; watch(int(sys.argv[1]))",
                  str(os.getpid())],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True, close_fds=True)
@@ -204,15 +204,25 @@ class RunGuard:
                     self.watchdog.wait(timeout=5)
 
 
-def _long_lived_helpers() -> Set[int]:
-    """Processes of this one that outlive a run by design: the lint fork server, multiprocessing's
-    resource tracker and fork server (started by a spawn-method run)."""
-    out: Set[int] = set()
-    with contextlib.suppress(Exception):
-        from fsdp_lint import isolation
+# processes of this one that outlive a run by design and say so here (the lint fork server, through
+# `spare`): what owns them registers them, so this low-level module needs to know none of its users
+_SPARED: List[Callable[[], Optional[int]]] = []
 
-        if isolation.server_pid():
-            out.add(isolation.server_pid())
+
+def spare(pid_of: Callable[[], Optional[int]]) -> None:
+    """Never kill the process `pid_of()` names (None: none now) when a run is cleaned up."""
+    _SPARED.append(pid_of)
+
+
+def _long_lived_helpers() -> Set[int]:
+    """Processes of this one that outlive a run by design: those registered with `spare` (the lint
+    fork server), multiprocessing's resource tracker and fork server (started by a spawn-method run)."""
+    out: Set[int] = set()
+    for pid_of in _SPARED:
+        with contextlib.suppress(Exception):
+            pid = pid_of()
+            if pid:
+                out.add(pid)
     with contextlib.suppress(Exception):
         from multiprocessing import resource_tracker
 

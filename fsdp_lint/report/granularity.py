@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from fsdp_lint.layout import Layout, compute_layout
-from fsdp_lint.plan import WrapPlan, alternative_plan, per_block_plan
+from fsdp_lint.plan.layout import Layout, compute_layout
+from fsdp_lint.plan.build import WrapPlan, alternative_plan, per_block_plan
 
 
 @dataclass
@@ -74,7 +74,7 @@ def _outermost(tree, fqns: List[str]) -> List[str]:
 
 
 def _verdicts(rows: List[GranularityRow], settings, plan: WrapPlan) -> None:
-    from fsdp_lint.report import human_bytes
+    from fsdp_lint.humanize import human_bytes
 
     floor = settings.collective_floor_bytes
 

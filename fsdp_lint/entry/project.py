@@ -18,7 +18,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
-from fsdp_lint.source import SourceError, SourceFacts, mark_relevance, read_source
+from fsdp_lint.entry.source import SourceError, SourceFacts, mark_relevance, read_source
 
 _REPO_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg", ".hg")
 
@@ -81,7 +81,7 @@ def _library_dirs() -> Tuple[str, ...]:
         for p in sys.path:
             if p and ("site-packages" in p or "dist-packages" in p):
                 dirs.add(os.path.realpath(p))
-        dirs.add(os.path.realpath(os.path.dirname(os.path.abspath(__file__))))   # fsdp_lint itself
+        dirs.add(os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))   # fsdp_lint itself
         _LIB_DIRS = tuple(sorted(dirs))
     return _LIB_DIRS
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fsdp_lint import __version__
+from fsdp_lint.version import __version__
 
 # category -> (label, colour); the order stacks them bottom-up
 CATEGORY_STYLE = [
@@ -48,7 +48,7 @@ svg text{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif}
 
 
 def render_html(results, *, run_summary: Optional[dict] = None, failures=()) -> str:
-    from fsdp_lint.report import display_path, summary_counts
+    from fsdp_lint.report.text import display_path, summary_counts
 
     counts = summary_counts(results)
     parts = [f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -64,7 +64,7 @@ def render_html(results, *, run_summary: Optional[dict] = None, failures=()) -> 
             continue
         parts.append(_file_section(res))
     if run_summary is not None:
-        from fsdp_lint.report import run_summary_text
+        from fsdp_lint.report.text import run_summary_text
 
         parts.append(f"<h2>--run</h2><pre class=\"summary\">{_e(run_summary_text(run_summary))}</pre>")
     parts.append("</body></html>\n")
@@ -72,7 +72,7 @@ def render_html(results, *, run_summary: Optional[dict] = None, failures=()) -> 
 
 
 def _file_section(res) -> str:
-    from fsdp_lint.report import display_path, summary_line
+    from fsdp_lint.report.text import display_path, summary_line
 
     out = [f"<h2>{_e(display_path(res.path))}</h2>", f"<div class=\"summary\">{_e(summary_line(res))}</div>"]
     if res.findings:
@@ -101,7 +101,7 @@ def _file_section(res) -> str:
 # tables
 # --------------------------------------------------------------------------------------------
 def _unit_table(res) -> str:
-    from fsdp_lint.report import human_bytes, human_count, unit_label
+    from fsdp_lint.humanize import human_bytes, human_count, unit_label
 
     rows = []
     for i, ul in enumerate(res.layout.units):
@@ -122,7 +122,7 @@ def _unit_table(res) -> str:
 
 
 def _granularity(res) -> str:
-    from fsdp_lint.report import human_bytes
+    from fsdp_lint.humanize import human_bytes
 
     rows = res.granularity
     table = "".join(
@@ -138,7 +138,7 @@ def _granularity(res) -> str:
 
 
 def _hbars(title: str, items: Sequence[Tuple[str, int]], as_bytes: bool) -> str:
-    from fsdp_lint.report import human_bytes
+    from fsdp_lint.humanize import human_bytes
 
     w, label_w, bar_h, gap = 1100, 230, 18, 6
     top = 22
@@ -161,7 +161,7 @@ def _hbars(title: str, items: Sequence[Tuple[str, int]], as_bytes: bool) -> str:
 # the layout diagram
 # --------------------------------------------------------------------------------------------
 def _layout_svg(res) -> str:
-    from fsdp_lint.diagram import bars
+    from fsdp_lint.report.diagram import bars
 
     diagrams = bars(res)
     if not diagrams:
@@ -275,7 +275,7 @@ def _legend(keys) -> str:
 
 
 def _memory_bar(res) -> str:
-    from fsdp_lint.report import human_bytes
+    from fsdp_lint.humanize import human_bytes
 
     mem = res.layout.memory
     parts = [(k, v) for k, _, _ in CATEGORY_STYLE for kk, v in mem.breakdown.items() if kk == k and v]
@@ -297,7 +297,7 @@ def _memory_bar(res) -> str:
 
 
 def _simulated(res, sim: dict) -> str:
-    from fsdp_lint.report import MEMORY_ROWS, human_bytes
+    from fsdp_lint.report.text import MEMORY_ROWS, human_bytes
 
     if "error" in sim:
         return f"<p>not measured: {_e(sim['error'])}</p>"

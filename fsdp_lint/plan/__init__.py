@@ -1,0 +1,1 @@
+"""fsdp_lint/plan"""

@@ -1,0 +1,59 @@
+"""Frameworks that wrap the model with FSDP themselves: Lightning, accelerate, the Hugging Face Trainer.
+
+The installed framework decides, fsdp-lint records: during a replay the framework's own code runs on
+the meta device with the simulated process group, computes its policy and calls the FSDP APIs, which
+are fsdp-lint's recorders. The drivers here only
+
+* fit the framework to the simulated world (Lightning's ``devices``, accelerate's process state),
+* stop it at the training boundary (``TrainingBoundary``: Lightning's ``on_fit_start`` or a Fabric
+  model's first forward, the HF Trainer's first batch),
+* record which framework made each wrap call and the errors it raises for a wrap-class name that
+  matches nothing (the plan stage turns them into ``plan.framework`` and FSD103:
+  `fsdp_lint.plan.frameworks`),
+* read configurations as the framework does (``--accelerate-config``: accelerate's own launcher code
+  turns the YAML into the environment ``accelerate launch`` would set),
+* build Hugging Face models from a config without downloading (``--hf-config``, ``from_pretrained``).
+
+Nothing here imports a framework (or torch) until a replayed file does.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, List
+
+# options of the current lint (``--accelerate-config``, ``--hf-config``, ``--hf-class``), set by the
+# engine around a replay: the sandbox installs the drivers without knowing the settings
+_OPTIONS: List[Any] = []
+
+
+@contextlib.contextmanager
+def configured(options) -> Iterator[None]:
+    """Make `options` (a FrameworkOptions) the ones `install` sees while the block runs."""
+    _OPTIONS.append(options)
+    try:
+        yield
+    finally:
+        _OPTIONS.pop()
+
+
+def current_options():
+    from fsdp_lint.replay.frameworks.options import FrameworkOptions
+
+    return _OPTIONS[-1] if _OPTIONS else FrameworkOptions()
+
+
+def install(rec, patch) -> None:
+    """Called by the replay's sandbox after the FSDP recorders are in place."""
+    from fsdp_lint.replay.frameworks import accelerate, hf, lightning, trl
+    from fsdp_lint.replay.frameworks.hooks import install_hooks, simulate_ddp, simulate_object_collectives
+
+    options = current_options()
+    table: Dict[str, List[Any]] = {}
+    for driver in (lightning, accelerate, hf, trl):
+        for name, fns in driver.hook_table().items():
+            table.setdefault(name, []).extend(fns)
+    for driver in (accelerate, hf):
+        driver.prepare_environment(rec, patch, options)
+    simulate_object_collectives(rec, patch)
+    simulate_ddp(rec, patch)
+    install_hooks(rec, patch, options, table)

@@ -1,0 +1,81 @@
+"""What the replay says about imports: the project's own modules set aside for a replay, an ImportError's
+first line, names the installed version of a package lacks, the project line an exception came from."""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+from typing import List, Optional
+
+from fsdp_lint.replay.failures import _FSDP_LINT_DIR
+
+@contextlib.contextmanager
+def _own_project_modules():
+    """The entry imports its own project modules afresh: project-local modules this process imported
+    before (another file linted in-process, a test's fixtures) are set aside for the replay and put
+    back afterwards, so that a `model` of another project never stands in for this one's."""
+    from fsdp_lint.entry.project import is_local
+
+    aside = {name: mod for name, mod in list(sys.modules.items())
+             if name != "__main__" and is_local(getattr(mod, "__file__", None) or "")}
+    for name in aside:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        for name, mod in aside.items():
+            sys.modules.setdefault(name, mod)
+
+
+def _import_message(exc: BaseException) -> str:
+    """The ImportError's first line without the path of the package's ``__init__.py``."""
+    import re
+
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return re.sub(r" \((/|[A-Za-z]:\\)[^()]*\)$", "", text)
+
+
+def _names_absent_from_installed(module: Optional[str], names, globs, exc=None) -> List[str]:
+    """For ``from pkg import a, b`` that failed with "cannot import name": bind in `globs` the names
+    the imported (installed, not project) module has, and return those it lacks; [] when the failure
+    is anything else."""
+    if not module or module.startswith(".") or not isinstance(exc, ImportError) \
+            or isinstance(exc, ModuleNotFoundError) or "cannot import name" not in str(exc):
+        return []
+    from fsdp_lint.entry.project import is_local
+
+    try:
+        mod = importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - the module itself fails: described as before
+        return []
+    if is_local(getattr(mod, "__file__", None) or ""):
+        return []
+    absent = []
+    for name in names:
+        if name == "*":
+            return []
+        try:
+            globs[name] = getattr(mod, name)
+        except AttributeError:
+            try:        # a submodule imported by name (`from pkg import sub`)
+                globs[name] = importlib.import_module(f"{module}.{name}")
+            except Exception:  # noqa: BLE001
+                absent.append(name)
+        except Exception:  # noqa: BLE001 - a lazy attribute whose own import fails
+            absent.append(name)
+    return absent
+
+
+def _innermost_project_line(exc: BaseException) -> Optional[tuple]:
+    """(path, line) of the innermost frame of the project's own code in `exc`'s traceback."""
+    from fsdp_lint.entry.project import is_local
+
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if is_local(path) and not path.startswith(_FSDP_LINT_DIR):
+            found = (path, tb.tb_lineno)
+        tb = tb.tb_next
+    return found

@@ -1,0 +1,137 @@
+"""Reading torch's meshes, process groups and DTensor placements into plain data, and asking torch's
+own checks what it raises for a layout (`fsdp_lint.replay.parallel` records with these)."""
+from __future__ import annotations
+
+import contextlib
+from typing import List, Optional
+
+from fsdp_lint.model.mesh import MeshInfo, TPStyle
+
+_KNOWN_STYLES = ("ColwiseParallel", "RowwiseParallel", "SequenceParallel", "PrepareModuleInput",
+                 "PrepareModuleOutput", "PrepareModuleInputOutput")
+# --------------------------------------------------------------------------------------------
+# torch's own checks and descriptions
+# --------------------------------------------------------------------------------------------
+def _root_mesh(mesh):
+    getter = getattr(mesh, "_get_root_mesh", None)
+    if getter is not None:
+        with contextlib.suppress(Exception):
+            return getter() or mesh
+    with contextlib.suppress(Exception):
+        from torch.distributed.device_mesh import _mesh_resources
+
+        return _mesh_resources.get_root_mesh(mesh) or mesh
+    return mesh
+
+
+def _group_ranks(pg) -> Optional[List[int]]:
+    try:
+        from torch.distributed import distributed_c10d as c10d
+
+        return [int(r) for r in c10d.get_process_group_ranks(pg)]
+    except Exception:
+        return None
+
+
+def _is_dtensor(p) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except Exception:  # pragma: no cover
+        return False
+    return isinstance(p, DTensor)
+
+
+def _placement(p) -> Optional[tuple]:
+    name = type(p).__name__
+    if name == "_StridedShard":
+        return ("SS", int(p.dim), int(p.split_factor))
+    if name == "Shard":
+        return ("S", int(p.dim))
+    if name == "Replicate":
+        return ("R",)
+    if name == "Partial":
+        return ("P", getattr(p, "reduce_op", "sum"))
+    return None
+
+
+def _describe_style(module, style, mesh: MeshInfo, pos) -> TPStyle:
+    names = [c.__name__ for c in type(style).__mro__]
+    known = next((n for n in names if n in _KNOWN_STYLES), "")
+    if known == "SequenceParallel":
+        inputs = tuple(getattr(style, "sequence_sharding", ()) or ())
+        outputs = inputs
+        desired = inputs
+    elif known == "PrepareModuleInputOutput":
+        inner_in = getattr(style, "prepare_module_input", None)
+        inner_out = getattr(style, "prepare_module_output", None)
+        inputs = tuple(getattr(inner_in, "input_layouts", ()) or ())
+        desired = tuple(getattr(inner_in, "desired_input_layouts", ()) or ())
+        outputs = tuple(getattr(inner_out, "output_layouts", ()) or ())
+        desired = desired + tuple(getattr(inner_out, "desired_output_layouts", ()) or ())
+    else:
+        inputs = tuple(getattr(style, "input_layouts", ()) or ())
+        outputs = tuple(getattr(style, "output_layouts", ()) or ())
+        desired = tuple(getattr(style, "desired_input_layouts", ()) or ())
+        if known == "PrepareModuleOutput":
+            desired = tuple(getattr(style, "desired_output_layouts", ()) or ())
+
+    def conv(layouts):
+        return tuple(None if x is None else (_placement(x) or ("?",)) for x in layouts)
+
+    in_f = getattr(module, "in_features", None) or getattr(module, "num_embeddings", None)
+    out_f = getattr(module, "out_features", None) or getattr(module, "embedding_dim", None)
+    params = [(n, int(p.numel()), str(p.dtype).replace("torch.", "")) for n, p in module.named_parameters()]
+    return TPStyle(module="", style=type(style).__name__, known=known, mesh=mesh, path=pos.path, line=pos.line,
+                   input_layouts=conv(inputs), output_layouts=conv(outputs), desired_input_layouts=conv(desired),
+                   use_local_output=bool(getattr(style, "use_local_output", True)),
+                   module_cls=type(module).__name__, in_features=in_f, out_features=out_f, param_numels=params)
+
+
+def _validate_fsdp2_mesh(mesh) -> None:
+    from torch.distributed.fsdp._fully_shard import _fsdp_init
+
+    validate = getattr(_fsdp_init, "_validate_mesh", None)
+    if validate is None:
+        raise ValueError(f"fully_shard expects a 1D or 2D DeviceMesh but got {mesh}")
+    try:
+        validate(mesh)
+    except TypeError:
+        validate(mesh, None)
+
+
+def _torch_message(fn, fallback: str) -> str:
+    try:
+        fn()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    return fallback
+
+
+def _concatenate_error(dp_mesh, tp_mesh, n_placements: int) -> Optional[str]:
+    """The error FSDP2 raises when it combines its data-parallel mesh with a TP/EP parameter's mesh,
+    or None. torch >= 2.9 concatenates the two meshes (``DeviceMesh._concatenate``); before, it
+    compared their root meshes."""
+    from fsdp_lint.replay.recorders import FakeMesh
+
+    if isinstance(dp_mesh, FakeMesh) or isinstance(tp_mesh, FakeMesh):
+        return None
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    with torch._C.DisableTorchFunction():
+        concat = getattr(DeviceMesh, "_concatenate", None)
+        if concat is not None:
+            try:
+                spmd = concat([dp_mesh, tp_mesh])
+            except Exception as exc:
+                return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+            if n_placements > 2:
+                return f"NotImplementedError: FSDP only supports 1D TP/EP or 2D EP+TP, not {n_placements} placements"
+            if not 2 <= spmd.ndim <= 4:
+                return (f"AssertionError: _spmd_mesh.ndim can only be 2 (FSDP+TP/EP), 3 (FSDP+EP+TP, HSDP+TP/EP), "
+                        f"or 4 (HSDP+EP+TP) but got {spmd.ndim}.")
+            return None
+        if _root_mesh(dp_mesh) is not _root_mesh(tp_mesh):
+            return ("AssertionError: FSDP requires the DP and TP mesh to have the same parent mesh but got: \n"
+                    f"DP's global mesh: {_root_mesh(dp_mesh)}\nTP's global mesh: {_root_mesh(tp_mesh)}").splitlines()[0]
+        return None

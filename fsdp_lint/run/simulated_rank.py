@@ -1,0 +1,65 @@
+"""The rank side of `--simulate` (see `fsdp_lint.run.simulate`): rank 0 of the plan's world under the
+fake process group and ``FakeTensorMode``, two steps watched by torch's memory tracker."""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Dict, Optional
+
+def simulate_rank(spec: dict, rep, remaining) -> None:
+    """Rank 0 of ``spec["world_size"]``: fake process group, fake tensors, the shared session."""
+    import torch
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from fsdp_lint.run.session import Phases, build, run_steps, user_code_io
+
+    ws = spec["world_size"]
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(ws), "LOCAL_WORLD_SIZE": str(ws)})
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ws)
+    with contextlib.suppress(Exception):
+        import torch._dynamo
+
+        torch._dynamo.config.disable = True
+    out: Dict[str, Any] = {"rank": 0, "error": None, "setup_error": None, "steps_done": 0,
+                           "collectives": [], "notes": []}
+    phase = Phases(rep)
+    cpu = torch.device("cpu")
+    try:
+        with _meshes_outside_fake_mode(), FakeTensorMode(allow_non_fake_inputs=True):
+            with user_code_io(spec["debug"]):
+                model, optimizers, info, example_fn = build(spec, ws, cpu, phase, out, remaining)
+            if model is not None:
+                out.update(info)
+                with user_code_io(spec["debug"]):
+                    run_steps(spec, 0, cpu, model, optimizers, phase, out, example_fn, track_memory=True)
+    finally:
+        rep.result(out)
+
+
+@contextlib.contextmanager
+def _meshes_outside_fake_mode():
+    """``init_device_mesh`` (the file's, or the one the replay makes for ``fully_shard``) builds
+    its mesh with fake tensor mode suspended: a DeviceMesh holds real rank tensors."""
+    import torch.distributed as dist
+    import torch.distributed.device_mesh as dm
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    original = dm.init_device_mesh
+
+    def init_device_mesh(*args, **kwargs):
+        with unset_fake_temporarily():
+            return original(*args, **kwargs)
+
+    dm.init_device_mesh = init_device_mesh
+    had = hasattr(dist, "init_device_mesh")
+    previous: Optional[Any] = getattr(dist, "init_device_mesh", None)
+    if had:
+        dist.init_device_mesh = init_device_mesh
+    try:
+        yield
+    finally:
+        dm.init_device_mesh = original
+        if had:
+            dist.init_device_mesh = previous
