@@ -39,6 +39,7 @@ class Settings:
     padding_fraction: float = 0.05           # FSD601
     replay_timeout: float = 120.0
     gpus_per_node: int = 8                   # HYBRID_SHARD node groups; FSD702: replicas across nodes
+    gpu: Optional[str] = None                # the simulated node's GPU (fsdp_lint.gpus; None: the default)
     allow_partial: bool = False              # report a plan with elements fsdp-lint does not model
     entries: List[EntrySpec] = field(default_factory=list)
     # frameworks (issue 8): an accelerate config file as `accelerate launch --config_file` reads it; a
@@ -255,6 +256,12 @@ def validate(settings: Settings, origin: str = "command line") -> None:
     if not isinstance(settings.gpus_per_node, int) or isinstance(settings.gpus_per_node, bool) \
             or settings.gpus_per_node < 1:
         raise ConfigError(f"{origin}: gpus-per-node must be a positive integer, got {settings.gpus_per_node!r}")
+    if settings.gpu is not None:
+        from fsdp_lint import gpus
+
+        if gpus.find(settings.gpu) is None:
+            what = "--gpu" if origin == "command line" else f"{origin}: gpu"
+            raise ConfigError(f"{what}: unknown GPU {settings.gpu!r}; known: {', '.join(gpus.names())}")
     if settings.api not in (None, "fsdp1", "fsdp2"):
         raise ConfigError(f"{origin}: api must be 'fsdp1' or 'fsdp2', got {settings.api!r}")
     if settings.fail_on not in ("info", "warning", "error"):
