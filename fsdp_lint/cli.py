@@ -168,9 +168,9 @@ def _explain(code: str) -> None:
               help="The training input dtype (default: long for a model that starts with an Embedding).")
 @click.option("--run-timeout", type=float, default=300.0, show_default=True,
               help="--run/--simulate: seconds for the whole run.")
-@click.option("--no-cache", is_flag=True,
+@click.option("--no-cache", is_flag=True, envvar="FSDP_LINT_NO_CACHE",
               help="Lint every file afresh (default: a file whose code, arguments, settings, config files and "
-                   "environment are unchanged gets its cached result).")
+                   "environment are unchanged gets its cached result). Also FSDP_LINT_NO_CACHE=1.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Where results are cached (default: $FSDP_LINT_CACHE_DIR, else .fsdp_lint_cache in the "
                    "project root).")

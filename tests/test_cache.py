@@ -189,7 +189,8 @@ _WRAPPER = textwrap.dedent('''
 
 def _lint(root, *argv):
     proc = subprocess.run([sys.executable, "-c", _WRAPPER, *argv], cwd=root, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONPATH": REPO})
+                          timeout=600, env={**{k: v for k, v in os.environ.items() if k != "FSDP_LINT_NO_CACHE"},
+                                                                 "PYTHONPATH": REPO})
     status = json.loads(proc.stderr.strip().splitlines()[-1])
     return proc.stdout, proc.stderr, status
 
@@ -235,6 +236,7 @@ def test_no_cache_run_and_simulate_lint_afresh(tmp_path, monkeypatch, cli, flag)
 
     root = str(tmp_path)
     _project(root)
+    monkeypatch.delenv("FSDP_LINT_NO_CACHE", raising=False)
     seen = []
 
     def lint_runs(runs, cache=None):
