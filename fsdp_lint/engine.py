@@ -55,11 +55,19 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False, argv: Op
 def screen(path: str, settings: Settings, *, explicit: bool = True):
     """The file's source and the project modules it imports, read, never run (no torch): a skipped
     FileResult, or what `analyse_facts` replays. Raises LintError."""
-    from fsdp_lint.entry.project import reach
-    from fsdp_lint.entry.source import SourceError, read_source
+    from fsdp_lint.entry.project import Project, entry_for, reach
+    from fsdp_lint.entry.quick import ImportsOnly, may_matter
+    from fsdp_lint.entry.source import SourceError, parse_source, read_text
 
     try:
-        facts = read_source(path)
+        text = read_text(path)
+        if not settings.model and not may_matter(text):
+            # the quick screen (entry.quick): no word a model, wrap or framework needs, and no import
+            # of a project module -- the full screen would skip it for this reason too
+            imports_only = ImportsOnly(path, text)
+            if not Project(entry_for(path)).imports_of(os.path.abspath(path), imports_only):
+                return FileResult(path=path, skipped=NOTHING_TO_LINT)
+        facts = parse_source(path, text)
     except SourceError as exc:
         raise LintError(str(exc)) from None
     project = None
@@ -191,7 +199,10 @@ def skip_reason(project, explicit: bool) -> Optional[str]:
             return None
         models = ", ".join(sorted(os.path.relpath(p) for p in project.model_paths)[:3])
         return f"imports a model ({models}) but neither wraps it nor uses FSDP; the model is linted where it is defined"
-    return "no nn.Module and no FSDP use (in the file or the project modules it imports)"
+    return NOTHING_TO_LINT
+
+
+NOTHING_TO_LINT = "no nn.Module and no FSDP use (in the file or the project modules it imports)"
 
 
 def lint_file(path: str, settings: Settings, *, argv: Optional[List[str]] = None,

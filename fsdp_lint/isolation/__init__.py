@@ -108,7 +108,9 @@ def lint_runs(runs, cache=None) -> Iterator[Callable[[], FileResult]]:
     `cache` (``fsdp_lint.cache.Cache``): a screened file whose key it holds is not linted again;
     the results of the others are stored (not their errors)."""
     from fsdp_lint import engine
+    from fsdp_lint.entry import project
 
+    project.forget()     # import resolution is remembered for this run's files only
     pool = _Jobs()
     screened: List[Any] = []
     keys: Dict[int, str] = {}
