@@ -9,7 +9,6 @@ import contextlib
 import gc
 import os
 import pickle
-import tempfile
 from typing import Any, Optional
 
 from fsdp_lint.cache.key import FORMAT
@@ -75,6 +74,8 @@ class Cache:
             data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # noqa: BLE001
             return False
+        import tempfile     # only when writing: a run of cache hits never needs it
+
         path = self._path(key)
         try:
             self._prepare()

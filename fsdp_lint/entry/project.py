@@ -91,11 +91,19 @@ def is_local(path: Optional[str]) -> bool:
     or fsdp-lint)."""
     if not path or not path.endswith(".py") or path.startswith("<"):
         return False
-    real = os.path.realpath(path)
-    norm = real.replace("\\", "/")
-    if "/site-packages/" in norm or "/dist-packages/" in norm:
-        return False
-    return not any(real == d or real.startswith(d + os.sep) for d in _library_dirs())
+    local = _IS_LOCAL.get(path)
+    if local is None:
+        real = os.path.realpath(path)
+        norm = real.replace("\\", "/")
+        local = not ("/site-packages/" in norm or "/dist-packages/" in norm) and \
+            not any(real == d or real.startswith(d + os.sep) for d in _library_dirs())
+        _IS_LOCAL[path] = local
+    return local
+
+
+# path -> is_local: the replay asks it of every module in sys.modules (about 2,000 with torch; each
+# a realpath) before each file; the fork server's warm-up fills it for the modules children inherit
+_IS_LOCAL: Dict[str, bool] = {}
 
 
 @dataclass
