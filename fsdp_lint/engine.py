@@ -31,6 +31,9 @@ class FileResult:
     cwd: Optional[str] = None                                # launched from (an entry's config folder)
     simulated: Optional[dict] = None      # --simulate: the measured peak (fsdp_lint.run.simulate)
     granularity: Optional[list] = None    # --compare-granularity: rows (fsdp_lint.report.granularity)
+    # project files the lint's process had imported when it finished (importlib calls, registries:
+    # beyond what the syntax trees reach); the result cache checks them before serving the result
+    imported_files: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -221,10 +224,20 @@ def lint_facts(screened: Screened, settings: Settings, *, argv: Optional[List[st
     """Replay, tree, plan, layout and rules for a screened file. Raises LintError."""
     res = analyse_facts(screened, settings, argv=argv, explicit=explicit, cwd=cwd)
     res.cwd = cwd
+    res.imported_files = _imported_project_files()
     if res.skipped:
         return res
     res.findings = check_rules(res, settings)
     return res
+
+
+def _imported_project_files() -> List[str]:
+    import sys
+
+    from fsdp_lint.entry.project import is_local
+
+    files = {getattr(m, "__file__", None) for m in list(sys.modules.values())}
+    return sorted(os.path.abspath(f) for f in files if isinstance(f, str) and is_local(f))
 
 
 def check_rules(res: FileResult, settings: Settings) -> List[Finding]:

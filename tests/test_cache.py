@@ -14,8 +14,8 @@ import pytest
 
 from conftest import REPO
 
-MODEL = '''\
-"""The model of a small training repository."""
+LAYERS = '''\
+"""Blocks, found through the registry below (imported by name, as plugin registries do)."""
 from __future__ import annotations
 
 import torch.nn as nn
@@ -29,6 +29,18 @@ class Block(nn.Module):
 
     def forward(self, x):
         return x + self.ff(self.norm(x))
+'''
+
+MODEL = '''\
+"""The model of a small training repository."""
+from __future__ import annotations
+
+import importlib
+
+import torch.nn as nn
+
+BLOCKS = {"pre_norm": "mypkg.layers"}
+Block = importlib.import_module(BLOCKS["pre_norm"]).Block
 
 
 class Net(nn.Module):
@@ -85,6 +97,7 @@ def _project(root, version="1.0"):
         "pyproject.toml": '[project]\nname = "myproj"\n\n[tool.fsdp-lint]\nworld-size = 4\n',
         "mypkg/__init__.py": "",
         "mypkg/model.py": MODEL,
+        "mypkg/layers.py": LAYERS,
         "train.py": TRAIN,
         "configs/small.json": json.dumps({"depth": 3}),
         "configs/big.json": json.dumps({"depth": 5}),
@@ -140,8 +153,7 @@ def test_every_part_of_the_key_invalidates_it(tmp_path, monkeypatch):
 
     _edit(os.path.join(root, "train.py"), "lr=1e-4", "lr=3e-4")
     changed("the entry file's content", _key(root))
-    _edit(os.path.join(root, "mypkg", "model.py"), "dim: int = 32):\n        super().__init__()\n        self.norm",
-          "dim: int = 64):\n        super().__init__()\n        self.norm")
+    _edit(os.path.join(root, "mypkg", "model.py"), "depth: int = 3", "depth: int = 4")
     changed("a project module the entry reaches", _key(root))
     _edit(os.path.join(root, "configs", "small.json"), "3", "4")
     changed("a config file named in the code (configs/small.json)", _key(root))
@@ -156,6 +168,15 @@ def test_every_part_of_the_key_invalidates_it(tmp_path, monkeypatch):
     changed("an environment variable the code reads", _key(root))
     monkeypatch.setenv("SOMETHING_UNRELATED_TO_THE_CODE", "1")
     assert _key(root) in seen, "an environment variable nothing reads does not change the key"
+
+    # --model path.py:Class: that file (and what it reaches) is code that runs too
+    before = _key(root, model="mypkg/layers.py:Block")
+    _edit(os.path.join(root, "mypkg", "layers.py"), "dim: int = 32", "dim: int = 16")
+    assert _key(root, model="mypkg/layers.py:Block") != before, "the --model file's content"
+    from fsdp_lint.cache.key import Uncacheable
+
+    with pytest.raises(Uncacheable):     # a module name: its file is known only by importing it
+        _key(root, model="mypkg.layers:Block")
 
 
 def test_cache_files_are_tagged_and_unreadable_entries_are_misses(tmp_path):
@@ -218,15 +239,17 @@ def test_a_rerun_prints_the_same_report_without_torch_and_a_change_lints_afresh(
     as_json, _, status = _lint(root, *args[:1], "--format", "json", "--cache-dir", cache_dir)
     assert not status["server"] and json.loads(as_json)["files"][0]["plan"]["world_size"] == 4
 
-    # the model module changed: linted afresh; a file whose setup fails is not cached
-    _edit(os.path.join(root, "mypkg", "model.py"), "depth: int = 3", "depth: int = 6")
-    _edit(os.path.join(root, "configs", "small.json"), "3", "6")
+    # a module the code imports by name (no import statement: only the lint's process saw it)
+    # changed: linted afresh; a file whose setup fails is not cached
+    _edit(os.path.join(root, "mypkg", "layers.py"), "nn.Linear(dim, dim)", "nn.Linear(dim, 2 * dim)")
+    _edit(os.path.join(root, "mypkg", "layers.py"), "return x + self.ff(self.norm(x))",
+          "return x + self.ff(self.norm(x))[..., :x.shape[-1]]")
     with open(os.path.join(root, "broken.py"), "w") as fh:
         fh.write(TRAIN.replace("model = Net(depth=depth)", "model = Net(depth=depth, width=1)"))
     out, err, status = _lint(root, "train.py", "broken.py", "--cache-dir", cache_dir)
     assert status["code"] == 2 and status["server"]
-    assert "7 units" in out and "broken.py" in err
-    assert len(_entries(cache_dir)) == 2, "only the two clean results of train.py are cached"
+    assert "4 units" in out and out != first and "broken.py" in err
+    assert len(_entries(cache_dir)) == 1, "the entry of train.py was replaced; broken.py is not cached"
 
 
 @pytest.mark.parametrize("flag", ["--no-cache", "--run", "--simulate"])

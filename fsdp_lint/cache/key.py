@@ -32,7 +32,7 @@ from typing import Any, Iterable, List, Optional, Set, Tuple
 
 from fsdp_lint.version import __version__
 
-FORMAT = 1    # the layout of an entry; a change starts a new cache folder
+FORMAT = 2    # the layout of an entry; a change starts a new cache folder
 
 # environment variables that torch, the frameworks or the launch read
 _ENV_PREFIXES = ("TORCH", "PYTORCH", "CUDA", "NCCL", "HF_", "HUGGINGFACE", "TRANSFORMERS", "ACCELERATE",
@@ -43,6 +43,10 @@ _LITERAL = re.compile(r"""(?:"([^"\\\n]{1,300})"|'([^'\\\n]{1,300})')""")
 _CONFIG_EXT = (".yaml", ".yml", ".json", ".toml", ".ini", ".cfg", ".txt", ".py", ".conf", ".jsonl")
 _MAX_DIR_FILES = 400
 _MAX_HASHED_BYTES = 4 << 20   # bigger files (weights) count by size and modification time
+
+
+class Uncacheable(Exception):
+    """A run whose key cannot be known without running it: linted as without a cache."""
 
 
 def _h(data: bytes) -> str:
@@ -171,6 +175,16 @@ def run_key(screened, settings, argv: Optional[List[str]], explicit: bool, cwd: 
     with these settings and argv, from `cwd` (None: this process's)."""
     facts, project = screened.facts, screened.project
     modules = dict(project.modules) if project is not None else {facts.path: facts}
+    model_files: List[Tuple[str, str]] = []
+    if settings.model:    # --model path.py:Class: that file and what it reaches are code that runs
+        target = settings.model.split(":", 1)[0]
+        if not target.endswith(".py"):
+            raise Uncacheable("--model names a module, not a file")   # its file is found only by importing
+        from fsdp_lint.entry.project import reach
+
+        full = os.path.join(os.path.abspath(cwd) if cwd else os.getcwd(), target)
+        for path, other in reach(full).modules.items():
+            model_files.append((os.path.abspath(path), _h(other.text.encode("utf-8", "surrogatepass"))))
     process_cwd = os.getcwd()
     run_cwd = os.path.abspath(cwd) if cwd else process_cwd
     module_dirs = sorted({os.path.dirname(os.path.abspath(p)) for p in modules})
@@ -198,6 +212,7 @@ def run_key(screened, settings, argv: Optional[List[str]], explicit: bool, cwd: 
         "distributions": installed_distributions(),
         "entry": [os.path.abspath(facts.path), explicit],
         "modules": sorted((os.path.abspath(p), _h(f.text.encode("utf-8", "surrogatepass"))) for p, f in modules.items()),
+        "model_files": sorted(model_files),
         "unreadable": sorted((project.unreadable if project is not None else {}).items()),
         "argv": list(argv) if argv is not None else None,
         "settings": _settings_data(settings),

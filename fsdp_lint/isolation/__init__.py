@@ -152,10 +152,17 @@ def _cached(cache, keys: Dict[int, str], i: int, item, settings, argv, explicit,
     except Exception:  # noqa: BLE001 - a key that cannot be computed: lint as without a cache
         return item
     hit = cache.get(key)
-    if isinstance(hit, FileResult):
-        return hit
+    if isinstance(hit, tuple) and len(hit) == 2 and isinstance(hit[0], FileResult) and _unchanged(hit[1]):
+        return hit[0]
     keys[i] = key
     return item
+
+
+def _unchanged(imported) -> bool:
+    """The project files a cached lint imported beyond the key's modules still hold what they held."""
+    from fsdp_lint.cache.key import file_digest
+
+    return all(file_digest(path) == digest for path, digest in imported)
 
 
 def _storing(cache, key: Optional[str], lint: Callable[[], FileResult]) -> Callable[[], FileResult]:
@@ -164,8 +171,10 @@ def _storing(cache, key: Optional[str], lint: Callable[[], FileResult]) -> Calla
         return lint
 
     def run() -> FileResult:
+        from fsdp_lint.cache.key import file_digest
+
         res = lint()
-        cache.put(key, res)
+        cache.put(key, (res, [(path, file_digest(path)) for path in res.imported_files]))
         return res
     return run
 
