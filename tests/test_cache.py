@@ -188,7 +188,15 @@ def test_cache_files_are_tagged_and_unreadable_entries_are_misses(tmp_path):
     assert cache.get("ab" * 32) == {"x": 1}
     assert open(tmp_path / "c" / ".gitignore").read().strip().endswith("*")
     assert open(tmp_path / "c" / "CACHEDIR.TAG").read().startswith("Signature: 8a477f597d28d172789f06886806bc55")
+    for i in range(5):                   # the least recently used beyond the limits go
+        cache.put(f"{i:02d}" * 32, list(range(1000)))
+        os.utime(cache._path(f"{i:02d}" * 32), (1000 + i, 1000 + i))
+    os.utime(cache._path("ab" * 32), (2000, 2000))        # used last
+    cache.prune(keep=3)
+    left = sorted(f[:2] for _, _, files in os.walk(cache.folder) for f in files)
+    assert left == ["03", "04", "ab"]
     entry = cache._path("ab" * 32)
+    cache.put("ab" * 32, {"x": 1})
     with open(entry, "wb") as fh:
         fh.write(b"not a pickle")
     assert cache.get("ab" * 32) is None and not os.path.exists(entry)

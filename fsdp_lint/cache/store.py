@@ -16,7 +16,8 @@ from fsdp_lint.version import __version__
 
 DEFAULT_DIR = ".fsdp_lint_cache"
 ENV_DIR = "FSDP_LINT_CACHE_DIR"
-MAX_ENTRIES = 2000     # beyond this the least recently used entries go
+MAX_ENTRIES = 1000     # beyond this, or MAX_BYTES, the least recently used entries go
+MAX_BYTES = 512 << 20  # (the 70B-shaped model's result is about 0.4 MB)
 _TAG = ("Signature: 8a477f597d28d172789f06886806bc55\n"
         "# This file is a cache directory tag created by fsdp-lint.\n"
         "# For information about cache directory tags, see: https://bford.info/cachedir/\n")
@@ -104,8 +105,9 @@ class Cache:
                 with contextlib.suppress(OSError), open(target, "w", encoding="utf-8") as fh:
                     fh.write(text)
 
-    def prune(self, keep: int = MAX_ENTRIES) -> None:
-        """Remove the least recently used entries beyond `keep` (only after a run that wrote some)."""
+    def prune(self, keep: int = MAX_ENTRIES, max_bytes: int = MAX_BYTES) -> None:
+        """Remove the least recently used entries beyond `keep` entries or `max_bytes` in all (only
+        after a run that wrote some)."""
         if not self.writes or not os.path.isdir(self.folder):
             return
         entries = []
@@ -115,10 +117,12 @@ class Cache:
                 for name in os.listdir(d):
                     p = os.path.join(d, name)
                     with contextlib.suppress(OSError):
-                        entries.append((os.stat(p).st_mtime, p))
-        if len(entries) <= keep:
-            return
-        entries.sort()
-        for _, p in entries[: len(entries) - keep]:
-            with contextlib.suppress(OSError):
-                os.unlink(p)
+                        st = os.stat(p)
+                        entries.append((st.st_mtime, st.st_size, p))
+        entries.sort(reverse=True)      # newest first: kept
+        total = 0
+        for i, (_, size, p) in enumerate(entries):
+            total += size
+            if i >= keep or total > max_bytes:
+                with contextlib.suppress(OSError):
+                    os.unlink(p)
