@@ -169,6 +169,15 @@ def test_every_part_of_the_key_invalidates_it(tmp_path, monkeypatch):
     monkeypatch.setenv("SOMETHING_UNRELATED_TO_THE_CODE", "1")
     assert _key(root) in seen, "an environment variable nothing reads does not change the key"
 
+    from fsdp_lint.cache import key as key_module
+
+    monkeypatch.setattr(sys, "version", sys.version + " (another build)")
+    changed("the Python version", _key(root))
+    monkeypatch.setattr(key_module, "__version__", "99.0")
+    changed("fsdp-lint's version", _key(root))
+    monkeypatch.setattr(key_module, "_OWN", "an edited rule")
+    changed("fsdp-lint's own source files", _key(root))
+
     # --model path.py:Class: that file (and what it reaches) is code that runs too
     before = _key(root, model="mypkg/layers.py:Block")
     _edit(os.path.join(root, "mypkg", "layers.py"), "dim: int = 32", "dim: int = 16")
