@@ -236,8 +236,14 @@ def _imported_project_files() -> List[str]:
 
     from fsdp_lint.entry.project import is_local
 
-    files = {getattr(m, "__file__", None) for m in list(sys.modules.values())}
-    return sorted(os.path.abspath(f) for f in files if isinstance(f, str) and is_local(f))
+    files = set()
+    for name, module in list(sys.modules.items()):
+        f = getattr(module, "__file__", None)
+        # fsdp-lint's own modules (rules/ of a checkout looks local) are in the cache key already;
+        # torch's pseudo-modules have relative names (``_ops.py``)
+        if not name.startswith("fsdp_lint") and isinstance(f, str) and os.path.isabs(f) and is_local(f):
+            files.add(f)
+    return sorted(files)
 
 
 def check_rules(res: FileResult, settings: Settings) -> List[Finding]:
