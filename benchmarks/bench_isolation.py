@@ -30,6 +30,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# every round lints afresh (bench_cache.py measures the result cache)
+os.environ["FSDP_LINT_NO_CACHE"] = "1"
 sys.path.insert(0, HERE)
 
 from bench_lint import _plain_file, measure, print_cases  # noqa: E402

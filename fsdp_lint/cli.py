@@ -168,12 +168,18 @@ def _explain(code: str) -> None:
               help="The training input dtype (default: long for a model that starts with an Embedding).")
 @click.option("--run-timeout", type=float, default=300.0, show_default=True,
               help="--run/--simulate: seconds for the whole run.")
+@click.option("--no-cache", is_flag=True, envvar="FSDP_LINT_NO_CACHE",
+              help="Lint every file afresh (default: a file whose code, arguments, settings, config files and "
+                   "environment are unchanged gets its cached result). Also FSDP_LINT_NO_CACHE=1.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Where results are cached (default: $FSDP_LINT_CACHE_DIR, else .fsdp_lint_cache in the "
+                   "project root).")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(__version__, prog_name="fsdp-lint")
 def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout,
         compare_granularity, select, ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules,
         config_path, output, accelerate_config, hf_config, hf_class, run_, simulate, nproc, steps, device,
-        input_shape, input_dtype, run_timeout, debug):
+        input_shape, input_dtype, run_timeout, no_cache, cache_dir, debug):
     """Lint PyTorch FSDP wrap code and show the plan FSDP will build.
 
     PATHS are training or model files, or directories (walked for *.py). Arguments after `--` are the
@@ -249,8 +255,13 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
         failures.append((path, f"{path}: no such file or directory"))
         click.echo(f"fsdp-lint: error: {path}: no such file or directory", err=True)
     runs = list(plan_runs(files, settings, script_args))
+    cache = None
+    if not (no_cache or run_ or simulate):   # --run and --simulate are there to run
+        from fsdp_lint.cache import Cache, default_dir
+
+        cache = Cache(cache_dir or default_dir(base.config_path))
     linted = lint_runs([(path, run_settings, argv, explicit, cwd) for path, argv, run_settings, explicit, cwd
-                        in runs if not (explicit and not_python(path))])
+                        in runs if not (explicit and not_python(path))], cache=cache)
     for path, argv, run_settings, explicit, cwd in runs:
         if explicit and not_python(path):
             msg = _with_path(path, "not a Python file: fsdp-lint lints training scripts and model files (.py); "

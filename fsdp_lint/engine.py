@@ -31,6 +31,9 @@ class FileResult:
     cwd: Optional[str] = None                                # launched from (an entry's config folder)
     simulated: Optional[dict] = None      # --simulate: the measured peak (fsdp_lint.run.simulate)
     granularity: Optional[list] = None    # --compare-granularity: rows (fsdp_lint.report.granularity)
+    # project files the lint's process had imported when it finished (importlib calls, registries:
+    # beyond what the syntax trees reach); the result cache checks them before serving the result
+    imported_files: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -55,11 +58,19 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False, argv: Op
 def screen(path: str, settings: Settings, *, explicit: bool = True):
     """The file's source and the project modules it imports, read, never run (no torch): a skipped
     FileResult, or what `analyse_facts` replays. Raises LintError."""
-    from fsdp_lint.entry.project import reach
-    from fsdp_lint.entry.source import SourceError, read_source
+    from fsdp_lint.entry.project import Project, entry_for, reach
+    from fsdp_lint.entry.quick import ImportsOnly, may_matter
+    from fsdp_lint.entry.source import SourceError, parse_source, read_text
 
     try:
-        facts = read_source(path)
+        text = read_text(path)
+        if not settings.model and not may_matter(text):
+            # the quick screen (entry.quick): no word a model, wrap or framework needs, and no import
+            # of a project module -- the full screen would skip it for this reason too
+            imports_only = ImportsOnly(path, text)
+            if not Project(entry_for(path)).imports_of(os.path.abspath(path), imports_only):
+                return FileResult(path=path, skipped=NOTHING_TO_LINT)
+        facts = parse_source(path, text)
     except SourceError as exc:
         raise LintError(str(exc)) from None
     project = None
@@ -191,7 +202,10 @@ def skip_reason(project, explicit: bool) -> Optional[str]:
             return None
         models = ", ".join(sorted(os.path.relpath(p) for p in project.model_paths)[:3])
         return f"imports a model ({models}) but neither wraps it nor uses FSDP; the model is linted where it is defined"
-    return "no nn.Module and no FSDP use (in the file or the project modules it imports)"
+    return NOTHING_TO_LINT
+
+
+NOTHING_TO_LINT = "no nn.Module and no FSDP use (in the file or the project modules it imports)"
 
 
 def lint_file(path: str, settings: Settings, *, argv: Optional[List[str]] = None,
@@ -210,10 +224,26 @@ def lint_facts(screened: Screened, settings: Settings, *, argv: Optional[List[st
     """Replay, tree, plan, layout and rules for a screened file. Raises LintError."""
     res = analyse_facts(screened, settings, argv=argv, explicit=explicit, cwd=cwd)
     res.cwd = cwd
+    res.imported_files = _imported_project_files()
     if res.skipped:
         return res
     res.findings = check_rules(res, settings)
     return res
+
+
+def _imported_project_files() -> List[str]:
+    import sys
+
+    from fsdp_lint.entry.project import is_local
+
+    files = set()
+    for name, module in list(sys.modules.items()):
+        f = getattr(module, "__file__", None)
+        # fsdp-lint's own modules (rules/ of a checkout looks local) are in the cache key already;
+        # torch's pseudo-modules have relative names (``_ops.py``)
+        if not name.startswith("fsdp_lint") and isinstance(f, str) and os.path.isabs(f) and is_local(f):
+            files.add(f)
+    return sorted(files)
 
 
 def check_rules(res: FileResult, settings: Settings) -> List[Finding]:

@@ -9,6 +9,10 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# every test lints afresh (tests/test_cache.py turns the result cache on where it tests it); set here
+# so that the fsdp-lint processes tests start inherit it
+os.environ["FSDP_LINT_NO_CACHE"] = "1"
+
 
 def pytest_addoption(parser):
     parser.addoption(

@@ -506,10 +506,19 @@ def test_ci_runs_the_readme_test_command():
 def test_pre_commit_hook_definition():
     with open(os.path.join(REPO, ".pre-commit-hooks.yaml")) as fh:
         text = fh.read()
-    lines = {ln.strip() for ln in text.splitlines()}
-    for required in ("- id: fsdp-lint", "entry: fsdp-lint", "language: python", "types: [python]",
-                     "require_serial: true", "args: [--format, concise]"):
-        assert required in lines, required
+    hooks = {}
+    for block in text.split("\n- ")[1:]:
+        lines = {ln.strip() for ln in block.splitlines()}
+        hooks[block.split("\n", 1)[0].replace("id:", "").strip()] = lines
+    assert set(hooks) == {"fsdp-lint", "fsdp-lint-fix", "fsdp-lint-isolated"}
+    for hook_id, lines in hooks.items():
+        for required in ("types: [python]", "require_serial: true", "args: [--format, concise]"):
+            assert required in lines, (hook_id, required)
+    # the default runs the user's environment (the repository's dependencies, its torch)
+    assert {"entry: fsdp-lint", "language: system"} <= hooks["fsdp-lint"]
+    assert {"entry: fsdp-lint --fix", "language: system"} <= hooks["fsdp-lint-fix"]
+    assert {"entry: fsdp-lint", "language: python"} <= hooks["fsdp-lint-isolated"]
+    assert "PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu" in text    # the CPU-torch note
 
 
 def test_stderr_stays_clean_without_numpy():

@@ -21,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAGES: List[List[str]] = [
     ["fsdp_lint.version", "fsdp_lint.config", "fsdp_lint.humanize", "fsdp_lint.gpus", "fsdp_lint.process"],  # base
     ["fsdp_lint.entry"],      # what to lint: the entry point and its project, read from syntax
+    ["fsdp_lint.cache"],      # the result cache: keys from the screened sources and settings (no torch)
     ["fsdp_lint.model"],      # the module tree, its blocks, policies resolved, meshes as data
     ["fsdp_lint.replay"],     # the setup code run on the simulated node; framework drivers
     ["fsdp_lint.plan"],       # units, FlatParameter/DTensor layout, collectives, memory, forward trace

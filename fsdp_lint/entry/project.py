@@ -91,11 +91,19 @@ def is_local(path: Optional[str]) -> bool:
     or fsdp-lint)."""
     if not path or not path.endswith(".py") or path.startswith("<"):
         return False
-    real = os.path.realpath(path)
-    norm = real.replace("\\", "/")
-    if "/site-packages/" in norm or "/dist-packages/" in norm:
-        return False
-    return not any(real == d or real.startswith(d + os.sep) for d in _library_dirs())
+    local = _IS_LOCAL.get(path)
+    if local is None:
+        real = os.path.realpath(path)
+        norm = real.replace("\\", "/")
+        local = not ("/site-packages/" in norm or "/dist-packages/" in norm) and \
+            not any(real == d or real.startswith(d + os.sep) for d in _library_dirs())
+        _IS_LOCAL[path] = local
+    return local
+
+
+# path -> is_local: the replay asks it of every module in sys.modules (about 2,000 with torch; each
+# a realpath) before each file; the fork server's warm-up fills it for the modules children inherit
+_IS_LOCAL: Dict[str, bool] = {}
 
 
 @dataclass
@@ -175,23 +183,45 @@ class Reach:
         return relevant, wraps
 
 
+# what import resolution found, shared by the entry points of one lint run (a directory of files in
+# the same folders asks the same questions); ``forget()`` starts afresh (each run, as files may change)
+_REPO_ROOTS: Dict[str, Optional[str]] = {}
+_LOCAL_SYS_PATH: List[List[str]] = []
+_SPECS: Dict[str, Optional[List[str]]] = {}
+_RESOLVED: Dict[Tuple[Tuple[str, ...], str], Optional[str]] = {}
+
+
+def forget() -> None:
+    """Drop what import resolution remembered (a new lint run)."""
+    _REPO_ROOTS.clear()
+    _LOCAL_SYS_PATH.clear()
+    _SPECS.clear()
+    _RESOLVED.clear()
+
+
 class Project:
     """Resolves imports to project files the way the replay's ``sys.path`` will."""
 
     def __init__(self, entry: Entry):
         self.entry = entry
         roots = [entry.root]
-        repo = repo_root(entry.path)
+        folder = os.path.dirname(entry.path)
+        if folder not in _REPO_ROOTS:
+            _REPO_ROOTS[folder] = repo_root(entry.path)
+        repo = _REPO_ROOTS[folder]
         # scripts in a repository often reach its package through sys.path tweaks or an editable
         # install: the repository root and its src/ are searched after the entry's own root
         if repo:
             roots += [repo, os.path.join(repo, "src")]
-        roots += [p for p in sys.path if p and os.path.isdir(p) and is_local(os.path.join(p, "x.py"))]
+        if not _LOCAL_SYS_PATH:
+            _LOCAL_SYS_PATH.append([p for p in sys.path if p and os.path.isdir(p) and is_local(os.path.join(p, "x.py"))])
+        roots += _LOCAL_SYS_PATH[0]
         if entry.is_package_module:
             roots.append(os.path.dirname(entry.path))     # siblings imported as top-level modules
         seen: Set[str] = set()
         self.roots = [r for r in (os.path.abspath(r) for r in roots) if not (r in seen or seen.add(r))]
-        self._spec_cache: Dict[str, Optional[List[str]]] = {}
+        self._roots_key = tuple(self.roots)
+        self._spec_cache = _SPECS
 
     def module_name(self, path: str) -> Tuple[str, bool]:
         """(dotted name, is a package) of a project file, relative to the first root holding it."""
@@ -230,6 +260,12 @@ class Project:
         """The project file of module `dotted`, or None (not local, or not found)."""
         if not dotted:
             return None
+        key = (self._roots_key, dotted)
+        if key not in _RESOLVED:
+            _RESOLVED[key] = self._resolve(dotted)
+        return _RESOLVED[key]
+
+    def _resolve(self, dotted: str) -> Optional[str]:
         parts = dotted.split(".")
         for base in self._search_dirs(parts[0]):
             d = os.path.join(base, *parts)

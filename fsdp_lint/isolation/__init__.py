@@ -99,21 +99,29 @@ def lint_call(target: str, settings, label: str) -> FileResult:
         pool.cancel()
 
 
-def lint_runs(runs) -> Iterator[Callable[[], FileResult]]:
+def lint_runs(runs, cache=None) -> Iterator[Callable[[], FileResult]]:
     """For each run ``(path, settings, argv, explicit, cwd)`` in order, a ``lint()`` that returns
     its FileResult or raises as `engine.lint_file` does. The sources are read and screened here;
     the files that need a replay run in child processes, several at once. Closing the iterator
-    (or a Ctrl-C / SIGTERM while waiting) stops the children that are still running."""
-    from fsdp_lint import engine
+    (or a Ctrl-C / SIGTERM while waiting) stops the children that are still running.
 
+    `cache` (``fsdp_lint.cache.Cache``): a screened file whose key it holds is not linted again;
+    the results of the others are stored (not their errors)."""
+    from fsdp_lint import engine
+    from fsdp_lint.entry import project
+
+    project.forget()     # import resolution is remembered for this run's files only
     pool = _Jobs()
     screened: List[Any] = []
+    keys: Dict[int, str] = {}
     try:
         for i, (path, settings, argv, explicit, cwd) in enumerate(runs):
             try:
                 item = engine.screen(path, settings, explicit=explicit)
             except Exception as exc:  # noqa: BLE001 - raised again in its turn, as lint_file would
                 item = exc
+            if cache is not None and isinstance(item, engine.Screened):
+                item = _cached(cache, keys, i, item, settings, argv, explicit, cwd)
             if isinstance(item, FileResult):
                 item.cwd = cwd
             elif not isinstance(item, Exception) and available():
@@ -125,12 +133,50 @@ def lint_runs(runs) -> Iterator[Callable[[], FileResult]]:
             elif isinstance(item, FileResult):
                 yield (lambda item=item: item)
             elif not available():
-                yield (lambda item=item, settings=settings, argv=argv, explicit=explicit, cwd=cwd:
-                       engine.lint_facts(item, settings, argv=argv, explicit=explicit, cwd=cwd))
+                yield _storing(cache, keys.get(i), lambda item=item, settings=settings, argv=argv, explicit=explicit,
+                               cwd=cwd: engine.lint_facts(item, settings, argv=argv, explicit=explicit, cwd=cwd))
             else:
-                yield (lambda i=i: pool.result(i))
+                yield _storing(cache, keys.get(i), lambda i=i: pool.result(i))
     finally:
         pool.cancel()
+        if cache is not None:
+            cache.prune()
+
+
+def _cached(cache, keys: Dict[int, str], i: int, item, settings, argv, explicit, cwd):
+    """The cached FileResult of a screened run, or the run itself (its key kept for the store)."""
+    from fsdp_lint.cache import run_key
+
+    try:
+        key = run_key(item, settings, argv, explicit, cwd)
+    except Exception:  # noqa: BLE001 - a key that cannot be computed: lint as without a cache
+        return item
+    hit = cache.get(key)
+    if isinstance(hit, tuple) and len(hit) == 2 and isinstance(hit[0], FileResult) and _unchanged(hit[1]):
+        return hit[0]
+    keys[i] = key
+    return item
+
+
+def _unchanged(imported) -> bool:
+    """The project files a cached lint imported beyond the key's modules still hold what they held."""
+    from fsdp_lint.cache.key import file_digest
+
+    return all(file_digest(path) == digest for path, digest in imported)
+
+
+def _storing(cache, key: Optional[str], lint: Callable[[], FileResult]) -> Callable[[], FileResult]:
+    """`lint`, whose result (not an exception) goes into the cache under `key`."""
+    if cache is None or key is None:
+        return lint
+
+    def run() -> FileResult:
+        from fsdp_lint.cache.key import file_digest
+
+        res = lint()
+        cache.put(key, (res, [(path, file_digest(path)) for path in res.imported_files]))
+        return res
+    return run
 
 
 def _raiser(exc: BaseException) -> Callable[[], FileResult]:

@@ -1,0 +1,58 @@
+"""The quick screen: most files of a repository are plain (utilities, data code, CLIs) and are skipped;
+deciding that should cost a parse, not the full reading of ``source``.
+
+A file is linted when it, or a project module it imports, defines a model, wraps with FSDP, names an
+auto-wrap policy or uses a framework that wraps (``engine.skip_reason``). Every one of those facts
+that ``source._Collector`` records needs one of the words below in the file's text (a class whose
+base ends in ``Module``, ``fully_shard``, ``FSDP``, ``build_model``, ``from_pretrained``,
+``lightning``, ...; aliases are made only from those names). So a file whose text holds none of
+them, and whose imports resolve to no project module, is skipped for the same reason, with the same
+message, as the full screen would give -- after ``ast.parse`` (its syntax errors are reported just
+the same) and a walk over its import statements. Anything else goes through the full screen.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from typing import List
+
+from fsdp_lint.entry.detect import FRAMEWORK_PACKAGES
+from fsdp_lint.entry.source import (FACTORY_NAMES, FRAMEWORK_MODULES, FRAMEWORK_NAMES, HF_FACTORIES, POLICY_NAMES,
+                                    WRAP_FSDP1, WRAP_FSDP2, ImportInfo, parse_tree)
+
+# every name the collector keys a model, wrap, policy or framework fact on (``Module`` covers
+# ``nn.Module``, ``ModuleWrapPolicy`` and ``LightningModule``)
+TRIGGER_WORDS = sorted(WRAP_FSDP1 | WRAP_FSDP2 | {"FSDP"} | POLICY_NAMES | HF_FACTORIES | set(FACTORY_NAMES)
+                       | FRAMEWORK_MODULES | FRAMEWORK_NAMES | set(FRAMEWORK_PACKAGES) | {"Module", "PreTrainedModel"})
+_TRIGGERS = re.compile("|".join(re.escape(w) for w in TRIGGER_WORDS))
+
+
+def may_matter(text: str) -> bool:
+    """The text holds a word some model, wrap, policy or framework fact needs."""
+    return _TRIGGERS.search(text) is not None
+
+
+class ImportsOnly:
+    """What ``project.Project.imports_of`` reads of a file: its import statements."""
+
+    def __init__(self, path: str, text: str):
+        self.path = path
+        self.text = text
+        self.imports: List[ImportInfo] = []
+        todo = list(parse_tree(path, text).body)
+        while todo:      # import statements sit only in statement lists: expressions are not walked
+            node = todo.pop()
+            if isinstance(node, ast.Import):
+                self.imports += [ImportInfo(a.name, 0, [], node.lineno, False) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                self.imports.append(ImportInfo(node.module or "", node.level or 0, [a.name for a in node.names],
+                                               node.lineno, False))
+            else:
+                for name in _BODIES:
+                    sub = getattr(node, name, None)
+                    if sub:
+                        todo += sub
+
+
+# the fields of a statement that hold statements (``handlers``: except clauses; ``cases``: match)
+_BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
