@@ -7,8 +7,8 @@ Setup code reads scalars from tensors: ``x.item()``, ``.tolist()``, ``bool(t)`` 
 rows. On a real node these read a value; on meta torch raises "cannot be called on meta tensors", and a
 fake tensor raises ``DataDependentOutputException``. Initial values never change a plan, so each of
 these reads answers a neutral value -- zero: ``0`` / ``0.0`` / ``False`` for ``.item()``, ``int()``,
-``float()``, ``bool()`` and ``operator.index()``, a list of zeros of the tensor's shape for
-``.tolist()`` -- and the replay notes the line that read it. The real call is tried first: a tensor
+``float()``, ``bool()`` and ``operator.index()``, zeros of the tensor's shape for ``.tolist()`` and
+``.numpy()`` -- and the replay notes the line that read it. The real call is tried first: a tensor
 with data (a CPU tensor, a fake tensor made from a constant) answers its own value, and a read that
 would fail on a real node too (``bool()`` of a tensor of many elements) raises as it would there.
 
@@ -44,6 +44,14 @@ def _zeros_list(tensor) -> Any:
     return build(shape)
 
 
+def _zeros_array(tensor) -> Any:
+    import numpy
+    import torch
+
+    dtype = torch.empty((), dtype=tensor.dtype, device="cpu").numpy().dtype
+    return numpy.zeros(tuple(tensor.shape), dtype=dtype)
+
+
 _ANSWERS = {
     "item": _zero_of,
     "tolist": _zeros_list,
@@ -52,9 +60,11 @@ _ANSWERS = {
     "__index__": lambda t: 0,
     "__float__": lambda t: 0.0,
     "__complex__": lambda t: 0j,
+    "numpy": lambda t: _zeros_array(t),
 }
 _SPELLING = {"item": ".item()", "tolist": ".tolist()", "__bool__": "bool()", "__int__": "int()",
-             "__index__": "an index", "__float__": "float()", "__complex__": "complex()"}
+             "__index__": "an index", "__float__": "float()", "__complex__": "complex()",
+             "numpy": ".numpy()"}
 
 
 def reads_a_value(func) -> Optional[str]:
@@ -82,7 +92,7 @@ def _is_no_data_error(exc: BaseException) -> bool:
     if kind in ("DataDependentOutputException", "DynamicOutputShapeException", "GuardOnDataDependentSymNode"):
         return True
     text = str(exc)
-    return "meta tensor" in text or "no data" in text
+    return "meta" in text or "no data" in text
 
 
 def read_value(name: str, func, args, kwargs, rec) -> Any:
@@ -103,7 +113,7 @@ def read_value(name: str, func, args, kwargs, rec) -> Any:
 def _note(rec, name: str, value) -> None:
     pos = rec.position()
     where = f"{os.path.basename(pos.path)}:{pos.line}" if pos.line else os.path.basename(pos.path)
-    shown = "zeros" if name == "tolist" else repr(value)
+    shown = "zeros" if name in ("tolist", "numpy") else repr(value)
     text = (f"{where}: {_SPELLING[name]} of a tensor that has no data here (meta) answered {shown}: values read "
             f"from tensors during setup answer zero; a shape computed from one would be the data's")
     seen = rec.__dict__.setdefault("_data_value_lines", set())

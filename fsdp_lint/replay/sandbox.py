@@ -342,8 +342,8 @@ def _device_mode(target_device, rec):
                 return data_values.read_value(read, func, args, kwargs, rec)
             if "device" in kwargs and kwargs["device"] is not None:
                 kwargs["device"] = target_device
-            if func is torch.Tensor.cuda:
-                return args[0]
+            if func is torch.Tensor.cuda or (func is torch.Tensor.cpu and target_device.type == "meta"):
+                return args[0]       # every device is the target device, as `.to(device)` is
             if func is torch.Tensor.to:
                 device, dtype = _parse_to_args(args[1:], kwargs)
                 if dtype is None:
