@@ -14,7 +14,9 @@ returns, so all of that works as it does on the node:
   (``ds["messages"]``, ``select_columns``, ``remove_columns``, ``rename_column``, a ``map``/``filter``
   function reading ``example["prompt"]``) is added, with the placeholder text, where it is asked for;
   a data set derived from a stand-in (mapped, shuffled, concatenated, split) keeps these answers;
-* ``select(indices)`` past its rows takes them modulo its length (``select(range(args.max_samples))``).
+* ``select(indices)`` past its rows takes them modulo its length (``select(range(args.max_samples))``);
+* a ``map``/``filter`` function that fails on the placeholder rows (its tokenizer is not here either)
+  leaves the stand-in as it was, listed as a skipped statement.
 
 The data never changes a plan, and no batch is ever drawn.
 """
@@ -132,8 +134,10 @@ def _missing_column(exc: BaseException, ds) -> Optional[str]:
     return None
 
 
-def install_columns_on_demand(patch, datasets_module) -> None:
-    """Patch ``datasets.Dataset`` for the replay: on a stand-in, a column the script asks for exists."""
+def install_columns_on_demand(patch, datasets_module, on_failure=None) -> None:
+    """Patch ``datasets.Dataset`` for the replay: on a stand-in, a column the script asks for exists, and a
+    ``map``/``filter`` whose function fails on the placeholder rows leaves the stand-in as it was
+    (`on_failure(exc)` is told)."""
     Dataset = datasets_module.Dataset
 
     def wrap_columns(name, argument):
@@ -169,11 +173,20 @@ def install_columns_on_demand(patch, datasets_module) -> None:
                 except KeyError as exc:
                     column = _missing_column(exc, self)
                     if column is None:
-                        raise
+                        return _unmapped(self, exc)
                     self = _with_columns(self, [column])
-            return real(self, *args, **kwargs)
+                except Exception as exc:      # noqa: BLE001 - see _unmapped
+                    return _unmapped(self, exc)
+            return self
         method.__wrapped__ = real
         return method
+
+    def _unmapped(ds, exc):
+        # the function failed on placeholder rows (its tokenizer, or the files it reads, are not here
+        # either): that says nothing of the real rows, and the data never changes the plan
+        if on_failure is not None:
+            on_failure(exc)
+        return ds
 
     for name in ("map", "filter"):
         patch(Dataset, name, wrap_function(name))

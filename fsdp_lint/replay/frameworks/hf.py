@@ -253,4 +253,8 @@ def _datasets(hooks, module) -> None:
         if hasattr(module, name):
             hooks.wrap(module, name, make)
     if hasattr(module, "Dataset"):
-        data_standins.install_columns_on_demand(hooks.patch, module)
+        def on_failure(exc):
+            pos = hooks.rec.position()
+            hooks.rec.record_skip(pos.path, pos.line, exc)
+
+        data_standins.install_columns_on_demand(hooks.patch, module, on_failure)
