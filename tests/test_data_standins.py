@@ -140,3 +140,41 @@ fully_shard(model)
 ''')
     f, sim = _simulate(cli, str(tmp_path / "vit.py"), "--world-size", "2", "--input-shape", "2,4,32")
     assert sim["peak_bytes"] > 0 and sim["peak_at"]["step"] in (1, 2)
+
+
+def test_values_read_from_meta_tensors_answer_zero_with_a_note_naming_the_line(tmp_path, cli):
+    # before: "Tensor.item() cannot be called on meta tensors", exit 2
+    (tmp_path / "model.py").write_text('''
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self, dim=8):
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, dim)
+        self.scale = float(self.fc.weight.abs().max().item())
+''')
+    (tmp_path / "train.py").write_text('''
+import torch
+from torch.distributed.fsdp import fully_shard
+
+from model import Net
+
+model = Net()
+init_norms = [p.norm().item() for p in model.parameters()]
+if (model.fc.weight > 10).any():
+    raise SystemExit("the checkpoint diverged")
+fully_shard(model.fc)
+fully_shard(model, reshard_after_forward=bool(model.out.bias.sum() == 0) and init_norms[0] == 0.0)
+''')
+    res = cli("train.py", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    import json
+
+    f = json.loads(res.out)["files"][0]
+    assert [u["modules"] for u in f["plan"]["units"]] == [["fc"], [""]]
+    # bool() answers False, whatever the tensor was computed with (`sum() == 0` too), as the README says
+    assert f["plan"]["units"][1]["reshard_after_forward"] is False
+    lines = {":".join(n.split(":")[:2]) for n in f["notes"] if "no data here" in n}
+    assert {"model.py:10", "train.py:8", "train.py:12"} <= lines, f["notes"]
