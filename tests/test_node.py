@@ -139,3 +139,21 @@ def test_resize_token_embeddings_to_the_tokenizer_gives_the_real_models_shapes(m
     res = lint_file(CHAT_TRAIN, Settings(world_size=4), argv=CHAT_ARGS)
     assert {name: tuple(p.shape) for name, p in res.tree.params.items()} == expected
     assert any(n.startswith("train.py:") and "no data here" in n for n in res.notes), res.notes
+
+
+def test_a_run_rank_on_a_real_gpu_asks_the_real_cuda_and_a_cpu_rank_the_profile():
+    # --run on GPUs: the rank's device is CUDA, and the probes reach the real device (no GPU here: the
+    # patches the node would install are recorded instead of applied)
+    from fsdp_lint.replay import node
+    from fsdp_lint.replay.recorders import Recorder
+
+    def patched(device):
+        rec = Recorder("train.py", 4, real=True)
+        rec.device = device
+        names = []
+        node.simulate_cuda(rec, lambda obj, name, value: names.append(name), gpus.profile("h100"))
+        return set(names)
+
+    probes = {"get_device_name", "get_device_capability", "get_device_properties", "is_available", "cuda"}
+    assert not probes & patched(torch.device("cuda", 1))
+    assert probes <= patched(torch.device("cpu"))
