@@ -7,6 +7,7 @@ against the simulated node, and the real HF Trainer building real FSDP on the sa
 `assert_framework_plan_matches`)."""
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -27,10 +28,16 @@ CHAT_TRAIN = os.path.join(CHAT, "src", "chat_sft", "train.py")
 TINY_LLAMA = os.path.join(REPO, "fixtures", "frameworks", "configs", "tiny-llama-local")
 
 
-def _node(gpu, world_size=4):
+def _replay_node(gpu, world_size=4):
     with frameworks.configured(FrameworkOptions(gpu=gpu)):
         res = replay(read_source(PROBES_TRAIN), world_size, cwd=PROBES)
     return res.namespace["NODE"]
+
+
+@functools.lru_cache(maxsize=None)
+def _node(gpu):
+    """What the fixture's node report says on `gpu` (one replay per GPU for the whole module)."""
+    return _replay_node(gpu)
 
 
 @pytest.mark.parametrize("gpu", ["h100", "a100-40gb", "v100", "mi300x", "b200"])
@@ -66,7 +73,7 @@ def test_nothing_the_node_answered_outlives_the_replay():
     before = (torch.version.cuda, torch.version.hip, torch.cuda.is_available(), torch.cuda.device_count(),
               torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
               torch.get_float32_matmul_precision(), is_torch_bf16_gpu_available(), is_torch_tf32_available())
-    node = _node("h100")
+    node = _replay_node("h100")
     assert node["allow_tf32"] is True and node["hf_tf32"] is True     # the script turned TF32 on
     after = (torch.version.cuda, torch.version.hip, torch.cuda.is_available(), torch.cuda.device_count(),
              torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
