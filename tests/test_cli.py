@@ -278,14 +278,6 @@ class Net(nn.Module):
         super().__init__()
         self.fc = nn.Linear(config.dim, config.dim)
 '''
-ITEM_ON_META = '''
-import torch.nn as nn
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.scale = float(self.fc.weight.abs().max().item())
-'''
 FAILS_IN_WRAPPED_MODEL = '''
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
@@ -317,7 +309,7 @@ def apply_fsdp(model, mesh):
     ("syntax.py", SYNTAX_ERROR, [], ["syntax.py", "3"]),
     ("needs_args.py", CTOR_NEEDS_ARGS, [], ["needs_args.py", "Net", "--model"]),
     ("no_model.py", FSDP_WITHOUT_MODEL, [], ["no_model.py", "model"]),
-    ("item.py", ITEM_ON_META, [], ["item.py", "meta"]),
+    # issue 15: `.item()` of a meta tensor answers 0 with a note (tests/test_data_standins.py)
     ("raises.py", FAILS_IN_WRAPPED_MODEL, [], ["raises.py", "unsupported configuration"]),
     ("private.py", UNIMPORTABLE_MODEL, [], ["private.py", "some_private_package"]),
     ("train.py", GOOD, ["--model", "train.py:Nope"], ["Nope"]),

@@ -39,8 +39,21 @@ def simulate_accelerator(patch: Callable[[Any, str, Any], None]) -> None:
         "reset_peak_memory_stats": lambda *a, **k: None,
         "reset_accumulated_memory_stats": lambda *a, **k: None,
         "memory_stats": lambda *a, **k: {},
-        "get_device_capability": lambda *a, **k: {"major": 9, "minor": 0},
+        # torch's own answers a dict of the supported dtypes; the simulated GPU's are what its
+        # torch.cuda capability says (the `torch.cuda` patches are read at call time)
+        "get_device_capability": lambda *a, **k: _capability(cuda),
     }
     for name, value in answers.items():
         if hasattr(acc, name):
             patch(acc, name, value)
+
+
+def _capability(cuda) -> dict:
+    """``torch.accelerator.get_device_capability()`` for the simulated CUDA device."""
+    import torch
+
+    # tensors of these can be allocated on any CUDA GPU torch supports (bf16 emulated before Ampere)
+    dtypes = {torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int16, torch.int32,
+              torch.int64, torch.uint8, torch.bool}
+    major, minor = cuda.get_device_capability()
+    return {"major": major, "minor": minor, "supported_dtypes": dtypes}

@@ -21,7 +21,6 @@ import contextlib
 import io
 import os
 import sys
-import types
 from typing import Any, Callable, List, Optional, Tuple
 
 from fsdp_lint.replay.accelerator import simulate_accelerator
@@ -33,7 +32,7 @@ from fsdp_lint.replay.recorders import (
     _install_real_wrappers,
     _install_recorders,
 )
-from fsdp_lint.replay import parallel  # issue 11
+from fsdp_lint.replay import data_values, node, parallel  # issue 11; issue 15: the node's GPU, data values
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
 
 Patch = Callable[[Any, str, Any], None]
@@ -94,7 +93,7 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     hooks = _record_module_tree(rec, patch)
     owned_pg = _simulate_dist(rec, patch)
     _simulate_cuda(rec, patch)
-    simulate_accelerator(patch)       # trials: torch.accelerator answers as the simulated CUDA
+    simulate_accelerator(patch)       # trials: torch.accelerator answers as the simulated CUDA (after it)
     _simulate_launchers(rec, patch)
     cleanups = [_hydra_without_outputs(patch)] if "hydra" in launchers else []
     _simulate_mesh(rec, patch)
@@ -118,7 +117,7 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
         saved.real_init_pg(backend="fake", store=FakeStore(), rank=0, world_size=rec.world_size)
     try:
         with contextlib.redirect_stdout(rec.stdout), contextlib.redirect_stderr(rec.stderr), \
-                torch.device(target_device), _device_mode(target_device), _quiet_warnings():
+                torch.device(target_device), _device_mode(target_device, rec), _quiet_warnings():
             yield
     finally:
         for h in hooks:
@@ -174,8 +173,12 @@ class _ProcessState:
         self.torch = (torch.get_default_dtype(), torch.random.get_rng_state(), torch.is_grad_enabled(),
                       torch.get_num_threads(), torch.get_default_device())
         self.real_init_pg, self.real_destroy_pg = dist.init_process_group, dist.destroy_process_group
+        self.backend_flags = node.BackendFlags()     # issue 15: TF32 / cuDNN flags the script sets
+        node.clear_cached_probes()
 
     def restore(self, torch) -> None:
+        self.backend_flags.restore()
+        node.clear_cached_probes()
         torch.set_default_dtype(self.torch[0])
         torch.random.set_rng_state(self.torch[1])
         torch.set_grad_enabled(self.torch[2])
@@ -233,63 +236,11 @@ def _simulate_dist(rec: Recorder, patch: Patch) -> bool:
     return False
 
 
-class _DeviceProperties:
-    """What ``torch.cuda.get_device_properties`` answers for a simulated GPU (an H100-like device)."""
-    name = "simulated"
-    major, minor = 9, 0
-    total_memory = 80 * 1024 ** 3
-    multi_processor_count = 132
-    is_integrated = False
-    is_multi_gpu_board = False
-    gcnArchName = "simulated"
-    uuid = "00000000-0000-0000-0000-000000000000"
-    L2_cache_size = 50 * 1024 ** 2
-    warp_size = 32
-
-
-class _NullStream:
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def __getattr__(self, item):
-        return _noop()
-
-
 def _simulate_cuda(rec: Recorder, patch: Patch) -> None:
-    """CUDA is "available" with `world_size` devices; the probes that libraries make at import or
-    in set-up (capability, properties, memory, streams) get plausible answers instead of raising on
-    a CPU-only build."""
-    import torch
+    """CUDA is "available" with `world_size` devices of the node's GPU (``--gpu``; `fsdp_lint.replay.node`)."""
+    from fsdp_lint.replay.frameworks import current_options
 
-    ws = rec.world_size
-    zero = lambda *a, **k: 0  # noqa: E731
-    for name, value in {
-        "set_device": _noop(), "current_device": lambda: _current_cuda_index(rec), "is_available": lambda: True,
-        "device_count": lambda: ws, "manual_seed": _noop(), "manual_seed_all": _noop(), "synchronize": _noop(),
-        "empty_cache": _noop(), "is_bf16_supported": lambda *a, **k: True, "reset_peak_memory_stats": _noop(),
-        "reset_max_memory_allocated": _noop(), "reset_accumulated_memory_stats": _noop(),
-        "get_device_name": lambda *a, **k: "simulated", "get_device_capability": lambda *a, **k: (9, 0),
-        "get_device_properties": lambda *a, **k: _DeviceProperties(), "get_arch_list": lambda: ["sm_90"],
-        "mem_get_info": lambda *a, **k: (_DeviceProperties.total_memory, _DeviceProperties.total_memory),
-        "memory_allocated": zero, "max_memory_allocated": zero, "memory_reserved": zero,
-        "max_memory_reserved": zero, "memory_stats": lambda *a, **k: {}, "is_initialized": lambda: True,
-        "init": _noop(), "ipc_collect": _noop(), "set_per_process_memory_fraction": _noop(),
-        "device": lambda *a, **k: contextlib.nullcontext(), "stream": lambda *a, **k: contextlib.nullcontext(),
-        "Stream": _NullStream, "Event": _NullStream, "current_stream": lambda *a, **k: _NullStream(),
-        "default_stream": lambda *a, **k: _NullStream(), "get_rng_state": lambda *a, **k: torch.get_rng_state(),
-        "set_rng_state": _noop(), "nvtx": types.SimpleNamespace(range_push=_noop(), range_pop=_noop(),
-                                                                range=lambda *a, **k: contextlib.nullcontext(),
-                                                                mark=_noop()),
-    }.items():
-        if rec.real and name in ("Stream", "Event", "current_stream", "default_stream", "stream", "device"):
-            continue          # --run on GPUs: FSDP uses the real streams
-        patch(torch.cuda, name, value)
+    node.simulate_cuda(rec, patch, node.profile_of(getattr(current_options(), "gpu", None)))
 
 
 def _simulate_launchers(rec: Recorder, patch: Patch) -> None:
@@ -379,17 +330,20 @@ def _target_device(rec: Recorder):
     return torch.device("meta")
 
 
-def _device_mode(target_device):
+def _device_mode(target_device, rec):
     import torch
     from torch.overrides import TorchFunctionMode
 
     class _DeviceMode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            read = data_values.reads_a_value(func)
+            if read is not None:     # issue 15: `.item()`, `bool(t)` of a tensor with no data here
+                return data_values.read_value(read, func, args, kwargs, rec)
             if "device" in kwargs and kwargs["device"] is not None:
                 kwargs["device"] = target_device
-            if func is torch.Tensor.cuda:
-                return args[0]
+            if func is torch.Tensor.cuda or (func is torch.Tensor.cpu and target_device.type == "meta"):
+                return args[0]       # every device is the target device, as `.to(device)` is
             if func is torch.Tensor.to:
                 device, dtype = _parse_to_args(args[1:], kwargs)
                 if dtype is None:
@@ -398,14 +352,6 @@ def _device_mode(target_device):
             return func(*args, **kwargs)
 
     return _DeviceMode()
-
-
-def _current_cuda_index(rec) -> int:
-    """Simulated ranks are rank 0; a --run rank on a GPU is on its own device (FSDP asks for it)."""
-    device = getattr(rec, "device", None)
-    if rec.real and device is not None and device.type == "cuda" and device.index is not None:
-        return device.index
-    return 0
 
 
 @contextlib.contextmanager

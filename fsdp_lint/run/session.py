@@ -83,7 +83,8 @@ def build(spec, ws, device, phase, out, remaining):
     """Replay the file's setup code with the real FSDP; returns (model, optimizers, info)."""
     import torch
 
-    from fsdp_lint.replay import ModelTarget, ReplayError, replay
+    from fsdp_lint.replay import ModelTarget, ReplayError, frameworks, replay
+    from fsdp_lint.replay.frameworks.options import FrameworkOptions
     from fsdp_lint.entry.source import SourceError, read_source
 
     phase("build and wrap", 2)
@@ -95,8 +96,10 @@ def build(spec, ws, device, phase, out, remaining):
         return None, None, {}, None
     torch.manual_seed(spec["seed"])
     try:
-        result = replay(facts, ws, target=target, real=True, timeout=remaining(), device=device,
-                        argv=spec.get("argv"), cwd=spec.get("cwd"))
+        # issue 15: a CPU rank (--simulate, --run on CPU) answers CUDA probes as the node's GPU
+        with frameworks.configured(FrameworkOptions(gpu=spec.get("gpu"))):
+            result = replay(facts, ws, target=target, real=True, timeout=remaining(), device=device,
+                            argv=spec.get("argv"), cwd=spec.get("cwd"))
     except ReplayError as exc:
         cause = exc.__cause__
         if cause is None:

@@ -92,6 +92,7 @@ def spec_for(res, settings, opts: RunOptions, seed: int = 0) -> dict:
         # the script's own command line and where it was launched from, as when it was linted
         "argv": list(getattr(res, "argv", None) or []),
         "cwd": getattr(res, "cwd", None),
+        "gpu": getattr(settings, "gpu", None),     # issue 15: the node's GPU where the rank's CUDA is simulated
     }
 
 

@@ -9,8 +9,11 @@ Patched for the replay only:
 
 * ``Trainer._prepare_for_training`` ends the replay once the model is wrapped and the optimizer built;
 * ``Trainer.init_hf_repo`` (``--push_to_hub``) creates no repository on the hub;
-* a train data set that cannot be loaded here (no network, ``datasets`` not installed) is replaced by a
-  one-sample loader: the data does not change the plan, and no batch is ever drawn;
+* a train data set that cannot be loaded here (no network, ``datasets`` not installed), or whose loader
+  has no length because the statements that fill it could not run here, is replaced by a one-sample
+  loader: the data does not change the plan, and no batch is ever drawn;
+* ``datasets.load_dataset`` that cannot load here returns a real, tiny ``datasets`` object
+  (`fsdp_lint.replay.data_standins`);
 * ``from_pretrained("org/name")`` builds the model from its config on the meta device: the config comes
   from ``--hf-config`` or the local Hugging Face cache (the hub is never contacted); weights are never
   loaded. The dtype is resolved as ``from_pretrained`` resolves it (``dtype="auto"``: the config's).
@@ -194,16 +197,30 @@ def _trainer(hooks, module) -> None:
 
     def make_loader(get_train_dataloader):
         def wrapped(self, *args, **kwargs):
-            try:
-                return get_train_dataloader(self, *args, **kwargs)
-            except Exception as exc:
-                from torch.utils.data import DataLoader
+            from torch.utils.data import DataLoader
 
+            try:
+                loader = get_train_dataloader(self, *args, **kwargs)
+            except Exception as exc:
                 hooks.rec.record_skip(hooks.rec.position().path, hooks.rec.position().line, exc)
                 return DataLoader([0], batch_size=1)
+            if not _has_rows(loader):
+                # a map-style data set whose length fails or is 0 here (its samples were to be read from data
+                # not here, the statements that fill it were skipped): on the node it has rows; the Trainer demands
+                # max_steps here, a consequence of the data, not of the plan
+                return DataLoader([0], batch_size=1)
+            return loader
         return wrapped
 
     hooks.wrap(Trainer, "get_train_dataloader", make_loader)
+
+
+def _has_rows(loader) -> bool:
+    """Whether the Trainer can size its schedule from `loader` (``has_length`` and at least one batch)."""
+    try:
+        return len(loader) > 0
+    except Exception:      # noqa: BLE001 - a data set's __len__ that fails here has no length
+        return getattr(loader, "dataset", None) is not None and not hasattr(loader.dataset, "__len__")
 
 
 def hook_table() -> Dict[str, List[Any]]:
@@ -217,9 +234,10 @@ def hook_table() -> Dict[str, List[Any]]:
 
 
 def _datasets(hooks, module) -> None:
-    """A data set that cannot be loaded here (the hub is offline for a lint) stands in as a placeholder:
-    the plan does not depend on the data, and no sample is ever drawn."""
-    from fsdp_lint.replay.imports import Missing
+    """A data set that cannot be loaded here (the hub is offline for a lint, its files are not here) stands
+    in as a real, tiny ``datasets`` object (`fsdp_lint.replay.data_standins`): the library's own functions
+    work on it, the plan does not depend on the data, and no sample is ever drawn."""
+    from fsdp_lint.replay import data_standins
 
     def make(load):
         def wrapped(*args, **kwargs):
@@ -228,9 +246,15 @@ def _datasets(hooks, module) -> None:
             except Exception as exc:
                 pos = hooks.rec.position()
                 hooks.rec.record_skip(pos.path, pos.line, exc)
-                return Missing(f"{load.__name__}()", lambda name, **_: None)
+                return data_standins.standin_for(load, args, kwargs)
         return wrapped
 
     for name in ("load_dataset", "load_from_disk"):
         if hasattr(module, name):
             hooks.wrap(module, name, make)
+    if hasattr(module, "Dataset"):
+        def on_failure(exc):
+            pos = hooks.rec.position()
+            hooks.rec.record_skip(pos.path, pos.line, exc)
+
+        data_standins.install_columns_on_demand(hooks.patch, module, on_failure)

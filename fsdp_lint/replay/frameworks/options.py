@@ -1,4 +1,5 @@
-"""Framework options of one lint: ``--accelerate-config``, ``--hf-config``, ``--hf-class``.
+"""Framework options of one lint: ``--accelerate-config``, ``--hf-config``, ``--hf-class``, and the node's
+``--gpu`` (what the simulated CUDA answers: `fsdp_lint.replay.node`).
 
 An accelerate config file is read by accelerate's own launcher code (``accelerate launch``'s parser,
 ``_validate_launch_command`` and ``prepare_multi_gpu_env``), so the environment the replayed script
@@ -22,11 +23,13 @@ class FrameworkOptions:
     accelerate_env: Dict[str, str] = field(default_factory=dict)
     hf_config: Optional[str] = None           # a config.json, or a directory holding one
     hf_class: Optional[str] = None            # AutoModelForCausalLM, LlamaForCausalLM, ...
+    gpu: Optional[str] = None                 # issue 15: the simulated node's GPU (fsdp_lint.gpus; None: default)
 
     @classmethod
     def from_settings(cls, settings) -> "FrameworkOptions":
         opts = cls(accelerate_config=getattr(settings, "accelerate_config", None),
-                   hf_config=getattr(settings, "hf_config", None), hf_class=getattr(settings, "hf_class", None))
+                   hf_config=getattr(settings, "hf_config", None), hf_class=getattr(settings, "hf_class", None),
+                   gpu=getattr(settings, "gpu", None))
         if opts.hf_config:
             opts.hf_config = _config_json(opts.hf_config)
         if opts.accelerate_config:

@@ -1,0 +1,214 @@
+"""Data sets that cannot be loaded here stand in as real, tiny ``datasets`` objects.
+
+A lint never downloads (``HF_DATASETS_OFFLINE=1``) and the data files of a training job are rarely in
+the repository, so ``datasets.load_dataset(...)`` / ``load_from_disk(...)`` fail during a replay. The
+script then builds its data with the library's own functions -- ``select_columns``, ``shuffle``,
+``select(range(len(ds)))``, ``concatenate_datasets``, ``train_test_split``, ``map``, ``filter``,
+``DatasetDict`` -- and hands it to a Trainer that asks for its length. The stand-in is what the library
+returns, so all of that works as it does on the node:
+
+* ``split=...`` given: a ``datasets.Dataset`` of `ROWS` placeholder rows (``streaming=True``: an
+  ``IterableDataset``); no split: a ``DatasetDict`` with the splits of ``data_files`` (or ``train``),
+  in which any other split the script asks for exists (``if "validation" in raw: ...``);
+* its columns are ``features``' when the call gives them, else ``text``; a column the script asks for
+  (``ds["messages"]``, ``select_columns``, ``remove_columns``, ``rename_column``, a ``map``/``filter``
+  function reading ``example["prompt"]``) is added, with the placeholder text, where it is asked for;
+  a data set derived from a stand-in (mapped, shuffled, concatenated, split) keeps these answers;
+* ``select(indices)`` past its rows takes them modulo its length (``select(range(args.max_samples))``);
+* a ``map``/``filter`` function that fails on the placeholder rows (its tokenizer is not here either)
+  leaves the stand-in as it was, listed as a skipped statement.
+
+The data never changes a plan, and no batch is ever drawn.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Dict, List, Optional
+
+# the marker a stand-in's DatasetInfo carries: map/shuffle/select/concatenate/split keep it
+MARK = "fsdp-lint: a stand-in for a data set that cannot be loaded here"
+ROWS = 16
+TEXT = "a placeholder sample: the data set cannot be loaded here"
+_RETRIES = 16
+
+
+def is_standin(ds) -> bool:
+    info = getattr(ds, "_info", None)
+    return getattr(info, "description", None) == MARK
+
+
+def _value_for(feature) -> Any:
+    """A placeholder value of a ``datasets`` feature type."""
+    from datasets import ClassLabel, Sequence, Value
+
+    if isinstance(feature, dict):
+        return {k: _value_for(v) for k, v in feature.items()}
+    if isinstance(feature, (list, Sequence)) or type(feature).__name__ in ("List", "LargeList"):
+        return []
+    if isinstance(feature, ClassLabel):
+        return 0
+    if isinstance(feature, Value):
+        dtype = str(feature.dtype)
+        if dtype == "string" or dtype == "large_string":
+            return TEXT
+        if dtype == "bool":
+            return False
+        if "int" in dtype:
+            return 0
+        if "float" in dtype or "double" in dtype:
+            return 0.0
+    return None
+
+
+def standin_dataset(features=None):
+    """`ROWS` placeholder rows: the columns of `features`, else ``text``."""
+    from datasets import Dataset, DatasetInfo
+
+    if features:
+        data = {name: [_value_for(f)] * ROWS for name, f in features.items()}
+        return Dataset.from_dict(data, features=features, info=DatasetInfo(description=MARK, features=features))
+    return Dataset.from_dict({"text": [TEXT] * ROWS}, info=DatasetInfo(description=MARK))
+
+
+def _splits_class():
+    from datasets import DatasetDict
+
+    class StandInSplits(DatasetDict):
+        """A DatasetDict in which every split the script asks for exists (made when asked for)."""
+
+        def __getitem__(self, key):
+            if isinstance(key, str) and not dict.__contains__(self, key):
+                dict.__setitem__(self, key, standin_dataset(self._fsdp_lint_features))
+            return super().__getitem__(key)
+
+        def __contains__(self, key):
+            return isinstance(key, str) or dict.__contains__(self, key)
+
+    return StandInSplits
+
+
+def standin_for(load, args, kwargs):
+    """What ``load_dataset(*args, **kwargs)`` (or ``load_from_disk``) returns, as a stand-in."""
+    try:
+        bound = inspect.signature(load).bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        bound = dict(kwargs)
+    features = bound.get("features")
+    streaming = bool(bound.get("streaming"))
+    split = bound.get("split")
+    if split is not None:
+        if isinstance(split, (list, tuple)):
+            return [_maybe_streamed(standin_dataset(features), streaming) for _ in split]
+        return _maybe_streamed(standin_dataset(features), streaming)
+    files = bound.get("data_files")
+    names: List[str] = list(files) if isinstance(files, dict) else ["train"]
+    if streaming:
+        from datasets import IterableDatasetDict
+
+        return IterableDatasetDict({n: standin_dataset(features).to_iterable_dataset() for n in names})
+    splits = _splits_class()({n: standin_dataset(features) for n in names})
+    splits._fsdp_lint_features = features
+    return splits
+
+
+def _maybe_streamed(ds, streaming: bool):
+    return ds.to_iterable_dataset() if streaming else ds
+
+
+# --------------------------------------------------------------------------------------------
+# columns where they are asked for
+# --------------------------------------------------------------------------------------------
+def _with_columns(ds, names) -> Any:
+    if isinstance(names, str):
+        names = [names]
+    for name in names or ():
+        if isinstance(name, str) and name not in ds.column_names:
+            ds = ds.add_column(name, [TEXT] * len(ds))
+            ds._info.description = MARK
+    return ds
+
+
+def _missing_column(exc: BaseException, ds) -> Optional[str]:
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) and exc.args[0] not in ds.column_names:
+        return exc.args[0]
+    return None
+
+
+def install_columns_on_demand(patch, datasets_module, on_failure=None) -> None:
+    """Patch ``datasets.Dataset`` for the replay: on a stand-in, a column the script asks for exists, and a
+    ``map``/``filter`` whose function fails on the placeholder rows leaves the stand-in as it was
+    (`on_failure(exc)` is told)."""
+    Dataset = datasets_module.Dataset
+
+    def wrap_columns(name, argument):
+        real = getattr(Dataset, name)
+
+        def method(self, *args, **kwargs):
+            if is_standin(self):
+                wanted = kwargs.get(argument, args[0] if args else None)
+                if isinstance(wanted, dict):
+                    wanted = list(wanted)
+                self = _with_columns(self, wanted)
+            return real(self, *args, **kwargs)
+        method.__wrapped__ = real
+        return method
+
+    for name, argument in (("select_columns", "column_names"), ("remove_columns", "column_names"),
+                           ("rename_column", "original_column_name"), ("rename_columns", "column_mapping"),
+                           ("cast_column", "column")):
+        if hasattr(Dataset, name):
+            patch(Dataset, name, wrap_columns(name, argument))
+
+    def wrap_function(name):
+        real = getattr(Dataset, name)
+
+        def method(self, *args, **kwargs):
+            if not is_standin(self):
+                return real(self, *args, **kwargs)
+            if kwargs.get("remove_columns"):
+                self = _with_columns(self, kwargs["remove_columns"])
+            for _ in range(_RETRIES):
+                try:
+                    return real(self, *args, **kwargs)
+                except KeyError as exc:
+                    column = _missing_column(exc, self)
+                    if column is None:
+                        return _unmapped(self, exc)
+                    self = _with_columns(self, [column])
+                except Exception as exc:      # noqa: BLE001 - see _unmapped
+                    return _unmapped(self, exc)
+            return self
+        method.__wrapped__ = real
+        return method
+
+    def _unmapped(ds, exc):
+        # the function failed on placeholder rows (its tokenizer, or the files it reads, are not here
+        # either): that says nothing of the real rows, and the data never changes the plan
+        if on_failure is not None:
+            on_failure(exc)
+        return ds
+
+    for name in ("map", "filter"):
+        patch(Dataset, name, wrap_function(name))
+
+    real_getitem = Dataset.__getitem__
+
+    def __getitem__(self, key):
+        if isinstance(key, str) and is_standin(self) and key not in self.column_names:
+            return [TEXT] * len(self)
+        return real_getitem(self, key)
+
+    patch(Dataset, "__getitem__", __getitem__)
+
+    real_select = Dataset.select
+
+    def select(self, indices, *args, **kwargs):
+        if is_standin(self) and len(self):
+            try:
+                n = len(self)
+                indices = [int(i) % n for i in indices]
+            except TypeError:
+                pass
+        return real_select(self, indices, *args, **kwargs)
+
+    patch(Dataset, "select", select)

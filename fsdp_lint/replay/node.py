@@ -1,0 +1,229 @@
+"""The GPU of the simulated node: every probe a script or library makes answers as that GPU does.
+
+The replay runs on a machine that may have no GPU and a CPU-only torch, but the setup code it runs
+was written for a GPU node, and libraries decide from what the node says: ``torch.version.cuda and
+torch.cuda.is_bf16_supported()`` picks bf16, ``TrainingArguments(tf32=True)`` asks
+``is_torch_tf32_available()`` (capability >= 8), accelerate's ``mixed_precision="bf16"`` asks
+``torch.cuda.is_bf16_supported()``. The node's GPU is a `fsdp_lint.gpus.GpuProfile` (``--gpu``,
+``[tool.fsdp-lint] gpu``; an H100 by default). Patched for the replay, and restored after it:
+
+* ``torch.version.cuda`` / ``torch.version.hip`` (the profile's toolkit; the other one None);
+* ``torch.cuda``: ``is_available``, ``device_count`` (the world), ``get_device_name``,
+  ``get_device_capability``, ``get_device_properties`` (name, capability, memory, multiprocessors,
+  L2, ``gcnArchName`` on ROCm), ``get_arch_list``, ``mem_get_info``, memory counters (0), streams
+  and events (no-ops), ``nccl.version``. ``is_bf16_supported`` and ``is_tf32_supported`` are torch's
+  own functions reading those answers, so they say what torch says on that GPU -- including the
+  emulated bf16 torch reports on a V100 or T4 (``including_emulation=True``, the default);
+* ``torch.backends.cudnn.is_available``/``version``, ``torch.backends.cuda.is_built``,
+  ``torch.distributed.is_nccl_available``; the TF32 flags (``torch.backends.cuda.matmul.allow_tf32``,
+  ``torch.backends.cudnn.allow_tf32``, ``torch.set_float32_matmul_precision``) keep what the script
+  sets and are put back after the replay;
+* the answers libraries cache (transformers' ``is_torch_bf16_gpu_available``/``is_torch_tf32_available``,
+  accelerate's checks) are cleared before and after, so they are asked again on this node.
+
+With ``--run`` on real GPUs (the rank's device is CUDA) the real CUDA answers, not the profile.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from typing import Any, Callable, Optional
+
+from fsdp_lint import gpus
+
+Patch = Callable[[Any, str, Any], None]
+
+# what the simulated node's libraries report (torch's default CUDA wheels bundle these)
+CUDNN_VERSION = 91002
+NCCL_VERSION = (2, 27, 3)
+
+
+def _noop():
+    # a new function object each time: torch._dynamo maps torch functions to trace rules and
+    # rejects one object registered under two names with different rules
+    return lambda *a, **k: None
+
+
+class _DeviceProperties:
+    """What ``torch.cuda.get_device_properties`` answers for the profile's GPU."""
+    is_integrated = False
+    is_multi_gpu_board = False
+    warp_size = 32
+    max_threads_per_multi_processor = 2048
+
+    def __init__(self, profile: gpus.GpuProfile, index: int = 0):
+        self.name = profile.device_name
+        self.major, self.minor = profile.capability
+        self.total_memory = profile.memory_bytes
+        self.multi_processor_count = profile.multi_processor_count
+        self.L2_cache_size = profile.l2_cache_bytes
+        self.gcnArchName = profile.gcn_arch_name or "NVIDIA CUDA"
+        self.warp_size = 64 if profile.vendor == "amd" else 32
+        self.uuid = f"00000000-0000-0000-0000-{index:012d}"
+
+    def __repr__(self):
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // (1 << 20)}MB, multi_processor_count={self.multi_processor_count})")
+
+
+class _NullStream:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def __getattr__(self, item):
+        return _noop()
+
+
+def profile_of(name: Optional[str]) -> gpus.GpuProfile:
+    return gpus.profile(name)
+
+
+def real_cuda(rec) -> bool:
+    """--run on real GPUs: the rank's device is CUDA, and the real CUDA answers."""
+    device = getattr(rec, "device", None)
+    return bool(rec.real and device is not None and getattr(device, "type", None) == "cuda")
+
+
+def current_cuda_index(rec) -> int:
+    """Simulated ranks are rank 0; a --run rank on a GPU is on its own device (FSDP asks for it)."""
+    device = getattr(rec, "device", None)
+    if real_cuda(rec) and device.index is not None:
+        return device.index
+    return 0
+
+
+def simulate_cuda(rec, patch: Patch, profile: gpus.GpuProfile) -> None:
+    """CUDA is "available" with `world_size` devices of the profile's GPU."""
+    import torch
+
+    ws = rec.world_size
+    zero = lambda *a, **k: 0  # noqa: E731
+    for name, value in {
+        "set_device": _noop(), "current_device": lambda: current_cuda_index(rec), "is_available": lambda: True,
+        "device_count": lambda: ws, "manual_seed": _noop(), "manual_seed_all": _noop(), "synchronize": _noop(),
+        "empty_cache": _noop(), "reset_peak_memory_stats": _noop(),
+        "reset_max_memory_allocated": _noop(), "reset_accumulated_memory_stats": _noop(),
+        "memory_allocated": zero, "max_memory_allocated": zero, "memory_reserved": zero,
+        "max_memory_reserved": zero, "memory_stats": lambda *a, **k: {}, "is_initialized": lambda: True,
+        "init": _noop(), "ipc_collect": _noop(), "set_per_process_memory_fraction": _noop(),
+        "device": lambda *a, **k: contextlib.nullcontext(), "stream": lambda *a, **k: contextlib.nullcontext(),
+        "Stream": _NullStream, "Event": _NullStream, "current_stream": lambda *a, **k: _NullStream(),
+        "default_stream": lambda *a, **k: _NullStream(), "get_rng_state": lambda *a, **k: torch.get_rng_state(),
+        "set_rng_state": _noop(), "nvtx": types.SimpleNamespace(range_push=_noop(), range_pop=_noop(),
+                                                                range=lambda *a, **k: contextlib.nullcontext(),
+                                                                mark=_noop()),
+    }.items():
+        if rec.real and name in ("Stream", "Event", "current_stream", "default_stream", "stream", "device"):
+            continue          # --run on GPUs: FSDP uses the real streams
+        if real_cuda(rec) and name in ("is_available", "synchronize", "empty_cache", "memory_allocated",
+                                       "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                                       "memory_stats", "is_initialized", "init", "get_rng_state", "set_rng_state"):
+            continue          # the real device answers for itself
+        patch(torch.cuda, name, value)
+    if not real_cuda(rec):
+        _answer_as(profile, patch)
+
+
+def _answer_as(profile: gpus.GpuProfile, patch: Patch) -> None:
+    """The probes of the GPU itself: name, capability, memory, toolkit, libraries."""
+    import torch
+
+    def properties(device=None):
+        return _DeviceProperties(profile, _index(device))
+
+    for name, value in {
+        "get_device_name": lambda *a, **k: profile.device_name,
+        "get_device_capability": lambda *a, **k: tuple(profile.capability),
+        "get_device_properties": properties,
+        "get_arch_list": lambda: list(profile.arch_list),
+        "mem_get_info": lambda *a, **k: (profile.memory_bytes, profile.memory_bytes),
+        # torch's own is_bf16_supported() creates a bf16 tensor on the device when the GPU has no
+        # native bf16 (a V100, a T4): that works there (emulated), so it answers True
+        "_check_bf16_tensor_supported": lambda *a, **k: True,
+    }.items():
+        patch(torch.cuda, name, value)
+    patch(torch.version, "cuda", profile.cuda_version)
+    patch(torch.version, "hip", profile.hip_version)
+    nccl = getattr(torch.cuda, "nccl", None)
+    if nccl is not None:
+        patch(nccl, "version", lambda: NCCL_VERSION)
+        patch(nccl, "is_available", lambda *a, **k: True)
+    cudnn = torch.backends.cudnn
+    patch(cudnn, "is_available", lambda: True)
+    patch(cudnn, "version", lambda: CUDNN_VERSION if profile.vendor == "nvidia" else 3_004_000)
+    patch(torch.backends.cuda, "is_built", lambda: True)
+    import torch.distributed as dist
+
+    if hasattr(dist, "is_nccl_available"):
+        patch(dist, "is_nccl_available", lambda: True)
+
+
+def _index(device) -> int:
+    if isinstance(device, int):
+        return device
+    return getattr(device, "index", None) or 0
+
+
+# --------------------------------------------------------------------------------------------
+# what the node's state outlives: flags, and the answers libraries cache
+# --------------------------------------------------------------------------------------------
+class BackendFlags:
+    """The TF32 / cuDNN flags a script may set (``torch.backends.cuda.matmul.allow_tf32 = True``),
+    saved before a replay and put back after it."""
+
+    def __init__(self):
+        import torch
+
+        self.values = {}
+        for owner, name in self._flags(torch):
+            with contextlib.suppress(Exception):
+                self.values[(owner, name)] = getattr(owner, name)
+        with contextlib.suppress(Exception):
+            self.precision = torch.get_float32_matmul_precision()
+
+    @staticmethod
+    def _flags(torch):
+        return [(torch.backends.cuda.matmul, "allow_tf32"),
+                (torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction"),
+                (torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction"),
+                (torch.backends.cudnn, "allow_tf32"), (torch.backends.cudnn, "benchmark"),
+                (torch.backends.cudnn, "deterministic"), (torch.backends.cudnn, "enabled")]
+
+    def restore(self) -> None:
+        import torch
+
+        if getattr(self, "precision", None) is not None:
+            with contextlib.suppress(Exception):
+                if torch.get_float32_matmul_precision() != self.precision:
+                    torch.set_float32_matmul_precision(self.precision)
+        for (owner, name), value in self.values.items():
+            with contextlib.suppress(Exception):
+                if getattr(owner, name) != value:
+                    setattr(owner, name, value)
+
+
+# modules whose ``is_*`` probes are cached (functools.lru_cache): asked again on each node
+_CACHED_PROBES = ("transformers.utils.import_utils", "accelerate.utils.imports", "accelerate.utils.environment",
+                  "lightning_fabric.accelerators.cuda", "lightning.fabric.accelerators.cuda",
+                  "torch.cuda")
+
+
+def clear_cached_probes() -> None:
+    """Forget what libraries cached about the node (``is_torch_bf16_gpu_available()`` is an lru_cache
+    in transformers): what they answered on another node, or on the real machine, does not hold here."""
+    for module_name in _CACHED_PROBES:
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        for name, value in list(vars(module).items()):
+            clear = getattr(value, "cache_clear", None)
+            if callable(clear) and (name.startswith(("is_", "_is_", "num_", "_check_")) or "capab" in name):
+                with contextlib.suppress(Exception):
+                    clear()
