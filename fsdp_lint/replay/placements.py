@@ -162,7 +162,7 @@ def spmd_error(modules, kwargs) -> Optional[BaseException]:
     checks (``_validate_mesh``), an int ``reshard_after_forward``, and per parameter what
     ``FSDPParam._init_sharding_spec`` requires (a DTensor on the very mesh passed, ``Replicate()`` on
     every data-parallel dimension)."""
-    from fsdp_lint.replay.recorders import FakeMesh
+    from torch.distributed.device_mesh import DeviceMesh
 
     dims, mesh = kwargs.get("dp_mesh_dims"), kwargs.get("mesh")
     names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
@@ -178,7 +178,7 @@ def spmd_error(modules, kwargs) -> Optional[BaseException]:
     raf = kwargs.get("reshard_after_forward")
     if shard and isinstance(raf, int) and not isinstance(raf, bool):
         return NotImplementedError("reshard_after_forward as int is not yet supported with SPMD mesh (dp_mesh_dims)")
-    if isinstance(mesh, FakeMesh):
+    if not isinstance(mesh, DeviceMesh):     # fsdp-lint's stand-in for a helper's mesh: no parameters on it
         return None
     ignored = {id(p) for p in (kwargs.get("ignored_params") or ())}
     for p in spmd_managed_params(modules):
