@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_lint.model import modwalk  # issue 10
 from fsdp_lint.replay.placements import (_concatenate_error, _describe_style, _group_ranks, _is_dtensor, _placement,
-                                         _root_mesh, _torch_message, _validate_fsdp2_mesh)
+                                         _root_mesh, _torch_message, _validate_fsdp2_mesh, spmd_error)
 from fsdp_lint.model.mesh import (
     HYBRID,
     MeshDim,
@@ -204,6 +204,11 @@ class ParallelState:
         for m in call.modules:
             self._claimed.update(id(p) for p in modwalk.parameters(m, earlier))   # issue 10
         self._wrapped_before.update(id(m) for m in call.modules)
+
+    @staticmethod
+    def spmd_error(modules, kwargs):
+        """What ``fully_shard(..., dp_mesh_dims=...)`` raises for this call (the recorder raises it)."""
+        return spmd_error(modules, kwargs)
 
     def _fsdp2_spmd(self, call) -> None:
         """``fully_shard(model, mesh=<the full SPMD mesh>, dp_mesh_dims=DataParallelMeshDims(...))``

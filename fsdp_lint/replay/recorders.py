@@ -276,10 +276,9 @@ def _install_recorders(rec: Recorder, patch) -> None:
             kwargs[name] = value
         rec.undo.clear()
         call = WrapCall("fsdp2", next(rec.seq), mods, kwargs, rec.position(), state=rec.snapshot(mods))
-        if kwargs.get("dp_mesh_dims") is not None:
-            from fsdp_lint.replay.placements import spmd_error
-
-            error = spmd_error(mods, kwargs)      # what torch raises for this SPMD call, before any state
+        parallel = getattr(rec, "parallel", None)
+        if kwargs.get("dp_mesh_dims") is not None and parallel is not None:
+            error = parallel.spmd_error(mods, kwargs)      # what torch raises for this SPMD call, before any state
             if error is not None:
                 raise error
         call.placement_meshes = {}
