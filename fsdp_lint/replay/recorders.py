@@ -85,6 +85,9 @@ class Recorder:
         self.stopped: Optional[Tuple[str, Position]] = None
         self._local: Dict[str, bool] = {}
         self.skipped_elsewhere: List[Tuple[str, int, BaseException]] = []
+        # called with each wrap call: raises when a stand-in for a package that is not installed is among
+        # its arguments (set by the runner)
+        self.on_wrap_stand_in: Optional[Callable[[WrapCall], None]] = None
 
     def skipped_records(self) -> list:
         from fsdp_lint.replay.records import Skipped
@@ -276,6 +279,8 @@ def _install_recorders(rec: Recorder, patch) -> None:
             kwargs[name] = value
         rec.undo.clear()
         call = WrapCall("fsdp2", next(rec.seq), mods, kwargs, rec.position(), state=rec.snapshot(mods))
+        if rec.on_wrap_stand_in is not None:
+            rec.on_wrap_stand_in(call)      # a stand-in among the arguments (a float8 policy): refused with its cause
         parallel = getattr(rec, "parallel", None)
         if kwargs.get("dp_mesh_dims") is not None and parallel is not None:
             error = parallel.spmd_error(mods, kwargs)      # what torch raises for this SPMD call, before any state
