@@ -80,3 +80,18 @@ def test_a_stand_in_base_class_built_inside_the_model_is_a_model_use(cli, tmp_pa
     res = cli("train.py", "--world-size", "4", cwd=str(tmp_path))
     assert res.code == 2
     assert "the model uses `FusedRMSNorm`" in res.err and "pip install fastnorm" in res.err
+
+
+def test_push_to_hub_creates_no_repository_and_says_so(cli, tmp_path):
+    """Creating the hub repository (a Trainer's ``init_hf_repo`` with ``push_to_hub=True``, TRL's
+    completion logs, a script's own ``HfApi().create_repo``) is taken as done, never attempted."""
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom huggingface_hub import HfApi\nfrom torch.distributed.fsdp import fully_shard\n\n"
+        "repo = HfApi().create_repo('me/run-42', exist_ok=True)\n"
+        "width = 8 if repo.repo_id == 'me/run-42' else 4\n"
+        "model = nn.Sequential(nn.Linear(8, width), nn.Linear(width, 8))\n"
+        "for m in model:\n    fully_shard(m)\nfully_shard(model)\n")
+    res = cli("train.py", "--world-size", "2", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    assert "note: push_to_hub: the hub repository me/run-42 is not created by a lint" in res.out
+    assert "144 params" in res.out

@@ -174,8 +174,9 @@ class ParallelState:
             else:
                 self.wrap_meshes[call.seq] = UnitMesh(shard=info.dims[1], replicate=info.dims[0], mesh=info,
                                                       source="mesh")
-        dp_mesh = mesh if mesh is not None else self.default_mesh()
-        self._check_placement_meshes(call, dp_mesh, self.describe_mesh(dp_mesh) if dp_mesh is not None else None)
+        if getattr(call, "placement_meshes", None):       # only then: the default mesh needs a process group
+            dp_mesh = mesh if mesh is not None else self.default_mesh()
+            self._check_placement_meshes(call, dp_mesh, self.describe_mesh(dp_mesh) if dp_mesh is not None else None)
         raf = kw.get("reshard_after_forward")
         unit_mesh = self.wrap_meshes[call.seq]
         shard_size = unit_mesh.shard_size if unit_mesh is not None else self.world_size
