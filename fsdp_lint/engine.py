@@ -149,8 +149,9 @@ def plan_replay(result, settings: Settings):
                                                 gpus_per_node=settings.gpus_per_node,
                                                 world_size_source=settings.world_size_source))
     annotate_plan(plan, result, tree)
-    if plan.unsupported and not settings.allow_partial:
-        raise LintError(unsupported_message(result.target or "", plan.unsupported))
+    blocking = [u for u in plan.unsupported if getattr(u, "blocks_partial", False)]
+    if blocking or (plan.unsupported and not settings.allow_partial):
+        raise LintError(unsupported_message(result.target or "", blocking or plan.unsupported))
     from fsdp_lint.model.inputs import find_example_inputs
 
     example_fn = find_example_inputs(result.namespace, result.model)     # it loses to --input-shape, as in --run
@@ -176,6 +177,9 @@ def unsupported_message(path: str, unsupported) -> str:
     first = unsupported[0]
     where = f"{os.path.basename(first.path)}:{first.line}: " if first.path and first.line else ""
     more = f" (and {len(unsupported) - 1} more)" if len(unsupported) > 1 else ""
+    if getattr(first, "blocks_partial", False):     # the rest would be scaled wrongly: no partial plan
+        return (f"{where}the plan uses what fsdp-lint does not model: {first.detail}{more}; every unit's numbers "
+                f"depend on it, so no plan is reported (not even with --allow-partial)")
     return (f"{where}the plan uses what fsdp-lint does not model: {first.detail}{more}; its numbers would be "
             f"incomplete. Pass --allow-partial to report the rest, with these listed as unsupported")
 

@@ -29,6 +29,9 @@ class Entry:
     module: str                 # import name: "train" for a script, "pkg.sub.train" in a package
     package: Optional[str]      # "pkg.sub" (None for a standalone script)
     root: str                   # what goes first on sys.path: the script's folder or the package root
+    # a module of a namespace package (folders without __init__.py) that `python -m pkg.mod` runs from the
+    # repository root: it imports its own folder by its dotted name, or relatively
+    namespace: bool = False
 
     @property
     def is_package_module(self) -> bool:
@@ -48,11 +51,40 @@ def entry_for(path: str) -> Entry:
         if parent == root:
             break
         root = parent
-    if not parts or not all(p.isidentifier() for p in parts):
+    if not parts:
+        return _namespace_module(path) or Entry(path=path, module=stem, package=None, root=folder)
+    if not all(p.isidentifier() for p in parts):
         return Entry(path=path, module=stem, package=None, root=folder)
     package = ".".join(parts)
     module = package if stem == "__init__" else f"{package}.{stem}"
     return Entry(path=path, module=module, package=package, root=root)
+
+
+def _namespace_module(path: str) -> Optional[Entry]:
+    """`path` as ``python -m`` runs it from the repository root when it is a module of a namespace
+    package there (no ``__init__.py`` in its folder, dotted folders) that imports its own folder by its
+    dotted name or relatively; else None."""
+    path = os.path.abspath(path)
+    folder = os.path.dirname(path)
+    if os.path.isfile(os.path.join(folder, "__init__.py")):
+        return None
+    repo = repo_root(path)
+    if repo is None or folder == repo or not folder.startswith(repo + os.sep):
+        return None
+    parts = os.path.relpath(folder, repo).split(os.sep)
+    if parts[0] == "src" and len(parts) > 1:
+        parts, repo = parts[1:], os.path.join(repo, "src")
+    if not all(p.isidentifier() for p in parts):
+        return None
+    package = ".".join(parts)
+    try:
+        imports = facts_for(path).imports
+    except Exception:  # noqa: BLE001 - unreadable: the script launch reports it
+        return None
+    if not any(i.level or i.module == package or (i.module or "").startswith(package + ".") for i in imports):
+        return None
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return Entry(path=path, module=f"{package}.{stem}", package=package, root=repo, namespace=True)
 
 
 def repo_root(start: str) -> Optional[str]:

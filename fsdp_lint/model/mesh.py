@@ -167,6 +167,9 @@ class Unsupported:
     path: str
     line: int
     detail: str
+    # the rest of the plan depends on it (it would be scaled wrongly without it): refused even with
+    # --allow-partial, which may only leave out what it names
+    blocks_partial: bool = False
 
     def to_json(self, display) -> dict:
         return {"what": self.what, "path": display(self.path) if self.path else None, "line": self.line or None,

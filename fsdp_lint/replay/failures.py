@@ -38,6 +38,7 @@ class SkipRecord:
     attrs: FrozenSet[str]
     exc: BaseException
     depth: int = 0            # frames on the stack of the skipped statement (trials: which skip ran inside which)
+    acted_on: List[object] = field(default_factory=list)   # what its calls acted on (replay.consequences)
 
 
 @dataclass
@@ -123,13 +124,34 @@ class Failures:
         lines = self.fatal_lines.get(os.path.abspath(fname))
         return bool(lines) and line in lines
 
-    def record_skip(self, path: str, line: int, exc: BaseException, depth: int = 0) -> None:
+    def record_skip(self, path: str, line: int, exc: BaseException, depth: int = 0, frame=None) -> None:
+        from fsdp_lint.replay.consequences import acted_on
         from fsdp_lint.replay.transform import binding
 
         stmt = self.tolerant.get(os.path.abspath(path), {}).get(line)
         names, attrs = binding(stmt) if stmt is not None else (frozenset(), frozenset())
         sk = Skipped(path=os.path.abspath(path), line=line, error=_one_line(exc), exc_type=type(exc).__name__)
-        self.skips.append(SkipRecord(sk, names, attrs, exc, depth))
+        objects = acted_on(stmt, frame) if stmt is not None and frame is not None else []
+        self.skips.append(SkipRecord(sk, names, attrs, exc, depth, objects))
+
+    def acted_on_by_skip(self, exc: BaseException) -> Optional[SkipRecord]:
+        """The last skipped statement whose calls acted on an object that a frame of the failure
+        `exc` holds (``cfg.validate()`` skipped, then ``build_mesh(cfg)`` fails): the later failure
+        is likely its consequence."""
+        from fsdp_lint.replay.consequences import holds
+
+        def is_project(path):
+            return path == self.entry_path or _is_project(path)
+
+        found, before = None, len(self.skips)
+        for _ in range(5):              # back along the chain: a skipped failure that follows from an earlier one
+            match = next((i for i in range(before - 1, -1, -1)     # the closest one before the failure
+                          if self.skips[i].exc is not exc and holds(exc, self.skips[i].acted_on, is_project)), None)
+            if match is None:
+                break
+            found, before = self.skips[match], match
+            exc = found.exc
+        return found
 
     def first_cause(self) -> Optional[SkipRecord]:
         """The skipped failure that the last skipped one goes back to: its chain of unbound names, then the
@@ -173,8 +195,17 @@ class Failures:
                  importer=None) -> str:
         """One line naming the cause of `exc`, which ended the replay."""
         stub = self.stub_cause(exc)
-        if stub is not None:
+        if stub is not None and stub.in_model:
             return self._stub_message(stub, entry_display)
+        if stub is not None:
+            # setup code (not the model) failed on a stand-in: the package it needs is the cause
+            top = stub.name.split(".")[0].split("(")[0]
+            imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
+            missing = imp.missing if imp is not None else top
+            need = (f"{imp.message} (the installed {installed_version(imp.module)})" if imp is not None and imp.absent_names
+                    else f"`{missing}` is not installed here: pip install {distribution_of(missing)}")
+            return (f"{self._location(exc, entry_display)}: setup code failed {where_real}: {_one_line(exc)} "
+                    f"(it uses `{stub.name.rstrip('()')}`, which could not be imported: {need})")
         parsing = None if self.names_an_argument(exc) else \
             arguments.describe(exc, self._location(exc, entry_display), self.argv, entry_display, _one_line)
         if parsing:                                 # trials: the script refuses its arguments
@@ -185,6 +216,12 @@ class Failures:
             loc = f"{_display(cause.skipped.path, self.entry_path, entry_display)}:{cause.skipped.line}"
         else:
             loc = self._location(exc, entry_display)
+            earlier = self.acted_on_by_skip(exc)
+            if earlier is not None:
+                # the skipped statement first: what failed here left the object half-set
+                at = f"{_display(earlier.skipped.path, self.entry_path, entry_display)}:{earlier.skipped.line}"
+                return (f"{at}: setup code failed {where_real}: {earlier.skipped.error}{_download_hint(earlier.skipped.error)}"
+                        f" (skipped; what it would have set up was used later: {loc}: {_one_line(exc)})")
         if isinstance(exc, ImportError):
             text = self.describe_import_error(exc, importer)
             if text:
@@ -267,10 +304,10 @@ class Failures:
         missing = imp.missing if imp is not None else top
         where = f"{_display(u.path, self.entry_path, entry_display)}:{u.line}"
         if imp is not None and imp.absent_names:
-            return (f"{where}: the model uses `{u.name.rstrip('()')}`, which could not be imported here: "
+            return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here: "
                     f"{imp.message} (the installed {installed_version(imp.module)}; the training repository "
                     f"needs another version); the plan would be built without it")
-        return (f"{where}: the model uses `{u.name.rstrip('()')}`, which could not be imported here "
+        return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here "
                 f"(`{missing}` is not installed: pip install {distribution_of(missing)}); the plan would be "
                 f"built without it")
 

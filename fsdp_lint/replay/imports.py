@@ -16,6 +16,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -67,6 +68,7 @@ class StubUse:
     path: str
     line: int
     in_model: bool            # used while a model was being built or wrapped
+    user: str = "the model"   # what uses it ("the wrap": a stand-in among a wrap call's arguments)
 
 
 @dataclass
@@ -96,10 +98,16 @@ class Missing:
         if item.startswith("__") and item.endswith("__"):
             raise AttributeError(item)
         name = f"{self._fsdp_lint_name}.{item}"
-        self._fsdp_lint_on_use(name)
+        # naming an attribute is no use of it (`-> pa.Table`, `x: wandb.Run`): what is done with it is
+        self._fsdp_lint_on_use(name, access=True)
         return Missing(name, self._fsdp_lint_on_use)
 
     def __call__(self, *args, **kwargs):
+        if len(args) == 1 and not kwargs and isinstance(args[0], (type, types.FunctionType)):
+            # a decorator from a package that is not installed (`@register("name")`, `@numba.jit`)
+            # leaves the class or function it decorates as it is
+            self._fsdp_lint_on_use(self._fsdp_lint_name + "()", access=True)
+            return args[0]
         if _holds_a_module(args, kwargs):     # trials: `convert_to_float8_training(model)` acts on the model
             self._fsdp_lint_on_use(self._fsdp_lint_name + "()", model=True)
         else:
@@ -127,8 +135,32 @@ class Missing:
         return Missing(name, self._fsdp_lint_on_use)
 
     def __mro_entries__(self, bases):
-        self._fsdp_lint_on_use(self._fsdp_lint_name)
-        return (object,)
+        # a base class that is not installed (a checkpoint client's `boto3` session, a config mix-in):
+        # a fresh empty class stands in (`object` in the middle of the bases breaks the MRO:
+        # `class C(Config, Missing, Generic[T])`); defining the class is no use of it, building an
+        # instance while a model is built is (`class FusedNorm(apex.FusedLayerNorm)` in a block)
+        on_use, name = self._fsdp_lint_on_use, self._fsdp_lint_name
+        on_use(name, access=True)
+
+        def __init__(inner, *args, **kwargs):
+            on_use(name + "()")
+
+        # the missing base's class attributes (`@Config.register("name")`) are stand-ins too; with the
+        # metaclasses of the other bases (ABCMeta) mixed in, so that one class can have both
+        # (ABCMeta always: `class C(Config, Missing, metaclass=ABCMeta)` names it where this cannot see it)
+        import abc
+
+        others = tuple(dict.fromkeys(type(b) for b in bases if isinstance(b, type) and type(b) is not type))
+        others = others if any(issubclass(m, abc.ABCMeta) for m in others) else others + (abc.ABCMeta,)
+        meta = type("StandInMeta", (_StandInMeta, *others), {})
+        cls = meta(name.rsplit(".", 1)[-1], (), {"__init__": __init__, "__module__": "fsdp_lint.stand_in",
+                                                 "_fsdp_lint_stand_in": name, "_fsdp_lint_missing": self})
+        return (cls,)
+
+    def __or__(self, other):        # `pa.Table | None` in an annotation
+        return self
+
+    __ror__ = __or__
 
     def __repr__(self):
         return f"<{self._fsdp_lint_name}: not installed here>"
@@ -147,11 +179,52 @@ class Missing:
     __index__ = __int__ = __float__ = _fsdp_lint_as_value
 
 
+class _StandInMeta(type):
+    """The metaclass of a stand-in base class: its class attributes are the missing base's."""
+
+    def __getattribute__(cls, item):
+        if not item.startswith("__") and not hasattr(type, item):
+            mro = type.__getattribute__(cls, "__mro__")
+            if not any(item in b.__dict__ for b in mro):
+                # not the class's own: the missing base's (before another metaclass's `register`)
+                missing = next((b.__dict__["_fsdp_lint_missing"] for b in mro if "_fsdp_lint_missing" in b.__dict__),
+                               None)
+                if missing is not None:
+                    return getattr(missing, item)
+        return type.__getattribute__(cls, item)
+
+
 # packages that only look at a model they are given (loggers, profilers, summaries): a stand-in for
 # them called with the model leaves the plan as it is
 _OBSERVERS = {"wandb", "mlflow", "comet_ml", "neptune", "clearml", "aim", "tensorboard", "tensorboardX",
               "torchinfo", "torchsummary", "thop", "fvcore", "ptflops", "codecarbon", "tqdm", "rich", "swanlab",
               "dvclive", "trackio"}
+
+
+def stand_in_within(value, depth: int = 3):
+    """A stand-in (`Missing`) inside `value` -- itself, an item of a list/tuple/dict, an attribute of an
+    object (a precision policy, a recipe's config) -- or None."""
+    if isinstance(value, Missing):
+        return value
+    if depth <= 0 or isinstance(value, (str, bytes, int, float, bool, type(None), type, types.ModuleType)):
+        return None
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    elif isinstance(value, dict):
+        items = list(value.values())
+    else:
+        try:
+            items = list(vars(value).values())
+        except TypeError:
+            return None
+    nn = sys.modules.get("torch.nn")
+    for item in items:
+        if nn is not None and isinstance(item, nn.Module):
+            continue            # the model itself: its stand-ins are found where they are used
+        found = stand_in_within(item, depth - 1)
+        if found is not None:
+            return found
+    return None
 
 
 def only_observes(module: str) -> bool:

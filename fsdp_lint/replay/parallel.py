@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_lint.model import modwalk  # issue 10
 from fsdp_lint.replay.placements import (_concatenate_error, _describe_style, _group_ranks, _is_dtensor, _placement,
-                                         _root_mesh, _torch_message, _validate_fsdp2_mesh)
+                                         _root_mesh, _torch_message, _validate_fsdp2_mesh, spmd_error)
 from fsdp_lint.model.mesh import (
     HYBRID,
     MeshDim,
@@ -151,11 +151,13 @@ class ParallelState:
         # parameters the combined placement is not modelled
         over_dtensors = kw.get("shard_placement_fn") is not None and any(
             type(p).__name__ == "DTensor" for m in call.modules for p in m.parameters())
-        for name in ("dp_mesh_dims", "shard_placement_fn"):
-            if kw.get(name) is not None and (name != "shard_placement_fn" or over_dtensors):
-                self.unsupported.append(Unsupported(
-                    name, pos.path, pos.line, f"fully_shard({name}=...) is not modelled: the shards of the "
-                                              f"parameters it places differently are not computed"))
+        if kw.get("shard_placement_fn") is not None and over_dtensors:
+            self.unsupported.append(Unsupported(
+                "shard_placement_fn", pos.path, pos.line, "fully_shard(shard_placement_fn=...) is not modelled: the "
+                                                          "shards of the parameters it places differently are not computed"))
+        if kw.get("dp_mesh_dims") is not None:
+            self._fsdp2_spmd(call)
+            return
         if mesh is None:
             self.wrap_meshes[call.seq] = None
         else:
@@ -172,6 +174,9 @@ class ParallelState:
             else:
                 self.wrap_meshes[call.seq] = UnitMesh(shard=info.dims[1], replicate=info.dims[0], mesh=info,
                                                       source="mesh")
+        if getattr(call, "placement_meshes", None):       # only then: the default mesh needs a process group
+            dp_mesh = mesh if mesh is not None else self.default_mesh()
+            self._check_placement_meshes(call, dp_mesh, self.describe_mesh(dp_mesh) if dp_mesh is not None else None)
         raf = kw.get("reshard_after_forward")
         unit_mesh = self.wrap_meshes[call.seq]
         shard_size = unit_mesh.shard_size if unit_mesh is not None else self.world_size
@@ -200,6 +205,89 @@ class ParallelState:
         for m in call.modules:
             self._claimed.update(id(p) for p in modwalk.parameters(m, earlier))   # issue 10
         self._wrapped_before.update(id(m) for m in call.modules)
+
+    @staticmethod
+    def spmd_error(modules, kwargs):
+        """What ``fully_shard(..., dp_mesh_dims=...)`` raises for this call (the recorder raises it)."""
+        return spmd_error(modules, kwargs)
+
+    def _fsdp2_spmd(self, call) -> None:
+        """``fully_shard(model, mesh=<the full SPMD mesh>, dp_mesh_dims=DataParallelMeshDims(...))``
+        (torchtitan's default path): the parameters are DTensors on the full mesh, ``Replicate()`` on the
+        data-parallel dims (the recorder raised torch's error otherwise). torch shards each over the dp
+        mesh its ``_get_mesh_info`` builds (the shard dims flattened; HSDP: replicate x shard), after
+        the placements of the other dims -- the arithmetic of TP + FSDP2 on a separate dp mesh, exact
+        when the dp dims come before the others (then torch's ``_StridedShard`` split factor is the
+        others' shards of that dim)."""
+        from fsdp_lint.replay.recorders import FakeMesh
+
+        kw, pos = call.kwargs, call.pos
+        mesh, dims = kw.get("mesh"), kw.get("dp_mesh_dims")
+        shard, replicate = tuple(dims.shard_names), tuple(dims.replicate_names)
+
+        def refuse(detail):
+            self.unsupported.append(Unsupported("dp_mesh_dims", pos.path, pos.line, detail, blocks_partial=True))
+            self.wrap_meshes[call.seq] = None
+
+        if isinstance(mesh, FakeMesh):
+            return refuse("fully_shard(dp_mesh_dims=...) on a mesh fsdp-lint stood in for: its dimensions are not known")
+        if not shard:
+            return refuse(f"fully_shard(dp_mesh_dims=DataParallelMeshDims(replicate={dims.replicate!r})) without a "
+                          f"shard dim (replication only) is not modelled")
+        info = self.describe_mesh(mesh)
+        names = info.names
+        dp = {names.index(n) for n in shard + replicate}
+        if dp and max(dp) > min((i for i in range(info.ndim) if i not in dp), default=info.ndim):
+            return refuse(f"fully_shard(dp_mesh_dims=...) with a non-data-parallel dim before a data-parallel one "
+                          f"(mesh {info.label()}): torch's strided shard of that layout is not modelled")
+        import torch
+        from torch.distributed.fsdp._fully_shard._fsdp_init import _get_mesh_info
+
+        with torch._C.DisableTorchFunction():
+            dp_mesh = _get_mesh_info(mesh, dims).mesh
+        dp_info = self.describe_mesh(dp_mesh, root_index=info.root)
+        if dp_info.ndim == 1:
+            self.wrap_meshes[call.seq] = UnitMesh(shard=dp_info.dims[0], mesh=info, source="mesh")
+        else:
+            self.wrap_meshes[call.seq] = UnitMesh(shard=dp_info.dims[1], replicate=dp_info.dims[0], mesh=info,
+                                                  source="mesh")
+        others = [i for i in range(info.ndim) if i not in dp]
+        tp_info = MeshInfo([info.dims[i] for i in others], root=info.root, path=info.path, line=info.line)
+        earlier = self._wrapped_before
+        for m in call.modules:
+            for _name, p in modwalk.named_parameters(m, earlier):
+                if not _is_dtensor(p) or id(p) in self._claimed:
+                    continue
+                placements = tuple(_placement(x) for x in p.placements)
+                if any(x is None or x[0] == "P" for x in placements):
+                    self.capture_param(p, pos)        # says which placement is not modelled
+                    continue
+                old = self.param_sharding.get(id(p))
+                self.param_sharding[id(p)] = ParamSharding(tp_info, tuple(placements[i] for i in others),
+                                                           old.path if old else pos.path, old.line if old else pos.line,
+                                                           old.style if old else None)
+        self._check_placement_meshes(call, dp_mesh, dp_info)
+        for m in call.modules:
+            self._claimed.update(id(p) for p in modwalk.parameters(m, earlier))
+        self._wrapped_before.update(id(m) for m in call.modules)
+
+    def _check_placement_meshes(self, call, dp_mesh, dp_info: Optional[MeshInfo]) -> None:
+        """A ``ShardPlacementResult`` whose ``mesh_info`` is another mesh than the call's (torchtitan's
+        per-parameter expert mesh): the units' shards, padding and collectives are computed over the
+        call's mesh, so no part of the plan would be right -- refused even with --allow-partial."""
+        from fsdp_lint.replay.recorders import FakeMesh
+
+        for other in (getattr(call, "placement_meshes", None) or {}).values():
+            if other is None or other is dp_mesh:
+                continue
+            same = dp_info is not None and not isinstance(other, FakeMesh) and \
+                [d.radix for d in self.describe_mesh(other).dims][-1:] == [d.radix for d in dp_info.dims][-1:]
+            if not same:
+                self.unsupported.append(Unsupported(
+                    "shard_placement_fn", call.pos.path, call.pos.line,
+                    "shard_placement_fn returning ShardPlacementResult(mesh_info=...) on another mesh than the "
+                    "call's (a per-parameter mesh, torchtitan's expert mesh) is not modelled", blocks_partial=True))
+                return
 
     def default_mesh(self):
         """The mesh ``fully_shard`` builds without ``mesh=``: a new 1-D mesh over the world."""

@@ -135,3 +135,74 @@ def _concatenate_error(dp_mesh, tp_mesh, n_placements: int) -> Optional[str]:
             return ("AssertionError: FSDP requires the DP and TP mesh to have the same parent mesh but got: \n"
                     f"DP's global mesh: {_root_mesh(dp_mesh)}\nTP's global mesh: {_root_mesh(tp_mesh)}").splitlines()[0]
         return None
+
+
+# --------------------------------------------------------------------------------------------
+# FSDP2's SPMD path: fully_shard(mesh=<the full mesh>, dp_mesh_dims=DataParallelMeshDims(...))
+# --------------------------------------------------------------------------------------------
+def spmd_managed_params(modules) -> list:
+    """The parameters a ``fully_shard`` call manages: those of its modules, not of sub-modules an
+    earlier call wrapped (torch's ``_get_managed_states``), each once, in registration order."""
+    out, seen, stack = [], set(), list(reversed(list(modules)))
+    roots = {id(m) for m in modules}
+    while stack:
+        m = stack.pop()
+        if id(m) not in roots and "_fsdp_lint_call" in m.__dict__:
+            continue
+        for p in m._parameters.values():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+        stack.extend(reversed([c for c in m._modules.values() if c is not None]))
+    return out
+
+
+def spmd_error(modules, kwargs) -> Optional[BaseException]:
+    """What ``fully_shard(..., dp_mesh_dims=...)`` raises for this call, or None: torch's own mesh
+    checks (``_validate_mesh``), an int ``reshard_after_forward``, and per parameter what
+    ``FSDPParam._init_sharding_spec`` requires (a DTensor on the very mesh passed, ``Replicate()`` on
+    every data-parallel dimension)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    dims, mesh = kwargs.get("dp_mesh_dims"), kwargs.get("mesh")
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    shard = tuple(getattr(dims, "shard_names", ()) or ())
+    replicate = tuple(getattr(dims, "replicate_names", ()) or ())
+    if not shard and not replicate:
+        return ValueError("At least one of shard or replicate must be set in dp_mesh_dims")
+    if not names:
+        return ValueError("mesh must have mesh_dim_names when dp_mesh_dims is provided")
+    for name in shard + replicate:
+        if name not in names:
+            return ValueError(f"Mesh dim name '{name}' not found in mesh.mesh_dim_names {names}")
+    raf = kwargs.get("reshard_after_forward")
+    if shard and isinstance(raf, int) and not isinstance(raf, bool):
+        return NotImplementedError("reshard_after_forward as int is not yet supported with SPMD mesh (dp_mesh_dims)")
+    if not isinstance(mesh, DeviceMesh):     # fsdp-lint's stand-in for a helper's mesh: no parameters on it
+        return None
+    ignored = {id(p) for p in (kwargs.get("ignored_params") or ())}
+    for p in spmd_managed_params(modules):
+        if id(p) in ignored:
+            continue
+        if not _is_dtensor(p):
+            return ValueError("When dp_mesh_dims is provided, all parameters must be DTensors on the full SPMD mesh "
+                              "(e.g. via distribute_module). Got plain tensor for parameter "
+                              f"'{_param_name(modules, p)}'.")
+        if p.device_mesh is not mesh:
+            return ValueError("Expected param's DTensor mesh to be the same mesh passed to fully_shard, but got "
+                              "different mesh objects")
+        for kind, group in (("shard", shard), ("replicate", replicate)):
+            for name in group:
+                idx = names.index(name)
+                if type(p.placements[idx]).__name__ != "Replicate":
+                    return ValueError(f"Expected Replicate() on DP {kind} dim '{name}' (index {idx}) but got "
+                                      f"{p.placements[idx]}")
+    return None
+
+
+def _param_name(modules, param) -> str:
+    for m in modules:
+        for name, p in m.named_parameters():
+            if p is param:
+                return name.rsplit(".", 1)[-1]
+    return "?"

@@ -85,6 +85,9 @@ class Recorder:
         self.stopped: Optional[Tuple[str, Position]] = None
         self._local: Dict[str, bool] = {}
         self.skipped_elsewhere: List[Tuple[str, int, BaseException]] = []
+        # called with each wrap call: raises when a stand-in for a package that is not installed is among
+        # its arguments (set by the runner)
+        self.on_wrap_stand_in: Optional[Callable[[WrapCall], None]] = None
 
     def skipped_records(self) -> list:
         from fsdp_lint.replay.records import Skipped
@@ -190,9 +193,12 @@ def _as_fsdp_module(module, call) -> None:
     module.__dict__["_fsdp_lint_call"] = call
 
 
-def shard_dims(modules, placement_fn) -> Dict[int, int]:
-    """FSDP2's ``shard_placement_fn``, evaluated as torch evaluates it: per parameter of the call's
-    modules, the dim it shards (``Shard(d)``; None keeps dim 0). id(param) -> dim (normalised)."""
+def shard_dims(modules, placement_fn, meshes: Optional[Dict[int, Any]] = None, shard_size=None) -> Dict[int, int]:
+    """FSDP2's ``shard_placement_fn``, evaluated as torch evaluates it (``resolve_shard_placement``):
+    per parameter of the call's modules, the dim it shards -- ``Shard(d)``, or a
+    ``ShardPlacementResult(placement, mesh_info)`` whose placement None keeps dim 0; None keeps dim 0.
+    id(param) -> dim (normalised). `meshes` (when given) receives id(param) -> the mesh of a
+    ``ShardPlacementResult``'s ``mesh_info`` (torchtitan's per-parameter expert mesh)."""
     if placement_fn is None:
         return {}
     out: Dict[int, int] = {}
@@ -205,11 +211,46 @@ def shard_dims(modules, placement_fn) -> Dict[int, int]:
             placement = placement_fn(p)
             if placement is None:
                 continue
+            group = shard_size(p) if shard_size is not None else None
+            if hasattr(placement, "mesh_info") and hasattr(placement, "placement"):   # ShardPlacementResult
+                if meshes is not None:
+                    meshes[id(p)] = getattr(placement.mesh_info, "mesh", None)
+                group = getattr(placement.mesh_info, "shard_mesh_size", None) or group
+                placement = placement.placement
+                if placement is None:
+                    continue
             dim = getattr(placement, "dim", None)
             if dim is None:
-                raise ValueError(f"shard_placement_fn must return a Shard placement or None, got {placement!r}")
-            out[id(p)] = dim % p.ndim if p.ndim else 0
+                raise ValueError(f"Invalid shard_placement_fn result: {placement!r}")
+            dim = dim % p.ndim if p.ndim else 0
+            local = p._local_tensor.size() if hasattr(p, "_local_tensor") else p.size()
+            if dim > 0 and group and local[dim] % group:
+                # FSDPParam._init_sharding_spec: torch refuses uneven shards on a non-zero dim
+                raise NotImplementedError(f"FSDP does not support uneven sharding on dim {dim}: {local} "
+                                          f"(world size: {group})")
+            out[id(p)] = dim
     return out
+
+
+def shard_group_size(kwargs, world_size: int):
+    """The size of the group a ``fully_shard`` call shards a parameter over (its mesh's shard dim:
+    1-D, HSDP's dim 1, the ``dp_mesh_dims`` shard dims flattened; the world without a mesh), given
+    as a function of the parameter (a ``ShardPlacementResult`` brings its own mesh's)."""
+    mesh, dims = kwargs.get("mesh"), kwargs.get("dp_mesh_dims")
+
+    def of_mesh(m, spmd):
+        if m is None:
+            return world_size
+        if spmd is not None:
+            names = list(getattr(m, "mesh_dim_names", None) or ())
+            n = 1
+            for name in getattr(spmd, "shard_names", ()):
+                n *= m.size(names.index(name)) if name in names else 1
+            return n
+        return m.size(0) if m.ndim == 1 else m.size(1)
+
+    default = of_mesh(mesh, dims)
+    return lambda p: default
 
 
 def _column(frame) -> int:
@@ -232,12 +273,22 @@ def _install_recorders(rec: Recorder, patch) -> None:
 
     def fully_shard(module, *args, **kwargs):
         mods = list(module) if isinstance(module, (list, tuple)) else [module]
-        names = ["mesh", "reshard_after_forward", "shard_placement_fn", "mp_policy", "offload_policy", "ignored_params"]
+        names = ["mesh", "reshard_after_forward", "shard_placement_fn", "mp_policy", "offload_policy", "ignored_params",
+                 "dp_mesh_dims"]
         for name, value in zip(names, args):
             kwargs[name] = value
         rec.undo.clear()
         call = WrapCall("fsdp2", next(rec.seq), mods, kwargs, rec.position(), state=rec.snapshot(mods))
-        call.shard_dims = shard_dims(mods, kwargs.get("shard_placement_fn"))
+        if rec.on_wrap_stand_in is not None:
+            rec.on_wrap_stand_in(call)      # a stand-in among the arguments (a float8 policy): refused with its cause
+        parallel = getattr(rec, "parallel", None)
+        if kwargs.get("dp_mesh_dims") is not None and parallel is not None:
+            error = parallel.spmd_error(mods, kwargs)      # what torch raises for this SPMD call, before any state
+            if error is not None:
+                raise error
+        call.placement_meshes = {}
+        call.shard_dims = shard_dims(mods, kwargs.get("shard_placement_fn"), call.placement_meshes,
+                                     shard_group_size(kwargs, rec.world_size))
         rec.record_wrap(call)
         for m in mods:
             _as_fsdp_module(m, call)

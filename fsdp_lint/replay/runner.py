@@ -40,7 +40,6 @@ from fsdp_lint.replay.imports import (
 )
 from fsdp_lint.replay.recorders import Recorder
 from fsdp_lint.replay.records import (
-    _MISSING,
     NoModelError,
     ReplayError,
     ReplayResult,
@@ -68,6 +67,7 @@ from fsdp_lint.entry.source import SourceFacts, relevant_lines_with
 from fsdp_lint.replay.argv_hint import argv_hint
 from fsdp_lint.replay.roots import last_resort_roots
 from fsdp_lint.model.tree import user_class
+from fsdp_lint.replay.model_root import _root_of, _undo_after_last_wrap  # noqa: F401 (api.py imports them here)
 
 
 class _ReplayTimeout(BaseException):
@@ -115,6 +115,7 @@ class _Run:
         self.rec.api = self.facts.api
         self.failures = Failures(entry_path=path, argv=list(self.argv))
         self.rec.record_skip = self.failures.record_skip
+        self.rec.on_wrap_stand_in = self._wrap_stand_in
         from fsdp_lint.entry.project import Project
 
         self.failures.resolves_locally = Project(self.entry).resolve
@@ -126,6 +127,7 @@ class _Run:
         self.setup_done: Optional[tuple] = None     # (file, line) where the entry's setup ended
         self.finished = False                        # the replay is over (project code runs on in --run)
         self.ended_after_setup: Optional[str] = None
+        self.ran_as_script: Optional[str] = None     # the package refused to import: the file ran as a script
 
     # -- modules -------------------------------------------------------------------------------
     def _helpers(self) -> Dict[str, Any]:
@@ -137,7 +139,7 @@ class _Run:
             frame = sys._getframe(1)
             if not self.failures.may_skip(exc, frame):
                 return False
-            self.failures.record_skip(frame.f_code.co_filename, line, exc, depth=_depth(frame))
+            self.failures.record_skip(frame.f_code.co_filename, line, exc, depth=_depth(frame), frame=frame)
             return True
 
         def stub_import(names, globs, module, exc):
@@ -228,15 +230,27 @@ class _Run:
                                                    message=_import_message(exc), names=list(names),
                                                    absent_names=bool(absent)))
 
-        def on_use(name, _path=path, model=False):     # model: called with the model (trials)
+        def on_use(name, _path=path, model=False, access=False):     # model: called with the model (trials)
             use_frame = sys._getframe(2)
+            in_model = not access and (model and not only_observes(missing) or _in_model_build())
             self.failures.stub_uses.append(StubUse(name=name, path=use_frame.f_code.co_filename,
-                                                   line=use_frame.f_lineno,
-                                                   in_model=model and not only_observes(missing) or _in_model_build()))
+                                                   line=use_frame.f_lineno, in_model=in_model))
 
         for name in names:
             globs.setdefault(name, Missing(name, on_use))
         return True
+
+    def _wrap_stand_in(self, call) -> None:
+        """A wrap call whose arguments hold a stand-in (``mp_policy=`` a float8 policy, a recipe config
+        from a package that is not installed): the precision or the wrap would be planned without it."""
+        from fsdp_lint.replay.imports import stand_in_within
+
+        for value in call.kwargs.values():
+            found = stand_in_within(value)
+            if found is not None:
+                self.failures.stub_uses.append(StubUse(name=found._fsdp_lint_name, path=call.pos.path,
+                                                       line=call.pos.line, in_model=True, user="the wrap"))
+                raise ReplayError(self.failures.incomplete_plan(self.display))
 
     # -- the run -------------------------------------------------------------------------------
     def execute(self, timeout: Optional[float]) -> ReplayResult:
@@ -284,15 +298,41 @@ class _Run:
                             param_events=self.rec.param_events, skipped=skipped, world_size=self.world_size,
                             mesh_sizes=self.rec.mesh_sizes, namespace=ns, stopped=self.rec.stopped,
                             argv=list(self.argv),
-                            run_as=f"module {entry.module}" if entry.is_package_module else "script",
+                            run_as=f"module {entry.module}" if entry.is_package_module and not self.ran_as_script
+                            else "script",
                             stubs=list(self.failures.imports), stub_uses=list(self.failures.stub_uses),
                             notes=self._notes(), parallel=getattr(self.rec, "parallel", None))  # issue 11
 
     def _exec_entry(self, code, ns) -> None:
         if self.entry.is_package_module:
             # the packages above the module run first, as `python -m pkg.sub.mod` does
-            importlib.import_module(self.entry.package)
+            try:
+                importlib.import_module(self.entry.package)
+            except (TrainingBoundary, ReplayError):
+                raise
+            except Exception as exc:
+                if not self._as_script(exc, ns):
+                    raise
         exec(code, ns)
+
+    def _as_script(self, exc: BaseException, ns) -> bool:
+        """Importing the file's package failed (a recipe folder whose ``__init__.py`` refuses to be
+        imported, a package chain that cannot import here): the project runs the file as a script
+        (``tune run`` / ``python recipes/x.py``), and so does the replay when the file has no relative
+        imports -- said in a note. False: the package import is the failure."""
+        if self.entry.namespace or any(i.level for i in self.facts.imports):
+            return False
+        where = _innermost_project_line(exc)
+        at = f"{_display(where[0], self.path, self.shown)}:{where[1]}: " if where else ""
+        self.ran_as_script = (f"importing its package `{self.entry.package}` failed ({at}{_one_line(exc)}); "
+                              f"ran {self.display} as a script, as `python {self.shown}` does")
+        folder = os.path.dirname(self.path)
+        ns["__package__"] = None
+        ns["__spec__"] = None
+        if folder not in sys.path:
+            sys.path.insert(0, folder)       # restored by the sandbox
+        self.failures.skips.clear()          # the package's own failures are not the file's
+        return True
 
     def _with_failures(self, fn, where_real: str):
         try:
@@ -329,6 +369,9 @@ class _Run:
         """No model, though the entry reaches wrap code: when setup statements failed and were skipped, the
         first of them is the likely cause (a logger whose backend is missing left `fabric` unbound, and
         every statement after it was skipped in turn)."""
+        launch = self._cli_launch()
+        if launch is not None:
+            return launch
         cause = self.failures.first_cause()
         if cause is None or not self.project.reaches_fsdp or self.rec.wrap_calls:
             return exc
@@ -343,12 +386,35 @@ class _Run:
         err.user_exception = cause.exc
         return err
 
+    def _cli_launch(self) -> Optional["NoModelError"]:
+        """A file without a ``__main__`` block that builds no model when run: the project's command line
+        calls it (``litgpt pretrain``, ``python -m pkg pretrain``); the error names that launch."""
+        from fsdp_lint.entry.launches import cli_launches
+
+        if self.facts.main_guard_line is not None or self.rec.wrap_calls or self.override is not None:
+            return None
+        launches = cli_launches(self.entry)
+        if not launches:
+            return None
+        first = launches[0]
+        err = NoModelError(f"{self.display}: no model found: it has no `if __name__ == \"__main__\"` block; the project "
+                           f"runs it through its command line `{first.command}` ({_display(first.cli_path, self.path, self.shown)}): "
+                           f"lint that launch: {first.lint_hint(lambda p: _display(p, self.path, self.shown))}")
+        return err
+
     def _error(self, exc: BaseException, where_real: str) -> ReplayError:
+        launch = f" ({self._namespace_launch()})" if self.entry.namespace else ""
         err = ReplayError(self.failures.describe(exc, entry_display=self.display, where_real=where_real,
                                                  importer=self.importer)
-                          + argv_hint(exc, self.path, self.argv, self.display))  # trials: no-argument launches
+                          + argv_hint(exc, self.path, self.argv, self.display) + launch)  # trials: no-argument launches
         err.user_exception = exc
         return err
+
+    def _namespace_launch(self) -> str:
+        root = os.path.relpath(self.entry.root)
+        root = self.entry.root if root.startswith("..") or root == "." else root
+        return (f"run as `python -m {self.entry.module}` from {root}: {self.display} is a module of the namespace "
+                f"package {self.entry.package}")
 
     def _on_exit(self, exc: SystemExit) -> None:
         """The script called sys.exit: the end of the script (status 0), or its argument parser
@@ -472,6 +538,10 @@ class _Run:
     def _notes(self) -> List[str]:
         notes = []
         rec = self.rec
+        if self.ran_as_script:
+            notes.append(self.ran_as_script)
+        elif self.entry.namespace:
+            notes.append(self._namespace_launch())
         if self.ended_after_setup:
             notes.append(f"the script ended after its setup ({self.ended_after_setup}) before training started")
         if not rec.wrap_calls and self.project.wrap_paths and rec.stopped is None:
@@ -518,52 +588,3 @@ def _in_model_build() -> bool:
             return True
         f = f.f_back
     return False
-
-
-def _undo_after_last_wrap(rec: Recorder) -> None:
-    """Put back the sub-modules and parameters that code after the last wrap call replaced."""
-    for kind, owner, name, old, child, old_parent in reversed(rec.undo):
-        table = owner._modules if kind == "module" else owner._parameters
-        if old is _MISSING:
-            table.pop(name, None)
-        else:
-            table[name] = old
-        if kind == "module" and child is not None:
-            if old_parent is _MISSING:
-                rec.parents.pop(id(child), None)
-            else:
-                rec.parents[id(child)] = old_parent
-    rec.undo.clear()
-
-
-def _root_of(rec: Recorder):
-    """The top ancestor of the wrapped modules (the model the file builds)."""
-    tops: Dict[int, Any] = {}       # a wrap call per level of a deep model: each path walked once
-
-    def top(m):
-        path, seen = [], set()
-        while id(m) not in tops and id(m) in rec.parents and id(m) not in seen:
-            seen.add(id(m))
-            path.append(id(m))
-            parent = rec.parents[id(m)]
-            if getattr(parent, "_orig_mod", None) is m:
-                break       # `torch.compile(model)` holds the model; the model is still the root FSDP wraps
-            m = parent
-        found = tops.get(id(m), m)
-        for key in path:
-            tops[key] = found
-        return found
-
-    last = rec.wrap_calls[-1]
-    candidates = []
-    for call in rec.wrap_calls:
-        for m in call.modules:
-            candidates.append(top(m))
-    # the root that contains the most wrapped modules, preferring the last call's
-    best = top(last.modules[0])
-    counts: Dict[int, int] = {}
-    for c in candidates:
-        counts[id(c)] = counts.get(id(c), 0) + 1
-    if counts.get(id(best), 0) * 2 < len(candidates):
-        best = max(candidates, key=lambda c: counts[id(c)])
-    return best

@@ -223,8 +223,26 @@ def _has_rows(loader) -> bool:
         return getattr(loader, "dataset", None) is not None and not hasattr(loader.dataset, "__len__")
 
 
+def _hub(hooks, module) -> None:
+    """``push_to_hub=True`` (a Trainer's ``init_hf_repo``, TRL's completion logs): creating a hub
+    repository is the hub's business, not the plan's; a lint never touches the hub. The repository
+    is taken as created, and the note says so."""
+    RepoUrl = getattr(module, "RepoUrl", None)
+
+    def create_repo(*args, **kwargs):
+        repo_id = kwargs.get("repo_id") or next((a for a in args if isinstance(a, str)), "repo")
+        _note(hooks.rec, f"push_to_hub: the hub repository {repo_id} is not created by a lint")
+        endpoint = getattr(module, "ENDPOINT", None) or "https://huggingface.co"
+        return RepoUrl(f"{endpoint}/{repo_id}", endpoint=endpoint) if RepoUrl is not None else f"{endpoint}/{repo_id}"
+
+    hooks.patch(module.HfApi, "create_repo", lambda self, *args, **kwargs: create_repo(*args, **kwargs))
+    if hasattr(module, "create_repo"):
+        hooks.patch(module, "create_repo", create_repo)
+
+
 def hook_table() -> Dict[str, List[Any]]:
     return {
+        "huggingface_hub.hf_api": [_hub],
         "transformers.modeling_utils": [_modeling],
         "transformers.models.auto.configuration_auto": [_auto_config],
         "transformers.models.auto.tokenization_auto": [_auto_tokenizer],

@@ -1,0 +1,100 @@
+"""A later failure that follows from a skipped one through an object the skipped statement worked on.
+
+``cfg.validate()`` fails here (a data folder this machine lacks) and is skipped; the validator would
+have set ``cfg.dp`` from the world size, and ``build_mesh(cfg)`` later asserts on it. The names a
+skipped statement binds do not link the two (it binds nothing); the objects it acted on do: the
+receivers and arguments of its calls (``cfg`` of ``cfg.validate()``, ``state`` of
+``state.update(load(path))``, ``args`` of ``check_args(args)``). A later failure whose traceback
+holds one of those objects in a frame of project code is reported as a consequence of the skip.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import sys
+import types
+from typing import List
+
+# values that are never "state a statement left half-set"
+_PLAIN = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset, range, types.ModuleType, type,
+          types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+
+
+def _value(node: ast.AST, frame):
+    """The value of a name or a chain of plain attributes (instance dicts only: no property runs) in
+    `frame`, or a sentinel."""
+    if isinstance(node, ast.Name):
+        if node.id in frame.f_locals:
+            return frame.f_locals[node.id]
+        return frame.f_globals.get(node.id, _value)
+    if isinstance(node, ast.Attribute):
+        base = _value(node.value, frame)
+        if base is _value:
+            return _value
+        try:
+            return vars(base).get(node.attr, _value)
+        except TypeError:
+            return _value
+    return _value
+
+
+def _is_state(value) -> bool:
+    """Configuration or state a statement may leave half-set: containers, namespaces, config objects
+    and instances of the project's own classes -- not loggers, tensors or other library objects that
+    every frame shares."""
+    from fsdp_lint.entry.project import is_local
+
+    if isinstance(value, _PLAIN):
+        return False
+    if isinstance(value, (dict, list, set, types.SimpleNamespace)):
+        return True
+    cls = type(value)
+    if cls.__name__ in ("Namespace", "DictConfig", "ListConfig"):
+        return True
+    module = sys.modules.get(cls.__module__)
+    return is_local(getattr(module, "__file__", None) or "")
+
+
+def acted_on(stmt: ast.stmt, frame) -> List[object]:
+    """The objects `stmt` acts on in `frame`: the receivers and name/attribute arguments of its
+    calls, the objects it stores an item or attribute into (``state["model"] = ...``) -- state only."""
+    out, seen = [], set()
+    for node in ast.walk(stmt):
+        exprs = []
+        if isinstance(node, ast.Call):
+            exprs = [node.func.value] if isinstance(node.func, ast.Attribute) else []
+            exprs += [a for a in node.args if isinstance(a, (ast.Name, ast.Attribute))]
+            exprs += [k.value for k in node.keywords if isinstance(k.value, (ast.Name, ast.Attribute))]
+        elif isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store):
+            exprs = [node.value]
+        for expr in exprs:
+            value = _value(expr, frame)
+            if value is _value or id(value) in seen or not _is_state(value):
+                continue
+            seen.add(id(value))
+            out.append(value)
+    return out
+
+
+def holds(exc: BaseException, objects: List[object], is_project) -> bool:
+    """Whether a frame of project code in `exc`'s traceback holds one of `objects` (a local, or an
+    attribute of its ``self``)."""
+    if not objects:
+        return False
+    ids = {id(o) for o in objects}
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if is_project(os.path.abspath(frame.f_code.co_filename)):
+            for value in list(frame.f_locals.values()):
+                if id(value) in ids:
+                    return True
+            owner = frame.f_locals.get("self")
+            try:
+                attrs = list(vars(owner).values()) if owner is not None else []
+            except TypeError:
+                attrs = []
+            if any(id(v) in ids for v in attrs):
+                return True
+        tb = tb.tb_next
+    return False

@@ -1,0 +1,57 @@
+"""The model a replay's wrap calls belong to: the top ancestor of the wrapped modules, and the
+sub-modules and parameters put back that code after the last wrap call replaced."""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from fsdp_lint.replay.recorders import Recorder
+from fsdp_lint.replay.records import _MISSING
+
+
+def _undo_after_last_wrap(rec: Recorder) -> None:
+    """Put back the sub-modules and parameters that code after the last wrap call replaced."""
+    for kind, owner, name, old, child, old_parent in reversed(rec.undo):
+        table = owner._modules if kind == "module" else owner._parameters
+        if old is _MISSING:
+            table.pop(name, None)
+        else:
+            table[name] = old
+        if kind == "module" and child is not None:
+            if old_parent is _MISSING:
+                rec.parents.pop(id(child), None)
+            else:
+                rec.parents[id(child)] = old_parent
+    rec.undo.clear()
+
+
+def _root_of(rec: Recorder):
+    """The top ancestor of the wrapped modules (the model the file builds)."""
+    tops: Dict[int, Any] = {}       # a wrap call per level of a deep model: each path walked once
+
+    def top(m):
+        path, seen = [], set()
+        while id(m) not in tops and id(m) in rec.parents and id(m) not in seen:
+            seen.add(id(m))
+            path.append(id(m))
+            parent = rec.parents[id(m)]
+            if getattr(parent, "_orig_mod", None) is m:
+                break       # `torch.compile(model)` holds the model; the model is still the root FSDP wraps
+            m = parent
+        found = tops.get(id(m), m)
+        for key in path:
+            tops[key] = found
+        return found
+
+    last = rec.wrap_calls[-1]
+    candidates = []
+    for call in rec.wrap_calls:
+        for m in call.modules:
+            candidates.append(top(m))
+    # the root that contains the most wrapped modules, preferring the last call's
+    best = top(last.modules[0])
+    counts: Dict[int, int] = {}
+    for c in candidates:
+        counts[id(c)] = counts.get(id(c), 0) + 1
+    if counts.get(id(best), 0) * 2 < len(candidates):
+        best = max(candidates, key=lambda c: counts[id(c)])
+    return best

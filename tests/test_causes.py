@@ -1,0 +1,97 @@
+"""Causes, not consequences (issue 15, item 5).
+
+* A skipped failing statement that leaves state half-set (a validator that fills in the vocabulary
+  size from a tokenizer file this machine lacks; then the model is built from the default -1): the
+  error names the skipped statement and its failure first, the later failure after it.
+* A package that is not installed, used only by code outside the model -- the SDK base class of a
+  checkpoint client (mixed with a config base: the stand-in keeps the MRO), a return annotation
+  ``lance.LanceDataset | None`` of a data source -- is a note; the plan equals real torch's.
+* A stand-in among a wrap call's arguments (a float8 all-gather policy from torchao, not installed)
+  is a refusal naming the package: the precision would be planned without it.
+* A stand-in base class instantiated while the model is built is a use by the model.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import REPO  # noqa: E402
+from test_idioms import assert_plan_matches_torch  # noqa: E402
+
+REPOS = os.path.join(REPO, "fixtures", "repos")
+VALIDATED = os.path.join(REPOS, "validated_cfg")
+CKPT = os.path.join(REPOS, "ckpt_client")
+
+
+def test_a_skipped_validator_is_named_before_its_consequence(cli):
+    res = cli("vtrain/train.py", "--world-size", "8", "--", "--config", "configs/small.yaml", cwd=VALIDATED)
+    assert res.code == 2, res.out
+    [line] = res.err.strip().splitlines()[:1]
+    # the skipped statement first (its file, line and failure), the consequence after it
+    assert line.startswith("fsdp-lint: error: vtrain/train.py: vtrain/config.py:")
+    cause = line.index("FileNotFoundError: [Errno 2] No such file or directory: 'assets/tokenizer.json'")
+    later = line.index("vtrain/model.py:17: RuntimeError: Trying to create tensor with negative dimension -1")
+    assert cause < later and "(skipped; what it would have set up was used later:" in line
+
+
+def test_an_unrelated_skip_is_not_blamed(cli, tmp_path):
+    """A skipped statement that acted on other objects (a logger, a metrics dict) is not the cause of a
+    later failure of the model's own arguments."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "train.py").write_text(
+        "import json\nimport torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n"
+        "metrics = {}\nmetrics.update(json.load(open('/nonexistent/metrics.json')))\n"
+        "dims = {'hidden': -4}\n"
+        "model = fully_shard(nn.Linear(8, dims['hidden']))\n")
+    res = cli("train.py", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "train.py:8:" in res.err and "metrics.json" not in res.err and "negative dimension" in res.err
+
+
+def test_packages_only_non_model_code_uses_are_a_note_and_the_plan_equals_torch(monkeypatch):
+    monkeypatch.chdir(CKPT)
+    res, _ = assert_plan_matches_torch(os.path.join(CKPT, "ckptrain", "train.py"), 4)
+    assert [u.modules for u in res.plan.units] == [["0"], ["1"], ["2"], ["3"], [""]]
+    assert "not installed here, stood in for (not used by the model): objstore_sdk, lance" in res.notes
+
+
+def test_a_stand_in_among_the_wrap_arguments_is_refused(cli, tmp_path):
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n"
+        "from torchao.float8 import Float8AllGatherPolicy\n\n"
+        "model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(3)])\n"
+        "policy = Float8AllGatherPolicy(param_dtype='float8_e4m3fn')\n"
+        "for block in model:\n    fully_shard(block, mp_policy=policy)\nfully_shard(model)\n")
+    res = cli("train.py", "--world-size", "8", cwd=str(tmp_path))
+    assert res.code == 2 and "internal error" not in res.err
+    assert res.err.startswith("fsdp-lint: error: train.py:8: the wrap uses `Float8AllGatherPolicy`")
+    assert "`torchao` is not installed: pip install torchao" in res.err
+
+
+def test_a_stand_in_base_class_built_inside_the_model_is_a_model_use(cli, tmp_path):
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n"
+        "from fastnorm import FusedRMSNorm\n\n\n"
+        "class Norm(FusedRMSNorm):\n    pass\n\n\n"
+        "class Block(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.norm = Norm(64)\n        self.proj = nn.Linear(64, 64)\n\n\n"
+        "model = nn.Sequential(Block(), Block())\nfor block in model:\n    fully_shard(block)\nfully_shard(model)\n")
+    res = cli("train.py", "--world-size", "4", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "the model uses `FusedRMSNorm`" in res.err and "pip install fastnorm" in res.err
+
+
+def test_push_to_hub_creates_no_repository_and_says_so(cli, tmp_path):
+    """Creating the hub repository (a Trainer's ``init_hf_repo`` with ``push_to_hub=True``, TRL's
+    completion logs, a script's own ``HfApi().create_repo``) is taken as done, never attempted."""
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom huggingface_hub import HfApi\nfrom torch.distributed.fsdp import fully_shard\n\n"
+        "repo = HfApi().create_repo('me/run-42', exist_ok=True)\n"
+        "width = 8 if repo.repo_id == 'me/run-42' else 4\n"
+        "model = nn.Sequential(nn.Linear(8, width), nn.Linear(width, 8))\n"
+        "for m in model:\n    fully_shard(m)\nfully_shard(model)\n")
+    res = cli("train.py", "--world-size", "2", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    assert "note: push_to_hub: the hub repository me/run-42 is not created by a lint" in res.out
+    assert "144 params" in res.out
