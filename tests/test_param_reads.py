@@ -199,3 +199,25 @@ def test_no_fix_splits_a_parameter_from_its_reader(cli, tmp_path):
     (g,) = [x for x in json.loads(cli(str(path), "--format", "json", "--world-size", "2").out)["files"][0]["findings"]
             if x["code"] == "FSD104"]
     assert "fully_shard(model.embed)" in g["fix"]      # the same root without the read: it moves
+
+
+def test_peft_lora_adapter_units_reading_only_the_dtype_are_not_reported_and_run(cli):
+    """PEFT's lora.Linear reads ``lora_A.weight.dtype`` before calling ``lora_A``: a metadata read,
+    which FSDP2's DTensor answers as the full parameter does -- real FSDP2 runs the forward."""
+    from torch.distributed.fsdp import fully_shard
+
+    path = os.path.join(REPO, "fixtures", "idioms", "peft_lora_fsdp2_adapter_units.py")
+    assert _findings(cli, path) == []
+    ns: dict = {}
+    exec(compile(open(path).read().replace('if __name__ == "__main__":', "if False:"), path, "exec"), ns)
+
+    def wrap(model, mesh):
+        for module in model.modules():
+            if not list(module.children()) and getattr(module, "weight", None) is not None \
+                    and module.weight.requires_grad:
+                fully_shard(module, mesh=mesh)
+        for layer in model.base_model.model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    assert _first_forward(wrap, ns["build_model"], lambda: (torch.randint(0, 512, (2, 16)),)) is None
