@@ -125,8 +125,13 @@ def _explain(code: str) -> None:
 @click.option("--use-orig-params/--no-use-orig-params", default=None, help="Override FSDP1 use_orig_params.")
 @click.option("--model", "model_target", default=None, metavar="TARGET",
               help="The model: path.py:Class, path.py:factory, pkg.mod:factory, path.py:Class(num_layers=4).")
-@click.option("--format", "fmt", type=click.Choice(["full", "concise", "json", "sarif", "github", "html"]),
+@click.option("--output-format", "--format", "fmt",
+              type=click.Choice(["full", "concise", "json", "sarif", "github", "html"]),
               default="full", show_default=True, help="Output format (html: one self-contained file, use -o).")
+@click.option("--fix", "fix_", is_flag=True, help="Apply the safe fixes ([*]) to the files; report what remains.")
+@click.option("--unsafe-fixes", is_flag=True, help="Also apply (and mark [*]) the fixes that may change behaviour.")
+@click.option("--diff", "diff_", is_flag=True,
+              help="Print the fixes as a unified diff instead of writing them (exit 1 when there is one).")
 @click.option("--layout", type=click.Choice(["units", "params", "ranks", "diagram"]), default="units",
               show_default=True,
               help="Also show the per-parameter (params) or per-rank (ranks) layout, or draw it (diagram).")
@@ -173,7 +178,7 @@ def _explain(code: str) -> None:
 def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout,
         compare_granularity, select, ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules,
         config_path, output, accelerate_config, hf_config, hf_class, run_, simulate, nproc, steps, device,
-        input_shape, input_dtype, run_timeout, debug):
+        input_shape, input_dtype, run_timeout, debug, fix_=False, unsafe_fixes=False, diff_=False):
     """Lint PyTorch FSDP wrap code and show the plan FSDP will build.
 
     PATHS are training or model files, or directories (walked for *.py). Arguments after `--` are the
@@ -337,6 +342,24 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
             if not res.skipped and res.plan is not None:
                 res.granularity = compare(res, settings)
 
+    fixes = {"unsafe": unsafe_fixes}
+    if fix_ or diff_:
+        from fsdp_lint.fix.apply import plan_fixes, write
+
+        outcome = plan_fixes([f for r in results for f in r.findings], unsafe_fixes)
+        if diff_:
+            from fsdp_lint.humanize import display_path
+
+            click.echo(outcome.diff(display_path), nl=False)
+            if errors:
+                return EXIT_ERROR
+            return EXIT_FINDINGS if outcome.changed else EXIT_CLEAN
+        write(outcome)
+        done = {id(f) for f in outcome.fixed}
+        for r in results:
+            r.findings = [f for f in r.findings if id(f) not in done]
+        fixes["fixed"] = len(outcome.fixed)
+
     from fsdp_lint.report import machine
     from fsdp_lint.report import text as report
 
@@ -353,7 +376,7 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
         text = machine.render_github(results, failures=failures)
     else:
         text = report.render_text(results, full=fmt == "full", layout=layout_opt, statistics=statistics,
-                                  run_summary=run_summary, failures=failures)
+                                  run_summary=run_summary, failures=failures, fixes=fixes)
     if output:
         try:
             with open(output, "w", encoding="utf-8") as fh:

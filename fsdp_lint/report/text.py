@@ -293,8 +293,14 @@ def _caret_offset(src: str, col: int) -> int:
     return indent if col <= indent + 1 else col - 1
 
 
-def format_finding_full(f, base=None) -> str:
-    out = [f"{display_path(f.path, base)}:{f.line}:{f.col}: {f.code} [{f.severity}] {f.message}"]
+def fix_marker(f, unsafe: bool = False) -> str:
+    """ruff's `[*]`: the finding's fix is one `--fix` applies (an unsafe one with `--unsafe-fixes`)."""
+    fix = getattr(f, "fix_edits", None)
+    return " [*]" if fix is not None and fix.applies(unsafe) else ""
+
+
+def format_finding_full(f, base=None, unsafe: bool = False) -> str:
+    out = [f"{display_path(f.path, base)}:{f.line}:{f.col}: {f.code}{fix_marker(f, unsafe)} [{f.severity}] {f.message}"]
     src = _source_line(f.path, f.line) if f.line else None
     if src is not None:
         gutter = f"{f.line:>4} | "
@@ -307,22 +313,31 @@ def format_finding_full(f, base=None) -> str:
             out.append(f"     = module: {f.module}")
     if f.fix:
         out.append(f"     = fix: {f.fix}")
+    fix = getattr(f, "fix_edits", None)
+    if fix is not None and fix.edits:
+        label = "safe" if fix.applicability == "safe" else "unsafe, --unsafe-fixes"
+        out.append(f"     = fix ({label}): {fix.title}")
     if f.evidence:
         state = {True: "confirmed", False: "not confirmed", None: "undetermined"}[f.confirmed]
         out.append(f"     = --run: {state}: {f.evidence}")
     return "\n".join(out)
 
 
-def format_finding_concise(f, base=None) -> str:
+def format_finding_concise(f, base=None, unsafe: bool = False) -> str:
     conf = ""
     if f.confirmed is not None:
         conf = " (confirmed)" if f.confirmed else " (not confirmed)"
     via = f" (called from {display_path(f.call_site[0], base)}:{f.call_site[1]})" if f.call_site else ""
-    return f"{display_path(f.path, base)}:{f.line}:{f.col}: {f.code} [{f.severity}] {f.message}{conf}{via}"
+    return (f"{display_path(f.path, base)}:{f.line}:{f.col}: {f.code}{fix_marker(f, unsafe)} [{f.severity}] "
+            f"{f.message}{conf}{via}")
 
 
 def render_text(results, *, full: bool = True, layout: Optional[str] = None, statistics: bool = False,
-                show_table: bool = True, run_summary: Optional[dict] = None, failures=()) -> str:
+                show_table: bool = True, run_summary: Optional[dict] = None, failures=(),
+                fixes: Optional[dict] = None) -> str:
+    """`fixes`: {"unsafe": --unsafe-fixes given, "fixed": findings --fix fixed (None: no --fix)}."""
+    fixes = fixes or {}
+    unsafe = bool(fixes.get("unsafe"))
     blocks: List[str] = []
     for res in results:
         if res.skipped:
@@ -333,7 +348,7 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
                 header += f"\n  note: {note}"
             blocks.append("\n".join([header] + unsupported_notes(res)))
             for f in res.findings:
-                blocks.append(format_finding_full(f))
+                blocks.append(format_finding_full(f, unsafe=unsafe))
             if show_table:
                 blocks.append(unit_table(res))
             if layout == "params":
@@ -350,7 +365,7 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
                 blocks.append(simulated_text(res))
         else:
             for f in res.findings:
-                blocks.append(format_finding_concise(f))
+                blocks.append(format_finding_concise(f, unsafe=unsafe))
     counts = summary_counts(results)
     total = sum(counts.values())
     if statistics:
@@ -363,7 +378,23 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
         tail += f"; {skipped} skipped (no model or FSDP use)"
     if failures:
         tail += f"; {len(failures)} could not be linted (errors on stderr)"
-    blocks.append(tail + ".")
+    fixed = fixes.get("fixed")
+    if fixed is not None:
+        tail = f"Found {total + fixed} finding{'s' if total + fixed != 1 else ''} ({fixed} fixed, {total} remaining)" \
+               + tail[tail.index(")") + 1:]
+    tail += "."
+    fixable = [f for r in results for f in r.findings if getattr(f, "fix_edits", None) is not None
+               and f.fix_edits.edits]
+    shown = sum(1 for f in fixable if f.fix_edits.applies(unsafe))
+    hidden = len(fixable) - shown
+    if shown and fixed is None:
+        tail += f"\n[*] {shown} fixable with the `--fix` option"
+        tail += f" ({hidden} hidden fix{'es' if hidden != 1 else ''} can be enabled with the `--unsafe-fixes` option)." \
+            if hidden else "."
+    elif hidden:
+        tail += (f"\n{hidden} hidden fix{'es' if hidden != 1 else ''} can be enabled with the `--unsafe-fixes` "
+                 f"option.")
+    blocks.append(tail)
     if run_summary is not None:
         blocks.append(run_summary_text(run_summary))
     return "\n\n".join(blocks) + "\n"
