@@ -134,7 +134,32 @@ model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
             peft = requires_grad_fix(ctx, u.params)
             if peft:
                 fix = f"{peft}; or {orig}"
+            edits = self._edits(ctx, total, trainable, len(units) > 1)
             yield self.finding(ctx, msg, **anchor(ctx, u, freeze_positions(ctx, units)), module=u.module, fix=fix,
+                               fix_edits=edits,
                                units=[x.module for x in units], policy=split["policy"] if split else None,
                                torch_exception="ValueError", torch_error=torch_error,
                                grad_numel=total, trainable_numel=trainable)
+
+    @staticmethod
+    def _edits(ctx, total: int, trainable: int, per_unit: bool):
+        """`use_orig_params=True` in every FSDP1 call of the file (an auto-wrap root's applies to the
+        units it wraps). Unsafe: FSDP1 then allocates gradients for the frozen parameters too."""
+        from fsdp_lint.fix import codemods
+        from fsdp_lint.fix.edits import UNSAFE, Fix
+
+        edits = []
+        for unit in ctx.plan.units:
+            if unit.origin != "call":
+                continue
+            src = codemods.Source.of(unit.path)
+            call = codemods.wrap_call(src, unit.line, unit.col) if src is not None else None
+            edit = codemods.set_keyword(src, call, "use_orig_params", "True") if call is not None else None
+            if edit is None:
+                return None
+            if edit not in edits:
+                edits.append(edit)
+        if not edits:
+            return None
+        return Fix(f"pass `use_orig_params=True` (gradient memory for the whole FlatParameter: {total:,} numel "
+                   f"instead of {trainable:,}{' per unit' if per_unit else ''})", UNSAFE, edits)

@@ -41,9 +41,11 @@ def plan_fixes(findings, unsafe: bool) -> FixOutcome:
         if not fix.applies(unsafe):
             out.hidden_unsafe += 1
             continue
-        if any(_overlap(e, other) for e in fix.edits for other in taken.get(os.path.abspath(e.path), ())):
+        # the same edit from two findings (one keyword for several units) is made once, for both
+        new = [e for e in fix.edits if e not in taken.get(os.path.abspath(e.path), ())]
+        if any(_overlap(e, other) for e in new for other in taken.get(os.path.abspath(e.path), ())):
             continue
-        for e in fix.edits:
+        for e in new:
             taken.setdefault(os.path.abspath(e.path), []).append(e)
         out.fixed.append(f)
     for path, edits in taken.items():

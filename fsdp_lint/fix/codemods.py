@@ -153,9 +153,14 @@ def base_name(src: Source, expr) -> Optional[str]:
         if isinstance(expr, (cst.Attribute, cst.Subscript)):
             expr = expr.value
         elif isinstance(expr, cst.Call):
-            expr = expr.func
+            wrapper = isinstance(expr.func, cst.Name) and expr.func.value in _ITERATION_BUILTINS
+            expr = expr.args[0].value if wrapper and expr.args else expr.func
         else:
             return None
+
+
+# calls that iterate their first argument: `for i, block in enumerate(model.layers)`
+_ITERATION_BUILTINS = frozenset({"enumerate", "reversed", "list", "tuple", "iter", "zip", "sorted"})
 
 
 def names_in(node) -> set:

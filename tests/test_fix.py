@@ -1,0 +1,139 @@
+"""`--fix`, `--unsafe-fixes`, `--diff`: each mechanical fix applied to a copy of a fixture written
+with comments and odd formatting; the fixed file keeps them, re-linted no longer has the finding,
+and builds and steps under real torch (FSDP1/FSDP2 on CPU, fake process group)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+
+import oracle
+from conftest import REPO
+
+FIXTURES = os.path.join(REPO, "fixtures", "fix")
+
+
+def _copy(tmp_path, name: str) -> str:
+    for f in ("model.py", name):
+        shutil.copy(os.path.join(FIXTURES, f), tmp_path / f)
+    return str(tmp_path / name)
+
+
+def _codes(cli, path, *args):
+    res = cli(path, "--output-format", "json", "--world-size", "2", *args)
+    assert res.code in (0, 1), res.err
+    return [f["code"] for f in json.loads(res.out)["files"][0]["findings"]]
+
+
+def _load(path: str) -> dict:
+    """The fixed file's functions (its training loop sits behind `if __name__ == "__main__"`)."""
+    sys.path.insert(0, os.path.dirname(path))
+    sys.modules.pop("model", None)
+    try:
+        ns: dict = {"__name__": "fixed"}
+        exec(compile(open(path).read(), path, "exec"), ns)
+        return ns
+    finally:
+        sys.path.pop(0)
+        sys.modules.pop("model", None)
+
+
+def _step(model) -> None:
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    model(torch.randint(0, 256, (2, 16))).float().mean().backward()
+    optimizer.step()
+
+
+def _fsdp2(path: str):
+    """shard(TinyDecoder(), mesh) of the file, then a step; returns the model."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    ns = _load(path)
+    with oracle.fake_pg(2):
+        mesh = init_device_mesh("cpu", (2,))
+        model = ns["shard"](ns["TinyDecoder"](), mesh)
+        _step(model)
+        return model
+
+
+def test_fsd301_fix_adds_the_root_wrap_with_the_blocks_arguments(cli, tmp_path):
+    from torch.distributed.fsdp import FSDPModule
+
+    path = _copy(tmp_path, "fsdp2_no_root.py")
+    before = open(path).read()
+    res = cli(path, "--output-format", "concise", "--world-size", "2")
+    assert res.code == 1 and "FSD301 [*] [error]" in res.out and "[*] 1 fixable with the `--fix` option." in res.out
+
+    res = cli(path, "--fix", "--output-format", "concise", "--world-size", "2")
+    assert res.code == 0, res.out + res.err
+    assert "Found 1 finding (1 fixed, 0 remaining) in 1 file." in res.out
+    after = open(path).read()
+    assert after == before.replace(
+        "        )\n    return model\n",
+        "        )\n    fully_shard(model, mesh=mesh)\n    return model\n")   # comments, spacing kept
+    assert "FSD301" not in _codes(cli, path)
+    assert isinstance(_fsdp2(path), FSDPModule)         # the root is a unit now; a step runs
+
+
+def test_fsd105_fix_shards_the_elements_of_the_container(cli, tmp_path):
+    path = _copy(tmp_path, "fsdp2_container_unit.py")
+    before = open(path).read()
+    assert isinstance(oracle.raises(lambda: _fsdp2(path)), ValueError)    # torch refuses the container
+    res = cli(path, "--fix", "--world-size", "2", "--output-format", "concise")
+    assert res.code == 0, res.out + res.err
+    assert open(path).read() == before.replace(
+        "        fully_shard(model.layers, mesh=mesh)  # meant: one group per block\n",
+        "        for block in model.layers:\n            fully_shard(block, mesh=mesh)  # meant: one group per block\n")
+    assert _codes(cli, path) == []
+    _fsdp2(path)
+
+
+def test_fsd201_fix_is_unsafe_and_applied_only_with_unsafe_fixes(cli, tmp_path):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    path = _copy(tmp_path, "fsdp1_frozen_mix.py")
+    before = open(path).read()
+
+    def build():
+        ns = _load(path)
+        with oracle.fake_pg(2):
+            model = ns["wrap"](ns["freeze"](ns["TinyDecoder"]()), torch.device("cpu"))
+            _step(model)
+            return model
+
+    assert isinstance(oracle.raises(build), ValueError)       # torch: uniform requires_grad needed
+    res = cli(path, "--fix", "--world-size", "2", "--output-format", "concise")
+    assert res.code == 1 and open(path).read() == before       # unsafe: not applied, and said so
+    assert "FSD201 [error]" in res.out and "1 hidden fix can be enabled with the `--unsafe-fixes` option." in res.out
+    res = cli(path, "--diff", "--unsafe-fixes", "--world-size", "2")
+    assert res.code == 1 and "-                use_orig_params=False)" in res.out \
+        and "+                use_orig_params=True)" in res.out and open(path).read() == before
+    res = cli(path, "--fix", "--unsafe-fixes", "--world-size", "2", "--output-format", "json")
+    fixed = open(path).read()
+    assert fixed == before.replace("use_orig_params=False)", "use_orig_params=True)")
+    assert "FSD201" not in _codes(cli, path)
+    assert isinstance(build(), FSDP)
+
+
+def test_fix_edits_are_in_the_json_with_their_applicability(cli, tmp_path):
+    path = _copy(tmp_path, "fsdp1_frozen_mix.py")
+    res = cli(path, "--output-format", "json", "--world-size", "2")
+    (f,) = [x for x in json.loads(res.out)["files"][0]["findings"] if x["code"] == "FSD201"]
+    assert f["fix_applicability"] == "unsafe" and "gradient memory" in f["fix_edits"]["title"]
+    (edit,) = f["fix_edits"]["edits"]
+    assert edit["content"] == "True" and edit["line"] == before_line(path, "use_orig_params=False)")
+
+
+def before_line(path: str, needle: str) -> int:
+    return next(i for i, line in enumerate(open(path), start=1) if needle in line)
+
+
+def test_diff_exits_zero_when_there_is_nothing_to_fix(cli, tmp_path):
+    path = _copy(tmp_path, "fsdp2_no_root.py")
+    cli(path, "--fix", "--world-size", "2")
+    res = cli(path, "--diff", "--world-size", "2")
+    assert res.code == 0 and res.out == ""
