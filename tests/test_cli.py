@@ -104,7 +104,7 @@ def test_error_finding_exits_1_and_names_the_line(cli, tmp_path):
     res = cli(path, "--select", "FSD301", "--format", "concise", cwd=str(tmp_path))
     assert res.code == 1, res.err
     line = line_of(path, "fully_shard(layer)")
-    assert f"train.py:{line}:" in res.out and "FSD301 [error]" in res.out
+    assert f"train.py:{line}:" in res.out and "FSD301 [*] [error]" in res.out
     assert res.err == ""
 
 
@@ -118,7 +118,7 @@ def test_exit_zero_keeps_the_report(cli, tmp_path):
 def test_fail_on_sets_the_threshold(cli, tmp_path):
     path = write(tmp_path, "train.py", NO_ROOT_FROZEN)
     default = cli(path, "--select", "FSD301", "--format", "concise", cwd=str(tmp_path))
-    assert default.code == 1 and "FSD301 [warning]" in default.out  # default --fail-on warning
+    assert default.code == 1 and "FSD301 [*] [warning]" in default.out  # default --fail-on warning
     assert cli(path, "--select", "FSD301", "--fail-on", "error", cwd=str(tmp_path)).code == 0
     assert cli(path, "--select", "FSD301", "--fail-on", "info", cwd=str(tmp_path)).code == 1
     errors = write(tmp_path, "errors.py", NO_ROOT)

@@ -137,3 +137,39 @@ def test_diff_exits_zero_when_there_is_nothing_to_fix(cli, tmp_path):
     cli(path, "--fix", "--world-size", "2")
     res = cli(path, "--diff", "--world-size", "2")
     assert res.code == 0 and res.out == ""
+
+
+def test_fsd501_fix_moves_the_optimizer_below_the_wrap(cli, tmp_path):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    path = _copy(tmp_path, "fsdp2_optimizer_first.py")
+    before = open(path).read()
+
+    def optimizer_holds_the_model_parameters() -> bool:
+        ns = _load(path)
+        with oracle.fake_pg(2):
+            model, optimizer = ns["setup"](init_device_mesh("cpu", (2,)))
+            held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            model(torch.randint(0, 256, (2, 16))).float().mean().backward()
+            optimizer.step()
+            return held == {id(p) for p in model.parameters()}
+
+    assert not optimizer_holds_the_model_parameters()       # torch: fully_shard replaced them
+    res = cli(path, "--fix", "--world-size", "2", "--output-format", "concise")
+    assert res.code == 0, res.out + res.err
+    moved = ("    optimizer = torch.optim.AdamW(model.parameters(),\n"
+             "                                  lr=lr, weight_decay=0.1)   # AdamW, decoupled decay\n")
+    assert open(path).read() == before.replace(moved, "").replace(
+        "    fully_shard(model, mesh=mesh)\n", "    fully_shard(model, mesh=mesh)\n" + moved)
+    assert "FSD501" not in _codes(cli, path)
+    assert optimizer_holds_the_model_parameters()
+
+
+def test_fsd501_no_edit_when_the_optimizer_is_used_before_the_wrap(cli, tmp_path):
+    path = _copy(tmp_path, "fsdp2_optimizer_first.py")
+    src = open(path).read().replace("    for block in model.layers:\n",
+                                    "    lr0 = optimizer.param_groups[0][\"lr\"]\n    for block in model.layers:\n", 1)
+    open(path, "w").write(src)
+    res = cli(path, "--output-format", "json", "--world-size", "2")
+    (f,) = [x for x in json.loads(res.out)["files"][0]["findings"] if x["code"] == "FSD501"]
+    assert f["fix_edits"] is None and "move the `AdamW(...)`" in f["fix"]     # the text fix only

@@ -44,7 +44,7 @@ def test_full_shows_source_line_caret_fix_then_table(cli):
     res = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301")
     assert res.code == 1
     lines = res.out.splitlines()
-    head = next(i for i, ln in enumerate(lines) if re.match(rf"{re.escape(NO_ROOT)}:\d+:\d+: FSD301 \[error\]", ln))
+    head = next(i for i, ln in enumerate(lines) if re.match(rf"{re.escape(NO_ROOT)}:\d+:\d+: FSD301 \[\*\] \[error\]", ln))
     line_no = int(lines[head].split(":")[1])
     with open(os.path.join(REPO, NO_ROOT)) as fh:
         src = fh.read().splitlines()[line_no - 1]
@@ -57,7 +57,8 @@ def test_full_shows_source_line_caret_fix_then_table(cli):
     assert any(ln.strip().startswith("= fix:") and "fully_shard(model" in ln for ln in lines[head + 3:head + 6])
     table = next(i for i, ln in enumerate(lines) if ln.split()[:3] == ["#", "unit", "class"])
     assert table > head
-    assert lines[-1].startswith("Found 1 finding (1 error, 0 warning, 0 info) in 1 file")
+    assert lines[-2].startswith("Found 1 finding (1 error, 0 warning, 0 info) in 1 file")
+    assert lines[-1] == "[*] 1 fixable with the `--fix` option."       # ruff's marker and hint
 
 
 def test_full_is_human_readable(cli):
@@ -77,9 +78,10 @@ def test_full_is_human_readable(cli):
 def test_concise_is_one_line_per_finding(cli):
     res = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--format", "concise")
     body = [ln for ln in res.out.splitlines() if ln.strip()]
-    assert len(body) == 2, res.out
-    assert re.fullmatch(rf"{re.escape(NO_ROOT)}:\d+:\d+: FSD301 \[error\] .+", body[0])
+    assert len(body) == 3, res.out
+    assert re.fullmatch(rf"{re.escape(NO_ROOT)}:\d+:\d+: FSD301 \[\*\] \[error\] .+", body[0])
     assert body[1].startswith("Found 1 finding")
+    assert body[2] == "[*] 1 fixable with the `--fix` option."
 
 
 def test_layout_ranks_fsdp1_matches_the_article(cli):

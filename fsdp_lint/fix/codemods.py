@@ -239,3 +239,31 @@ def model_name(src: Source, expr, loops) -> Optional[str]:
             continue
         return name
     return None
+
+
+def move_below(src: Source, stmt, anchor) -> Optional[List[Edit]]:
+    """`stmt` (an assignment in the same block as `anchor`, before it) moved to just after `anchor`,
+    its lines as written -- when no statement in between uses the name it binds."""
+    import libcst as cst
+
+    block = src.parents.get(stmt)
+    if block is None or src.parents.get(anchor) is not block or not isinstance(stmt, cst.SimpleStatementLine):
+        return None
+    body = list(block.body)
+    if stmt not in body or anchor not in body or body.index(stmt) >= body.index(anchor):
+        return None
+    bound = set()
+    for small in stmt.body:
+        if not isinstance(small, (cst.Assign, cst.AnnAssign)):
+            return None
+        targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
+        for t in targets:
+            bound |= names_in(t)
+    if any(names_in(s) & bound for s in body[body.index(stmt) + 1:body.index(anchor) + 1]):
+        return None
+    l1, l2 = src.start(stmt)[0], src.end(stmt)[0]
+    text = "".join(src.lines[l1 - 1:l2])
+    if not text.endswith("\n"):
+        text += "\n"
+    end = src.end(anchor)[0]
+    return [Edit(src.path, l1, 1, l2 + 1, 1, ""), Edit(src.path, end + 1, 1, end + 1, 1, text)]

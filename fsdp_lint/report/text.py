@@ -363,9 +363,8 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
                 blocks.append(granularity_table(res))
             if getattr(res, "simulated", None):
                 blocks.append(simulated_text(res))
-        else:
-            for f in res.findings:
-                blocks.append(format_finding_concise(f, unsafe=unsafe))
+        elif res.findings:      # one line per finding, no blank line between them
+            blocks.append("\n".join(format_finding_concise(f, unsafe=unsafe) for f in res.findings))
     counts = summary_counts(results)
     total = sum(counts.values())
     if statistics:
