@@ -314,3 +314,43 @@ def test_github_annotation_escaping(tmp_path):
     props, message = out.rstrip("\n").split("::", 2)[1:]
     assert "we%2Cird%3Aname.py" in props and ",line=3,col=5,title=FSD102" in props
     assert message == "over-fine-units: 100%25 of units%0Aare small, a:b"
+
+
+CRAFTED = '''
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+Block = type("Block\\r\\n::error file=README.md,line=1::class", (nn.Module,), {
+    "__init__": lambda self: (nn.Module.__init__(self), setattr(self, "fc", nn.Linear(8, 8)))[0],
+    "forward": lambda self, x: self.fc(x)})
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Block() for _ in range(2)])
+        self.add_module("head\\n::error file=train_py,line=1::forged finding", nn.Linear(8, 8))
+
+    def forward(self, x):
+        for block in self.layers:
+            x = block(x)
+        return x
+
+
+model = Net()
+for block in model.layers:
+    fully_shard(block)
+'''
+
+
+@pytest.mark.parametrize("fmt", ["concise", "full"])
+def test_control_characters_in_names_never_start_a_line(cli, tmp_path, fmt):
+    """A module or class name with CR/LF (from the linted code) is printed escaped: no `::error`
+    workflow command -- nor any other forged line -- appears in a CI log."""
+    path = tmp_path / "crafted.py"
+    path.write_text(CRAFTED)
+    res = cli(str(path), "--output-format", fmt, "--world-size", "2")
+    assert res.code == 1, res.err
+    assert "FSD301" in res.out and "head\\n::error file=train_py" in res.out
+    assert not any(line.startswith("::") for line in res.out.splitlines()), res.out
+    assert "\r" not in res.out

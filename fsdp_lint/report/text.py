@@ -15,6 +15,24 @@ SCHEMA_VERSION = 1
 # --------------------------------------------------------------------------------------------
 
 
+def printable(text) -> str:
+    """`text` with its control characters escaped (`\\n`, `\\x1b`, `\\u2028`): a module, class or path
+    name from the linted code never starts a new line of the report (a `::error` line in a CI log, a
+    forged finding) nor drives the terminal."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch.isprintable() or ch == " ":
+            out.append(ch)
+        elif ch == "\t":
+            out.append("    ")
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
+
+
 def file_label(res) -> str:
     """The file as the user named it, with the script's arguments when it ran with some."""
     args = getattr(res, "argv", None) or []
@@ -133,6 +151,7 @@ def unit_table(res) -> str:
         rows.append(row + [u.line or ""])
     headers = ["#", "unit", "class", "params", "trainable", "dtype", "padded", "shard/rank",
                "all-gather/rank", "reduce-scatter/rank"] + (["all-reduce/rank"] if with_ar else []) + ["line"]
+    rows = [[printable(c) if isinstance(c, str) else c for c in row] for row in rows]
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
@@ -320,7 +339,7 @@ def format_finding_full(f, base=None, unsafe: bool = False) -> str:
     if f.evidence:
         state = {True: "confirmed", False: "not confirmed", None: "undetermined"}[f.confirmed]
         out.append(f"     = --run: {state}: {f.evidence}")
-    return "\n".join(out)
+    return "\n".join(printable(line) for line in out)
 
 
 def format_finding_concise(f, base=None, unsafe: bool = False) -> str:
@@ -328,8 +347,8 @@ def format_finding_concise(f, base=None, unsafe: bool = False) -> str:
     if f.confirmed is not None:
         conf = " (confirmed)" if f.confirmed else " (not confirmed)"
     via = f" (called from {display_path(f.call_site[0], base)}:{f.call_site[1]})" if f.call_site else ""
-    return (f"{display_path(f.path, base)}:{f.line}:{f.col}: {f.code}{fix_marker(f, unsafe)} [{f.severity}] "
-            f"{f.message}{conf}{via}")
+    return printable(f"{display_path(f.path, base)}:{f.line}:{f.col}: {f.code}{fix_marker(f, unsafe)} [{f.severity}] "
+                     f"{f.message}{conf}{via}")
 
 
 def render_text(results, *, full: bool = True, layout: Optional[str] = None, statistics: bool = False,
@@ -346,7 +365,7 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
             header = f"{file_label(res)}: {summary_line(res)}"
             for note in getattr(res, "notes", None) or []:
                 header += f"\n  note: {note}"
-            blocks.append("\n".join([header] + unsupported_notes(res)))
+            blocks.append("\n".join(printable(line) for line in [header] + unsupported_notes(res)))
             for f in res.findings:
                 blocks.append(format_finding_full(f, unsafe=unsafe))
             if show_table:
