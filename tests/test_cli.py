@@ -442,7 +442,7 @@ def test_console_entry_points(tmp_path):
     assert proc.returncode == 1, proc.stderr
     line = line_of(path, "fully_shard(layer)")
     assert proc.stdout.startswith(f"::error file=train.py,line={line},")
-    assert "title=FSD301::" in proc.stdout
+    assert "title=fsdp-lint (FSD301)::" in proc.stdout
     proc = run_subprocess(["-m", "fsdp_lint", "--version"])
     assert proc.returncode == 0 and "fsdp-lint" in proc.stdout
 

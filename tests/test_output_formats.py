@@ -294,7 +294,7 @@ def test_github_annotations(cli, tmp_path):
     res = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--format", "github")
     lines = res.out.splitlines()
     assert len(lines) == 1
-    m = re.fullmatch(r"::error file=([^,]+),line=(\d+),col=(\d+),title=FSD301::(.+)", lines[0])
+    m = re.fullmatch(r"::error file=([^,]+),line=(\d+),col=(\d+),title=fsdp-lint \(FSD301\)::(.+)", lines[0])
     assert m, lines[0]
     assert m.group(1) == NO_ROOT and "missing-root-wrap" in m.group(4) and "%0A" not in m.group(4)
 
@@ -312,7 +312,7 @@ def test_github_annotation_escaping(tmp_path):
     out = render_github([Res()])
     assert out.startswith("::warning file=")
     props, message = out.rstrip("\n").split("::", 2)[1:]
-    assert "we%2Cird%3Aname.py" in props and ",line=3,col=5,title=FSD102" in props
+    assert "we%2Cird%3Aname.py" in props and ",line=3,col=5,title=fsdp-lint (FSD102)" in props
     assert message == "over-fine-units: 100%25 of units%0Aare small, a:b"
 
 

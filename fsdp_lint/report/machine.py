@@ -275,5 +275,5 @@ def render_github(results, failures=()) -> str:
                 msg += f" (called from {display_path(f.call_site[0])}:{f.call_site[1]})"
             lines.append(
                 f"::{level[f.severity]} file={_gh_escape(display_path(f.path), True)},line={f.line},col={f.col},"
-                f"title={_gh_escape(f.code, True)}::{_gh_escape(f'{f.name}: {msg}')}")
+                f"title={_gh_escape(f'fsdp-lint ({f.code})', True)}::{_gh_escape(f'{f.name}: {msg}')}")
     return "\n".join(lines) + ("\n" if lines else "")
