@@ -55,7 +55,7 @@ def _fsdp2(path: str):
     ns = _load(path)
     with oracle.fake_pg(2):
         mesh = init_device_mesh("cpu", (2,))
-        model = ns["shard"](ns["TinyDecoder"](), mesh)
+        model = ns["shard"](ns.get("build", ns["TinyDecoder"])(), mesh)
         _step(model)
         return model
 
@@ -173,3 +173,18 @@ def test_fsd501_no_edit_when_the_optimizer_is_used_before_the_wrap(cli, tmp_path
     res = cli(path, "--output-format", "json", "--world-size", "2")
     (f,) = [x for x in json.loads(res.out)["files"][0]["findings"] if x["code"] == "FSD501"]
     assert f["fix_edits"] is None and "move the `AdamW(...)`" in f["fix"]     # the text fix only
+
+
+def test_fsd401_fix_groups_the_tied_modules(cli, tmp_path):
+    path = _copy(tmp_path, "fsdp2_tied_split.py")
+    before = open(path).read()
+    exc = oracle.raises(lambda: _fsdp2(path))
+    assert exc is not None and "shared with a parameter already managed" in str(exc)    # torch refuses
+    res = cli(path, "--fix", "--world-size", "2", "--output-format", "concise")
+    assert "FSD401" not in res.out, res.out
+    assert open(path).read() == before.replace(
+        "    fully_shard(model.tok_embeddings, mesh=mesh)   # the embedding alone\n", "").replace(
+        "    fully_shard( model.output ,mesh=mesh )  # odd spacing, kept\n",
+        "    fully_shard( [model.tok_embeddings, model.output] ,mesh=mesh )  # odd spacing, kept\n")
+    assert _codes(cli, path) == []
+    _fsdp2(path)
