@@ -188,3 +188,24 @@ def test_fsd401_fix_groups_the_tied_modules(cli, tmp_path):
         "    fully_shard( [model.tok_embeddings, model.output] ,mesh=mesh )  # odd spacing, kept\n")
     assert _codes(cli, path) == []
     _fsdp2(path)
+
+
+def test_sarif_results_carry_the_fix_as_artifact_changes(cli, tmp_path):
+    """SARIF 2.1.0 §3.55: `fixes[].artifactChanges[].replacements[]` with the deleted region and the
+    inserted text; applying them gives the file `--fix` writes."""
+    from fsdp_lint.fix.codemods import apply_to_text
+    from fsdp_lint.fix.edits import Edit
+
+    path = _copy(tmp_path, "fsdp2_no_root.py")
+    res = cli(path, "--output-format", "sarif", "--world-size", "2")
+    (result,) = [r for r in json.loads(res.out)["runs"][0]["results"] if r["ruleId"] == "FSD301"]
+    assert result["properties"]["fixApplicability"] == "safe"
+    (fix,) = result["fixes"]
+    (change,) = fix["artifactChanges"]
+    assert change["artifactLocation"]["uri"].endswith("fsdp2_no_root.py")
+    edits = [Edit(path, r["deletedRegion"]["startLine"], r["deletedRegion"]["startColumn"],
+                  r["deletedRegion"]["endLine"], r["deletedRegion"]["endColumn"], r["insertedContent"]["text"])
+             for r in change["replacements"]]
+    expected = apply_to_text(open(path).read(), edits)
+    cli(path, "--fix", "--world-size", "2")
+    assert open(path).read() == expected
