@@ -209,3 +209,23 @@ def test_sarif_results_carry_the_fix_as_artifact_changes(cli, tmp_path):
     expected = apply_to_text(open(path).read(), edits)
     cli(path, "--fix", "--world-size", "2")
     assert open(path).read() == expected
+
+
+def test_fsd103_fix_in_the_accelerate_yaml_keeps_its_layout_and_accelerate_then_wraps(cli, tmp_path):
+    """The unique close class name replaces the misspelt one in the YAML, nothing else of the file
+    changes; linted again, the real accelerate wraps the model (its own ValueError is gone) with one
+    unit per decoder layer. Unsafe: applied with --unsafe-fixes only."""
+    src = os.path.join(REPO, "fixtures", "frameworks", "accelerate_sft")
+    shutil.copytree(src, tmp_path / "acc")
+    yaml = tmp_path / "acc" / "configs" / "fsdp1_wrong_class.yaml"
+    before = yaml.read_text()
+    args = (str(tmp_path / "acc" / "train.py"), "--accelerate-config", str(yaml), "--hf-config",
+            os.path.join(REPO, "fixtures", "frameworks", "configs", "tiny-llama"), "--world-size", "4")
+    res = cli(*args, "--fix", "--output-format", "concise")
+    assert res.code == 1 and yaml.read_text() == before and "FSD103 [error]" in res.out
+    res = cli(*args, "--fix", "--unsafe-fixes", "--output-format", "concise")
+    assert yaml.read_text() == before.replace("cls_to_wrap: LLaMADecoderLayer\n", "cls_to_wrap: LlamaDecoderLayer\n")
+    res = cli(*args, "--output-format", "json")
+    doc = json.loads(res.out)["files"][0]
+    assert not [f for f in doc["findings"] if f["code"] == "FSD103"]
+    assert [u["class"] for u in doc["plan"]["units"]].count("LlamaDecoderLayer") == 4

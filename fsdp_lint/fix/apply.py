@@ -2,7 +2,8 @@
 
 A fix is applied whole or not at all; of two fixes whose edits overlap, the first (file order) wins
 and the other stays a remaining finding (a second `--fix` run applies it on the new text). A file
-whose fixed text no longer parses is left as it was.
+whose fixed text no longer parses (Python) is left as it was; a configuration file's edit replaces one
+value where it is written.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def plan_fixes(findings, unsafe: bool) -> FixOutcome:
         except OSError:
             continue
         after = apply_to_text(before, edits)
-        if after != before and _parses(after):
+        if after != before and (not path.endswith(".py") or _parses(after)):
             out.changed[path] = (before, after)
     broken = {p for p in taken if p not in out.changed}
     out.fixed = [f for f in out.fixed if not any(os.path.abspath(e.path) in broken for e in f.fix_edits.edits)]
