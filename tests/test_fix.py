@@ -229,3 +229,19 @@ def test_fsd103_fix_in_the_accelerate_yaml_keeps_its_layout_and_accelerate_then_
     doc = json.loads(res.out)["files"][0]
     assert not [f for f in doc["findings"] if f["code"] == "FSD103"]
     assert [u["class"] for u in doc["plan"]["units"]].count("LlamaDecoderLayer") == 4
+
+
+def test_fsd302_fix_moves_the_root_call_below_the_blocks(cli, tmp_path):
+    from torch.distributed.fsdp import FSDPModule
+
+    path = _copy(tmp_path, "fsdp2_root_first.py")
+    before = open(path).read()
+    assert oracle.raises(lambda: _fsdp2(path)) is not None          # torch fails on the blocks
+    res = cli(path, "--fix", "--world-size", "2", "--output-format", "concise")
+    assert res.code == 0, res.out + res.err
+    root = "    fully_shard(model,\n                mesh=mesh)      # the root first: torch fails on the blocks below\n"
+    loop = "    for block in model.layers:\n        fully_shard(block, mesh=mesh)\n"
+    assert open(path).read() == before.replace(root + loop, loop + root)
+    assert _codes(cli, path) == []
+    model = _fsdp2(path)
+    assert isinstance(model, FSDPModule) and all(isinstance(b, FSDPModule) for b in model.layers)

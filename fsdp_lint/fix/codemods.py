@@ -242,7 +242,8 @@ def model_name(src: Source, expr, loops) -> Optional[str]:
 
 
 def move_below(src: Source, stmt, anchor) -> Optional[List[Edit]]:
-    """`stmt` (an assignment in the same block as `anchor`, before it) moved to just after `anchor`,
+    """`stmt` (an assignment or a call statement in the same block as `anchor`, before it) moved to just
+    after `anchor`,
     its lines as written -- when no statement in between uses the name it binds."""
     import libcst as cst
 
@@ -254,6 +255,8 @@ def move_below(src: Source, stmt, anchor) -> Optional[List[Edit]]:
         return None
     bound = set()
     for small in stmt.body:
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            continue        # a call statement (`fully_shard(model)`): binds nothing
         if not isinstance(small, (cst.Assign, cst.AnnAssign)):
             return None
         targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else [small.target]
