@@ -128,6 +128,10 @@ def _explain(code: str) -> None:
 @click.option("--output-format", "--format", "fmt",
               type=click.Choice(["full", "concise", "json", "sarif", "github", "html"]),
               default="full", show_default=True, help="Output format (html: one self-contained file, use -o).")
+@click.option("--quiet", "-q", is_flag=True,
+              help="No line on stderr per named file that is not linted (no model or FSDP use): pre-commit runs.")
+@click.option("--show-settings", is_flag=True,
+              help="Show the settings in effect for the first path (config file, world size, rules) and exit.")
 @click.option("--fix", "fix_", is_flag=True, help="Apply the safe fixes ([*]) to the files; report what remains.")
 @click.option("--unsafe-fixes", is_flag=True, help="Also apply (and mark [*]) the fixes that may change behaviour.")
 @click.option("--diff", "diff_", is_flag=True,
@@ -178,7 +182,8 @@ def _explain(code: str) -> None:
 def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout,
         compare_granularity, select, ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules,
         config_path, output, accelerate_config, hf_config, hf_class, run_, simulate, nproc, steps, device,
-        input_shape, input_dtype, run_timeout, debug, fix_=False, unsafe_fixes=False, diff_=False):
+        input_shape, input_dtype, run_timeout, debug, fix_=False, unsafe_fixes=False, diff_=False, quiet=False,
+        show_settings=False):
     """Lint PyTorch FSDP wrap code and show the plan FSDP will build.
 
     PATHS are training or model files, or directories (walked for *.py). Arguments after `--` are the
@@ -199,7 +204,7 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
     if hf_class and not hf_config:
         raise BadInput("--hf-class needs --hf-config (the config of the model to build)")
     if not paths and not hf_config and not _configured_entries(config_path):
-        raise BadInput("no paths given (try: fsdp-lint train.py; fsdp-lint --help)")
+        paths = (".",)      # ruff's default: the current directory
     if world_size is not None and world_size < 1:
         raise BadInput(f"--world-size must be at least 1, got {world_size}")
     if world_size is not None and world_size > (1 << 20):
@@ -244,6 +249,11 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
         check_all_selectors(settings)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
+    if show_settings:
+        from fsdp_lint.report.text import settings_text
+
+        click.echo(settings_text(settings, paths[0] if paths else files[0][0] if files else "."), nl=False)
+        return EXIT_CLEAN
 
     from fsdp_lint.engine import LintError
     from fsdp_lint.isolation import lint_runs   # each file's code runs in a child process
@@ -267,7 +277,7 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
         try:
             res = next(linted)()
             results.append(res)
-            if res.skipped and explicit:
+            if res.skipped and explicit and not quiet:
                 click.echo(f"fsdp-lint: {_with_path(path, 'not linted: ' + res.skipped)} "
                            f"(to lint a model built elsewhere, pass --model path.py:Class or path.py:factory)",
                            err=True)

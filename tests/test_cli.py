@@ -525,3 +525,25 @@ def test_stderr_stays_clean_without_numpy():
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     assert "Found 0 findings" in proc.stdout
+
+
+def test_show_settings_names_the_config_world_size_and_rules(cli, tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.fsdp-lint]\nworld-size = 16\nignore = ["FSD6"]\n')
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    res = cli("--show-settings", "train.py", "--select", "FSD3", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    rows = dict(line.split(None, 1) if " " not in line.split("  ")[0] else
+                (line.split("  ")[0], line.split("  ", 1)[1].strip()) for line in res.out.splitlines())
+    assert rows["config file"] == "pyproject.toml"
+    assert rows["world size"] == "16 (config)"
+    assert rows["rules enabled"] == "2: FSD301, FSD302"
+
+
+def test_quiet_drops_the_line_per_skipped_file_and_no_paths_lints_the_directory(cli, tmp_path):
+    (tmp_path / "util.py").write_text("def add(a, b):\n    return a + b\n")
+    loud = cli("util.py", cwd=str(tmp_path))
+    assert loud.code == 0 and "not linted" in loud.err
+    quiet = cli("util.py", "--quiet", cwd=str(tmp_path))
+    assert quiet.code == 0 and quiet.err == ""
+    walked = cli(cwd=str(tmp_path))             # ruff's default: `.`
+    assert walked.code == 0 and "1 skipped" in walked.out

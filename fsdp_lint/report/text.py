@@ -533,3 +533,30 @@ def statistics_table(results) -> str:
 
 # --------------------------------------------------------------------------------------------
 # JSON
+
+
+def settings_text(settings, path: str) -> str:
+    """`--show-settings`: where the configuration came from and what is in effect for `path`."""
+    from fsdp_lint.check.rule import all_rules
+    from fsdp_lint.check.selection import rule_enabled
+    from fsdp_lint.gpus import DEFAULT_GPU
+
+    enabled = [r.code for r in all_rules() if rule_enabled(r.code, settings, path)]
+    rows = [
+        ("path", display_path(path)),
+        ("config file", display_path(settings.config_path) if settings.config_path else "(none: the defaults)"),
+        ("world size", f"{settings.world_size} ({settings.world_size_source})"),
+        ("gpus per node", getattr(settings, "gpus_per_node", None)),
+        ("gpu", getattr(settings, "gpu", None) or f"{DEFAULT_GPU} (default)"),
+        ("select", ", ".join(settings.select) if settings.select is not None else "-"),
+        ("extend-select", ", ".join(settings.extend_select) or "-"),
+        ("ignore", ", ".join(settings.ignore) or "-"),
+        ("command line", ", ".join(f"{k.replace('_', '-')}={','.join(v)}" for k, v in
+                                   (settings.cli_selection or {}).items() if v) or "-"),
+        ("per-file-ignores", ", ".join(f"{k}: {','.join(v)}" for k, v in (settings.per_file_ignores or {}).items())
+         or "-"),
+        ("fail on", settings.fail_on),
+        ("rules enabled", f"{len(enabled)}: {', '.join(enabled)}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "".join(f"{k:<{width}}  {printable(v)}\n" for k, v in rows)
