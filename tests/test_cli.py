@@ -547,3 +547,13 @@ def test_quiet_drops_the_line_per_skipped_file_and_no_paths_lints_the_directory(
     assert quiet.code == 0 and quiet.err == ""
     walked = cli(cwd=str(tmp_path))             # ruff's default: `.`
     assert walked.code == 0 and "1 skipped" in walked.out
+
+
+def test_bad_selector_hint_lists_every_code_family(cli):
+    from fsdp_lint.check.rule import all_rules
+
+    res = cli("fixtures/bad/fsdp2_no_root.py", "--select", "FSD999")
+    assert res.code == 2
+    families = sorted({r.code[:4] for r in all_rules()})
+    hint = res.err.split("codes are ", 1)[1]
+    assert [part.strip()[:4] for part in hint.split(";")[0].split(",")] == families
