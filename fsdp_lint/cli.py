@@ -386,7 +386,8 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
         text = machine.render_github(results, failures=failures)
     else:
         text = report.render_text(results, full=fmt == "full", layout=layout_opt, statistics=statistics,
-                                  run_summary=run_summary, failures=failures, fixes=fixes)
+                                  run_summary=run_summary, failures=failures, fixes=fixes,
+                                  color=_use_color(output))
     if output:
         try:
             with open(output, "w", encoding="utf-8") as fh:
@@ -394,7 +395,7 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
         except OSError as exc:
             raise BadInput(f"cannot write {output}: {exc}") from None
     else:
-        click.echo(text, nl=False)
+        click.echo(text, nl=False, color=True if fmt in ("full", "concise") and _use_color(output) else None)
 
     if errors:
         return EXIT_ERROR
@@ -403,6 +404,15 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
     if failing and not exit_zero:
         return EXIT_FINDINGS
     return EXIT_CLEAN
+
+
+def _use_color(output) -> bool:
+    """Colour on a terminal; NO_COLOR (no-color.org) turns it off, FORCE_COLOR on (a CI log)."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return output is None and sys.stdout.isatty()
 
 
 def _first_line(exc: BaseException) -> str:

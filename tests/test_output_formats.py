@@ -354,3 +354,17 @@ def test_control_characters_in_names_never_start_a_line(cli, tmp_path, fmt):
     assert "FSD301" in res.out and "head\\n::error file=train_py" in res.out
     assert not any(line.startswith("::") for line in res.out.splitlines()), res.out
     assert "\r" not in res.out
+
+
+def test_colour_with_force_color_and_none_with_no_color(cli, monkeypatch):
+    """Off when the output is not a terminal (pytest's capture), on with FORCE_COLOR (a CI log);
+    NO_COLOR wins. The text is the same once the SGR codes are taken out."""
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    plain = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--output-format", "concise").out
+    assert "\x1b[" not in plain
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    coloured = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--output-format", "concise").out
+    assert "\x1b[1;31mFSD301\x1b[0m" in coloured and "\x1b[1;31m[error]\x1b[0m" in coloured
+    assert re.sub(r"\x1b\[[0-9;]*m", "", coloured) == plain
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--output-format", "concise").out == plain

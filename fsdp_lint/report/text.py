@@ -312,19 +312,36 @@ def _caret_offset(src: str, col: int) -> int:
     return indent if col <= indent + 1 else col - 1
 
 
+_SGR = {"path": "1", "error": "1;31", "warning": "1;33", "info": "1;36", "caret": "1;31", "fix": "36"}
+
+
+def _paint(text: str, what: str, color: bool) -> str:
+    """`text` in the terminal colour of `what` (ANSI SGR) when `color`; added after `printable`."""
+    return f"\x1b[{_SGR[what]}m{text}\x1b[0m" if color else text
+
+
+def _headline(f, base, unsafe: bool, color: bool, tail: str = "") -> str:
+    sev = f.severity if f.severity in _SGR else "info"
+    where = printable(f"{display_path(f.path, base)}:{f.line}:{f.col}:")
+    marker = fix_marker(f, unsafe)
+    return (f"{_paint(where, 'path', color)} {_paint(f.code, sev, color)}{_paint(marker, 'fix', color)} "
+            f"{_paint('[' + f.severity + ']', sev, color)} {printable(f.message + tail)}")
+
+
 def fix_marker(f, unsafe: bool = False) -> str:
     """ruff's `[*]`: the finding's fix is one `--fix` applies (an unsafe one with `--unsafe-fixes`)."""
     fix = getattr(f, "fix_edits", None)
     return " [*]" if fix is not None and fix.applies(unsafe) else ""
 
 
-def format_finding_full(f, base=None, unsafe: bool = False) -> str:
-    out = [f"{display_path(f.path, base)}:{f.line}:{f.col}: {f.code}{fix_marker(f, unsafe)} [{f.severity}] {f.message}"]
+def format_finding_full(f, base=None, unsafe: bool = False, color: bool = False) -> str:
+    out = []
+    caret = None
     src = _source_line(f.path, f.line) if f.line else None
     if src is not None:
         gutter = f"{f.line:>4} | "
         out.append(gutter + src.expandtabs(4))
-        out.append(" " * (len(gutter) - 2) + "| " + " " * _caret_offset(src.expandtabs(4), f.col) + "^")
+        caret = " " * (len(gutter) - 2) + "| " + " " * _caret_offset(src.expandtabs(4), f.col)
     if f.call_site is not None:
         out.append(f"     = called from: {display_path(f.call_site[0], base)}:{f.call_site[1]}")
     if f.module or f.module == "":
@@ -339,21 +356,23 @@ def format_finding_full(f, base=None, unsafe: bool = False) -> str:
     if f.evidence:
         state = {True: "confirmed", False: "not confirmed", None: "undetermined"}[f.confirmed]
         out.append(f"     = --run: {state}: {f.evidence}")
-    return "\n".join(printable(line) for line in out)
+    lines = [printable(line) for line in out]
+    if caret is not None:
+        lines.insert(1, printable(caret) + _paint("^", "caret", color))
+    return "\n".join([_headline(f, base, unsafe, color)] + lines)
 
 
-def format_finding_concise(f, base=None, unsafe: bool = False) -> str:
+def format_finding_concise(f, base=None, unsafe: bool = False, color: bool = False) -> str:
     conf = ""
     if f.confirmed is not None:
         conf = " (confirmed)" if f.confirmed else " (not confirmed)"
     via = f" (called from {display_path(f.call_site[0], base)}:{f.call_site[1]})" if f.call_site else ""
-    return printable(f"{display_path(f.path, base)}:{f.line}:{f.col}: {f.code}{fix_marker(f, unsafe)} [{f.severity}] "
-                     f"{f.message}{conf}{via}")
+    return _headline(f, base, unsafe, color, f"{conf}{via}")
 
 
 def render_text(results, *, full: bool = True, layout: Optional[str] = None, statistics: bool = False,
                 show_table: bool = True, run_summary: Optional[dict] = None, failures=(),
-                fixes: Optional[dict] = None) -> str:
+                fixes: Optional[dict] = None, color: bool = False) -> str:
     """`fixes`: {"unsafe": --unsafe-fixes given, "fixed": findings --fix fixed (None: no --fix)}."""
     fixes = fixes or {}
     unsafe = bool(fixes.get("unsafe"))
@@ -367,7 +386,7 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
                 header += f"\n  note: {note}"
             blocks.append("\n".join(printable(line) for line in [header] + unsupported_notes(res)))
             for f in res.findings:
-                blocks.append(format_finding_full(f, unsafe=unsafe))
+                blocks.append(format_finding_full(f, unsafe=unsafe, color=color))
             if show_table:
                 blocks.append(unit_table(res))
             if layout == "params":
@@ -383,7 +402,7 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
             if getattr(res, "simulated", None):
                 blocks.append(simulated_text(res))
         elif res.findings:      # one line per finding, no blank line between them
-            blocks.append("\n".join(format_finding_concise(f, unsafe=unsafe) for f in res.findings))
+            blocks.append("\n".join(format_finding_concise(f, unsafe=unsafe, color=color) for f in res.findings))
     counts = summary_counts(results)
     total = sum(counts.values())
     if statistics:
