@@ -245,3 +245,21 @@ def test_fsd302_fix_moves_the_root_call_below_the_blocks(cli, tmp_path):
     assert _codes(cli, path) == []
     model = _fsdp2(path)
     assert isinstance(model, FSDPModule) and all(isinstance(b, FSDPModule) for b in model.layers)
+
+
+def test_fsd201_under_accelerate_edits_the_yaml_not_the_script(cli, tmp_path):
+    """The plan is accelerate's: the edit sets `fsdp_use_orig_params: true` in its config (the script's
+    `accelerator.prepare(...)` is left alone), and the real accelerate then wraps without the mix error."""
+    shutil.copytree(os.path.join(REPO, "fixtures", "frameworks", "accelerate_sft"), tmp_path / "acc")
+    script = tmp_path / "acc" / "train_lora.py"
+    yaml = tmp_path / "acc" / "configs" / "fsdp1_no_orig_params.yaml"
+    script_before, yaml_before = script.read_text(), yaml.read_text()
+    args = (str(script), "--accelerate-config", str(yaml), "--hf-config",
+            os.path.join(REPO, "fixtures", "frameworks", "configs", "tiny-llama"), "--world-size", "4")
+    res = cli(*args, "--output-format", "json")
+    (f,) = [x for x in json.loads(res.out)["files"][0]["findings"] if x["code"] == "FSD201"]
+    assert "`fsdp_use_orig_params: true` in the accelerate config" in f["fix"]
+    cli(*args, "--fix", "--unsafe-fixes")
+    assert script.read_text() == script_before
+    assert yaml.read_text() == yaml_before.replace("fsdp_use_orig_params: false\n", "fsdp_use_orig_params: true\n")
+    assert "FSD201" not in _codes(cli, *args[:1], *args[1:-2])
