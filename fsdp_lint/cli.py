@@ -125,8 +125,17 @@ def _explain(code: str) -> None:
 @click.option("--use-orig-params/--no-use-orig-params", default=None, help="Override FSDP1 use_orig_params.")
 @click.option("--model", "model_target", default=None, metavar="TARGET",
               help="The model: path.py:Class, path.py:factory, pkg.mod:factory, path.py:Class(num_layers=4).")
-@click.option("--format", "fmt", type=click.Choice(["full", "concise", "json", "sarif", "github", "html"]),
+@click.option("--output-format", "--format", "fmt",
+              type=click.Choice(["full", "concise", "json", "sarif", "github", "html"]),
               default="full", show_default=True, help="Output format (html: one self-contained file, use -o).")
+@click.option("--quiet", "-q", is_flag=True,
+              help="No line on stderr per named file that is not linted (no model or FSDP use): pre-commit runs.")
+@click.option("--show-settings", is_flag=True,
+              help="Show the settings in effect for the first path (config file, world size, rules) and exit.")
+@click.option("--fix", "fix_", is_flag=True, help="Apply the safe fixes ([*]) to the files; report what remains.")
+@click.option("--unsafe-fixes", is_flag=True, help="Also apply (and mark [*]) the fixes that may change behaviour.")
+@click.option("--diff", "diff_", is_flag=True,
+              help="Print the fixes as a unified diff instead of writing them (exit 1 when there is one).")
 @click.option("--layout", type=click.Choice(["units", "params", "ranks", "diagram"]), default="units",
               show_default=True,
               help="Also show the per-parameter (params) or per-rank (ranks) layout, or draw it (diagram).")
@@ -179,7 +188,8 @@ def _explain(code: str) -> None:
 def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout,
         compare_granularity, select, ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules,
         config_path, output, accelerate_config, hf_config, hf_class, run_, simulate, nproc, steps, device,
-        input_shape, input_dtype, run_timeout, no_cache, cache_dir, debug):
+        input_shape, input_dtype, run_timeout, no_cache, cache_dir, debug, fix_=False, unsafe_fixes=False, diff_=False,
+        quiet=False, show_settings=False):
     """Lint PyTorch FSDP wrap code and show the plan FSDP will build.
 
     PATHS are training or model files, or directories (walked for *.py). Arguments after `--` are the
@@ -200,7 +210,7 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
     if hf_class and not hf_config:
         raise BadInput("--hf-class needs --hf-config (the config of the model to build)")
     if not paths and not hf_config and not _configured_entries(config_path):
-        raise BadInput("no paths given (try: fsdp-lint train.py; fsdp-lint --help)")
+        paths = (".",)      # ruff's default: the current directory
     if world_size is not None and world_size < 1:
         raise BadInput(f"--world-size must be at least 1, got {world_size}")
     if world_size is not None and world_size > (1 << 20):
@@ -245,6 +255,11 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
         check_all_selectors(settings)
     except ConfigError as exc:
         raise BadInput(str(exc)) from None
+    if show_settings:
+        from fsdp_lint.report.text import settings_text
+
+        click.echo(settings_text(settings, paths[0] if paths else files[0][0] if files else "."), nl=False)
+        return EXIT_CLEAN
 
     from fsdp_lint.engine import LintError
     from fsdp_lint.isolation import lint_runs   # each file's code runs in a child process
@@ -273,7 +288,7 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
         try:
             res = next(linted)()
             results.append(res)
-            if res.skipped and explicit:
+            if res.skipped and explicit and not quiet:
                 click.echo(f"fsdp-lint: {_with_path(path, 'not linted: ' + res.skipped)} "
                            f"(to lint a model built elsewhere, pass --model path.py:Class or path.py:factory)",
                            err=True)
@@ -348,6 +363,24 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
             if not res.skipped and res.plan is not None:
                 res.granularity = compare(res, settings)
 
+    fixes = {"unsafe": unsafe_fixes}
+    if fix_ or diff_:
+        from fsdp_lint.fix.apply import plan_fixes, write
+
+        outcome = plan_fixes([f for r in results for f in r.findings], unsafe_fixes)
+        if diff_:
+            from fsdp_lint.humanize import display_path
+
+            click.echo(outcome.diff(display_path), nl=False)
+            if errors:
+                return EXIT_ERROR
+            return EXIT_FINDINGS if outcome.changed else EXIT_CLEAN
+        write(outcome)
+        done = {id(f) for f in outcome.fixed}
+        for r in results:
+            r.findings = [f for f in r.findings if id(f) not in done]
+        fixes["fixed"] = len(outcome.fixed)
+
     from fsdp_lint.report import machine
     from fsdp_lint.report import text as report
 
@@ -364,7 +397,8 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
         text = machine.render_github(results, failures=failures)
     else:
         text = report.render_text(results, full=fmt == "full", layout=layout_opt, statistics=statistics,
-                                  run_summary=run_summary, failures=failures)
+                                  run_summary=run_summary, failures=failures, fixes=fixes,
+                                  color=_use_color(output))
     if output:
         try:
             with open(output, "w", encoding="utf-8") as fh:
@@ -372,7 +406,7 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
         except OSError as exc:
             raise BadInput(f"cannot write {output}: {exc}") from None
     else:
-        click.echo(text, nl=False)
+        click.echo(text, nl=False, color=True if fmt in ("full", "concise") and _use_color(output) else None)
 
     if errors:
         return EXIT_ERROR
@@ -381,6 +415,15 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
     if failing and not exit_zero:
         return EXIT_FINDINGS
     return EXIT_CLEAN
+
+
+def _use_color(output) -> bool:
+    """Colour on a terminal; NO_COLOR (no-color.org) turns it off, FORCE_COLOR on (a CI log)."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return output is None and sys.stdout.isatty()
 
 
 def _first_line(exc: BaseException) -> str:

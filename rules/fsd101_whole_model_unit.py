@@ -144,7 +144,10 @@ fully_shard(model)
                 continue  # FSD302: the root was sharded before its blocks
             owned = set(unit.params)
             inside = [f for f in instances if any(p in owned for p in tree.params_under(f))]
-            if len(inside) < 2 or 4 * sum(sizes[f] for f in inside) < ul.numel:
+            # an auto-wrap policy that wraps nothing was meant to split the model: reported however
+            # much of it the blocks hold (a small model with a large vocabulary)
+            missed = any(p.matched == 0 and p.path == unit.path and p.line == unit.line for p in plan.policies)
+            if len(inside) < 2 or (4 * sum(sizes[f] for f in inside) < ul.numel and not missed):
                 continue  # blocks that hold under a quarter of the unit would barely lower its peak
             alt, alt_layout = per_block_layout(ctx, blocks)
             if alt is None:

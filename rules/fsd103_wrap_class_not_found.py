@@ -210,8 +210,17 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
             fix = f"write `{target}` instead of `{name}` in `{setting}`"
         else:
             fix = f"remove `{name}` from `{setting}`"
+        edits = None
+        if target and "_no_split_modules" not in setting and len(close) <= 1:
+            # a unique close name (or the block when none is close) in place of the name, where it
+            # is written; unsafe: the name may be meant for another model the config also serves
+            from fsdp_lint.fix.configs import replace_word
+            from fsdp_lint.fix.edits import UNSAFE, Fix
+
+            edit = replace_word(pol.path, pol.line, name, target)
+            edits = Fix(f"write `{target}` instead of `{name}` in `{setting}`", UNSAFE, [edit]) if edit else None
         return self.finding(ctx, msg, **where(ctx, pol.path, pol.line), module="", fix=fix, missing=name,
-                            suggestions=close, block=block)
+                            suggestions=close, block=block, fix_edits=edits)
 
     def _root_only(self, ctx, pol, name, inventory):
         tree = ctx.tree

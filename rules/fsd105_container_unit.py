@@ -132,5 +132,37 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({nn.ModuleList}))
                        f"{{{kid_classes[0]}}})` on the outer `FSDP(model)`")
             else:
                 fix = "wrap the elements of the container, not the container"
+        edits = self._edits(unit, is_dict) if plan.api == "fsdp2" and len(unit.modules) == 1 else None
         return self.finding(ctx, f"{what}: {why}", **where(ctx, unit.path, unit.line, unit.col), module=fqn, fix=fix,
-                            container_class=info.cls)
+                            container_class=info.cls, fix_edits=edits)
+
+    @staticmethod
+    def _edits(unit, is_dict: bool):
+        """`fully_shard(model.layers, **kw)` as a statement of its own becomes a loop over the elements
+        with the same keyword arguments."""
+        import libcst as cst
+
+        from fsdp_lint.fix import codemods
+        from fsdp_lint.fix.edits import SAFE, Fix
+
+        src = codemods.Source.of(unit.path)
+        call = codemods.wrap_call(src, unit.line, unit.col) if src is not None else None
+        if call is None or not call.args or call.args[0].keyword is not None:
+            return None
+        stmt = src.statement(call)
+        if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+                and isinstance(stmt.body[0], cst.Expr) and stmt.body[0].value is call):
+            return None      # its result is used (assigned, returned): not a plain statement to replace
+        container = src.code(call.args[0].value).strip() + (".values()" if is_dict else "")
+        var = next(n for n in ("block", "layer", "element", "_block") if n not in codemods.names_in(call))
+        kws = codemods.keywords_text(src, call, without=set())
+        callee = src.code(call.func).strip()
+        indent = src.indent_of(stmt)
+        line = src.start(stmt)[0]
+        end = src.end(stmt.body[0])     # a comment after the call stays where it was
+        text = f"for {var} in {container}:\n{indent}    {callee}({', '.join([var] + kws)})"
+        start_col = len(indent) + 1
+        from fsdp_lint.fix.edits import Edit
+
+        return Fix(f"shard the elements: `for {var} in {container}: {callee}({var}, ...)`", SAFE,
+                   [Edit(unit.path, line, start_col, end[0], end[1], text)])

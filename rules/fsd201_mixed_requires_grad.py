@@ -123,7 +123,7 @@ model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
                    + (f" ({story})" if story else "")
                    + f". torch raises at wrap time: `{torch_says}`")
             split = split_fix(ctx, units)
-            orig = (f"pass `use_orig_params=True`: FSDP1 then accepts the unit but allocates gradients for the whole "
+            orig = (f"{_orig_params_setting(ctx)}: FSDP1 then accepts the unit but allocates gradients for the whole "
                     f"FlatParameter ({total:,} numel instead of {trainable:,} numel before sharding{', per unit' if len(units) > 1 else ''})")
             if split:
                 fix = f"{split['text']}; or {orig}"
@@ -134,7 +134,71 @@ model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
             peft = requires_grad_fix(ctx, u.params)
             if peft:
                 fix = f"{peft}; or {orig}"
+            edits = self._edits(ctx, total, trainable, len(units) > 1)
             yield self.finding(ctx, msg, **anchor(ctx, u, freeze_positions(ctx, units)), module=u.module, fix=fix,
+                               fix_edits=edits,
                                units=[x.module for x in units], policy=split["policy"] if split else None,
                                torch_exception="ValueError", torch_error=torch_error,
                                grad_numel=total, trainable_numel=trainable)
+
+    @staticmethod
+    def _edits(ctx, total: int, trainable: int, per_unit: bool):
+        framework = getattr(ctx.plan, "framework", None)
+        if framework == "accelerate":
+            return _accelerate_edit(ctx, total, trainable, per_unit)
+        if framework:
+            return None     # the framework builds the FSDP call: its own setting, in the text fix
+        """`use_orig_params=True` in every FSDP1 call of the file (an auto-wrap root's applies to the
+        units it wraps). Unsafe: FSDP1 then allocates gradients for the frozen parameters too."""
+        from fsdp_lint.fix import codemods
+        from fsdp_lint.fix.edits import UNSAFE, Fix
+
+        edits = []
+        for unit in ctx.plan.units:
+            if unit.origin != "call":
+                continue
+            src = codemods.Source.of(unit.path)
+            call = codemods.wrap_call(src, unit.line, unit.col) if src is not None else None
+            edit = codemods.set_keyword(src, call, "use_orig_params", "True") if call is not None else None
+            if edit is None:
+                return None
+            if edit not in edits:
+                edits.append(edit)
+        if not edits:
+            return None
+        return Fix(f"pass `use_orig_params=True` (gradient memory for the whole FlatParameter: {total:,} numel "
+                   f"instead of {trainable:,}{' per unit' if per_unit else ''})", UNSAFE, edits)
+
+
+def _orig_params_setting(ctx) -> str:
+    """How the plan's front-end spells use_orig_params=True."""
+    framework = getattr(ctx.plan, "framework", None)
+    if framework == "accelerate":
+        return "set `fsdp_use_orig_params: true` in the accelerate config"
+    if framework == "transformers":
+        return "pass `fsdp_config={\"use_orig_params\": True}` to `TrainingArguments` (`--fsdp_config` JSON)"
+    if framework == "lightning":
+        return "pass `FSDPStrategy(use_orig_params=True)`"
+    return "pass `use_orig_params=True`"
+
+
+def _accelerate_edit(ctx, total: int, trainable: int, per_unit: bool):
+    """`fsdp_use_orig_params: false` -> `true` where the accelerate config writes it (layout kept)."""
+    import re
+
+    from fsdp_lint.fix.configs import replace_word
+    from fsdp_lint.fix.edits import UNSAFE, Fix
+
+    path = getattr(ctx.settings, "accelerate_config", None)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except (OSError, TypeError, UnicodeDecodeError):
+        return None
+    line = next((i for i, text in enumerate(lines, start=1)
+                 if re.match(r"\s*fsdp_use_orig_params\s*:\s*false\b", text, re.IGNORECASE)), None)
+    edit = replace_word(path, line, re.search(r":\s*(\w+)", lines[line - 1]).group(1), "true") if line else None
+    if edit is None:
+        return None
+    return Fix(f"set `fsdp_use_orig_params: true` (gradient memory for the whole FlatParameter: {total:,} numel "
+               f"instead of {trainable:,}{' per unit' if per_unit else ''})", UNSAFE, [edit])

@@ -112,4 +112,27 @@ for i, layer in enumerate(model.layers):
                    f"replicated on every rank: {shown}")
             severity = "warning"
         yield self.finding(ctx, msg, line=last.line, col=last.col, path=last.path, module="", fix=fix,
-                           severity=severity, params=leftover)
+                           severity=severity, params=leftover, fix_edits=self._edits(plan, last))
+
+    @staticmethod
+    def _edits(plan, last):
+        """The root wrap after the statement (or the loop over the blocks) of the last wrap call, with
+        that call's keyword arguments (mesh, mixed precision, ...), those naming the block excepted."""
+        from fsdp_lint.fix import codemods
+        from fsdp_lint.fix.edits import SAFE, Fix
+
+        src = codemods.Source.of(last.path)
+        call = codemods.wrap_call(src, last.line, last.col) if src is not None else None
+        if call is None or not call.args or call.args[0].keyword is not None:
+            return None
+        stmt = src.statement(call)
+        loops = src.enclosing_loops(stmt)
+        root = codemods.model_name(src, call.args[0].value, loops)
+        if root is None:
+            return None
+        kws = codemods.keywords_text(src, call, without=codemods.loop_targets(loops) | {root})
+        callee = src.code(call.func).strip()
+        args = ", ".join([root] + kws)
+        text = f"{callee}({args})" if plan.api == "fsdp2" else f"{root} = {callee}({args})"
+        edit = src.insert_after(loops[-1] if loops else stmt, text)
+        return Fix(f"add `{text}` after the last wrap", SAFE, [edit])

@@ -156,6 +156,34 @@ fully_shard(model)
                        f"raises `{exc}: {torch_error}`")
                 fix = (f"remove one of the calls (lines {first.related_line} and {line}): each module belongs to "
                        f"exactly one fully_shard group")
+            edits = None
+            if kind == "ancestor-already-sharded" and related_line != line:
+                edits = self._edits(ctx, path, related, related_line)
             yield self.finding(ctx, msg, line=line, col=first.col, path=path, module=mods[0], fix=fix,
+                               fix_edits=edits,
                                modules=mods, related=related, related_line=related_line,
                                torch_exception=exc, torch_error=torch_error)
+
+    @staticmethod
+    def _edits(ctx, path, related, related_line):
+        """The ancestor's call moved below the last call on its sub-modules (that call's loop when it is in
+        one): the same edit from every finding about that ancestor, so it is made once."""
+        from fsdp_lint.fix import codemods
+        from fsdp_lint.fix.edits import SAFE, Fix
+
+        later = [p.line for p in ctx.plan.problems if p.kind == "ancestor-already-sharded" and p.path == path
+                 and p.related == related and p.related_line == related_line]
+        src = codemods.Source.of(path)
+        if src is None or not later:
+            return None
+        ancestor = codemods.wrap_call(src, related_line)
+        last = codemods.wrap_call(src, max(later))
+        if ancestor is None or last is None:
+            return None
+        last_stmt = src.statement(last)
+        loops = src.enclosing_loops(last_stmt)
+        edits = codemods.move_below(src, src.statement(ancestor), loops[-1] if loops else last_stmt)
+        if edits is None:
+            return None
+        return Fix(f"move the fully_shard call at line {related_line} below the calls on its sub-modules", SAFE,
+                   edits)

@@ -199,6 +199,7 @@ model = FSDP(model, use_orig_params=True)
                         "parameter already managed by another FSDP group\")")
             fix = self._fsdp2_fix(owners, unit_of, outer)
             details["group"] = self._members(owners, unit_of, outer)
+            details["fix_edits"] = self._edits(ctx, details["group"], culprits)
         else:
             if plan.use_orig_params:
                 msg += ": with use_orig_params=True the forward crashes with a shape error (\"'weight' must be 2-D\")"
@@ -208,6 +209,10 @@ model = FSDP(model, use_orig_params=True)
             fix = self._fsdp1_fix(owners, unit_of, outer, culprits)
         return self.finding(ctx, msg, line=anchor.line, col=anchor.col, path=anchor.path, module=owners[-1],
                             fix=fix, param=info.fqn, modules=owners, **details)
+
+    @staticmethod
+    def _edits(ctx, members, culprits):
+        return _group_edits(ctx, members, culprits)
 
     @staticmethod
     def _members(owners, unit_of, outer) -> List[str]:
@@ -251,3 +256,39 @@ model = FSDP(model, use_orig_params=True)
         how = "; ".join(parts) if parts else "wrap a common parent of the modules instead"
         shown = ", ".join(f"`{o or '<root>'}`" for o in owners)
         return f"keep {shown} in {target}: {how}"
+
+
+def _group_edits(ctx, members, culprits):
+    """FSDP2: the last of the calls that split the tie shards the whole group (`fully_shard([emb, norm,
+    output], ...)`, its keyword arguments kept); the other calls go. Only for calls that are statements
+    of their own in one file, outside loops."""
+    import libcst as cst
+
+    from fsdp_lint.fix import codemods
+    from fsdp_lint.fix.edits import SAFE, Fix
+
+    units = [u for u in culprits if not u.is_root]
+    if len(members) < 2 or not units or len({u.path for u in units}) != 1:
+        return None
+    src = codemods.Source.of(units[0].path)
+    if src is None:
+        return None
+    stmts = []
+    for u in units:
+        call = codemods.wrap_call(src, u.line, u.col)
+        stmt = src.statement(call) if call is not None else None
+        if stmt is None or not call.args or call.args[0].keyword is not None or src.enclosing_loops(stmt) \
+                or not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+                        and isinstance(stmt.body[0], cst.Expr) and stmt.body[0].value is call):
+            return None
+        stmts.append((call, stmt))
+    keep, _ = stmts[-1]
+    first = keep.args[0].value
+    if isinstance(first, cst.List):
+        first = first.elements[0].value if first.elements else None
+    root = codemods.model_name(src, first, []) if first is not None else None
+    if root is None:
+        return None
+    group = "[" + ", ".join(ctx.tree.expr(m, root=root) for m in members) + "]"
+    edits = [src.replace(keep.args[0].value, group)] + [src.remove_statement(st) for _, st in stmts[:-1]]
+    return Fix(f"shard the modules that share the parameter as one group: `fully_shard({group}, ...)`", SAFE, edits)

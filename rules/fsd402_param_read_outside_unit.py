@@ -135,6 +135,8 @@ model = FSDP(LM(), auto_wrap_policy=ModuleWrapPolicy({nn.Embedding, Block}), use
             owner = units.get(read.owner)
             if owner is None:
                 continue
+            if any(m in ctx.tree.modules and not ctx.tree.modules[m].has_forward for m in owner.modules if m):
+                continue    # a container unit (FSD105): its forward never runs, every read is that one mistake
             yield self._finding(ctx, read, owner, units.get(read.unit) if read.unit is not None else None)
 
     def _finding(self, ctx, read, owner, reader_unit):

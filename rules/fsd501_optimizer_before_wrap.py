@@ -172,5 +172,27 @@ fully_shard(model)
                        f"accelerator.prepare(optimizer)`; or set `use_orig_params=True` (`fsdp_use_orig_params: "
                        f"true`), or FSDP2 (`fsdp_version: 2`), where accelerate points the optimizer at the "
                        f"sharded parameters")
-            yield self.finding(ctx, msg, line=opt.line, path=opt.path, fix=fix, severity=severity,
+            edits = None if getattr(plan, "framework", None) else self._edits(opt, last)
+            yield self.finding(ctx, msg, line=opt.line, path=opt.path, fix=fix, severity=severity, fix_edits=edits,
                                wrap_lines=sorted({u.line for u in wraps}), params=replaced, last_wrap=last.line)
+
+    @staticmethod
+    def _edits(opt, last):
+        """The optimizer's statement moved below the last wrap (its loop, when it is in one), in the same
+        block and when nothing in between uses the optimizer."""
+        from fsdp_lint.fix import codemods
+        from fsdp_lint.fix.edits import SAFE, Fix
+
+        if last.path != opt.path:
+            return None
+        src = codemods.Source.of(opt.path)
+        call = codemods.wrap_call(src, last.line, last.col) if src is not None else None
+        opt_calls = src.calls_at(opt.line) if src is not None else []
+        if call is None or not opt_calls:
+            return None
+        wrap_stmt = src.statement(call)
+        loops = src.enclosing_loops(wrap_stmt)
+        edits = codemods.move_below(src, src.statement(opt_calls[0]), loops[-1] if loops else wrap_stmt)
+        if edits is None:
+            return None
+        return Fix(f"move the `{opt.cls}(...)` below the wrap at line {last.line}", SAFE, edits)

@@ -104,7 +104,7 @@ def test_error_finding_exits_1_and_names_the_line(cli, tmp_path):
     res = cli(path, "--select", "FSD301", "--format", "concise", cwd=str(tmp_path))
     assert res.code == 1, res.err
     line = line_of(path, "fully_shard(layer)")
-    assert f"train.py:{line}:" in res.out and "FSD301 [error]" in res.out
+    assert f"train.py:{line}:" in res.out and "FSD301 [*] [error]" in res.out
     assert res.err == ""
 
 
@@ -118,7 +118,7 @@ def test_exit_zero_keeps_the_report(cli, tmp_path):
 def test_fail_on_sets_the_threshold(cli, tmp_path):
     path = write(tmp_path, "train.py", NO_ROOT_FROZEN)
     default = cli(path, "--select", "FSD301", "--format", "concise", cwd=str(tmp_path))
-    assert default.code == 1 and "FSD301 [warning]" in default.out  # default --fail-on warning
+    assert default.code == 1 and "FSD301 [*] [warning]" in default.out  # default --fail-on warning
     assert cli(path, "--select", "FSD301", "--fail-on", "error", cwd=str(tmp_path)).code == 0
     assert cli(path, "--select", "FSD301", "--fail-on", "info", cwd=str(tmp_path)).code == 1
     errors = write(tmp_path, "errors.py", NO_ROOT)
@@ -337,7 +337,10 @@ def test_model_that_fails_on_meta_names_the_cause(cli, tmp_path):
 
 def test_missing_path_and_no_path(cli, tmp_path):
     assert_one_line_error(cli(str(tmp_path / "nope.py"), cwd=str(tmp_path)), "nope.py")
-    assert_one_line_error(cli(cwd=str(tmp_path)), "no paths")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = cli(cwd=str(empty))        # no paths: `.`, as ruff does -- nothing to lint there
+    assert res.code == 0 and "in 0 files" in res.out, res.out + res.err
 
 
 def test_explain_and_list_rules(cli):
@@ -434,7 +437,7 @@ def test_console_entry_points(tmp_path):
     assert proc.returncode == 1, proc.stderr
     line = line_of(path, "fully_shard(layer)")
     assert proc.stdout.startswith(f"::error file=train.py,line={line},")
-    assert "title=FSD301::" in proc.stdout
+    assert "title=fsdp-lint (FSD301)::" in proc.stdout
     proc = run_subprocess(["-m", "fsdp_lint", "--version"])
     assert proc.returncode == 0 and "fsdp-lint" in proc.stdout
 
@@ -526,3 +529,35 @@ def test_stderr_stays_clean_without_numpy():
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     assert "Found 0 findings" in proc.stdout
+
+
+def test_show_settings_names_the_config_world_size_and_rules(cli, tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.fsdp-lint]\nworld-size = 16\nignore = ["FSD6"]\n')
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    res = cli("--show-settings", "train.py", "--select", "FSD3", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    rows = dict(line.split(None, 1) if " " not in line.split("  ")[0] else
+                (line.split("  ")[0], line.split("  ", 1)[1].strip()) for line in res.out.splitlines())
+    assert rows["config file"] == "pyproject.toml"
+    assert rows["world size"] == "16 (config)"
+    assert rows["rules enabled"] == "2: FSD301, FSD302"
+
+
+def test_quiet_drops_the_line_per_skipped_file_and_no_paths_lints_the_directory(cli, tmp_path):
+    (tmp_path / "util.py").write_text("def add(a, b):\n    return a + b\n")
+    loud = cli("util.py", cwd=str(tmp_path))
+    assert loud.code == 0 and "not linted" in loud.err
+    quiet = cli("util.py", "--quiet", cwd=str(tmp_path))
+    assert quiet.code == 0 and quiet.err == ""
+    walked = cli(cwd=str(tmp_path))             # ruff's default: `.`
+    assert walked.code == 0 and "1 skipped" in walked.out
+
+
+def test_bad_selector_hint_lists_every_code_family(cli):
+    from fsdp_lint.check.rule import all_rules
+
+    res = cli("fixtures/bad/fsdp2_no_root.py", "--select", "FSD999")
+    assert res.code == 2
+    families = sorted({r.code[:4] for r in all_rules()})
+    hint = res.err.split("codes are ", 1)[1]
+    assert [part.strip()[:4] for part in hint.split(";")[0].split(",")] == families

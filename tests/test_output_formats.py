@@ -44,7 +44,7 @@ def test_full_shows_source_line_caret_fix_then_table(cli):
     res = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301")
     assert res.code == 1
     lines = res.out.splitlines()
-    head = next(i for i, ln in enumerate(lines) if re.match(rf"{re.escape(NO_ROOT)}:\d+:\d+: FSD301 \[error\]", ln))
+    head = next(i for i, ln in enumerate(lines) if re.match(rf"{re.escape(NO_ROOT)}:\d+:\d+: FSD301 \[\*\] \[error\]", ln))
     line_no = int(lines[head].split(":")[1])
     with open(os.path.join(REPO, NO_ROOT)) as fh:
         src = fh.read().splitlines()[line_no - 1]
@@ -57,7 +57,8 @@ def test_full_shows_source_line_caret_fix_then_table(cli):
     assert any(ln.strip().startswith("= fix:") and "fully_shard(model" in ln for ln in lines[head + 3:head + 6])
     table = next(i for i, ln in enumerate(lines) if ln.split()[:3] == ["#", "unit", "class"])
     assert table > head
-    assert lines[-1].startswith("Found 1 finding (1 error, 0 warning, 0 info) in 1 file")
+    assert lines[-2].startswith("Found 1 finding (1 error, 0 warning, 0 info) in 1 file")
+    assert lines[-1] == "[*] 1 fixable with the `--fix` option."       # ruff's marker and hint
 
 
 def test_full_is_human_readable(cli):
@@ -77,9 +78,10 @@ def test_full_is_human_readable(cli):
 def test_concise_is_one_line_per_finding(cli):
     res = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--format", "concise")
     body = [ln for ln in res.out.splitlines() if ln.strip()]
-    assert len(body) == 2, res.out
-    assert re.fullmatch(rf"{re.escape(NO_ROOT)}:\d+:\d+: FSD301 \[error\] .+", body[0])
+    assert len(body) == 3, res.out
+    assert re.fullmatch(rf"{re.escape(NO_ROOT)}:\d+:\d+: FSD301 \[\*\] \[error\] .+", body[0])
     assert body[1].startswith("Found 1 finding")
+    assert body[2] == "[*] 1 fixable with the `--fix` option."
 
 
 def test_layout_ranks_fsdp1_matches_the_article(cli):
@@ -292,7 +294,7 @@ def test_github_annotations(cli, tmp_path):
     res = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--format", "github")
     lines = res.out.splitlines()
     assert len(lines) == 1
-    m = re.fullmatch(r"::error file=([^,]+),line=(\d+),col=(\d+),title=FSD301::(.+)", lines[0])
+    m = re.fullmatch(r"::error file=([^,]+),line=(\d+),col=(\d+),title=fsdp-lint \(FSD301\)::(.+)", lines[0])
     assert m, lines[0]
     assert m.group(1) == NO_ROOT and "missing-root-wrap" in m.group(4) and "%0A" not in m.group(4)
 
@@ -310,5 +312,59 @@ def test_github_annotation_escaping(tmp_path):
     out = render_github([Res()])
     assert out.startswith("::warning file=")
     props, message = out.rstrip("\n").split("::", 2)[1:]
-    assert "we%2Cird%3Aname.py" in props and ",line=3,col=5,title=FSD102" in props
+    assert "we%2Cird%3Aname.py" in props and ",line=3,col=5,title=fsdp-lint (FSD102)" in props
     assert message == "over-fine-units: 100%25 of units%0Aare small, a:b"
+
+
+CRAFTED = '''
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+Block = type("Block\\r\\n::error file=README.md,line=1::class", (nn.Module,), {
+    "__init__": lambda self: (nn.Module.__init__(self), setattr(self, "fc", nn.Linear(8, 8)))[0],
+    "forward": lambda self, x: self.fc(x)})
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Block() for _ in range(2)])
+        self.add_module("head\\n::error file=train_py,line=1::forged finding", nn.Linear(8, 8))
+
+    def forward(self, x):
+        for block in self.layers:
+            x = block(x)
+        return x
+
+
+model = Net()
+for block in model.layers:
+    fully_shard(block)
+'''
+
+
+@pytest.mark.parametrize("fmt", ["concise", "full"])
+def test_control_characters_in_names_never_start_a_line(cli, tmp_path, fmt):
+    """A module or class name with CR/LF (from the linted code) is printed escaped: no `::error`
+    workflow command -- nor any other forged line -- appears in a CI log."""
+    path = tmp_path / "crafted.py"
+    path.write_text(CRAFTED)
+    res = cli(str(path), "--output-format", fmt, "--world-size", "2")
+    assert res.code == 1, res.err
+    assert "FSD301" in res.out and "head\\n::error file=train_py" in res.out
+    assert not any(line.startswith("::") for line in res.out.splitlines()), res.out
+    assert "\r" not in res.out
+
+
+def test_colour_with_force_color_and_none_with_no_color(cli, monkeypatch):
+    """Off when the output is not a terminal (pytest's capture), on with FORCE_COLOR (a CI log);
+    NO_COLOR wins. The text is the same once the SGR codes are taken out."""
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    plain = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--output-format", "concise").out
+    assert "\x1b[" not in plain
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    coloured = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--output-format", "concise").out
+    assert "\x1b[1;31mFSD301\x1b[0m" in coloured and "\x1b[1;31m[error]\x1b[0m" in coloured
+    assert re.sub(r"\x1b\[[0-9;]*m", "", coloured) == plain
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--output-format", "concise").out == plain

@@ -199,3 +199,105 @@ def test_no_fix_splits_a_parameter_from_its_reader(cli, tmp_path):
     (g,) = [x for x in json.loads(cli(str(path), "--format", "json", "--world-size", "2").out)["files"][0]["findings"]
             if x["code"] == "FSD104"]
     assert "fully_shard(model.embed)" in g["fix"]      # the same root without the read: it moves
+
+
+def test_peft_lora_adapter_units_reading_only_the_dtype_are_not_reported_and_run(cli):
+    """PEFT's lora.Linear reads ``lora_A.weight.dtype`` before calling ``lora_A``: a metadata read,
+    which FSDP2's DTensor answers as the full parameter does -- real FSDP2 runs the forward."""
+    from torch.distributed.fsdp import fully_shard
+
+    path = os.path.join(REPO, "fixtures", "idioms", "peft_lora_fsdp2_adapter_units.py")
+    assert _findings(cli, path) == []
+    ns: dict = {}
+    exec(compile(open(path).read().replace('if __name__ == "__main__":', "if False:"), path, "exec"), ns)
+
+    def wrap(model, mesh):
+        for module in model.modules():
+            if not list(module.children()) and getattr(module, "weight", None) is not None \
+                    and module.weight.requires_grad:
+                fully_shard(module, mesh=mesh)
+        for layer in model.base_model.model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    assert _first_forward(wrap, ns["build_model"], lambda: (torch.randint(0, 512, (2, 16)),)) is None
+
+
+TIED_HOLDER = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
+
+
+class TiedLinear:
+    """The output projection with the embedding's weight; a plain object, not a module."""
+
+    def __init__(self, tied_module: nn.Module):
+        self.tied_module = tied_module
+
+    def __call__(self, x):
+        return F.linear(x, self.tied_module.weight)
+
+
+class Block(nn.Module):
+    def __init__(self, dim=64):
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return x + self.fc(x)
+
+
+class Decoder(nn.Module):
+    def __init__(self, tok_embeddings, layers, norm, output):
+        super().__init__()
+        self.tok_embeddings = tok_embeddings
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+        self.output = output
+
+    def forward(self, tokens):
+        if int(tokens.max().item()) >= self.tok_embeddings.num_embeddings:   # data-dependent: no trace
+            raise ValueError("token id out of range")
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h))
+
+
+def build(vocab=32000, dim=64, n=2):
+    emb = nn.Embedding(vocab, dim)
+    return Decoder(emb, [Block(dim) for _ in range(n)], nn.LayerNorm(dim), TiedLinear(emb))
+
+
+model = build()
+for layer in model.layers:
+    fully_shard(layer)
+fully_shard(model)
+'''
+
+
+def test_a_weight_read_through_a_holder_object_is_not_split_even_without_a_trace(cli, tmp_path):
+    """The forward cannot be traced (.item()); the embedding is held by a non-Module `TiedLinear`
+    whose call reads its weight from the root's forward: FSD104's fix keeps it in the root, because
+    real FSDP2 raises once it is a unit of its own."""
+    from torch.distributed.fsdp import fully_shard
+
+    path = tmp_path / "tied_holder.py"
+    path.write_text(TIED_HOLDER)
+    res = cli(str(path), "--format", "json", "--world-size", "2")
+    (f,) = [x for x in json.loads(res.out)["files"][0]["findings"] if x["code"] == "FSD104"]
+    assert "fully_shard(model.tok_embeddings)" not in (f["fix"] or "")
+    assert "`tok_embeddings` (read by the root's own forward" in f["message"]
+    ns: dict = {}
+    exec(compile(TIED_HOLDER.split("\nmodel = build()")[0], str(path), "exec"), ns)
+
+    def split(model, mesh):
+        fully_shard(model.tok_embeddings, mesh=mesh)
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    exc = _first_forward(split, ns["build"], lambda: (torch.randint(0, 32000, (2, 16)),))
+    assert isinstance(exc, RuntimeError) and "mixed torch.Tensor and DTensor" in str(exc)

@@ -170,6 +170,35 @@ def test_fsd101_size_policy_default_wraps_nothing_in_torch():
     assert [u["module"] for u in units] == [""]
 
 
+def test_fsd101_a_policy_function_that_wraps_nothing_in_a_packaged_entry_point():
+    """A src/ project whose FSDP1 policy function names another model's layer class: torch builds one
+    unit of 100 % of the model. The blocks hold little of GPT-2's weight (the vocabulary does), but a
+    policy that wraps nothing was meant to split the model: reported, with peaks torch builds."""
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    repo = os.path.join(ROOT, "fixtures", "repos", "gpt2_policy_fn")
+    path = os.path.join(repo, "src", "gpt2_train", "train.py")
+    (f,) = _hits(path, "FSD101", 8)
+    assert "`decoder_layer_policy` wraps nothing" in f.message and "GPT2Block" in f.fix
+    assert f.line == _line_of(path, "model = FSDP(")
+    sys.path.insert(0, os.path.join(repo, "src"))
+    try:
+        from gpt2_train.policies import decoder_layer_policy
+    finally:
+        sys.path.pop(0)
+
+    def build():
+        return GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=128, n_head=4))
+
+    whole = oracle.fsdp1_units(build, world_size=8, device_id=CPU, auto_wrap_policy=decoder_layer_policy)
+    per_block = oracle.fsdp1_units(build, world_size=8, device_id=CPU, auto_wrap_policy=ModuleWrapPolicy({GPT2Block}))
+    assert [u["module"] for u in whole] == [""]
+    assert f.details["peak_bytes"] == _fsdp1_peak(whole)
+    assert f.details["per_block_peak_bytes"] == _fsdp1_peak(per_block)
+
+
 # ---------------------------------------------------------------------------- FSD102 vs torch
 def test_fsd102_counts_torchs_units_and_the_per_block_plan():
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy

@@ -32,6 +32,8 @@ class Finding:
     details: Dict[str, Any] = field(default_factory=dict)
     # the linted file's call into the helper module that holds `path:line` (None: it is the file)
     call_site: Optional[Tuple[str, int]] = None
+    # the fix as edits of the user's files (fsdp_lint.fix.edits.Fix), when it is a mechanical one
+    fix_edits: Optional[Any] = None
 
     def to_json(self, display_path: Optional[str] = None, display=None) -> dict:
         site = None
@@ -41,6 +43,8 @@ class Finding:
             "code": self.code, "name": self.name, "severity": self.severity, "message": self.message,
             "path": display_path or self.path, "line": self.line, "col": self.col, "module": self.module,
             "fix": self.fix, "confirmed": self.confirmed, "evidence": self.evidence, "call_site": site,
+            "fix_edits": self.fix_edits.to_json(display) if self.fix_edits is not None else None,
+            "fix_applicability": self.fix_edits.applicability if self.fix_edits is not None else None,
         }
 
 
@@ -79,9 +83,10 @@ class Rule:
 
     def finding(self, ctx: LintContext, message: str, *, line: int, col: int = 1, module: str = "",
                 fix: Optional[str] = None, path: Optional[str] = None, severity: Optional[str] = None,
-                **details) -> Finding:
+                fix_edits=None, **details) -> Finding:
         return Finding(code=self.code, name=self.name, severity=severity or self.severity, message=message,
-                       path=path or ctx.path, line=line, col=col, module=module, fix=fix, details=details)
+                       path=path or ctx.path, line=line, col=col, module=module, fix=fix, details=details,
+                       fix_edits=fix_edits)
 
     @classmethod
     def doc(cls) -> str:

@@ -26,7 +26,16 @@ def check_selectors(selectors: Iterable[str], known: List[str], origin: str) -> 
         if s == "ALL":
             continue
         if not s.startswith("FSD") or not any(code.startswith(s) for code in known):
-            raise ConfigError(f"{origin}: unknown rule selector {sel!r} (codes are FSD101..FSD601; see --list-rules)")
+            raise ConfigError(f"{origin}: unknown rule selector {sel!r} (codes are {code_ranges(known)}; "
+                              f"see --list-rules)")
+
+
+def code_ranges(codes: Iterable[str]) -> str:
+    """`FSD101-FSD105, FSD201-FSD204, FSD301-FSD302, ...`: every code family, first to last."""
+    families: dict = {}
+    for code in sorted(set(codes)):
+        families.setdefault(code[:4], []).append(code)
+    return ", ".join(f"{c[0]}-{c[-1]}" if len(c) > 1 else c[0] for c in families.values())
 
 
 def codes_from_module_names() -> List[str]:

@@ -54,6 +54,9 @@ class ModuleTree:
     modules: Dict[str, ModuleInfo]           # in `named_modules()` (pre-order) order
     params: Dict[str, ParamInfo]             # canonical FQN -> info, in `named_parameters()` order
     alias_to_canonical: Dict[str, str]       # every FQN (canonical too) -> canonical FQN
+    # module -> modules holding it through a plain Python reference (a tuple, a non-Module holder
+    # object such as a `TiedLinear`): their code may read its parameters outside its own forward
+    held_outside: Dict[str, List[str]] = field(default_factory=dict)
 
     @property
     def numel(self) -> int:
@@ -331,7 +334,36 @@ def build_module_tree(model, state: Optional[Dict[int, Tuple[bool, object]]] = N
             )
         alias_to_canonical[fqn] = canonical
     root_cls = modules[""].cls if "" in modules else type(model).__name__
-    return ModuleTree(root_class=root_cls, modules=modules, params=params, alias_to_canonical=alias_to_canonical)
+    return ModuleTree(root_class=root_cls, modules=modules, params=params, alias_to_canonical=alias_to_canonical,
+                      held_outside=_held_outside(model, nn.Module))
+
+
+def _held_outside(model, module_cls) -> Dict[str, List[str]]:
+    """Modules referenced from another module's plain attributes: a tuple or list of modules, or a
+    non-Module object whose own attributes hold a module (one level: what a holder class does)."""
+    name_of = {}
+    for fqn, mod in model.named_modules():
+        name_of.setdefault(id(mod), fqn)
+    out: Dict[str, List[str]] = {}
+    for fqn, mod in model.named_modules():
+        for key, value in vars(mod).items():
+            if key in ("_modules", "_parameters", "_buffers"):
+                continue
+            if isinstance(value, (tuple, list)):
+                held = value[:16]
+            elif not isinstance(value, (module_cls, dict, str, bytes, int, float, type)) \
+                    and hasattr(value, "__dict__"):
+                try:
+                    held = list(vars(value).values())[:16]
+                except TypeError:
+                    continue
+            else:
+                continue
+            for h in held:
+                target = name_of.get(id(h)) if isinstance(h, module_cls) else None
+                if target is not None and target != fqn and fqn not in out.get(target, []):
+                    out.setdefault(target, []).append(fqn)
+    return out
 
 
 # --------------------------------------------------------------------------------------------

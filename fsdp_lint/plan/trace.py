@@ -243,7 +243,7 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, 
             for m in modules.values():
                 handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
                 handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
-            with torch.enable_grad(), _on_device(cpu, on_read), \
+            with torch.enable_grad(), _on_device(cpu, on_read, plan.api == "fsdp2"), \
                     torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 output = torch.func.functional_call(model, state, tuple(args), dict(kwargs), tie_weights=True,
                                                     strict=False)
@@ -290,10 +290,10 @@ def _cast_floating(dtype):
 
 
 @contextlib.contextmanager
-def _on_device(device, on_read=None):
+def _on_device(device, on_read=None, shape_kept: bool = False):
     """Everything the forward creates is on `device` (a ``device=`` given by the model's code too,
     as in the replay: ``"cuda"`` becomes the fake CPU); `on_read(param)` for every parameter passed
-    to a torch function."""
+    to a torch function, except reads of its metadata only (its shape too where `shape_kept`: FSDP2)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -302,7 +302,7 @@ def _on_device(device, on_read=None):
     class OnDevice(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if on_read is not None:
+            if on_read is not None and not _reads_metadata_only(func, shape_kept):
                 for a in args:
                     if isinstance(a, param_cls):
                         on_read(a)
@@ -324,6 +324,25 @@ def _on_device(device, on_read=None):
 
     with OnDevice():
         yield
+
+
+# what a sharded parameter answers as its unsharded self does: dtype, device and requires_grad (FSDP1's
+# sharded views and FSDP2's DTensor alike); FSDP2's DTensor keeps the global shape too (FSDP1's views
+# outside the unit's forward are flat shard slices). The PEFT LoRA layer reads `lora_A.weight.dtype`
+# before calling `lora_A`: not a read of its data
+_METADATA = frozenset({"dtype", "device", "requires_grad", "is_leaf", "layout", "is_cuda", "is_meta", "is_cpu",
+                       "is_sparse", "is_quantized", "element_size", "is_floating_point", "is_complex",
+                       "get_device"})
+_SHAPE = frozenset({"shape", "ndim", "names", "size", "dim", "ndimension", "numel", "nelement"})
+
+
+def _reads_metadata_only(func, shape_kept: bool) -> bool:
+    name = getattr(func, "__name__", "")
+    if name == "__get__":       # an attribute of the tensor: its getset descriptor
+        name = getattr(getattr(func, "__self__", None), "__name__", None)
+    elif "TensorBase" not in getattr(func, "__qualname__", ""):
+        return False
+    return name in _METADATA or (shape_kept and name in _SHAPE)
 
 
 def _tensors(obj, depth: int = 0):

@@ -184,6 +184,19 @@ def _artifact_location(path: str, root: str) -> dict:
     return {"uri": quote(rel.replace(os.sep, "/")), "uriBaseId": "%SRCROOT%"}
 
 
+def _sarif_fix(fix, root) -> dict:
+    """SARIF 2.1.0 §3.55: the edits of one fix, per file, as replacements of regions."""
+    by_path = {}
+    for e in fix.edits:
+        by_path.setdefault(e.path, []).append({
+            "deletedRegion": {"startLine": e.line, "startColumn": e.col, "endLine": e.end_line,
+                              "endColumn": e.end_col},
+            "insertedContent": {"text": e.content}})
+    return {"description": {"text": f"{fix.title} ({fix.applicability})"},
+            "artifactChanges": [{"artifactLocation": _artifact_location(p, root), "replacements": reps}
+                                for p, reps in by_path.items()]}
+
+
 def render_sarif(results, failures=()) -> str:
     from fsdp_lint.check.rule import all_rules
 
@@ -233,6 +246,9 @@ def render_sarif(results, failures=()) -> str:
                 result["properties"] = {"module": f.module}
             if f.confirmed is not None or f.evidence:
                 result.setdefault("properties", {}).update({"confirmed": f.confirmed, "evidence": f.evidence})
+            if f.fix_edits is not None and f.fix_edits.edits:
+                result["fixes"] = [_sarif_fix(f.fix_edits, root)]
+                result.setdefault("properties", {})["fixApplicability"] = f.fix_edits.applicability
             out_results.append(result)
     from pathlib import Path
 
@@ -275,5 +291,5 @@ def render_github(results, failures=()) -> str:
                 msg += f" (called from {display_path(f.call_site[0])}:{f.call_site[1]})"
             lines.append(
                 f"::{level[f.severity]} file={_gh_escape(display_path(f.path), True)},line={f.line},col={f.col},"
-                f"title={_gh_escape(f.code, True)}::{_gh_escape(f'{f.name}: {msg}')}")
+                f"title={_gh_escape(f'fsdp-lint ({f.code})', True)}::{_gh_escape(f'{f.name}: {msg}')}")
     return "\n".join(lines) + ("\n" if lines else "")

@@ -15,6 +15,24 @@ SCHEMA_VERSION = 1
 # --------------------------------------------------------------------------------------------
 
 
+def printable(text) -> str:
+    """`text` with its control characters escaped (`\\n`, `\\x1b`, `\\u2028`): a module, class or path
+    name from the linted code never starts a new line of the report (a `::error` line in a CI log, a
+    forged finding) nor drives the terminal."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch.isprintable() or ch == " ":
+            out.append(ch)
+        elif ch == "\t":
+            out.append("    ")
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
+
+
 def file_label(res) -> str:
     """The file as the user named it, with the script's arguments when it ran with some."""
     args = getattr(res, "argv", None) or []
@@ -133,6 +151,7 @@ def unit_table(res) -> str:
         rows.append(row + [u.line or ""])
     headers = ["#", "unit", "class", "params", "trainable", "dtype", "padded", "shard/rank",
                "all-gather/rank", "reduce-scatter/rank"] + (["all-reduce/rank"] if with_ar else []) + ["line"]
+    rows = [[printable(c) if isinstance(c, str) else c for c in row] for row in rows]
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
@@ -293,13 +312,36 @@ def _caret_offset(src: str, col: int) -> int:
     return indent if col <= indent + 1 else col - 1
 
 
-def format_finding_full(f, base=None) -> str:
-    out = [f"{display_path(f.path, base)}:{f.line}:{f.col}: {f.code} [{f.severity}] {f.message}"]
+_SGR = {"path": "1", "error": "1;31", "warning": "1;33", "info": "1;36", "caret": "1;31", "fix": "36"}
+
+
+def _paint(text: str, what: str, color: bool) -> str:
+    """`text` in the terminal colour of `what` (ANSI SGR) when `color`; added after `printable`."""
+    return f"\x1b[{_SGR[what]}m{text}\x1b[0m" if color else text
+
+
+def _headline(f, base, unsafe: bool, color: bool, tail: str = "") -> str:
+    sev = f.severity if f.severity in _SGR else "info"
+    where = printable(f"{display_path(f.path, base)}:{f.line}:{f.col}:")
+    marker = fix_marker(f, unsafe)
+    return (f"{_paint(where, 'path', color)} {_paint(f.code, sev, color)}{_paint(marker, 'fix', color)} "
+            f"{_paint('[' + f.severity + ']', sev, color)} {printable(f.message + tail)}")
+
+
+def fix_marker(f, unsafe: bool = False) -> str:
+    """ruff's `[*]`: the finding's fix is one `--fix` applies (an unsafe one with `--unsafe-fixes`)."""
+    fix = getattr(f, "fix_edits", None)
+    return " [*]" if fix is not None and fix.applies(unsafe) else ""
+
+
+def format_finding_full(f, base=None, unsafe: bool = False, color: bool = False) -> str:
+    out = []
+    caret = None
     src = _source_line(f.path, f.line) if f.line else None
     if src is not None:
         gutter = f"{f.line:>4} | "
         out.append(gutter + src.expandtabs(4))
-        out.append(" " * (len(gutter) - 2) + "| " + " " * _caret_offset(src.expandtabs(4), f.col) + "^")
+        caret = " " * (len(gutter) - 2) + "| " + " " * _caret_offset(src.expandtabs(4), f.col)
     if f.call_site is not None:
         out.append(f"     = called from: {display_path(f.call_site[0], base)}:{f.call_site[1]}")
     if f.module or f.module == "":
@@ -307,22 +349,33 @@ def format_finding_full(f, base=None) -> str:
             out.append(f"     = module: {f.module}")
     if f.fix:
         out.append(f"     = fix: {f.fix}")
+    fix = getattr(f, "fix_edits", None)
+    if fix is not None and fix.edits:
+        label = "safe" if fix.applicability == "safe" else "unsafe, --unsafe-fixes"
+        out.append(f"     = fix ({label}): {fix.title}")
     if f.evidence:
         state = {True: "confirmed", False: "not confirmed", None: "undetermined"}[f.confirmed]
         out.append(f"     = --run: {state}: {f.evidence}")
-    return "\n".join(out)
+    lines = [printable(line) for line in out]
+    if caret is not None:
+        lines.insert(1, printable(caret) + _paint("^", "caret", color))
+    return "\n".join([_headline(f, base, unsafe, color)] + lines)
 
 
-def format_finding_concise(f, base=None) -> str:
+def format_finding_concise(f, base=None, unsafe: bool = False, color: bool = False) -> str:
     conf = ""
     if f.confirmed is not None:
         conf = " (confirmed)" if f.confirmed else " (not confirmed)"
     via = f" (called from {display_path(f.call_site[0], base)}:{f.call_site[1]})" if f.call_site else ""
-    return f"{display_path(f.path, base)}:{f.line}:{f.col}: {f.code} [{f.severity}] {f.message}{conf}{via}"
+    return _headline(f, base, unsafe, color, f"{conf}{via}")
 
 
 def render_text(results, *, full: bool = True, layout: Optional[str] = None, statistics: bool = False,
-                show_table: bool = True, run_summary: Optional[dict] = None, failures=()) -> str:
+                show_table: bool = True, run_summary: Optional[dict] = None, failures=(),
+                fixes: Optional[dict] = None, color: bool = False) -> str:
+    """`fixes`: {"unsafe": --unsafe-fixes given, "fixed": findings --fix fixed (None: no --fix)}."""
+    fixes = fixes or {}
+    unsafe = bool(fixes.get("unsafe"))
     blocks: List[str] = []
     for res in results:
         if res.skipped:
@@ -331,9 +384,9 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
             header = f"{file_label(res)}: {summary_line(res)}"
             for note in getattr(res, "notes", None) or []:
                 header += f"\n  note: {note}"
-            blocks.append("\n".join([header] + unsupported_notes(res)))
+            blocks.append("\n".join(printable(line) for line in [header] + unsupported_notes(res)))
             for f in res.findings:
-                blocks.append(format_finding_full(f))
+                blocks.append(format_finding_full(f, unsafe=unsafe, color=color))
             if show_table:
                 blocks.append(unit_table(res))
             if layout == "params":
@@ -348,9 +401,8 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
                 blocks.append(granularity_table(res))
             if getattr(res, "simulated", None):
                 blocks.append(simulated_text(res))
-        else:
-            for f in res.findings:
-                blocks.append(format_finding_concise(f))
+        elif res.findings:      # one line per finding, no blank line between them
+            blocks.append("\n".join(format_finding_concise(f, unsafe=unsafe, color=color) for f in res.findings))
     counts = summary_counts(results)
     total = sum(counts.values())
     if statistics:
@@ -363,7 +415,23 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
         tail += f"; {skipped} skipped (no model or FSDP use)"
     if failures:
         tail += f"; {len(failures)} could not be linted (errors on stderr)"
-    blocks.append(tail + ".")
+    fixed = fixes.get("fixed")
+    if fixed is not None:
+        tail = f"Found {total + fixed} finding{'s' if total + fixed != 1 else ''} ({fixed} fixed, {total} remaining)" \
+               + tail[tail.index(")") + 1:]
+    tail += "."
+    fixable = [f for r in results for f in r.findings if getattr(f, "fix_edits", None) is not None
+               and f.fix_edits.edits]
+    shown = sum(1 for f in fixable if f.fix_edits.applies(unsafe))
+    hidden = len(fixable) - shown
+    if shown and fixed is None:
+        tail += f"\n[*] {shown} fixable with the `--fix` option"
+        tail += f" ({hidden} hidden fix{'es' if hidden != 1 else ''} can be enabled with the `--unsafe-fixes` option)." \
+            if hidden else "."
+    elif hidden:
+        tail += (f"\n{hidden} hidden fix{'es' if hidden != 1 else ''} can be enabled with the `--unsafe-fixes` "
+                 f"option.")
+    blocks.append(tail)
     if run_summary is not None:
         blocks.append(run_summary_text(run_summary))
     return "\n\n".join(blocks) + "\n"
@@ -484,3 +552,30 @@ def statistics_table(results) -> str:
 
 # --------------------------------------------------------------------------------------------
 # JSON
+
+
+def settings_text(settings, path: str) -> str:
+    """`--show-settings`: where the configuration came from and what is in effect for `path`."""
+    from fsdp_lint.check.rule import all_rules
+    from fsdp_lint.check.selection import rule_enabled
+    from fsdp_lint.gpus import DEFAULT_GPU
+
+    enabled = [r.code for r in all_rules() if rule_enabled(r.code, settings, path)]
+    rows = [
+        ("path", display_path(path)),
+        ("config file", display_path(settings.config_path) if settings.config_path else "(none: the defaults)"),
+        ("world size", f"{settings.world_size} ({settings.world_size_source})"),
+        ("gpus per node", getattr(settings, "gpus_per_node", None)),
+        ("gpu", getattr(settings, "gpu", None) or f"{DEFAULT_GPU} (default)"),
+        ("select", ", ".join(settings.select) if settings.select is not None else "-"),
+        ("extend-select", ", ".join(settings.extend_select) or "-"),
+        ("ignore", ", ".join(settings.ignore) or "-"),
+        ("command line", ", ".join(f"{k.replace('_', '-')}={','.join(v)}" for k, v in
+                                   (settings.cli_selection or {}).items() if v) or "-"),
+        ("per-file-ignores", ", ".join(f"{k}: {','.join(v)}" for k, v in (settings.per_file_ignores or {}).items())
+         or "-"),
+        ("fail on", settings.fail_on),
+        ("rules enabled", f"{len(enabled)}: {', '.join(enabled)}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "".join(f"{k:<{width}}  {printable(v)}\n" for k, v in rows)
