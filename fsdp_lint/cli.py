@@ -116,6 +116,9 @@ def _explain(code: str) -> None:
 @click.option("--gpu", default=None, metavar="NAME",
               help="The simulated node's GPU: what CUDA probes answer and the device memory "
                    "(h100 by default; a100-40gb, a100-80gb, h200, b200, mi300x, l40s, l4, a10g, t4, v100).")
+@click.option("--gpu-memory", default=None, metavar="SIZE",
+              help="The device memory per rank the plan's peak is judged against (80GiB, 40GB; default: the --gpu "
+                   "profile's), less the CUDA context, NCCL buffers and fragmentation (FSD801).")
 @click.option("--allow-partial", is_flag=True, default=None,
               help="Report plans with elements fsdp-lint does not model (listed as unsupported) instead of exit 2.")
 @click.option("--api", type=click.Choice(["fsdp1", "fsdp2"]), default=None,
@@ -170,7 +173,7 @@ def _explain(code: str) -> None:
               help="--run/--simulate: seconds for the whole run.")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(__version__, prog_name="fsdp-lint")
-def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout,
+def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout,
         compare_granularity, select, ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules,
         config_path, output, accelerate_config, hf_config, hf_class, run_, simulate, nproc, steps, device,
         input_shape, input_dtype, run_timeout, debug):
@@ -222,7 +225,7 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
     settings = base.with_overrides(
         world_size=world_size, api=api, wrap=list(wrap), use_orig_params=use_orig_params, model=model_target,
         fail_on=fail_on, cli_selection=cli_selection if any(cli_selection.values()) else None,
-        gpus_per_node=gpus_per_node, gpu=gpu, allow_partial=allow_partial or None,
+        gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory=gpu_memory, allow_partial=allow_partial or None,
         world_size_source="--world-size" if world_size is not None else None,
         accelerate_config=accelerate_config, hf_config=hf_config, hf_class=hf_class,
         input_shape=input_shape, input_dtype=input_dtype)

@@ -31,6 +31,8 @@ class FileResult:
     cwd: Optional[str] = None                                # launched from (an entry's config folder)
     simulated: Optional[dict] = None      # --simulate: the measured peak (fsdp_lint.run.simulate)
     granularity: Optional[list] = None    # --compare-granularity: rows (fsdp_lint.report.granularity)
+    budget: Any = None                    # the peak against the device (fsdp_lint.plan.budget.Budget)
+    suggestions: Optional[list] = None    # --suggest: plans that fit
 
 
 @dataclass
@@ -112,8 +114,10 @@ def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = 
         raise LintError(str(exc)) from None
     with frameworks.configured(options):
         tree, plan, layout = plan_replay(result, settings)
+    from fsdp_lint.plan.budget import budget_for
+
     res = FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
-                     replay=result if keep_model else None)
+                     replay=result if keep_model else None, budget=budget_for(layout.memory, settings))
     res.notes = list(result.notes) + _api_override_note(result, settings)
     res.stopped = result.stopped
     res.argv = list(result.argv)

@@ -108,6 +108,11 @@ def memory_to_json(res) -> dict:
            "covers": mem.covers, "phase": mem.phase, "note": mem.activation_note}
     if getattr(res, "simulated", None) is not None:
         out["simulated"] = res.simulated
+    budget = getattr(res, "budget", None)
+    if budget is not None:
+        out["budget"] = budget.to_json()
+    if getattr(res, "suggestions", None) is not None:
+        out["suggestions"] = res.suggestions
     return out
 
 
