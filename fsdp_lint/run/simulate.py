@@ -45,6 +45,8 @@ def simulate(results, settings, opts: RunOptions) -> dict:
             failed.append(f"{display_path(res.path)}: {exc}" if len(runnable) > 1 else str(exc))
             continue
         res.simulated = _file_result(report, spec, time.monotonic() - started)
+        if "error" not in res.simulated:
+            judge_budget(res, settings)
         if "error" in res.simulated:
             failed.append(f"{display_path(res.path)}: {res.simulated['error']}" if len(runnable) > 1
                           else res.simulated["error"])
@@ -54,6 +56,24 @@ def simulate(results, settings, opts: RunOptions) -> dict:
     if failed:
         raise RunError("; ".join(failed), summary=summary)
     return summary
+
+
+def judge_budget(res, settings) -> None:
+    """The budget and FSD801 again, now against the simulated peak (the best figure known)."""
+    from fsdp_lint.check.rule import LintContext, rule_by_code
+    from fsdp_lint.check.selection import rule_enabled, suppressed
+    from fsdp_lint.plan.budget import budget_for
+
+    res.budget = budget_for(res.layout.memory, settings, res.simulated)
+    rule = rule_by_code("FSD801")
+    if rule is None or not rule_enabled(rule.code, settings, res.path):
+        return
+    ctx = LintContext(path=res.path, facts=res.facts, tree=res.tree, plan=res.plan, layout=res.layout,
+                      settings=settings)
+    ctx.simulated = res.simulated
+    kept = [f for f in res.findings if f.code != rule.code]
+    found = [f for f in rule.check(ctx) if not suppressed(f, res.facts)]
+    res.findings = sorted(kept + found, key=lambda f: (f.path != res.path, f.line, f.col, f.code))
 
 
 def simulation_spec(res, settings, opts: RunOptions) -> dict:
@@ -84,6 +104,9 @@ def _file_result(report: dict, spec: dict, seconds: float) -> Dict[str, Any]:
         "peak_bytes": mem["peak_bytes"],
         "breakdown": mem["breakdown"],
         "peak_at": mem["peak_at"],
+        # the peak of the steady (second) step; the first step's under fake tensors beside it
+        "peak_step": mem.get("peak_step", 1),
+        "first_step_peak_bytes": mem.get("first_step_peak_bytes"),
         "timeline": mem["timeline"],
         "measure": mem["measure"],
         "input_shape": shapes[0] if shapes else None,
