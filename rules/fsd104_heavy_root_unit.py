@@ -305,11 +305,11 @@ fully_shard(model)
                         f"split between FSDP1 units, so this root is the price of the tie")
         else:
             fix = self._fsdp2_fix(tree, movable, side, ties, left)
-        from fsdp_lint.plan.budget import budget_for
+        from fsdp_lint.plan.budget import budget_for, share_text
 
         budget = budget_for(ctx.layout.memory, settings_of(ctx))
         share = budget.share(rl.unsharded_bytes)
-        msg += f"; {share:.1%} of the usable memory of the device ({budget.device})"
+        msg += f"; {share_text(share)} of the usable memory of the device ({budget.device})"
         if severity is None and share < settings_of(ctx).memory_info_share:
             severity = "info"     # a cost the device absorbs: reported, not a gate failure
         return self.finding(ctx, msg, **where(ctx, root.path, root.line, root.col), module="", fix=fix,

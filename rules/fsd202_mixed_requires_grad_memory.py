@@ -105,14 +105,14 @@ model = FSDP(model, auto_wrap_policy=policy, use_orig_params=True)
             peft = requires_grad_fix(ctx, u.params)
             if peft:
                 fix = peft
-            from fsdp_lint.plan.budget import budget_for
+            from fsdp_lint.plan.budget import budget_for, share_text
 
             budget = budget_for(ctx.layout.memory, ctx.settings)
             itemsize = max([ctx.tree.params[p].itemsize for p in u.params] or [4])
             ws = ul.world_size if ul is not None else 1
             extra = -(-(total - trainable) // ws) * itemsize * len(units)
             share = budget.share(extra)
-            msg += (f"; {extra:,} bytes of gradients per rank for frozen parameters, {share:.1%} of the usable memory "
+            msg += (f"; {extra:,} bytes of gradients per rank for frozen parameters, {share_text(share)} of the usable memory "
                     f"of the device ({budget.device})")
             severity = "info" if share < ctx.settings.memory_info_share else None
             yield self.finding(ctx, msg, **anchor(ctx, u, freeze_positions(ctx, units)), module=u.module, fix=fix,

@@ -22,7 +22,8 @@ AC = os.path.join(REPO, "fixtures", "memory", "ac")
 
 
 def _static(cli, *args):
-    res = cli(*args, "--format", "json")
+    own, script = (args[:args.index("--")], args[args.index("--"):]) if "--" in args else (args, ())
+    res = cli(*own, "--format", "json", *script)
     assert res.code in (0, 1), res.err
     (f,) = json.loads(res.out)["files"]
     return f["memory"]

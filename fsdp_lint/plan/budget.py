@@ -146,3 +146,8 @@ def contributors(memory, simulated: Optional[dict] = None, top: int = 3):
     items += [(_LABELS.get(k, k.replace("_", " ")), v) for k, v in parts.items() if v]
     items.sort(key=lambda kv: -kv[1])
     return [(label, b, b / total) for label, b in items[:top]]
+
+
+def share_text(share: float) -> str:
+    """``0.0123`` -> ``1.2%``; a share too small to show in one decimal -> ``under 0.1%``."""
+    return f"{share:.1%}" if share >= 0.001 else "under 0.1%"

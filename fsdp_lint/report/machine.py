@@ -105,7 +105,8 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
 def memory_to_json(res) -> dict:
     mem = res.layout.memory
     out = {"per_rank_bytes": mem.per_rank_bytes, "breakdown": mem.breakdown, "optimizer": mem.optimizer,
-           "covers": mem.covers, "phase": mem.phase, "note": mem.activation_note}
+           "covers": mem.covers, "phase": mem.phase, "note": mem.activation_note,
+           "checkpointed_regions": mem.checkpointed_regions, "activations_by_unit": mem.activations_by_unit}
     if getattr(res, "simulated", None) is not None:
         out["simulated"] = res.simulated
     budget = getattr(res, "budget", None)
