@@ -161,6 +161,9 @@ def _explain(code: str) -> None:
 @click.option("--simulate", is_flag=True,
               help="Measure the real peak memory per rank: the plan built for real on fake tensors under a "
                    "fake process group (torch's memory tracker; no GPU, no memory).")
+@click.option("--suggest", is_flag=True,
+              help="List plans that fit the device (activation checkpointing, the root resharded, CPU offload), "
+                   "least communication first, with the change to make.")
 @click.option("--nproc", type=int, default=2, show_default=True, help="--run: number of ranks.")
 @click.option("--steps", type=int, default=2, show_default=True, help="--run: training steps.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
@@ -175,7 +178,7 @@ def _explain(code: str) -> None:
 @click.version_option(__version__, prog_name="fsdp-lint")
 def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout,
         compare_granularity, select, ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules,
-        config_path, output, accelerate_config, hf_config, hf_class, run_, simulate, nproc, steps, device,
+        config_path, output, accelerate_config, hf_config, hf_class, run_, simulate, suggest, nproc, steps, device,
         input_shape, input_dtype, run_timeout, debug):
     """Lint PyTorch FSDP wrap code and show the plan FSDP will build.
 
@@ -234,6 +237,9 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         nproc = int(os.environ["WORLD_SIZE"])   # under torchrun every process is one rank
     if run_ and world_size is None:
         settings = settings.with_overrides(world_size=nproc)
+    if suggest:
+        # candidates are judged with activations: traced on the inputs --simulate would feed
+        settings = settings.with_overrides(suggest=True, activations_for_inferred_inputs=True)
     if simulate:
         # the simulation runs on the inputs the estimate's activations are then traced with
         settings = settings.with_overrides(activations_for_inferred_inputs=True)

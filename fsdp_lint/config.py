@@ -47,6 +47,7 @@ class Settings:
     nccl_memory: Optional[str] = None                # None: budget.DEFAULT_NCCL
     memory_fragmentation: Optional[float] = None     # None: budget.DEFAULT_FRAGMENTATION
     memory_info_share: float = 0.05                  # FSD104/FSD202: below this share of the usable memory, info
+    suggest: bool = False                            # --suggest: plans that fit (fsdp_lint.suggest)
     allow_partial: bool = False              # report a plan with elements fsdp-lint does not model
     entries: List[EntrySpec] = field(default_factory=list)
     # frameworks (issue 8): an accelerate config file as `accelerate launch --config_file` reads it; a
@@ -74,7 +75,7 @@ class Settings:
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(Settings)}
 _KEYS.pop("entries")
 _KEYS["entry"] = "entries"
-_INTERNAL = {"config_path", "cli_selection", "world_size_source", "activations_for_inferred_inputs"}
+_INTERNAL = {"config_path", "cli_selection", "world_size_source", "activations_for_inferred_inputs", "suggest"}
 # what an [[tool.fsdp-lint.entry]] table may set besides `path` and `args`
 _ENTRY_SETTINGS = ("world_size", "api", "wrap", "use_orig_params", "model", "replay_timeout")
 

@@ -52,3 +52,46 @@ def test_a_cost_below_the_share_of_the_device_is_info_above_it_a_warning(cli):
 def test_bad_sizes_are_one_line_and_exit_2(cli):
     res = cli(HEAVY_ROOT, "--gpu-memory", "lots")
     assert res.code == 2 and "--gpu-memory must be a size" in res.err and "Traceback" not in res.err
+
+
+MLP = os.path.join(REPO, "fixtures", "memory", "mlp_stack_fsdp2.py")
+
+
+def test_suggest_lists_the_plans_that_fit_and_each_matches_torch_applied_for_real(cli):
+    """--suggest on a plan whose activations do not fit: activation checkpointing fits, with the same
+    collectives; applied for real (checkpoint_wrapper, then the file's wrap) under FSDPMemTracker, the
+    candidate's peak is within a quarter of torch's."""
+    import sys
+
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing, checkpoint_wrapper)
+
+    from test_simulate import _per_block, fsdp2_oracle
+
+    res, f = _file(cli, MLP, "--world-size", "4", "--gpu-memory", "2.6GiB", "--suggest")
+    assert [x["code"] for x in f["findings"] if x["code"] == "FSD801"] == ["FSD801"]
+    cands = f["suggestions"]
+    plan = next(c for c in cands if c["kinds"] == [])
+    assert plan["fits"] is False and plan["peak_bytes"] == f["memory"]["per_rank_bytes"]
+    first = cands[0]
+    assert first["fits"] is True and first["kinds"] == ["ac"] and "apply_activation_checkpointing" in first["change"]
+    assert first["all_gather_bytes_per_step"] == plan["all_gather_bytes_per_step"]
+    for c in cands:   # sorted: those that fit first, then by communication per step
+        assert set(c) >= {"change", "fits", "peak_bytes", "simulated_peak_bytes", "all_gather_bytes_per_step",
+                          "reduce_scatter_bytes_per_step"}
+    sys.path.insert(0, os.path.dirname(MLP))
+    try:
+        from mlp_stack_fsdp2 import Block, MLPStack
+    finally:
+        sys.path.remove(os.path.dirname(MLP))
+
+    def build():
+        model = MLPStack()
+        apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper,
+                                       check_fn=lambda m: isinstance(m, Block))
+        return model
+
+    snap = fsdp2_oracle(build, _per_block(lambda m: m.layers, False), 4, lambda: (torch.randn(8, 512, 1024),),
+                        lambda out: out.float().mean())
+    assert abs(first["peak_bytes"] - snap["Total"]) <= 0.25 * snap["Total"], (first["peak_bytes"], snap["Total"])

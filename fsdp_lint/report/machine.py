@@ -99,6 +99,7 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
         "memory": memory_to_json(res),
         "findings": [f.to_json(display_path(f.path), display_path) for f in res.findings],
         **({"granularity": granularity_to_json(res)} if getattr(res, "granularity", None) else {}),
+        **({"suggestions": res.suggestions} if getattr(res, "suggestions", None) is not None else {}),
     }
 
 
@@ -112,8 +113,6 @@ def memory_to_json(res) -> dict:
     budget = getattr(res, "budget", None)
     if budget is not None:
         out["budget"] = budget.to_json()
-    if getattr(res, "suggestions", None) is not None:
-        out["suggestions"] = res.suggestions
     return out
 
 
