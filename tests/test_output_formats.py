@@ -151,7 +151,7 @@ def _json_paths(obj, prefix="", out=None):
         for k, v in obj.items():
             p = f"{prefix}.{k}" if prefix else k
             out.add(p)
-            if p.endswith(("breakdown", "].bytes")):
+            if p.endswith(("breakdown", "].bytes", "activations_by_unit")):
                 continue  # a map: name -> bytes
             _json_paths(v, p, out)
     elif isinstance(obj, list):

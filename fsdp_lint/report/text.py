@@ -348,6 +348,10 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
                 blocks.append(granularity_table(res))
             if getattr(res, "simulated", None):
                 blocks.append(simulated_text(res))
+            if getattr(res, "suggestions", None):
+                from fsdp_lint.report.budget_text import suggestions_table
+
+                blocks.append(suggestions_table(res))
         else:
             for f in res.findings:
                 blocks.append(format_finding_concise(f))
