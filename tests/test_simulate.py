@@ -309,3 +309,12 @@ def test_group_skipping_a_module_is_simulated_as_torch_runs_it(cli, tmp_path):
     f, sim = _simulate(cli, str(path), "--world-size", "2")
     assert not [x for x in f["findings"] if x["code"] == "FSD402"]
     _assert_static_close(f, sim)
+
+
+def test_trunc_normal_initialised_model_is_simulated(cli):
+    """trunc_normal_ resamples on a data-dependent mask that fake tensors cannot evaluate; the
+    simulated rank fills such tensors without reading them back, and the plan is measured."""
+    path = os.path.join(FIXTURES, "memory", "vit_trunc_normal_fsdp2.py")
+    f, sim = _simulate(cli, path, "--world-size", "2")
+    assert sim["peak_bytes"] > 0 and sim["peak_step"] == 2 and sim["first_step_peak_bytes"] > 0
+    _assert_static_close(f, sim)
