@@ -21,9 +21,13 @@ from fsdp_lint.run.spec import RunError, RunOptions, display_path, spec_for
 SIMULATED_STEPS = 2
 
 
-def simulate(results, settings, opts: RunOptions) -> dict:
+PROGRESS_EVERY_S = 15.0
+
+
+def simulate(results, settings, opts: RunOptions, progress=None) -> dict:
     """Simulate every linted file; sets ``res.simulated`` (plain data) and returns a summary.
-    Raises RunError (with the summary) when a file could not be simulated."""
+    Raises RunError (with the summary) when a file could not be simulated. `progress(line)` is told,
+    every ``PROGRESS_EVERY_S`` seconds of a long simulation, which file is still running."""
     from fsdp_lint.run.launch import launch_ranks
     from fsdp_lint.run.spec import check_options
 
@@ -39,7 +43,8 @@ def simulate(results, settings, opts: RunOptions) -> dict:
         try:
             if time.monotonic() >= deadline:
                 raise RunError(f"no time left for this file within --run-timeout {opts.timeout:g} s")
-            report = launch_ranks(spec, 1, "fake", "cpu", deadline, opts)[0]
+            with _heartbeat(progress, res.path, started):
+                report = launch_ranks(spec, 1, "fake", "cpu", deadline, opts)[0]
         except RunError as exc:
             res.simulated = {"error": str(exc)}
             failed.append(f"{display_path(res.path)}: {exc}" if len(runnable) > 1 else str(exc))
@@ -56,6 +61,40 @@ def simulate(results, settings, opts: RunOptions) -> dict:
     if failed:
         raise RunError("; ".join(failed), summary=summary)
     return summary
+
+
+class _heartbeat:
+    """While a simulation runs: `progress` every PROGRESS_EVERY_S seconds (a timer thread)."""
+
+    def __init__(self, progress, path: str, started: float):
+        self.progress, self.path, self.started = progress, path, started
+        self.timer = None
+        self.stopped = False
+
+    def _tick(self) -> None:
+        import threading
+
+        if self.stopped:
+            return
+        self.progress(f"--simulate: {display_path(self.path)}: still running "
+                      f"({time.monotonic() - self.started:.0f} s)")
+        self.timer = threading.Timer(PROGRESS_EVERY_S, self._tick)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def __enter__(self):
+        import threading
+
+        if self.progress is not None:
+            self.timer = threading.Timer(PROGRESS_EVERY_S, self._tick)
+            self.timer.daemon = True
+            self.timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped = True
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 def judge_budget(res, settings) -> None:
@@ -92,7 +131,9 @@ def _file_result(report: dict, spec: dict, seconds: float) -> Dict[str, Any]:
     if err:
         return {"error": f"torch raised {err['type']} in {err['phase']}: {err['message']}{at_frame(err)}"}
     if report.get("unfinished") or "memory" not in report:
-        return {"error": f"the simulation did not finish (last phase: {report.get('last_phase')})"}
+        cause = report.get("cause")
+        return {"error": f"the simulation did not finish (last phase: {report.get('last_phase')})"
+                         + (f": {cause}" if cause else "")}
     mem = report["memory"]
     steps = report.get("collectives") or []
     last = steps[-1] if steps else {}
