@@ -33,6 +33,9 @@ def simulate(results, settings, opts: RunOptions, progress=None) -> dict:
 
     t0 = time.monotonic()
     check_options(opts)
+    missing = torch_lacks()
+    if missing:
+        raise RunError(missing, summary={"files": 0, "simulated": 0, "wall_time_s": 0.0})
     deadline = t0 + opts.timeout
     runnable = [r for r in results if not r.skipped and r.plan is not None and r.tree is not None]
     failed: List[str] = []
@@ -61,6 +64,25 @@ def simulate(results, settings, opts: RunOptions, progress=None) -> dict:
     if failed:
         raise RunError("; ".join(failed), summary=summary)
     return summary
+
+
+def torch_lacks() -> str:
+    """What the installed torch lacks for a simulation (empty: nothing). torch 2.6 has neither: FSDP2
+    records a CPU ``torch.Stream`` event per collective, and FSDP1's buffers are labelled through
+    ``torch.distributed._tools.common_utils``."""
+    import importlib.util
+
+    import torch
+
+    gaps = []
+    if not hasattr(getattr(torch, "Stream", None), "record_event"):
+        gaps.append("torch.Stream.record_event (FSDP2's collectives on CPU)")
+    if importlib.util.find_spec("torch.distributed._tools.common_utils") is None:
+        gaps.append("torch.distributed._tools.common_utils (the memory trackers' storage walk)")
+    if not gaps:
+        return ""
+    return (f"this torch ({torch.__version__}) lacks {' and '.join(gaps)}; --simulate needs a newer torch "
+            f"(tested with 2.13.0)")
 
 
 class _heartbeat:
