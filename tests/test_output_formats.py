@@ -184,7 +184,8 @@ def test_every_json_field_is_documented_in_the_readme(article_json, cli, tmp_pat
                                            cwd=str(tmp_path)).out))
     documented = _documented_json_paths()
     assert produced - documented == set(), "fields missing from README's JSON schema"
-    optional = {"run", "files[].memory.simulated", "files[].granularity"}  # with --run/--simulate/--compare-granularity
+    optional = {"run", "files[].memory.simulated", "files[].granularity",  # with --run/--simulate/--compare-granularity
+                "files[].suggestions"}                                    # with --suggest
     stale = {p for p in documented - produced if not any(p == o or p.startswith((o + ".", o + "[")) for o in optional)}
     assert stale == set(), "README documents fields the JSON does not have"
 
