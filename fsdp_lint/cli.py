@@ -116,6 +116,9 @@ def _explain(code: str) -> None:
 @click.option("--gpu", default=None, metavar="NAME",
               help="The simulated node's GPU: what CUDA probes answer and the device memory "
                    "(h100 by default; a100-40gb, a100-80gb, h200, b200, mi300x, l40s, l4, a10g, t4, v100).")
+@click.option("--gpu-memory", default=None, metavar="SIZE",
+              help="The device memory per rank the plan's peak is judged against (80GiB, 40GB; default: the --gpu "
+                   "profile's), less the CUDA context, NCCL buffers and fragmentation (FSD801).")
 @click.option("--allow-partial", is_flag=True, default=None,
               help="Report plans with elements fsdp-lint does not model (listed as unsupported) instead of exit 2.")
 @click.option("--api", type=click.Choice(["fsdp1", "fsdp2"]), default=None,
@@ -167,6 +170,9 @@ def _explain(code: str) -> None:
 @click.option("--simulate", is_flag=True,
               help="Measure the real peak memory per rank: the plan built for real on fake tensors under a "
                    "fake process group (torch's memory tracker; no GPU, no memory).")
+@click.option("--suggest", is_flag=True,
+              help="List plans that fit the device (activation checkpointing, the root resharded, CPU offload), "
+                   "least communication first, with the change to make.")
 @click.option("--nproc", type=int, default=2, show_default=True, help="--run: number of ranks.")
 @click.option("--steps", type=int, default=2, show_default=True, help="--run: training steps.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
@@ -185,9 +191,9 @@ def _explain(code: str) -> None:
                    "project root).")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(__version__, prog_name="fsdp-lint")
-def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout,
+def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout,
         compare_granularity, select, ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules,
-        config_path, output, accelerate_config, hf_config, hf_class, run_, simulate, nproc, steps, device,
+        config_path, output, accelerate_config, hf_config, hf_class, run_, simulate, suggest, nproc, steps, device,
         input_shape, input_dtype, run_timeout, no_cache, cache_dir, debug, fix_=False, unsafe_fixes=False, diff_=False,
         quiet=False, show_settings=False):
     """Lint PyTorch FSDP wrap code and show the plan FSDP will build.
@@ -238,7 +244,7 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
     settings = base.with_overrides(
         world_size=world_size, api=api, wrap=list(wrap), use_orig_params=use_orig_params, model=model_target,
         fail_on=fail_on, cli_selection=cli_selection if any(cli_selection.values()) else None,
-        gpus_per_node=gpus_per_node, gpu=gpu, allow_partial=allow_partial or None,
+        gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory=gpu_memory, allow_partial=allow_partial or None,
         world_size_source="--world-size" if world_size is not None else None,
         accelerate_config=accelerate_config, hf_config=hf_config, hf_class=hf_class,
         input_shape=input_shape, input_dtype=input_dtype)
@@ -247,6 +253,9 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
         nproc = int(os.environ["WORLD_SIZE"])   # under torchrun every process is one rank
     if run_ and world_size is None:
         settings = settings.with_overrides(world_size=nproc)
+    if suggest:
+        # candidates are judged with activations: traced on the inputs --simulate would feed
+        settings = settings.with_overrides(suggest=True, activations_for_inferred_inputs=True)
     if simulate:
         # the simulation runs on the inputs the estimate's activations are then traced with
         settings = settings.with_overrides(activations_for_inferred_inputs=True)
@@ -351,7 +360,7 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
         opts = RunOptions(input_shape=input_shape, input_dtype=input_dtype, timeout=run_timeout, debug=debug)
         try:
             with RunGuard():
-                run_simulation(results, settings, opts)
+                run_simulation(results, settings, opts, progress=lambda line: click.echo(f"fsdp-lint: {line}", err=True))
         except RunError as exc:
             click.echo(f"fsdp-lint: error: --simulate: {exc}", err=True)
             errors += 1

@@ -40,6 +40,14 @@ class Settings:
     replay_timeout: float = 120.0
     gpus_per_node: int = 8                   # HYBRID_SHARD node groups; FSD702: replicas across nodes
     gpu: Optional[str] = None                # the simulated node's GPU (fsdp_lint.gpus; None: the default)
+    # the memory budget (fsdp_lint.plan.budget): the device's memory (IEC units; None: the --gpu profile's)
+    # and what a real process loses of it
+    gpu_memory: Optional[str] = None
+    cuda_context_memory: Optional[str] = None        # None: budget.DEFAULT_CUDA_CONTEXT
+    nccl_memory: Optional[str] = None                # None: budget.DEFAULT_NCCL
+    memory_fragmentation: Optional[float] = None     # None: budget.DEFAULT_FRAGMENTATION
+    memory_info_share: float = 0.05                  # FSD104/FSD202: below this share of the usable memory, info
+    suggest: bool = False                            # --suggest: plans that fit (fsdp_lint.suggest)
     allow_partial: bool = False              # report a plan with elements fsdp-lint does not model
     entries: List[EntrySpec] = field(default_factory=list)
     # frameworks (issue 8): an accelerate config file as `accelerate launch --config_file` reads it; a
@@ -67,7 +75,7 @@ class Settings:
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(Settings)}
 _KEYS.pop("entries")
 _KEYS["entry"] = "entries"
-_INTERNAL = {"config_path", "cli_selection", "world_size_source", "activations_for_inferred_inputs"}
+_INTERNAL = {"config_path", "cli_selection", "world_size_source", "activations_for_inferred_inputs", "suggest"}
 # what an [[tool.fsdp-lint.entry]] table may set besides `path` and `args`
 _ENTRY_SETTINGS = ("world_size", "api", "wrap", "use_orig_params", "model", "replay_timeout")
 
@@ -237,7 +245,7 @@ def _check_type(name: str, value: Any, origin: str) -> Any:
 
 
 MAX_WORLD_SIZE = 1 << 20      # ranks fsdp-lint plans for at most (per-rank tables and loops stay small)
-_FRACTIONS = ("whole_model_fraction", "over_fine_fraction", "padding_fraction")
+_FRACTIONS = ("whole_model_fraction", "over_fine_fraction", "padding_fraction", "memory_info_share")
 
 
 def validate(settings: Settings, origin: str = "command line") -> None:
@@ -262,6 +270,16 @@ def validate(settings: Settings, origin: str = "command line") -> None:
         if gpus.find(settings.gpu) is None:
             what = "--gpu" if origin == "command line" else f"{origin}: gpu"
             raise ConfigError(f"{what}: unknown GPU {settings.gpu!r}; known: {', '.join(gpus.names())}")
+    for name in ("gpu_memory", "cuda_context_memory", "nccl_memory"):
+        value = getattr(settings, name)
+        if value is not None and parse_bytes(value) is None:
+            what = f"--{name.replace('_', '-')}" if origin == "command line" else f"{origin}: {name.replace('_', '-')}"
+            raise ConfigError(f"{what} must be a size such as 80GiB, 40GB or 512MiB, got {value!r}")
+    if settings.gpu_memory is not None and not parse_bytes(settings.gpu_memory):
+        raise ConfigError(f"{origin}: gpu-memory must be more than 0, got {settings.gpu_memory!r}")
+    if settings.memory_fragmentation is not None and not 0 <= settings.memory_fragmentation < 1:
+        raise ConfigError(f"{origin}: memory-fragmentation must be at least 0 and below 1, "
+                          f"got {settings.memory_fragmentation!r}")
     if settings.api not in (None, "fsdp1", "fsdp2"):
         raise ConfigError(f"{origin}: api must be 'fsdp1' or 'fsdp2', got {settings.api!r}")
     if settings.fail_on not in ("info", "warning", "error"):
@@ -285,3 +303,24 @@ def input_shape_dims(text) -> Optional[tuple]:
         return None
     dims = tuple(int(d) for d in parts)
     return dims if all(d >= 1 for d in dims) else None
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
+               "t": 1000 ** 4, "tb": 1000 ** 4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_bytes(text) -> Optional[int]:
+    """``"80GiB"`` -> 85899345920 (IEC), ``"40GB"`` -> 40e9 (SI), a plain number as bytes; None when
+    it is no size."""
+    import re
+
+    if isinstance(text, bool):
+        return None
+    if isinstance(text, int):
+        return text if text >= 0 else None
+    if not isinstance(text, str):
+        return None
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _BYTE_UNITS:
+        return None
+    return int(float(m.group(1)) * _BYTE_UNITS[m.group(2).lower()])

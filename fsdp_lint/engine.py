@@ -34,6 +34,8 @@ class FileResult:
     # project files the lint's process had imported when it finished (importlib calls, registries:
     # beyond what the syntax trees reach); the result cache checks them before serving the result
     imported_files: List[str] = field(default_factory=list)
+    budget: Any = None                    # the peak against the device (fsdp_lint.plan.budget.Budget)
+    suggestions: Optional[list] = None    # --suggest: plans that fit
 
 
 @dataclass
@@ -123,8 +125,12 @@ def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = 
         raise LintError(str(exc)) from None
     with frameworks.configured(options):
         tree, plan, layout = plan_replay(result, settings)
+    from fsdp_lint.plan.budget import budget_for
+
     res = FileResult(path=path, target=result.target, facts=facts, tree=tree, plan=plan, layout=layout,
-                     replay=result if keep_model else None)
+                     replay=result if keep_model else None, budget=budget_for(layout.memory, settings))
+    if settings.suggest:
+        res.suggestions = _suggest(result, tree, plan, layout, settings)
     res.notes = list(result.notes) + _api_override_note(result, settings)
     res.stopped = result.stopped
     res.argv = list(result.argv)
@@ -160,6 +166,17 @@ def plan_replay(result, settings: Settings):
     trace = _trace(result, tree, plan, settings, example_fn, known)
     layout = compute_layout(plan, tree, trace=trace, activations=known)
     return tree, plan, layout
+
+
+def _suggest(result, tree, plan, layout, settings: Settings):
+    """``--suggest``: the candidate plans (``fsdp_lint.suggest``), the forward traced again where one
+    needs it (activation checkpointing)."""
+    from fsdp_lint.model.inputs import find_example_inputs
+    from fsdp_lint.suggest.search import suggest
+
+    example_fn = find_example_inputs(result.namespace, result.model)
+    return suggest(result.model, tree, plan, layout, settings,
+                   lambda p: _trace(result, tree, p, settings, example_fn, True))
 
 
 def _trace(result, tree, plan, settings: Settings, example_fn, activations: bool):

@@ -36,6 +36,14 @@ class LM(nn.Module):
 '''
 
 
+# a device small enough that the examples' roots cost more than `memory-info-share` of it
+_SMALL_DEVICE = {"gpu_memory": "64MiB", "cuda_context_memory": "0B", "nccl_memory": "0B"}
+
+
+def settings_of(ctx):
+    return ctx.settings
+
+
 class HeavyRootUnit(Rule):
     """The root unit's own parameters outweigh every other unit.
 
@@ -50,6 +58,10 @@ class HeavyRootUnit(Rule):
     Whole blocks left in the root (the vision tower of a vision-language model whose plan wraps
     only the language model's layers, the decoder layers of an encoder-decoder whose policy
     names only the encoder's) become units of their own, one per block.
+
+    Below `memory-info-share` (default 5 %) of the usable memory of the device (see FSD801) the
+    finding is reported as info: the device absorbs the cost, and a plan a framework's flags cannot
+    change (the HF Trainer's root on a 7B model) does not fail the gate.
 
     When the only way out would split a tied weight between units (FSDP1 with an output head
     tied to the embedding, whose modules share no ancestor but the root), the finding is
@@ -114,7 +126,14 @@ model = LM()
 for layer in model.layers:
     fully_shard(layer)
 fully_shard(model)
-'''),
+''', options=_SMALL_DEVICE, note="a 16 MB root on a 64 MiB device: a warning"),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import fully_shard
+model = LM()
+for layer in model.layers:
+    fully_shard(layer)
+fully_shard(model)
+''', note="the same root on an H100: below 5 % of it, info"),
         Example(_MODEL + '''
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -131,7 +150,7 @@ model = LM(tied=True)
 for layer in model.layers:
     fully_shard(layer)
 fully_shard(model)
-''', note="FSDP2 with a tied head: one group for both"),
+''', options=_SMALL_DEVICE, note="FSDP2 with a tied head: one group for both"),
     ]
 
     def check(self, ctx):
@@ -286,8 +305,15 @@ fully_shard(model)
                         f"split between FSDP1 units, so this root is the price of the tie")
         else:
             fix = self._fsdp2_fix(tree, movable, side, ties, left)
+        from fsdp_lint.plan.budget import budget_for, share_text
+
+        budget = budget_for(ctx.layout.memory, settings_of(ctx))
+        share = budget.share(rl.unsharded_bytes)
+        msg += f"; {share_text(share)} of the usable memory of the device ({budget.device})"
+        if severity is None and share < settings_of(ctx).memory_info_share:
+            severity = "info"     # a cost the device absorbs: reported, not a gate failure
         return self.finding(ctx, msg, **where(ctx, root.path, root.line, root.col), module="", fix=fix,
-                            severity=severity, root_bytes=rl.unsharded_bytes, largest_unit=largest.unit.module,
+                            severity=severity, root_bytes=rl.unsharded_bytes, device_share=share, largest_unit=largest.unit.module,
                             largest_bytes=largest.unsharded_bytes, movable=movable, blocks_left=left)
 
     @staticmethod

@@ -22,6 +22,8 @@ class MixedRequiresGradMemory(Rule):
     for nothing. In a LoRA fine-tune, where the adapters are a fraction of a percent of each
     block, the gradient memory and the reduce-scatter traffic are those of full fine-tuning.
     torch only warns about it for units chosen by a `ModuleWrapPolicy`/`CustomPolicy`.
+    Below `memory-info-share` (default 5 %) of the usable memory of the device (see FSD801) the
+    finding is info: the wasted gradient memory fits easily.
 
     ## Example
     ```python
@@ -103,6 +105,17 @@ model = FSDP(model, auto_wrap_policy=policy, use_orig_params=True)
             peft = requires_grad_fix(ctx, u.params)
             if peft:
                 fix = peft
+            from fsdp_lint.plan.budget import budget_for, share_text
+
+            budget = budget_for(ctx.layout.memory, ctx.settings)
+            itemsize = max([ctx.tree.params[p].itemsize for p in u.params] or [4])
+            ws = ul.world_size if ul is not None else 1
+            extra = -(-(total - trainable) // ws) * itemsize * len(units)
+            share = budget.share(extra)
+            msg += (f"; {extra:,} bytes of gradients per rank for frozen parameters, {share_text(share)} of the usable memory "
+                    f"of the device ({budget.device})")
+            severity = "info" if share < ctx.settings.memory_info_share else None
             yield self.finding(ctx, msg, **anchor(ctx, u, freeze_positions(ctx, units)), module=u.module, fix=fix,
+                               severity=severity, extra_grad_bytes=extra, device_share=share,
                                units=[x.module for x in units], grad_numel=total, trainable_numel=trainable,
                                policy=split["policy"] if split else None)

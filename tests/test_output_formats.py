@@ -153,7 +153,7 @@ def _json_paths(obj, prefix="", out=None):
         for k, v in obj.items():
             p = f"{prefix}.{k}" if prefix else k
             out.add(p)
-            if p.endswith(("breakdown", "].bytes")):
+            if p.endswith(("breakdown", "].bytes", "activations_by_unit")):
                 continue  # a map: name -> bytes
             _json_paths(v, p, out)
     elif isinstance(obj, list):
@@ -186,7 +186,8 @@ def test_every_json_field_is_documented_in_the_readme(article_json, cli, tmp_pat
                                            cwd=str(tmp_path)).out))
     documented = _documented_json_paths()
     assert produced - documented == set(), "fields missing from README's JSON schema"
-    optional = {"run", "files[].memory.simulated", "files[].granularity"}  # with --run/--simulate/--compare-granularity
+    optional = {"run", "files[].memory.simulated", "files[].granularity",  # with --run/--simulate/--compare-granularity
+                "files[].suggestions"}                                    # with --suggest
     stale = {p for p in documented - produced if not any(p == o or p.startswith((o + ".", o + "[")) for o in optional)}
     assert stale == set(), "README documents fields the JSON does not have"
 

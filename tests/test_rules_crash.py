@@ -273,7 +273,7 @@ def test_fixture_lora_orig_params_fsd202():
     mine = [f for f in findings if f.code in ("FSD201", "FSD202", "FSD203", "FSD204", "FSD302")]
     assert [f.code for f in mine] == ["FSD202"]
     (finding,) = mine
-    assert finding.severity == "warning"
+    assert finding.severity == "info" and "of the usable memory of the device" in finding.message   # a tiny LoRA: < 5 % of an H100
     assert finding.line == _line_of(path, "model = FSDP(")
     assert f"frozen at line {_line_of(path, 'p.requires_grad = False')}" in finding.message
     assert finding.details["units"] == ["decoder_layers.0", "decoder_layers.1"]

@@ -79,7 +79,7 @@ CASES = [
     ("fsdp1_wrong_class.py", "FSD101", "error", "model = FSDP(", "", 4),
     ("fsdp1_every_linear.py", "FSD102", "warning", "model = FSDP(model, auto_wrap_policy=", "h.0.attn.q", 4),
     ("fsdp1_wrong_class.py", "FSD103", "error", "model = FSDP(", "", 4),
-    ("fsdp2_heavy_root.py", "FSD104", "warning", "fully_shard(model,", "", 4),
+    ("fsdp2_heavy_root.py", "FSD104", "info", "fully_shard(model,", "", 4),   # 4 MB root: below 5 % of an H100
     ("fsdp2_modulelist.py", "FSD105", "error", "fully_shard(model.layers", "layers", 4),
     ("fsdp2_uneven.py", "FSD601", "info", "fully_shard(layer", "moe_layers.0", 8),
 ]

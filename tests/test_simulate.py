@@ -309,3 +309,33 @@ def test_group_skipping_a_module_is_simulated_as_torch_runs_it(cli, tmp_path):
     f, sim = _simulate(cli, str(path), "--world-size", "2")
     assert not [x for x in f["findings"] if x["code"] == "FSD402"]
     _assert_static_close(f, sim)
+
+
+def test_trunc_normal_initialised_model_is_simulated(cli):
+    """trunc_normal_ resamples on a data-dependent mask that fake tensors cannot evaluate; the
+    simulated rank fills such tensors without reading them back, and the plan is measured."""
+    path = os.path.join(FIXTURES, "memory", "vit_trunc_normal_fsdp2.py")
+    f, sim = _simulate(cli, path, "--world-size", "2")
+    assert sim["peak_bytes"] > 0 and sim["peak_step"] == 2 and sim["first_step_peak_bytes"] > 0
+    _assert_static_close(f, sim)
+
+
+def test_a_simulation_that_dies_keeps_its_cause_and_long_ones_show_progress(cli, tmp_path, monkeypatch):
+    """A rank that dies in a step (os._exit in the forward, once the fake process group is up)
+    reports how it died and where, in JSON and on stderr; a long simulation says on stderr that it is
+    still running."""
+    import fsdp_lint.run.simulate as simulate_mod
+
+    monkeypatch.setattr(simulate_mod, "PROGRESS_EVERY_S", 0.5)
+    src = open(os.path.join(FIXTURES, "memory", "mlp_stack_fsdp2.py")).read()
+    src = src.replace("    def forward(self, x):\n        for layer",
+                      "    def forward(self, x):\n        import os\n        import torch.distributed as dist\n"
+                      "        if dist.is_initialized():\n            os._exit(7)\n        for layer")
+    path = tmp_path / "dies.py"
+    path.write_text(src)
+    res = cli(str(path), "--world-size", "2", "--simulate", "--format", "json", "--run-timeout", "240")
+    assert res.code == 2
+    (f,) = json.loads(res.out)["files"]
+    err = f["memory"]["simulated"]["error"]
+    assert "exited with code 7" in err and "forward (step 1)" in err, err
+    assert "still running" in res.err

@@ -25,7 +25,7 @@ STAGES: List[List[str]] = [
     ["fsdp_lint.model"],      # the module tree, its blocks, policies resolved, meshes as data
     ["fsdp_lint.replay"],     # the setup code run on the simulated node; framework drivers
     ["fsdp_lint.plan"],       # units, FlatParameter/DTensor layout, collectives, memory, forward trace
-    ["fsdp_lint.fix", "fsdp_lint.check", "fsdp_lint.rules"],   # the rules, which of them run, their fixes as edits
+    ["fsdp_lint.fix", "fsdp_lint.check", "fsdp_lint.rules", "fsdp_lint.suggest"],   # the rules, which of them run, their fixes as edits; --suggest
     ["fsdp_lint.report"],     # rendering only
     ["fsdp_lint.run"],        # --run and --simulate: real FSDP sessions
     ["fsdp_lint.engine"],     # one file through the stages

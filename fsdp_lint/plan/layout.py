@@ -10,16 +10,14 @@ rows per rank, trailing ranks get fewer or none; the collectives pad each to ``c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from fsdp_lint.plan.build import Unit, WrapPlan
 from fsdp_lint.model.tree import ModuleTree, dtype_itemsize
+from fsdp_lint.plan.memory import MEMORY_CATEGORIES, Memory, estimate_memory, stays_gathered  # noqa: F401
+from fsdp_lint.plan.roots import _prod, ceil_div, runs_as_root  # noqa: F401 - re-exported
 
 ALIGNMENT_BYTES = 16
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass
@@ -124,18 +122,6 @@ class UnitLayout:
 
 
 @dataclass
-class Memory:
-    per_rank_bytes: int
-    breakdown: Dict[str, int]
-    optimizer: str
-    covers: str = "params + grads + optimizer state"    # what per_rank_bytes includes
-    phase: str = "end of backward"                      # the moment of the step it describes
-    activation_inputs: Optional[str] = None             # the inputs activations were traced with
-    activation_note: str = ""                           # how activations are (not) covered
-    unsharded_peak_bytes: int = 0     # the most unsharded parameters + all-gather buffers held at once (forward)
-
-
-@dataclass
 class Layout:
     api: Optional[str]
     world_size: int
@@ -202,34 +188,6 @@ def flat_param_layout(params: List[Tuple[str, Tuple[int, ...], str, bool, int]],
         if 0 < to_pad < ws:
             total += to_pad
     return out, total
-
-
-def runs_as_root(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> bool:
-    """Whether `unit` is a root at lazy initialisation: no other unit contains its modules. Roots do
-    not reshard after forward (FSDP1 never; FSDP2 unless reshard_after_forward is given). Without
-    a root wrap every top-level unit is such a root."""
-    if unit.is_root:
-        return True
-    holders = _units_by_module(plan)
-    for m in unit.modules:
-        # an ancestor module that another unit holds (walked up by FQN: depth, not units²)
-        for a in tree.ancestors(m):
-            if any(other is not unit for other in holders.get(a, ())):
-                return False
-    return True
-
-
-def _units_by_module(plan: WrapPlan) -> Dict[str, List[Unit]]:
-    """module FQN -> the units that hold it; kept on the plan while its list of units is unchanged."""
-    cached = plan.__dict__.get("_units_by_module")
-    if cached is None or cached[0] is not plan.units or cached[1] != len(plan.units):
-        by_module: Dict[str, List[Unit]] = {}
-        for u in plan.units:
-            for m in u.modules:
-                by_module.setdefault(m, []).append(u)
-        cached = (plan.units, len(plan.units), by_module)
-        plan.__dict__["_units_by_module"] = cached
-    return cached[2]
 
 
 def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
@@ -351,13 +309,6 @@ def ring_all_reduce_bytes(nbytes: int, group: int) -> int:
     return 2 * (group - 1) * nbytes // group if group > 1 else 0
 
 
-def _prod(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
-
-
 def spmd_placements(unit: Unit, sharding) -> List[str]:
     """The placements of an FSDP2-sharded parameter as torch names them (``FSDPParam``'s
     ``_spmd_placements``): HSDP's ``Replicate()``, FSDP's ``Shard(0)`` -- ``_StridedShard`` when tensor
@@ -384,25 +335,6 @@ def spmd_mesh_dims(unit: Unit, sharding) -> List[str]:
     return dims
 
 
-# the static breakdown's keys, always all present (JSON consumers read them by name)
-MEMORY_CATEGORIES = ("sharded_params", "unsharded_params_in_flight", "all_gather_buffers", "sharded_grads",
-                     "unsharded_grads", "reduce_scatter_buffers", "optimizer_state", "replicated_params_grads_state",
-                     "activations", "temporaries", "inputs")
-_OPTIMIZER_STATES = {"SGD": 1, "Adagrad": 1, "RMSprop": 1, "Adafactor": 1, "Lion": 1, "Muon": 1}
-
-
-def stays_gathered(ul: UnitLayout, plan: WrapPlan, tree: ModuleTree) -> bool:
-    """Whether the unit keeps its parameters unsharded from its forward to the end of backward:
-    roots (FSDP1 always; FSDP2 unless reshard_after_forward was given explicitly) and units that
-    do not reshard after forward (FSDP1 SHARD_GRAD_OP, FSDP2 reshard_after_forward=False)."""
-    unit = ul.unit
-    if not unit.reshard_after_forward:
-        return True
-    if plan.api == "fsdp2" and unit.reshard_after_forward_explicit:
-        return False
-    return runs_as_root(unit, plan, tree)
-
-
 def _needs_backward(units: List[UnitLayout], plan: WrapPlan, tree: ModuleTree, trace) -> List[bool]:
     """Per unit: whether autograd reaches it in backward (its forward output requires grad), the
     condition for FSDP's pre-backward hook and so for the backward all-gather. From the traced
@@ -418,113 +350,6 @@ def _needs_backward(units: List[UnitLayout], plan: WrapPlan, tree: ModuleTree, t
         start = min((order.get(m, 0) for m in ul.unit.modules), default=0)
         out.append(ul.trainable_numel > 0 or (first_trainable is not None and first_trainable <= start))
     return out
-
-
-def _memory(plan: WrapPlan, tree: ModuleTree, units: List[UnitLayout], trace=None,
-            activations: bool = False) -> Memory:
-    """Per-rank memory at the peak of a training step (the second one: optimizer state exists,
-    gradients were set to None before its forward), the larger of two moments:
-
-    * the start of backward: sharded parameters, optimizer state, the units that stay gathered
-      (the root) plus the block being gathered, and -- with an input shape -- every activation
-      saved for backward, the outputs, the first gradients of the loss (about twice the largest
-      saved tensor) and the inputs;
-    * the end of backward: the same without activations, with the sharded gradients, the root's
-      unsharded gradients and the reduce-scatter buffer of the largest unit.
-    """
-    opt_cls = plan.optimizers[-1].cls if plan.optimizers else "AdamW"
-    states = _OPTIMIZER_STATES.get(opt_cls, 2)
-    sharded_params = sharded_grads = optimizer = 0
-    for u in units:
-        itemsizes = [tree.params[p].itemsize for p in u.unit.params] or [4]
-        orig = max(itemsizes)
-        if plan.api == "fsdp1":
-            sharded_params += u.shard_numel * orig
-            sharded_grads += u.grad_numel * orig
-            trainable_shard = u.grad_numel if u.trainable_numel == u.numel else ceil_div(u.trainable_numel, u.world_size)
-            optimizer += states * trainable_shard * orig
-        else:
-            sharded_params += sum(  # rank 0's local shard (of the TP-local tensor for DTensor params)
-                _prod(p.local_shape_first or (1,)) * dtype_itemsize(p.dtype) for p in u.params)
-            sharded_grads += u.grad_numel * orig
-            optimizer += states * u.grad_numel * orig
-    replicated = 0
-    for fqn in plan.leftover_params:
-        p = tree.params[fqn]
-        replicated += p.numel * p.itemsize * (1 + (1 + states if p.requires_grad else 0))
-    for fqn in plan.ignored_params:
-        p = tree.params[fqn]
-        replicated += p.numel * p.itemsize * (1 + (1 + states if p.requires_grad else 0))
-    # unsharded parameters: the units that stay gathered (roots, no reshard after forward), plus
-    # the largest other unit being gathered (torch holds one all-gather in flight at the peak)
-    kept = [u for u in units if u.all_gathers_per_step and stays_gathered(u, plan, tree)]
-    others = [u for u in units if u.all_gathers_per_step and u not in kept]
-    gathered = sum(u.unsharded_bytes for u in kept)
-    in_flight = max((u.unsharded_bytes for u in others), default=0)
-    # end of backward: the unit computing its gradients is gathered, its gradients unsharded in the
-    # compute dtype and its reduce-scatter input in the reduce dtype (the largest unit: the root)
-    reduced = [u for u in units if u.reduce_scatters_per_step or u.all_reduces_per_step]
-    last = max(reduced, key=lambda u: u.padded_numel, default=None)
-    unsharded_grads = last.padded_numel * dtype_itemsize(last.param_dtype) if last is not None else 0
-    rs_buffers = last.padded_numel * dtype_itemsize(last.reduce_dtype) if last is not None and last.reduce_scatters_per_step else 0
-    base = {
-        "sharded_params": sharded_params,
-        "optimizer_state": optimizer,
-        "replicated_params_grads_state": replicated,
-    }
-    # reshard_after_forward=<int>: every such unit keeps 1/k of its parameters from its forward to
-    # its backward
-    post_forward = sum(u.post_forward_numel * dtype_itemsize(u.param_dtype) for u in units)
-    if post_forward:
-        base["post_forward_shards"] = post_forward
-    end_of_backward = dict(base, sharded_grads=sharded_grads, unsharded_params_in_flight=gathered + in_flight,
-                           unsharded_grads=unsharded_grads, reduce_scatter_buffers=rs_buffers)
-    covers = "params + grads + optimizer state"
-    breakdown = end_of_backward
-    phase = "end of backward"
-    traced = trace is not None and not trace.error
-    if activations and traced:
-        # FSDP1 prefetches the next unit in backward (BACKWARD_PRE) into its unsharded FlatParameter;
-        # FSDP2 gathers a unit into an all-gather buffer, then copies it out into its parameters
-        if plan.api == "fsdp1":
-            unsharded, ag_buffers = gathered + 2 * in_flight, 0
-        else:
-            unsharded, ag_buffers = gathered + in_flight, in_flight
-        start_of_backward = dict(base, unsharded_params_in_flight=unsharded, all_gather_buffers=ag_buffers,
-                                 activations=trace.activation_bytes,
-                                 temporaries=2 * trace.largest_saved_bytes, inputs=trace.input_bytes)
-        if sum(start_of_backward.values()) >= sum(end_of_backward.values()):
-            breakdown, phase = start_of_backward, "start of backward"
-        covers = "params + grads + optimizer state + activations"
-    full = dict.fromkeys(MEMORY_CATEGORIES, 0)
-    full.update(breakdown)
-    return Memory(per_rank_bytes=sum(full.values()), breakdown=full, optimizer=opt_cls, covers=covers,
-                  phase=phase, activation_inputs=(trace.inputs if traced else None) if activations else None,
-                  activation_note=_activation_note(trace, activations),
-                  unsharded_peak_bytes=_unsharded_peak(plan, gathered, [u.unsharded_bytes for u in others]))
-
-
-def _unsharded_peak(plan: WrapPlan, gathered: int, others: List[int]) -> int:
-    """The forward peak of unsharded parameters. FSDP1 gathers into the unsharded FlatParameter:
-    the units that stay gathered plus the largest other unit, twice when the next one is
-    prefetched. FSDP2 gathers into an all-gather buffer and copies out; the buffer of the previous
-    group is held until the next all-gather completes: at the first block after a root with
-    parameters, the root's buffer and copy plus the block's (2 x root + 2 x block; 3 x block after
-    a root without parameters)."""
-    largest = max(others, default=0)
-    if plan.api == "fsdp1":
-        return gathered + largest * (2 if len(others) > 1 else 1)
-    if not others:
-        return 2 * gathered
-    return gathered + largest + largest + max(gathered, largest if len(others) > 1 else 0)
-
-
-def _activation_note(trace, activations: bool) -> str:
-    if activations and trace is not None and not trace.error:
-        return f"activations for inputs {trace.inputs}"
-    if activations and trace is not None and trace.error:
-        return f"activations: the forward could not be traced ({trace.error})"
-    return "activations: pass --input-shape or --simulate"
 
 
 def _backward_prefetch(units: List[UnitLayout], reached: List[bool], trace, tree: ModuleTree) -> None:
@@ -562,7 +387,7 @@ def compute_layout(plan: WrapPlan, tree: ModuleTree, trace=None, activations: bo
     from fsdp_lint.plan.tp_comms import tp_collectives
 
     return Layout(api=plan.api, world_size=plan.world_size, units=units,
-                  memory=_memory(plan, tree, units, trace, activations), trace=trace,
+                  memory=estimate_memory(plan, tree, units, trace, activations), trace=trace,
                   tp_collectives=tp_collectives(plan.tp_styles))
 
 

@@ -43,6 +43,19 @@ class ParamRead:
 
 
 @dataclass
+class Segment:
+    """Saved tensors of one stretch of the forward: the innermost unit running (None: outside every
+    unit), the bytes kept from forward to backward and the largest of them, and -- for a region of
+    activation checkpointing -- what its backward recomputes (freed once the region's backward ends)."""
+    unit: Optional[int]
+    saved_bytes: int = 0
+    largest_bytes: int = 0
+    checkpointed: bool = False
+    recompute_bytes: int = 0
+    recompute_largest_bytes: int = 0
+
+
+@dataclass
 class Trace:
     inputs: str = ""                                   # how the inputs were made
     input_shapes: List[List[int]] = field(default_factory=list)
@@ -59,6 +72,12 @@ class Trace:
                                                                     # post-forward order: backward prefetch)
     readers: Dict[str, Set[str]] = field(default_factory=dict)      # param FQN -> modules that read it
     sharded_reads: List[ParamRead] = field(default_factory=list)    # reads of a parameter its unit holds sharded
+    # the saved tensors in forward order, one segment per run of the same innermost unit (and region of
+    # activation checkpointing): backward frees them in reverse order, a checkpointed region's
+    # recomputed tensors live only while its backward runs
+    segments: List["Segment"] = field(default_factory=list)
+    checkpointed: int = 0                              # activation-checkpointed regions the forward ran
+    loss_grad_bytes: int = 0                           # the gradient of the logits backward starts with
     error: Optional[str] = None
 
     @property
@@ -174,6 +193,7 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, 
         unit_stack: List[int] = []
         ran: Set[int] = set()
         phase = {"now": "forward"}
+        region = {"depth": 0, "seen": set(), "alive": [], "measuring": False}   # inside activation checkpointing
         # a unit's pass: it is gathered at the first of its modules' forwards and resharded once all
         # of them have run (FSDP2 groups; torch completes a group that skips a module at the end of
         # the root's forward); a single-module unit's pass is its forward
@@ -183,7 +203,9 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, 
         def pre(mod, inputs, kw):
             module_stack.append(name_of.get(id(mod), "?"))
             u = unit_of_module.get(id(mod))
-            if u is not None:
+            if u is not None and region["measuring"]:
+                unit_stack.append(u)
+            elif u is not None:
                 if not pending.get(u):      # a new pass: FSDP gathers the unit (again)
                     out.unit_forward_calls[u] += 1
                     pending[u] = set(module_ids[u])
@@ -201,7 +223,10 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, 
             if module_stack:
                 module_stack.pop()
             u = unit_of_module.get(id(mod))
-            if u is not None:
+            if u is not None and region["measuring"]:
+                if unit_stack:
+                    unit_stack.pop()
+            elif u is not None:
                 if unit_stack:
                     unit_stack.pop()
                 pending.get(u, set()).discard(id(mod))
@@ -213,7 +238,7 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, 
 
         def on_read(p) -> None:
             fqn = param_fqn.get(id(p))
-            if fqn is None:
+            if fqn is None or region["measuring"]:
                 return
             reader = module_stack[-1] if module_stack else ""
             out.readers.setdefault(fqn, set()).add(reader)
@@ -229,14 +254,38 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, 
 
         saved: Dict[Any, int] = {}
 
-        def pack(t):
+        def segment(checkpointed: bool) -> Segment:
+            u = unit_stack[-1] if unit_stack else None
+            last = out.segments[-1] if out.segments else None
+            if last is None or last.unit != u or last.checkpointed != checkpointed:
+                last = Segment(u, checkpointed=checkpointed)
+                out.segments.append(last)
+            return last
+
+        def keep(t) -> None:
             key = _storage_key(t)
             if key not in static_storages and key not in saved:
                 size = _nbytes_storage(t)
                 saved[key] = size
                 if unit_stack:
                     out.unit_saved_bytes[unit_stack[-1]] += size
+                seg = segment(region["depth"] > 0)
+                seg.saved_bytes += size
+                seg.largest_bytes = max(seg.largest_bytes, size)
+
+        def pack(t):
+            keep(t)
             return t
+
+        def recomputed(t) -> None:
+            key = _storage_key(t)
+            if key not in static_storages and key not in saved and key not in region["seen"]:
+                region["seen"].add(key)
+                region["alive"].append(t)   # held while the region runs: a freed storage's key is reused
+                size = _nbytes_storage(t)
+                seg = segment(True)
+                seg.recompute_bytes += size
+                seg.recompute_largest_bytes = max(seg.recompute_largest_bytes, size)
 
         handles = []
         try:
@@ -244,6 +293,7 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, 
                 handles.append(m.register_forward_pre_hook(pre, with_kwargs=True))
                 handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True))
             with torch.enable_grad(), _on_device(cpu, on_read, plan.api == "fsdp2"), \
+                    _watch_checkpointing(region, keep, recomputed, out), \
                     torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 output = torch.func.functional_call(model, state, tuple(args), dict(kwargs), tie_weights=True,
                                                     strict=False)
@@ -262,6 +312,107 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, 
         if loss is not None:
             alive.setdefault(_storage_key(loss), _nbytes_storage(loss))
         out.output_bytes = sum(alive.values())
+        logits = _loss_input(output)
+        if logits is not None and loss is not None:
+            # backward starts with the loss's gradient of the logits: float32 (the loss upcasts them),
+            # and once more in their own dtype when that is lower
+            numel = int(logits.numel())
+            out.loss_grad_bytes = numel * 4 + (_nbytes(logits) if logits.dtype != torch.float32 else 0)
+
+
+@contextlib.contextmanager
+def _watch_checkpointing(region, keep, recomputed, out: Trace):
+    """While the forward runs, ``torch.utils.checkpoint`` (what ``checkpoint_wrapper``,
+    ``apply_activation_checkpointing``, HF's ``gradient_checkpointing_enable()``, Lightning's
+    ``activation_checkpointing_policy`` and accelerate's ``fsdp_activation_checkpointing`` all call)
+    tells what it keeps and what its backward recomputes. Non-reentrant: its saved-tensor hook
+    replaces ours inside the region, so the tensors it would have saved are the recomputed ones, and
+    the region's inputs (held by the checkpoint for the recomputation) are kept; a selective policy's
+    saved op outputs (``create_selective_checkpoint_contexts``) are kept too. Reentrant: the region
+    runs under ``no_grad`` and saves only its inputs; it is run once more here with grad, watched,
+    to learn what its backward recomputes. Looked up at call time, so partials bound before the
+    trace (a wrapper's ``checkpoint_fn``) are seen too."""
+    import torch
+    import torch.utils.checkpoint as cp
+
+    originals = {name: getattr(cp, name, None) for name in
+                 ("_checkpoint_hook", "_checkpoint_without_reentrant_generator", "CheckpointFunction")}
+    caching = getattr(cp, "_CachingTorchDispatchMode", None)
+    caching_init = caching.__init__ if caching is not None else None
+    sac_storages: List[Any] = []
+
+    if originals["_checkpoint_hook"] is not None:
+        base_hook = originals["_checkpoint_hook"]
+
+        class _WatchedHook(base_hook):
+            def __init__(self, frame):
+                super().__init__(frame)
+                inner = self.pack_hook
+
+                def pack_hook(x):
+                    recomputed(x)
+                    return inner(x)
+                self.pack_hook = pack_hook
+        cp._checkpoint_hook = _WatchedHook
+    if originals["_checkpoint_without_reentrant_generator"] is not None:
+        base_gen = originals["_checkpoint_without_reentrant_generator"]
+
+        def generator(fn, preserve, context_fn, determinism_check, debug, *args, **kwargs):
+            out.checkpointed += 1
+            for t in _tensors((args, kwargs)):
+                keep(t)                     # the checkpoint holds its inputs until the recomputation
+            first = len(sac_storages)
+            region["depth"] += 1
+            try:
+                yield from base_gen(fn, preserve, context_fn, determinism_check, debug, *args, **kwargs)
+            finally:
+                region["depth"] -= 1
+                if not region["depth"]:
+                    region["seen"].clear()
+                    region["alive"].clear()
+            for storage in sac_storages[first:]:       # selective: the op outputs the policy saves
+                for per_op in list(storage.values()):
+                    for entry in (per_op.values() if isinstance(per_op, dict) else per_op):
+                        for leaf in (entry if isinstance(entry, (list, tuple)) else (entry,)):
+                            for t in _tensors(getattr(leaf, "val", leaf)):
+                                keep(t)
+        cp._checkpoint_without_reentrant_generator = generator
+    if caching_init is not None:
+        def init(self, policy_fn, storage, *args, **kwargs):
+            sac_storages.append(storage)
+            caching_init(self, policy_fn, storage, *args, **kwargs)
+        caching.__init__ = init
+    if originals["CheckpointFunction"] is not None:
+        base_fn = originals["CheckpointFunction"]
+
+        class _WatchedFunction:
+            @staticmethod
+            def apply(function, preserve, *args):
+                out.checkpointed += 1
+                detached = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+                            for a in args]
+                region["depth"] += 1
+                region["measuring"] = True      # a second run of the region: not a forward of its units
+                try:
+                    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
+                            lambda t: (recomputed(t), t)[1], lambda t: t):
+                        function(*detached)
+                finally:
+                    region["depth"] -= 1
+                    region["measuring"] = False
+                    if not region["depth"]:
+                        region["seen"].clear()
+                        region["alive"].clear()
+                return base_fn.apply(function, preserve, *args)
+        cp.CheckpointFunction = _WatchedFunction
+    try:
+        yield
+    finally:
+        for name, value in originals.items():
+            if value is not None:
+                setattr(cp, name, value)
+        if caching_init is not None:
+            caching.__init__ = caching_init
 
 
 def _user_frame() -> Tuple[Optional[str], int, str]:
@@ -276,6 +427,20 @@ def _user_frame() -> Tuple[Optional[str], int, str]:
             return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
         frame = frame.f_back
     return None, 0, ""
+
+
+def _loss_input(output):
+    """The tensor the loss is computed from (``model.inputs.loss_of``'s choice, the model's own loss
+    aside): the logits, or the first floating output."""
+    import torch
+
+    if hasattr(output, "logits") and isinstance(getattr(output, "logits"), torch.Tensor):
+        output = output.logits
+    elif isinstance(output, dict):
+        output = output.get("logits", next((v for v in output.values() if isinstance(v, torch.Tensor)), None))
+    elif isinstance(output, (tuple, list)):
+        output = next((v for v in output if isinstance(v, torch.Tensor)), None)
+    return output if isinstance(output, torch.Tensor) and output.is_floating_point() else None
 
 
 def _cast_floating(dtype):

@@ -94,7 +94,40 @@ def _file_section(res) -> str:
     sim = getattr(res, "simulated", None)
     if sim:
         out.append("<h3>Simulated memory over the step</h3>" + _simulated(res, sim))
+    if getattr(res, "suggestions", None):
+        out.append("<h3>Plans against the memory budget (--suggest)</h3>" + _suggestion_bars(res))
     return "\n".join(out)
+
+
+def _suggestion_bars(res) -> str:
+    """The candidates side by side as bars of their per-rank peak, the usable memory as a line."""
+    from fsdp_lint.humanize import human_bytes
+
+    cands, budget = res.suggestions, getattr(res, "budget", None)
+    usable = budget.usable_bytes if budget is not None else 0
+    w, label_w, bar_h, gap, top = 1100, 420, 18, 6, 22
+    h = top + len(cands) * (bar_h + gap) + 20
+    peak = max([c["peak_bytes"] for c in cands] + [usable]) or 1
+    scale = (w - label_w - 110) / peak
+    svg = [f"<svg width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" role=\"img\">",
+           "<text x=\"0\" y=\"14\" font-size=\"13\" font-weight=\"600\">peak per rank (static estimate)</text>"]
+    for i, c in enumerate(cands):
+        y = top + i * (bar_h + gap)
+        length = scale * c["peak_bytes"]
+        color = "#59a14f" if c["fits"] else "#e15759" if c["fits"] is False else "#bab0ac"
+        label = c["change"] if len(c["change"]) <= 60 else c["change"][:57] + "..."
+        svg.append(f"<text x=\"{label_w - 8}\" y=\"{y + 13}\" font-size=\"12\" text-anchor=\"end\">"
+                   f"<title>{_e(c['change'])}</title>{_e(label)}</text>"
+                   f"<rect x=\"{label_w}\" y=\"{y}\" width=\"{length:.1f}\" height=\"{bar_h}\" fill=\"{color}\"/>"
+                   f"<text x=\"{label_w + length + 6:.1f}\" y=\"{y + 13}\" font-size=\"12\">"
+                   f"{_e(human_bytes(c['peak_bytes']))}</text>")
+    if usable:
+        x = label_w + scale * usable
+        svg.append(f"<line x1=\"{x:.1f}\" y1=\"{top - 4}\" x2=\"{x:.1f}\" y2=\"{h - 14}\" stroke=\"#333\" "
+                   f"stroke-dasharray=\"4 3\"/><text x=\"{x:.1f}\" y=\"{h - 2}\" font-size=\"11\" "
+                   f"text-anchor=\"middle\">usable {_e(human_bytes(usable))} ({_e(budget.device)})</text>")
+    svg.append("</svg>")
+    return "".join(svg)
 
 
 # --------------------------------------------------------------------------------------------

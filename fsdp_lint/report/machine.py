@@ -99,15 +99,20 @@ def file_to_json(res, *, layout: Optional[str] = None) -> dict:
         "memory": memory_to_json(res),
         "findings": [f.to_json(display_path(f.path), display_path) for f in res.findings],
         **({"granularity": granularity_to_json(res)} if getattr(res, "granularity", None) else {}),
+        **({"suggestions": res.suggestions} if getattr(res, "suggestions", None) is not None else {}),
     }
 
 
 def memory_to_json(res) -> dict:
     mem = res.layout.memory
     out = {"per_rank_bytes": mem.per_rank_bytes, "breakdown": mem.breakdown, "optimizer": mem.optimizer,
-           "covers": mem.covers, "phase": mem.phase, "note": mem.activation_note}
+           "covers": mem.covers, "phase": mem.phase, "note": mem.activation_note,
+           "checkpointed_regions": mem.checkpointed_regions, "activations_by_unit": mem.activations_by_unit}
     if getattr(res, "simulated", None) is not None:
         out["simulated"] = res.simulated
+    budget = getattr(res, "budget", None)
+    if budget is not None:
+        out["budget"] = budget.to_json()
     return out
 
 

@@ -401,6 +401,10 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
                 blocks.append(granularity_table(res))
             if getattr(res, "simulated", None):
                 blocks.append(simulated_text(res))
+            if getattr(res, "suggestions", None):
+                from fsdp_lint.report.budget_text import suggestions_table
+
+                blocks.append(suggestions_table(res))
         elif res.findings:      # one line per finding, no blank line between them
             blocks.append("\n".join(format_finding_concise(f, unsafe=unsafe, color=color) for f in res.findings))
     counts = summary_counts(results)

@@ -148,6 +148,7 @@ def launch_ranks(spec: dict, ranks: int, backend: str, device: str, deadline: fl
         rep["last_phase"] = st["phase"]
         if st["result"] is None:
             rep["unfinished"] = True
+            rep["cause"] = _describe_crash(rank, st, procs[rank]) if rank < len(procs) else None
         if st["compare"] is not None:
             rep["compare"] = st["compare"]
         out.append(rep)

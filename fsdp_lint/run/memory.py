@@ -29,6 +29,8 @@ CATEGORIES = {
     "Inputs": "inputs",
     "Buffer": "buffers",
 }
+# the step whose peak is reported: the second, once the optimizer state exists (the steady state)
+STEADY_STEP = 2
 _WRAPPER_PIECES = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
 
 
@@ -295,11 +297,20 @@ class StepMemory:
             self.measure = "MemTracker (FSDP1 buffers labelled)" if self.kind == "fsdp1" else "MemTracker"
             self.tracker.track_external(model)
         self._stack = contextlib.ExitStack()
+        self.first_step_peak_bytes: Optional[int] = None
 
     def track_inputs(self, args, kwargs) -> None:
         self.tracker.track_inputs((tuple(args), dict(kwargs)))
 
     def step(self, n: int) -> None:
+        if n == STEADY_STEP and n > 1:
+            # the steady step's own peak: under fake tensors the first optimizer.step() counts more
+            # than real tensors hold (the state's lazy initialisation), so step 1's peak is kept apart
+            t = self.tracker
+            self.first_step_peak_bytes = sum(t._peak_mem.values())
+            t._peak_mem = {dev: 0 for dev in t._peak_mem}
+            t._peak_mem_snap = {}
+            t.peak_at = None
         self.tracker.step = n
         self.tracker.reset_mod_stats()       # torch's trackers refuse a second forward otherwise
 
@@ -322,7 +333,9 @@ class StepMemory:
                 name = _category(key)
                 breakdown[name] = breakdown.get(name, 0) + int(value)
         return {"peak_bytes": peak, "breakdown": breakdown, "peak_at": _where(self.tracker.peak_at),
-                "measure": self.measure, "timeline": _timeline(self.tracker.timeline)}
+                "measure": self.measure, "timeline": _timeline(self.tracker.timeline),
+                "peak_step": STEADY_STEP if self.first_step_peak_bytes is not None else 1,
+                "first_step_peak_bytes": self.first_step_peak_bytes}
 
 
 def _category(key) -> str:

@@ -21,14 +21,21 @@ from fsdp_lint.run.spec import RunError, RunOptions, display_path, spec_for
 SIMULATED_STEPS = 2
 
 
-def simulate(results, settings, opts: RunOptions) -> dict:
+PROGRESS_EVERY_S = 15.0
+
+
+def simulate(results, settings, opts: RunOptions, progress=None) -> dict:
     """Simulate every linted file; sets ``res.simulated`` (plain data) and returns a summary.
-    Raises RunError (with the summary) when a file could not be simulated."""
+    Raises RunError (with the summary) when a file could not be simulated. `progress(line)` is told,
+    every ``PROGRESS_EVERY_S`` seconds of a long simulation, which file is still running."""
     from fsdp_lint.run.launch import launch_ranks
     from fsdp_lint.run.spec import check_options
 
     t0 = time.monotonic()
     check_options(opts)
+    missing = torch_lacks()
+    if missing:
+        raise RunError(missing, summary={"files": 0, "simulated": 0, "wall_time_s": 0.0})
     deadline = t0 + opts.timeout
     runnable = [r for r in results if not r.skipped and r.plan is not None and r.tree is not None]
     failed: List[str] = []
@@ -39,12 +46,15 @@ def simulate(results, settings, opts: RunOptions) -> dict:
         try:
             if time.monotonic() >= deadline:
                 raise RunError(f"no time left for this file within --run-timeout {opts.timeout:g} s")
-            report = launch_ranks(spec, 1, "fake", "cpu", deadline, opts)[0]
+            with _heartbeat(progress, res.path, started):
+                report = launch_ranks(spec, 1, "fake", "cpu", deadline, opts)[0]
         except RunError as exc:
             res.simulated = {"error": str(exc)}
             failed.append(f"{display_path(res.path)}: {exc}" if len(runnable) > 1 else str(exc))
             continue
         res.simulated = _file_result(report, spec, time.monotonic() - started)
+        if "error" not in res.simulated:
+            judge_budget(res, settings)
         if "error" in res.simulated:
             failed.append(f"{display_path(res.path)}: {res.simulated['error']}" if len(runnable) > 1
                           else res.simulated["error"])
@@ -54,6 +64,77 @@ def simulate(results, settings, opts: RunOptions) -> dict:
     if failed:
         raise RunError("; ".join(failed), summary=summary)
     return summary
+
+
+def torch_lacks() -> str:
+    """What the installed torch lacks for a simulation (empty: nothing). torch 2.6 has neither: FSDP2
+    records a CPU ``torch.Stream`` event per collective, and FSDP1's buffers are labelled through
+    ``torch.distributed._tools.common_utils``."""
+    import importlib.util
+
+    import torch
+
+    gaps = []
+    if not hasattr(getattr(torch, "Stream", None), "record_event"):
+        gaps.append("torch.Stream.record_event (FSDP2's collectives on CPU)")
+    if importlib.util.find_spec("torch.distributed._tools.common_utils") is None:
+        gaps.append("torch.distributed._tools.common_utils (the memory trackers' storage walk)")
+    if not gaps:
+        return ""
+    return (f"this torch ({torch.__version__}) lacks {' and '.join(gaps)}; --simulate needs a newer torch "
+            f"(tested with 2.13.0)")
+
+
+class _heartbeat:
+    """While a simulation runs: `progress` every PROGRESS_EVERY_S seconds (a timer thread)."""
+
+    def __init__(self, progress, path: str, started: float):
+        self.progress, self.path, self.started = progress, path, started
+        self.timer = None
+        self.stopped = False
+
+    def _tick(self) -> None:
+        import threading
+
+        if self.stopped:
+            return
+        self.progress(f"--simulate: {display_path(self.path)}: still running "
+                      f"({time.monotonic() - self.started:.0f} s)")
+        self.timer = threading.Timer(PROGRESS_EVERY_S, self._tick)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def __enter__(self):
+        import threading
+
+        if self.progress is not None:
+            self.timer = threading.Timer(PROGRESS_EVERY_S, self._tick)
+            self.timer.daemon = True
+            self.timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped = True
+        if self.timer is not None:
+            self.timer.cancel()
+
+
+def judge_budget(res, settings) -> None:
+    """The budget and FSD801 again, now against the simulated peak (the best figure known)."""
+    from fsdp_lint.check.rule import LintContext, rule_by_code
+    from fsdp_lint.check.selection import rule_enabled, suppressed
+    from fsdp_lint.plan.budget import budget_for
+
+    res.budget = budget_for(res.layout.memory, settings, res.simulated)
+    rule = rule_by_code("FSD801")
+    if rule is None or not rule_enabled(rule.code, settings, res.path):
+        return
+    ctx = LintContext(path=res.path, facts=res.facts, tree=res.tree, plan=res.plan, layout=res.layout,
+                      settings=settings)
+    ctx.simulated = res.simulated
+    kept = [f for f in res.findings if f.code != rule.code]
+    found = [f for f in rule.check(ctx) if not suppressed(f, res.facts)]
+    res.findings = sorted(kept + found, key=lambda f: (f.path != res.path, f.line, f.col, f.code))
 
 
 def simulation_spec(res, settings, opts: RunOptions) -> dict:
@@ -72,7 +153,9 @@ def _file_result(report: dict, spec: dict, seconds: float) -> Dict[str, Any]:
     if err:
         return {"error": f"torch raised {err['type']} in {err['phase']}: {err['message']}{at_frame(err)}"}
     if report.get("unfinished") or "memory" not in report:
-        return {"error": f"the simulation did not finish (last phase: {report.get('last_phase')})"}
+        cause = report.get("cause")
+        return {"error": f"the simulation did not finish (last phase: {report.get('last_phase')})"
+                         + (f": {cause}" if cause else "")}
     mem = report["memory"]
     steps = report.get("collectives") or []
     last = steps[-1] if steps else {}
@@ -84,6 +167,9 @@ def _file_result(report: dict, spec: dict, seconds: float) -> Dict[str, Any]:
         "peak_bytes": mem["peak_bytes"],
         "breakdown": mem["breakdown"],
         "peak_at": mem["peak_at"],
+        # the peak of the steady (second) step; the first step's under fake tensors beside it
+        "peak_step": mem.get("peak_step", 1),
+        "first_step_peak_bytes": mem.get("first_step_peak_bytes"),
         "timeline": mem["timeline"],
         "measure": mem["measure"],
         "input_shape": shapes[0] if shapes else None,

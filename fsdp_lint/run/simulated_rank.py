@@ -27,7 +27,7 @@ def simulate_rank(spec: dict, rep, remaining) -> None:
     phase = Phases(rep)
     cpu = torch.device("cpu")
     try:
-        with _meshes_outside_fake_mode(), FakeTensorMode(allow_non_fake_inputs=True):
+        with _meshes_outside_fake_mode(), _fake_safe_init(), FakeTensorMode(allow_non_fake_inputs=True):
             with user_code_io(spec["debug"]):
                 model, optimizers, info, example_fn = build(spec, ws, cpu, phase, out, remaining)
             if model is not None:
@@ -63,3 +63,25 @@ def _meshes_outside_fake_mode():
         dm.init_device_mesh = original
         if had:
             dist.init_device_mesh = previous
+
+
+@contextlib.contextmanager
+def _fake_safe_init():
+    """Initialisers whose result depends on the values they draw (``trunc_normal_`` resamples until
+    no value is outside its bounds: a data-dependent mask) cannot run on fake tensors, whose values
+    do not exist; here they fill their tensor in place without reading it back -- nothing reads the
+    values of a fake tensor either. Shapes, dtypes and storages stay what the model makes them."""
+    import torch
+    import torch.nn.init as init
+
+    original = init.trunc_normal_
+
+    def trunc_normal_(tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
+        with torch.no_grad():
+            return tensor.uniform_(a, b)
+
+    init.trunc_normal_ = trunc_normal_
+    try:
+        yield
+    finally:
+        init.trunc_normal_ = original

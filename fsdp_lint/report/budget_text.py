@@ -1,0 +1,29 @@
+"""`budget_text`: the memory budget and ``--suggest``'s candidates as text (``report.text`` shows them
+under the plan)."""
+from __future__ import annotations
+
+from fsdp_lint.humanize import human_bytes
+
+
+def budget_line(res) -> str:
+    b = getattr(res, "budget", None)
+    if b is None:
+        return ""
+    verdict = {True: "fits", False: "does not fit", None: "lower bound only: pass --input-shape for the peak"}[b.fits]
+    return (f"memory budget: {human_bytes(b.peak_bytes)}/rank ({b.source}) of {human_bytes(b.usable_bytes)} usable on "
+            f"{b.device}: {verdict} (headroom {human_bytes(b.headroom_bytes)})")
+
+
+def suggestions_table(res) -> str:
+    from tabulate import tabulate
+
+    rows = []
+    for c in res.suggestions:
+        fits = {True: "yes", False: "no", None: "?"}[c["fits"]]
+        rows.append([fits, human_bytes(c["peak_bytes"]), human_bytes(c["all_gather_bytes_per_step"]),
+                     human_bytes(c["reduce_scatter_bytes_per_step"]), c["change"]])
+    head = budget_line(res)
+    table = tabulate(rows, headers=["fits", "peak/rank", "all-gather/step", "reduce-scatter/step", "change"],
+                     tablefmt="simple")
+    return (head + "\n" if head else "") + "--suggest (static estimates, those that fit first, least communication " \
+        "first):\n" + table
