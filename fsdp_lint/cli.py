@@ -34,15 +34,29 @@ def collect_files(paths, missing: Optional[List[str]] = None) -> List[Tuple[str,
             for dirpath, dirnames, filenames in os.walk(p):
                 dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
                 for name in sorted(filenames):
-                    if name.endswith(".py"):
+                    # regular files only: opening a FIFO (or a device) in a walked folder blocks for ever
+                    if name.endswith(".py") and os.path.isfile(os.path.join(dirpath, name)):
                         files.append((os.path.join(dirpath, name), False))
         elif os.path.isfile(p):
             files.append((p, True))
         elif missing is not None:
             missing.append(p)
         else:
-            raise BadInput(f"no such file or directory: {p}")
+            raise BadInput(missing_message(p))
     return files
+
+
+def missing_message(path: str) -> str:
+    """Why `path` (named on the command line, neither a folder nor a regular file) is not linted."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return f"{path}: no such file or directory"
+    kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+    return f"{path}: {kind}, not a regular file: fsdp-lint reads regular files only"
 
 
 def split_script_args(argv: List[str]) -> Tuple[List[str], Optional[List[str]]]:
@@ -246,8 +260,8 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
     results = []
     failures = []  # (path, one-line message)
     for path in missing:   # reported, and the other paths are still linted (exit code 2 at the end)
-        failures.append((path, f"{path}: no such file or directory"))
-        click.echo(f"fsdp-lint: error: {path}: no such file or directory", err=True)
+        failures.append((path, missing_message(path)))
+        click.echo(f"fsdp-lint: error: {missing_message(path)}", err=True)
     runs = list(plan_runs(files, settings, script_args))
     linted = lint_runs([(path, run_settings, argv, explicit, cwd) for path, argv, run_settings, explicit, cwd
                         in runs if not (explicit and not_python(path))])
