@@ -59,6 +59,18 @@ def missing_message(path: str) -> str:
     return f"{path}: {kind}, not a regular file: fsdp-lint reads regular files only"
 
 
+def _check_output(output: str) -> None:
+    """`-o FILE` can be written: its folder exists and is a folder, and FILE is not a folder."""
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        what = "does not exist" if not os.path.exists(folder) else "is not a folder"
+        raise BadInput(f"cannot write {output}: the folder {folder} {what}")
+    if os.path.isdir(output):
+        raise BadInput(f"cannot write {output}: it is a folder")
+    if not os.access(folder, os.W_OK):
+        raise BadInput(f"cannot write {output}: the folder {folder} is not writable")
+
+
 def split_script_args(argv: List[str]) -> Tuple[List[str], Optional[List[str]]]:
     """fsdp-lint's own arguments and the script's (after ``--``). A leading ``--`` is dropped:
     ``torchrun -m fsdp_lint -- train.py --run`` passes it to keep torchrun's parser off the rest."""
@@ -217,6 +229,13 @@ def cli(paths, world_size, gpus_per_node, gpu, allow_partial, api, wrap, use_ori
         raise BadInput(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     if run_ and nproc < 1:
         raise BadInput(f"--nproc must be at least 1, got {nproc}")
+    # refused before anything is linted (issue 18): a bad value found after minutes of linting
+    if steps < 1:
+        raise BadInput(f"--steps must be at least 1, got {steps}")
+    if not 0 < run_timeout <= 86400:
+        raise BadInput(f"--run-timeout must be a positive number of seconds, at most 86,400 (a day), got {run_timeout:g}")
+    if output:
+        _check_output(output)
 
     from fsdp_lint.config import ConfigError, load_settings, validate
     from fsdp_lint.check.rule import SEVERITY_RANK
@@ -420,11 +439,15 @@ def _configured_entries(config_path: Optional[str]) -> bool:
 def main(argv: Optional[List[str]] = None) -> None:
     own, script_args = split_script_args(argv if argv is not None else sys.argv[1:])
     debug = "--debug" in own
-    import warnings
+    try:
+        import warnings
 
-    # torch CPU wheels do not depend on numpy and warn on import without it: noise for a linter
-    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
-    from fsdp_lint.process.reaper import EXIT_TERMINATED, Terminated, sigterm_as_interrupt
+        # torch CPU wheels do not depend on numpy and warn on import without it: noise for a linter
+        warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+        from fsdp_lint.process.reaper import EXIT_TERMINATED, Terminated, sigterm_as_interrupt
+    except KeyboardInterrupt:
+        click.echo("fsdp-lint: interrupted", err=True)
+        sys.exit(130)
 
     try:
         with sigterm_as_interrupt():   # SIGTERM cleans up as Ctrl-C does
