@@ -291,9 +291,11 @@ def validate(settings: Settings, origin: str = "command line") -> None:
             raise ConfigError(f"{origin}: {name.replace('_', '-')} must be between 0 and 1, got {value!r}")
     if settings.collective_floor_bytes < 0:
         raise ConfigError(f"{origin}: collective-floor-bytes must be 0 or more, got {settings.collective_floor_bytes!r}")
-    if settings.replay_timeout is not None and (not settings.replay_timeout > 0 or settings.replay_timeout > MAX_TIMEOUT):
-        raise ConfigError(f"{origin}: replay-timeout must be a positive number of seconds, at most {MAX_TIMEOUT:,} "
-                          f"(a day), got {settings.replay_timeout!r}")
+    if settings.replay_timeout is not None and not settings.replay_timeout > 0:
+        raise ConfigError(f"{origin}: replay-timeout must be a positive number of seconds, got {settings.replay_timeout!r}")
+    if settings.replay_timeout is not None and settings.replay_timeout > MAX_TIMEOUT:
+        raise ConfigError(f"{origin}: replay-timeout must be at most {MAX_TIMEOUT:,.0f} seconds (a day), "
+                          f"got {settings.replay_timeout!r}")
     if settings.hf_config:
         problem = _not_a_hf_config(settings.hf_config)
         if problem:

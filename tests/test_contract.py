@@ -61,8 +61,8 @@ def test_bad_options_are_refused_before_the_static_pass(cli, tmp_path, monkeypat
     ('ignore = "FSD601"', "[tool.fsdp-lint] ignore must be a list of strings"),
     ('per-file-ignores = "FSD1"', "[tool.fsdp-lint] per-file-ignores must be a table of glob = [codes]"),
     ('per-file-ignores = { "tests/*" = "FSD1" }', "[tool.fsdp-lint] per-file-ignores must be a table"),
-    ("replay-timeout = inf", "replay-timeout must be a positive number of seconds, at most 86,400"),
-    ("replay-timeout = 1e308", "replay-timeout must be a positive number of seconds, at most 86,400"),
+    ("replay-timeout = inf", "replay-timeout must be at most 86,400 seconds (a day), got inf"),
+    ("replay-timeout = 1e308", "replay-timeout must be at most 86,400 seconds (a day), got 1e+308"),
     ('hf-config = "README.md"', "hf-config"),
     ('hf-config = "nothing-here"', "hf-config"),
 ])
