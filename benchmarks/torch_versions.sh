@@ -17,10 +17,17 @@ TORCH_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 WORK=${WORK:-$(mktemp -d -t fsdp-lint-torch-XXXX)}
 PY=${PYTHON:-python3}
 mkdir -p "$WORK"
+# the CPU index where it can be reached (an offline mirror of PyPI alone has the CUDA builds, mostly)
+INDEX=()
+if $PY -m pip --isolated index versions torch --index-url "$TORCH_INDEX" --retries 0 --timeout 15 >/dev/null 2>&1; then
+  INDEX=(--extra-index-url "$TORCH_INDEX")
+else
+  echo "(the CPU index $TORCH_INDEX cannot be reached: PyPI's builds only)" >&2
+fi
 if [ $# -gt 0 ]; then
   VERSIONS=("$@")
 else
-  NEWEST=$($PY -m pip index versions torch --index-url "$TORCH_INDEX" 2>/dev/null | sed -n 's/^torch (\([^)]*\)).*/\1/p' | sed 's/+cpu//')
+  NEWEST=$($PY -m pip index versions torch "${INDEX[@]}" 2>/dev/null | sed -n 's/^torch (\([^)]*\)).*/\1/p' | sed 's/+cpu//')
   VERSIONS=(2.6.0 2.9.1 2.11.0 2.14.1 ${NEWEST:+$NEWEST})
 fi
 ROWS=()
@@ -29,8 +36,7 @@ for v in "${VERSIONS[@]}"; do
   echo "== torch $v ($venv)" >&2
   $PY -m venv "$venv" >"$WORK/install-$v.log" 2>&1
   # what pip would install: a CUDA build brings nvidia-* packages (several GB): skipped, said so
-  "$venv/bin/pip" install --dry-run -q --report "$WORK/plan-$v.json" --extra-index-url "$TORCH_INDEX" \
-      "torch==$v" >>"$WORK/install-$v.log" 2>&1
+  "$venv/bin/pip" install --dry-run -q --report "$WORK/plan-$v.json" "${INDEX[@]}" "torch==$v" >>"$WORK/install-$v.log" 2>&1
   if [ ! -s "$WORK/plan-$v.json" ]; then
     ROWS+=("$v|skipped: pip cannot resolve torch==$v here (see $WORK/install-$v.log)|-|-")
     continue
@@ -39,7 +45,7 @@ for v in "${VERSIONS[@]}"; do
     ROWS+=("$v|skipped: only the CUDA build (nvidia-* packages, several GB) is available here, no CPU build|-|-")
     continue
   fi
-  if ! { "$venv/bin/pip" install -q --extra-index-url "$TORCH_INDEX" "torch==$v" &&
+  if ! { "$venv/bin/pip" install -q "${INDEX[@]}" "torch==$v" &&
          "$venv/bin/pip" install -q click tabulate libcst pytest &&
          "$venv/bin/pip" install -q setuptools wheel &&
          "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$ROOT"; } >>"$WORK/install-$v.log" 2>&1; then
@@ -47,7 +53,7 @@ for v in "${VERSIONS[@]}"; do
     continue
   fi
   tests=$("$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_layout_vs_torch.py tests/test_multidim.py 2>&1 | tail -1)
-  sim=$(cd "$ROOT" && "$venv/bin/fsdp-lint" fixtures/article_fsdp2.py --world-size 4 --simulate --format concise 2>&1 | grep -m1 -o "peak[^·]*\|error:.*" | head -c 120)
+  sim=$(cd "$ROOT" && "$venv/bin/fsdp-lint" fixtures/article_fsdp2.py --world-size 4 --simulate 2>&1 | grep -m1 -o "peak[^·]*\|error:.*" | head -c 120)
   numpy=$("$venv/bin/python" -c "import importlib.util; print('absent' if importlib.util.find_spec('numpy') is None else 'present')")
   ROWS+=("$v|$tests|$sim|numpy $numpy")
 done
