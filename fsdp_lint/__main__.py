@@ -1,4 +1,4 @@
-from fsdp_lint.cli import main
+from fsdp_lint.console import main
 
 if __name__ == "__main__":
     main()

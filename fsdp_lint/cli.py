@@ -34,15 +34,41 @@ def collect_files(paths, missing: Optional[List[str]] = None) -> List[Tuple[str,
             for dirpath, dirnames, filenames in os.walk(p):
                 dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
                 for name in sorted(filenames):
-                    if name.endswith(".py"):
+                    # regular files only: opening a FIFO (or a device) in a walked folder blocks for ever
+                    if name.endswith(".py") and os.path.isfile(os.path.join(dirpath, name)):
                         files.append((os.path.join(dirpath, name), False))
         elif os.path.isfile(p):
             files.append((p, True))
         elif missing is not None:
             missing.append(p)
         else:
-            raise BadInput(f"no such file or directory: {p}")
+            raise BadInput(missing_message(p))
     return files
+
+
+def missing_message(path: str) -> str:
+    """Why `path` (named on the command line, neither a folder nor a regular file) is not linted."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return f"{path}: no such file or directory"
+    kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+    return f"{path}: {kind}, not a regular file: fsdp-lint reads regular files only"
+
+
+def _check_output(output: str) -> None:
+    """`-o FILE` can be written: its folder exists and is a folder, and FILE is not a folder."""
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        what = "does not exist" if not os.path.exists(folder) else "is not a folder"
+        raise BadInput(f"cannot write {output}: the folder {folder} {what}")
+    if os.path.isdir(output):
+        raise BadInput(f"cannot write {output}: it is a folder")
+    if not os.access(folder, os.W_OK):
+        raise BadInput(f"cannot write {output}: the folder {folder} is not writable")
 
 
 def split_script_args(argv: List[str]) -> Tuple[List[str], Optional[List[str]]]:
@@ -225,6 +251,13 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         raise BadInput(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
     if run_ and nproc < 1:
         raise BadInput(f"--nproc must be at least 1, got {nproc}")
+    # refused before anything is linted (issue 18): a bad value found after minutes of linting
+    if steps < 1:
+        raise BadInput(f"--steps must be at least 1, got {steps}")
+    if not 0 < run_timeout <= 86400:
+        raise BadInput(f"--run-timeout must be a positive number of seconds, at most 86,400 (a day), got {run_timeout:g}")
+    if output:
+        _check_output(output)
 
     from fsdp_lint.config import ConfigError, load_settings, validate
     from fsdp_lint.check.rule import SEVERITY_RANK
@@ -276,8 +309,8 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
     results = []
     failures = []  # (path, one-line message)
     for path in missing:   # reported, and the other paths are still linted (exit code 2 at the end)
-        failures.append((path, f"{path}: no such file or directory"))
-        click.echo(f"fsdp-lint: error: {path}: no such file or directory", err=True)
+        failures.append((path, missing_message(path)))
+        click.echo(f"fsdp-lint: error: {missing_message(path)}", err=True)
     runs = list(plan_runs(files, settings, script_args))
     cache = None
     if not (no_cache or run_ or simulate):   # --run and --simulate are there to run
@@ -469,11 +502,15 @@ def _configured_entries(config_path: Optional[str]) -> bool:
 def main(argv: Optional[List[str]] = None) -> None:
     own, script_args = split_script_args(argv if argv is not None else sys.argv[1:])
     debug = "--debug" in own
-    import warnings
+    try:
+        import warnings
 
-    # torch CPU wheels do not depend on numpy and warn on import without it: noise for a linter
-    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
-    from fsdp_lint.process.reaper import EXIT_TERMINATED, Terminated, sigterm_as_interrupt
+        # torch CPU wheels do not depend on numpy and warn on import without it: noise for a linter
+        warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+        from fsdp_lint.process.reaper import EXIT_TERMINATED, Terminated, sigterm_as_interrupt
+    except KeyboardInterrupt:
+        click.echo("fsdp-lint: interrupted", err=True)
+        sys.exit(130)
 
     try:
         with sigterm_as_interrupt():   # SIGTERM cleans up as Ctrl-C does

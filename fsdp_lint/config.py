@@ -183,7 +183,8 @@ def _describe(tp) -> str:
         inner = [a for a in args if a is not type(None)]
         return " or ".join(_describe(a) for a in inner)
     if origin in (list, List):
-        return f"a list of {_describe(args[0])}s" if args else "a list"
+        plural = {str: "strings", int: "integers", float: "numbers", bool: "true/false values"}
+        return f"a list of {plural.get(args[0]) or _describe(args[0])}" if args else "a list"
     if origin in (dict, Dict):
         return "a table of glob = [codes]"
     return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
@@ -233,10 +234,22 @@ def _coerce(tp, value):
     return value
 
 
+# rule selections are lists, as in ruff's config: `select = "ALL"` is refused (issue 18), not read as ["ALL"]
+_LIST_ONLY = ("select", "ignore", "extend_select", "per_file_ignores")
+
+
 def _check_type(name: str, value: Any, origin: str) -> Any:
     tp = _type_hints().get(name)
     if tp is None:
         return value
+    key = name.replace("_", "-")
+    if name in _LIST_ONLY:
+        bad = value if isinstance(value, str) else next(
+            (v for v in value.values() if isinstance(v, str)), None) if isinstance(value, dict) else None
+        if bad is not None:
+            example = f'{key} = ["{value}"]' if isinstance(value, str) else f'{key} = {{ "tests/*" = ["{bad}"] }}'
+            raise ConfigError(f"{origin}: [tool.fsdp-lint] {key} must be {_describe(tp)} ({example}), "
+                              f"got {value!r}")
     try:
         return _coerce(tp, value)
     except ValueError:
@@ -246,6 +259,33 @@ def _check_type(name: str, value: Any, origin: str) -> Any:
 
 MAX_WORLD_SIZE = 1 << 20      # ranks fsdp-lint plans for at most (per-rank tables and loops stay small)
 _FRACTIONS = ("whole_model_fraction", "over_fine_fraction", "padding_fraction", "memory_info_share")
+
+
+MAX_TIMEOUT = 86400.0          # seconds: a replay deadline above a day (inf, 1e308) cannot be kept by a timer
+
+
+def _not_a_hf_config(path: str) -> Optional[str]:
+    """Why `path` is not a Hugging Face model config (its config.json, or the folder holding it), or None."""
+    import json
+
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            return "the folder has no config.json (name a model's config.json or the folder holding it)"
+        path = os.path.join(path, "config.json")
+    elif not os.path.exists(path):
+        if not path.endswith(".json") and path.count("/") == 1 and not path.startswith((".", "/")):
+            return None          # `org/name`: a model in the local Hugging Face cache (transformers finds it)
+        return "no such file or directory"
+    elif not os.path.isfile(path):
+        return "not a regular file"
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read(1 << 24))
+    except (OSError, ValueError) as exc:
+        return f"not a model config (config.json holds a JSON object): {type(exc).__name__}: {str(exc)[:120]}"
+    if not isinstance(data, dict) or "model_type" not in data:
+        return "not a model config: a Hugging Face config.json is a JSON object with a `model_type`"
+    return None
 
 
 def validate(settings: Settings, origin: str = "command line") -> None:
@@ -261,6 +301,13 @@ def validate(settings: Settings, origin: str = "command line") -> None:
         raise ConfigError(f"{origin}: collective-floor-bytes must be 0 or more, got {settings.collective_floor_bytes!r}")
     if settings.replay_timeout is not None and not settings.replay_timeout > 0:
         raise ConfigError(f"{origin}: replay-timeout must be a positive number of seconds, got {settings.replay_timeout!r}")
+    if settings.replay_timeout is not None and settings.replay_timeout > MAX_TIMEOUT:
+        raise ConfigError(f"{origin}: replay-timeout must be at most {MAX_TIMEOUT:,.0f} seconds (a day), "
+                          f"got {settings.replay_timeout!r}")
+    if settings.hf_config:
+        problem = _not_a_hf_config(settings.hf_config)
+        if problem:
+            raise ConfigError(f"{origin}: hf-config {settings.hf_config}: {problem}")
     if not isinstance(settings.gpus_per_node, int) or isinstance(settings.gpus_per_node, bool) \
             or settings.gpus_per_node < 1:
         raise ConfigError(f"{origin}: gpus-per-node must be a positive integer, got {settings.gpus_per_node!r}")

@@ -67,3 +67,34 @@ def run_subprocess(args, cwd=REPO, timeout=120, env=None):
     full_env.update(env or {})
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=full_env)
+
+
+# --------------------------------------------------------------------------------------------
+# `-m "not slow"`: the quick subset (README "Development"). The slow tests are named here, by module
+# (real --run sessions, --simulate, frameworks, whole-repository walks, processes) so that no test file
+# has to carry a marker; the full suite (`python -m pytest`, .ci/run) runs them all.
+# --------------------------------------------------------------------------------------------
+SLOW_MODULES = {
+    "test_run",             # real FSDP sessions in several processes (--run)
+    "test_simulate",        # FSDPMemTracker sessions (--simulate)
+    "test_frameworks",      # Lightning, accelerate, the HF Trainer, PEFT, TRL through their own code
+    "test_reach",           # entry points through CLI frameworks and whole repositories
+    "test_reach_namespace",
+    "test_isolation",       # hostile files, signals, fork servers, process trees
+    "test_scale",           # 1,000s of units and deep nestings
+    "test_entry_points",    # every way a training repository is launched
+    "test_idioms",
+}
+
+
+SLOW_TESTS = {
+    "test_every_module_of_torch_and_transformers_transforms_and_compiles",   # all of torch and transformers
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = getattr(item, "module", None)
+        name = module.__name__.rsplit(".", 1)[-1] if module is not None else ""
+        if name in SLOW_MODULES or getattr(item, "originalname", item.name) in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)

@@ -220,7 +220,8 @@ def test_hostile_files_in_a_directory_cannot_pass_the_gate_or_reach_the_others(c
     repo = tmp_path / f"repo_{uuid.uuid4().hex[:8]}"
     for name, text in HOSTILE.items():
         _write(repo, name, text)
-    _write(repo, "pyproject.toml", "[tool.fsdp-lint]\nreplay-timeout = 4\n")
+    # a deadline the other files' replays keep on a loaded machine too (issue 18: 4 s failed under load)
+    _write(repo, "pyproject.toml", "[tool.fsdp-lint]\nreplay-timeout = 30\n")
     marker = str(repo)
     env_before = dict(os.environ)
     print_before, len_before = builtins.print, builtins.len
@@ -235,8 +236,8 @@ def test_hostile_files_in_a_directory_cannot_pass_the_gate_or_reach_the_others(c
     # (b_len.py broke Python itself for its own replay: whatever that gives, it is not clean)
     assert sorted(errors) == ["a_train.py", "b_len.py", "f_hangs.py"], res.err
     assert "ended the process linting it (exit code 0" in errors["a_train.py"]
-    assert "did not finish within replay-timeout = 4 s" in errors["f_hangs.py"]
-    assert elapsed < 4 + 60                            # the deadline held
+    assert "did not finish within replay-timeout = 30 s" in errors["f_hangs.py"]
+    assert elapsed < 30 * len(HOSTILE)                 # the deadline held (the hang did not last)
 
     # the report went where it was asked to, although a file changed directory
     doc = json.loads((tmp_path / "report.json").read_text())

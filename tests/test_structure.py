@@ -30,7 +30,7 @@ STAGES: List[List[str]] = [
     ["fsdp_lint.run"],        # --run and --simulate: real FSDP sessions
     ["fsdp_lint.engine"],     # one file through the stages
     ["fsdp_lint.isolation"],  # each file's lint in a child process
-    ["fsdp_lint.api", "fsdp_lint.config_only", "fsdp_lint.cli", "fsdp_lint.__main__", "fsdp_lint"],
+    ["fsdp_lint.api", "fsdp_lint.config_only", "fsdp_lint.cli", "fsdp_lint.__main__", "fsdp_lint.console", "fsdp_lint"],
 ]
 MAX_LINES = 600
 

@@ -80,6 +80,8 @@ class Failures:
             return False
         if arguments.while_parsing(exc, frame):     # trials: the script refuses its arguments
             return False
+        if raised_by_model_validation(exc):         # issue 18: a real node fails on that line too
+            return False
         # raised inside model construction, a wrap/freeze/cast/optimizer statement, or fsdp-lint
         tb = exc.__traceback__
         while tb is not None:
@@ -231,6 +233,8 @@ class Failures:
                     f"({exc.strerror or type(exc).__name__}); paths in the arguments are relative to "
                     f"{os.getcwd()}")
         msg = _one_line(exc)
+        if raised_by_model_validation(exc):
+            return f"{loc}: {msg} (torch's own check of the model: the script fails on this line on a GPU node too)"
         text = f"{loc}: setup code failed {where_real}: {msg}{_download_hint(msg)}{self._stub_hint(msg)}"
         return text
 
@@ -313,6 +317,39 @@ class Failures:
 
 
 # --------------------------------------------------------------------------------------------
+# torch's own checks of a model, its names, shapes and options (issue 18): what they refuse, they
+# refuse on a GPU node too -- the script's bug, never a gap of the simulation to skip
+_VALIDATING = ("nn", "optim")          # torch's sub-packages whose checks these are
+_VALIDATION_ERRORS = (KeyError, TypeError, ValueError, IndexError)
+# what the simulated node itself lacks, even where torch.nn raises it (meta tensors, devices)
+_SIMULATION_WORDS = ("meta", "device", "cuda", "fake", "storage")
+
+
+def raised_by_model_validation(exc: BaseException) -> bool:
+    """`exc` was raised by torch.nn's or torch.optim's own validation (``add_module("a.b", m)``,
+    ``register_buffer`` with a taken name, an optimizer option out of range): the innermost frame is
+    torch.nn/torch.optim code and the error is a validation error that does not come from the meta
+    device or the simulated devices."""
+    if not isinstance(exc, _VALIDATION_ERRORS) or isinstance(exc, ImportError):
+        return False
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    if last is None:
+        return False
+    torch = sys.modules.get("torch")
+    if torch is None or not getattr(torch, "__file__", None):
+        return False
+    fname = os.path.abspath(last.tb_frame.f_code.co_filename)
+    root = os.path.dirname(os.path.abspath(torch.__file__))
+    if not any(fname.startswith(os.path.join(root, sub) + os.sep) for sub in _VALIDATING):
+        return False
+    text = str(exc).lower()
+    return not any(word in text for word in _SIMULATION_WORDS)
+
+
 def _missing_name(exc: BaseException) -> Tuple[Optional[str], Optional[bool]]:
     """(name, is an attribute) that `exc` says is missing, or (None, None)."""
     if isinstance(exc, (NameError, UnboundLocalError)):

@@ -320,8 +320,108 @@ def _install_recorders(rec: Recorder, patch) -> None:
             return module
 
     RecordingFSDP.__name__ = "FullyShardedDataParallel"
+    _find_torch_fully_shard()
     _patch_fsdp_entry_points(patch, fully_shard, RecordingFSDP, _FSDP_MODULES + _FSDP2_PRIVATE_MODULES)
+    _intercept_bound_names(rec, patch, fully_shard, RecordingFSDP, RealFSDP)
+    _refuse_rendezvous(rec, patch)
     del fsdp_mod
+
+
+# --------------------------------------------------------------------------------------------
+# names bound before the simulated world started (issue 18)
+# --------------------------------------------------------------------------------------------
+class _Active:
+    """The recorders of the innermost replay / ``record()`` block; None outside one. torch's own
+    ``fully_shard`` and ``FullyShardedDataParallel`` forward to them while a block runs, so that a name
+    bound before it (``from torch.distributed.fsdp import fully_shard`` at the top of a module, an
+    ``import ... as``, a ``functools.partial``) records instead of running torch's rendezvous."""
+    fully_shard: Optional[Callable] = None
+    fsdp1: Optional[Callable] = None
+
+
+_TORCH_FULLY_SHARD: List[Any] = []     # torch's fully_shard function objects, found before any patch
+
+
+def _forwarding_code(fn, attr: str):
+    """A code object for `fn` that calls ``_Active.<attr>``: same number of free variables as `fn`'s own
+    (Python only lets a function's code be swapped for one with as many), named as `fn` in tracebacks."""
+    names = [f"_cell{i}" for i in range(len(fn.__code__.co_freevars))]
+    body = (f"        if False:\n            print({', '.join(names)})\n" if names else "")
+    src = (f"def _outer({', '.join(names)}):\n"
+           f"    def forward(*args, **kwargs):\n{body}"
+           f"        return __import__('sys').modules[{__name__!r}]._Active.{attr}(*args, **kwargs)\n"
+           f"    return forward\n")
+    namespace: Dict[str, Any] = {}
+    exec(compile(src, __file__, "exec"), namespace)
+    code = namespace["_outer"](*([None] * len(names))).__code__
+    return code.replace(co_name=fn.__code__.co_name, co_qualname=getattr(fn.__code__, "co_qualname", fn.__name__)) \
+        if sys.version_info >= (3, 11) else code.replace(co_name=fn.__code__.co_name)
+
+
+def _fsdp1_new(cls, *args, **kwargs):
+    record = _Active.fsdp1
+    if record is None:
+        return object.__new__(cls)     # what FullyShardedDataParallel(...) does without a block
+    return record(*args, **kwargs)
+
+
+def _find_torch_fully_shard() -> None:
+    for mod_name in _FSDP_MODULES + _FSDP2_PRIVATE_MODULES:
+        try:
+            __import__(mod_name)
+        except Exception:  # noqa: BLE001  (an older torch without the module)
+            continue
+        fn = getattr(sys.modules.get(mod_name), "fully_shard", None)
+        if callable(fn) and hasattr(fn, "__code__") and str(getattr(fn, "__module__", "")).startswith("torch") \
+                and not any(fn is known for known in _TORCH_FULLY_SHARD):
+            _TORCH_FULLY_SHARD.append(fn)
+
+
+def _intercept_bound_names(rec: Recorder, patch, fully_shard, recording_fsdp, real_fsdp) -> None:
+    patch(_Active, "fully_shard", fully_shard)
+    patch(_Active, "fsdp1", recording_fsdp)
+    for fn in _TORCH_FULLY_SHARD:
+        patch(fn, "__code__", _forwarding_code(fn, "fully_shard"))
+    if "__new__" not in real_fsdp.__dict__:
+        # installed once and kept: CPython cannot take an assigned __new__ back (after `del C.__new__`,
+        # `C(args)` raises "object.__new__() takes exactly one argument"); outside a block it does what
+        # object.__new__ does
+        real_fsdp.__new__ = staticmethod(_fsdp1_new)
+
+
+class RealRendezvousError(RuntimeError):
+    """torch's own rendezvous or store was reached in the simulated world (it would wait for ranks that
+    never come)."""
+
+
+def _refuse_rendezvous(rec: Recorder, patch) -> None:
+    """A real rendezvous in the simulated world fails at once: rank 0 of `world_size` would wait for the
+    other ranks (30 minutes by default) -- a function of torch.distributed bound before the block
+    started, or torch's distributed_c10d called directly, reaches torch's own."""
+    import torch
+    import torch.distributed as dist
+
+    ws = rec.world_size
+
+    def refuse(what):
+        raise RealRendezvousError(
+            f"{what} would wait for {ws} real ranks, and fsdp-lint simulates rank 0 of {ws} without a process "
+            f"group: call torch.distributed's functions through the module (`dist.init_process_group`, "
+            f"`init_device_mesh`), not through a name bound before the simulation started")
+
+    rdzv = sys.modules.get("torch.distributed.rendezvous")
+    handlers = getattr(rdzv, "_rendezvous_handlers", None)
+    if isinstance(handlers, dict):
+        def guarded(scheme):
+            return lambda url, *a, **k: refuse(f"the `{scheme}://` rendezvous of init_process_group")
+        patch(rdzv, "_rendezvous_handlers", {scheme: guarded(scheme) for scheme in handlers})
+    store = getattr(dist, "TCPStore", None)
+    if isinstance(store, type) and "__init__" in store.__dict__:
+        patch(store, "__init__", lambda self, *a, **k: refuse("a TCPStore"))
+    nccl = getattr(torch.cuda, "nccl", None)
+    if nccl is not None:
+        # the simulated CUDA "has" NCCL: torch's c10d logger asks its version when a collective fails
+        patch(nccl, "version", lambda: (2, 21, 5))
 
 
 def _install_real_wrappers(rec: Recorder, patch) -> None:

@@ -13,8 +13,8 @@ It never changes what valid code means beyond these points, and it keeps line nu
   exist here does not stop the replay. The runtime decides at the failure whether it may be skipped
   (never when it comes from model construction, a wrap call, a policy, a freeze, a cast or an
   optimizer), and which skipped statement a later failure goes back to;
-* in the entry file, statements before the last one that matters for the plan and that nothing
-  later needs (data sets, loaders, output folders, logging) never run.
+* in the entry file, statements before the last one that matters for the plan and that nothing later needs
+  (data sets, loaders, output folders, logging) never run; nor does anything after it (issue 18).
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 _NEVER_WRAP = _DEFS + (ast.Return, ast.Global, ast.Nonlocal, ast.Pass, ast.Break, ast.Continue, ast.Import,
                        ast.ImportFrom, ast.Raise, ast.Assert)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_BUILTINS = frozenset(dir(__import__("builtins")))
 
 
 @dataclass
@@ -140,6 +141,8 @@ class _Transformer:
                     self.imported.add(local)
                     if (base or alias.name).split(".")[0] == "torch":
                         self.torch_names.add(local)
+        self.trainers = {d.name for d in ast.walk(tree) if isinstance(d, _DEFS[:2]) and self.stepping & {
+            n.lineno for n in ast.walk(d) if isinstance(n, _LOOPS)}}
         # loops that step an optimizer or call backward() are training: the replay ends where one
         # starts; the entry's other data/epoch loops do not run (their results matter for nothing)
         _StopAtLoops(self.stepping, self.dropped if self.main else set(), self.model_classes).visit(tree)
@@ -332,8 +335,8 @@ class _Transformer:
         if last_relevant is None:
             return set(), {i: set(needed_after) for i in range(len(stmts))}
         needed = set(needed_after)
-        for stmt in stmts[last_relevant + 1:]:
-            needed |= _reads(stmt)          # code after the last relevant statement runs too
+        for stmt in stmts[last_relevant + 1:]:     # a helper's `return model` runs after it (a loop binds its var)
+            needed |= _reads(stmt) - (_binds(stmt.target) if isinstance(stmt, _LOOPS[:2]) else set())
         for stmt in stmts:
             if isinstance(stmt, (ast.Global, ast.Nonlocal)):
                 needed |= set(stmt.names)
@@ -380,15 +383,14 @@ class _Transformer:
         binds = _binds(stmt)
         if binds & needed:
             return True
-        objects = needed - self.imported
+        objects = needed - self.imported - _BUILTINS      # `open(...)`, `range(2)` are no object the model needs
         if isinstance(stmt, (ast.For, ast.AsyncFor)):
             over = _reads(stmt.iter)
             over |= {n for name in over for n in self._assigned_from.get(name, ())}
             if over & objects and self._changes_parts(stmt, objects | _binds(stmt.target)):
                 return True     # `for block in model.layers: parallelize_module(block, tp_mesh, plan)`
-        # a statement that only computes a value nobody needs (`loader = DataLoader(dataset, ...)`)
-        # runs only for a method call on a needed object; a bare call also for torch/sys calls and
-        # for passing a needed object along
+        # a statement that only computes a value nobody needs (`loader = DataLoader(dataset, ...)`) runs only
+        # for a method call on a needed object; a bare call also for torch/sys calls and passing a needed object
         bare = not binds
         for node in ast.walk(stmt):
             if isinstance(node, ast.Call):
@@ -397,8 +399,8 @@ class _Transformer:
                     return True                  # torch.manual_seed(0), torch.set_default_dtype(...)
                 if isinstance(node.func, ast.Attribute) and root in objects:
                     return True                  # model.apply(init), config.update(...)
-                if not bare:
-                    continue
+                if not bare or (isinstance(node.func, ast.Name) and node.func.id in self.trainers):
+                    continue                     # issue 18: train(model) holds a training loop: no set-up
                 for arg in list(node.args) + [k.value for k in node.keywords]:
                     if isinstance(arg, ast.Starred):
                         arg = arg.value
