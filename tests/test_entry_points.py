@@ -363,8 +363,7 @@ def test_a_package_the_model_needs_that_is_not_installed_is_named_with_its_distr
         class Net(nn.Module):
             def __init__(self):
                 super().__init__()
-                self.size = cv2.IMREAD_COLOR
-                self.fc = nn.Linear(4, 4)
+                self.fc = nn.Linear(int(cv2.IMREAD_COLOR), 4)   # a shape read from the package
     ''', "train.py": '''
         from torch.distributed.fsdp import fully_shard
         from lm.model import Net

@@ -76,6 +76,8 @@ def test_torchtitan_modes_within_a_quarter_of_fsdpmemtracker(cli, mode, every, w
         from model import ModelArgs, Transformer
     finally:
         sys.path.remove(AC)
+        for name in ("train", "model"):   # a later file's own `model`/`train` must not find these
+            sys.modules.pop(name, None)
     mem = _static(cli, os.path.join(AC, "train.py"), "--world-size", str(ws), "--input-shape", "4,256",
                   "--", "--ac", mode, "--ac-every", str(every))
     assert mem["checkpointed_regions"] == (4 if every == 1 else 2)

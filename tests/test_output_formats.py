@@ -184,6 +184,14 @@ def test_every_json_field_is_documented_in_the_readme(article_json, cli, tmp_pat
                        "model = FSDP(nn.Linear(8, 8), process_group=dist.new_group([0, 1, 5]))\n")
     produced |= _json_paths(json.loads(cli(str(partial), "--format", "json", "--allow-partial",
                                            cwd=str(tmp_path)).out))
+    # a replay ended by a training boundary (a forward before the last wrap call): replay.stopped_at
+    stops = tmp_path / "stops.py"
+    stops.write_text("import torch\nimport torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n"
+                     "model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))\nfully_shard(model[0])\n"
+                     "model(torch.randn(2, 8))\nfully_shard(model)\n")
+    stopped = json.loads(cli(str(stops), "--format", "json", cwd=str(tmp_path)).out)
+    assert stopped["files"][0]["replay"]["stopped_at"]["line"] == 6
+    produced |= _json_paths(stopped)
     documented = _documented_json_paths()
     assert produced - documented == set(), "fields missing from README's JSON schema"
     optional = {"run", "files[].memory.simulated", "files[].granularity",  # with --run/--simulate/--compare-granularity

@@ -326,7 +326,7 @@ def test_inputs_that_cannot_be_inferred_ask_for_input_shape():
 @pytest.mark.parametrize("args,needle", [
     (["--steps", "0"], "--steps must be at least 1"),
     (["--input-shape", "2,x"], "--input-shape must be positive integers"),
-    (["--run-timeout", "0"], "--run-timeout must be positive"),
+    (["--run-timeout", "0"], "--run-timeout must be a positive number of seconds"),
 ])
 def test_bad_run_options_are_one_line_exit_2(args, needle):
     code, out, err = _cli(os.path.join("fixtures", "bad", "fsdp2_no_root.py"), "--run", *args)

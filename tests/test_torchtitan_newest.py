@@ -151,6 +151,7 @@ def test_spmd_errors_are_torchs(cli, tmp_path, body):
     path = _write(tmp_path, body)
     res = cli("train.py", "--world-size", "8", cwd=str(tmp_path))
     sys.path.insert(0, str(tmp_path))
+    sys.modules.pop("model", None)          # another test's `model` (a fixture folder's) is not this one
     try:
         with fake_pg(8, 0), torch.device("meta"):
             src = path.read_text().replace("'cuda'", "'cpu'").replace("dist.init_process_group('nccl')\n", "")

@@ -381,10 +381,10 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
         if res.skipped:
             continue
         if full:
-            header = f"{file_label(res)}: {summary_line(res)}"
-            for note in getattr(res, "notes", None) or []:
-                header += f"\n  note: {note}"
-            blocks.append("\n".join(printable(line) for line in [header] + unsupported_notes(res)))
+            # each line escaped on its own: a note's own line break is the report's, one inside a name is not
+            lines = [f"{file_label(res)}: {summary_line(res)}"]
+            lines += [f"  note: {note}" for note in getattr(res, "notes", None) or []]
+            blocks.append("\n".join(printable(line) for line in lines + unsupported_notes(res)))
             for f in res.findings:
                 blocks.append(format_finding_full(f, unsafe=unsafe, color=color))
             if show_table:
