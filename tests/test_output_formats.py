@@ -377,3 +377,18 @@ def test_colour_with_force_color_and_none_with_no_color(cli, monkeypatch):
     assert re.sub(r"\x1b\[[0-9;]*m", "", coloured) == plain
     monkeypatch.setenv("NO_COLOR", "1")
     assert cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--output-format", "concise").out == plain
+
+
+def test_a_note_is_a_line_of_its_own_in_full_output(cli, tmp_path):
+    """A replay note (a package stood in for) is its own line under the file's header: the escaping of
+    names from the linted code must not turn the report's own line break into a literal ``\\n``."""
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nimport wandb_is_not_installed as wandb\n"
+        "from torch.distributed.fsdp import fully_shard\n"
+        "wandb.init(project='lm')\nmodel = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))\n"
+        "fully_shard(model[0])\nfully_shard(model)\n")
+    res = cli("train.py", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    notes = [ln for ln in res.out.splitlines() if ln.startswith("  note: ")]
+    assert any("wandb_is_not_installed" in ln for ln in notes), res.out
+    assert "\\n  note" not in res.out
