@@ -287,3 +287,19 @@ def test_no_cache_run_and_simulate_lint_afresh(tmp_path, monkeypatch, cli, flag)
     cli("train.py", "--cache-dir", str(tmp_path / "c"), cwd=root)
     cli("train.py", "--cache-dir", str(tmp_path / "c"), flag, cwd=root)
     assert len(seen) == 2 and seen[0] is not None and seen[1] is None
+
+
+def test_a_fifo_in_the_key_never_blocks(tmp_path):
+    """A config path in argv that is a FIFO (or a device) is digested by its type: open() on it would
+    wait for a writer for ever (issue 18: nothing hangs)."""
+    import threading
+
+    from fsdp_lint.cache.key import file_digest
+
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    out = []
+    worker = threading.Thread(target=lambda: out.append(file_digest(str(fifo))), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert out and out[0].startswith("not-a-file")

@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import stat
 import re
 import sys
 from typing import Any, Iterable, List, Optional, Set, Tuple
@@ -57,6 +58,8 @@ def file_digest(path: str) -> str:
     """A file's content hash; a large file's size and modification time (weights, data shards)."""
     try:
         st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):     # a FIFO or device named in argv would block open() for ever
+            return f"not-a-file:{stat.S_IFMT(st.st_mode)}"
         if st.st_size > _MAX_HASHED_BYTES:
             return f"size={st.st_size},mtime={st.st_mtime_ns}"
         with open(path, "rb") as fh:
