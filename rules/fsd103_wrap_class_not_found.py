@@ -55,6 +55,20 @@ def class_inventory(tree) -> List[tuple]:
     return out
 
 
+def _policy_edit(ctx, pol, name: str, best, close):
+    """The class set of the Python policy (`ModuleWrapPolicy({...})`, `transformer_layer_cls={...}`) with
+    `best` -- the one close name, or the repeated block when nothing is close -- in place of `name`.
+    Unsafe, as for a config: the name may be meant for another model the same code wraps."""
+    if not best or len(close) > 1:
+        return None
+    from fsdp_lint.fix.edits import UNSAFE, Fix
+    from fsdp_lint.fix.policies import class_module, replace_class
+
+    module = class_module(ctx.tree, best)
+    edits = replace_class(pol.path, name, best, module) if module else None
+    return Fix(f"name `{best}` instead of `{name}` in the auto-wrap policy", UNSAFE, edits) if edits else None
+
+
 class WrapClassNotFound(Rule):
     """An auto-wrap class (or `--wrap` name) matches no module of the model.
 
@@ -192,6 +206,9 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
             else:
                 fix = "name a class the model has"
             loc = where(ctx, pol.path, pol.line)
+            edits = _policy_edit(ctx, pol, name, best, close)
+            return self.finding(ctx, msg, **loc, module="", fix=fix, missing=name,
+                                suggestions=close, block=block, fix_edits=edits)
         return self.finding(ctx, msg, **loc, module="", fix=fix, missing=name,
                             suggestions=close, block=block)
 

@@ -1,0 +1,70 @@
+"""Fixes of FSDP1 auto-wrap policies written in Python (libcst edits of the class set): FSD103 (a class
+that matches nothing -> the model's class), and the FSDP1 variants of FSD105 and FSD401. Each fixture has
+comments and odd formatting; the fixed file keeps them, re-linted no longer has the finding, and builds
+and steps under real torch (FSDP1 on CPU, fake process group)."""
+from __future__ import annotations
+
+import torch
+
+import oracle
+from test_fix import _codes, _copy, _load, _step
+
+
+def _fsdp1(path: str, build: str = "TinyDecoder"):
+    """wrap(<build>(), cpu) of the file under the fake process group, then a step; the FSDP units."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    ns = _load(path)
+    with oracle.fake_pg(2):
+        model = ns["wrap"](ns[build](), torch.device("cpu"))
+        _step(model)
+        return model, FSDP.fsdp_modules(model)
+
+
+def test_fsd103_fix_names_the_models_block_in_a_partial_policy(cli, tmp_path):
+    path = _copy(tmp_path, "fsdp1_policy_wrong_class.py")
+    before = open(path).read()
+    model, units = _fsdp1(path)
+    assert units == [model]                       # torch: the policy matches nothing, one unit
+    res = cli(path, "--fix", "--world-size", "2", "--output-format", "concise")
+    assert res.code == 1 and open(path).read() == before and "FSD103 [error]" in res.out   # unsafe only
+    res = cli(path, "--fix", "--unsafe-fixes", "--world-size", "2", "--output-format", "concise")
+    assert open(path).read() == before.replace(
+        "from model import TinyDecoder\n", "from model import TinyDecoder, Block\n").replace(
+        "        nn.TransformerDecoderLayer,    # the decoder blocks\n", "        Block,    # the decoder blocks\n")
+    codes = _codes(cli, path)
+    assert "FSD103" not in codes and "FSD101" not in codes, codes
+    model, units = _fsdp1(path)
+    assert {type(u.module).__name__ for u in units if u is not model} == {"Block"}
+    assert len(units) == 1 + len(model.module.layers)
+
+
+def test_fsd103_fix_in_a_module_wrap_policy_uses_the_imported_name(cli, tmp_path):
+    """`ModuleWrapPolicy({Block, Blok})`: of two classes one is a typo of the other; it is dropped."""
+    path = _copy(tmp_path, "fsdp1_policy_wrong_class.py")
+    src = open(path).read().replace("from model import TinyDecoder\n", "from model import Block, TinyDecoder\n\n\n"
+                                    "class Blok(torch.nn.Module):   # an old name, kept for checkpoints\n    pass\n")
+    src = src.replace("from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy",
+                      "from torch.distributed.fsdp.wrap import ModuleWrapPolicy")
+    start, end = src.index("AUTO_WRAP = "), src.index("\n\n\ndef wrap")
+    src = src[:start] + "AUTO_WRAP = ModuleWrapPolicy( { Blok ,Block } )  # spacing kept" + src[end:]
+    open(path, "w").write(src)
+    cli(path, "--fix", "--unsafe-fixes", "--world-size", "2")
+    assert open(path).read() == src.replace("{ Blok ,Block }", "{ Block }")
+    assert "FSD103" not in _codes(cli, path)
+    model, units = _fsdp1(path)
+    assert len(units) == 1 + len(model.module.layers)
+
+
+def test_fsd103_no_edit_for_a_lambda_policy(cli, tmp_path):
+    path = _copy(tmp_path, "fsdp1_policy_wrong_class.py")
+    src = open(path).read()
+    start, end = src.index("AUTO_WRAP = "), src.index("\n\n\ndef wrap")
+    src = src[:start] + ("AUTO_WRAP = functools.partial(\n    transformer_auto_wrap_policy,\n"
+                         "    transformer_layer_cls={cls for cls in (nn.TransformerDecoderLayer,)},\n)") + src[end:]
+    open(path, "w").write(src)
+    import json
+
+    res = cli(path, "--output-format", "json", "--world-size", "2")
+    (f,) = [x for x in json.loads(res.out)["files"][0]["findings"] if x["code"] == "FSD103"]
+    assert f["fix_edits"] is None and "Block" in f["fix"]       # a set built by code: the text fix only
