@@ -3,6 +3,32 @@ from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._granularity import _MODEL, where
 
 
+def _fsdp1_edits(ctx, unit, info, kid_classes, is_dict: bool):
+    """FSDP1: the policy names the element class instead of the container's (when every container of
+    that class the policy wrapped holds one element class); a container wrapped by hand,
+    `model.layers = FSDP(model.layers, **kw)`, becomes a loop that wraps each element in its place."""
+    from fsdp_lint.fix import policies
+    from fsdp_lint.fix.edits import SAFE, Fix
+
+    plan, tree = ctx.plan, ctx.tree
+    if unit.origin == "call" and len(unit.modules) == 1:
+        edits = policies.wrap_elements(unit.path, unit.line, unit.col, is_dict)
+        return Fix("wrap each element of the container in its place", SAFE, edits) if edits else None
+    if unit.origin != "policy" or len(kid_classes) != 1:
+        return None
+    found = policies.named_in_policy(plan, unit, [c for c in info.mro if c not in ("Module", "object")])
+    if found is None:
+        return None
+    path, named = found
+    wrapped = [m for u in plan.units if u.origin == "policy" for m in u.modules
+               if m and named in tree.modules[m].mro]
+    if {tree.modules[c].cls for m in wrapped for c in tree.modules[m].children} != set(kid_classes):
+        return None       # containers of that class hold other elements too: which class is meant is a choice
+    module = policies.class_module(tree, kid_classes[0])
+    edits = policies.replace_class(path, named, kid_classes[0], module) if module else None
+    return Fix(f"name `{kid_classes[0]}` instead of `{named}` in the auto-wrap policy", SAFE, edits) if edits else None
+
+
 class ContainerUnit(Rule):
     """A container without `forward` (`ModuleList`, `ModuleDict`) is an FSDP unit.
 
@@ -132,7 +158,10 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({nn.ModuleList}))
                        f"{{{kid_classes[0]}}})` on the outer `FSDP(model)`")
             else:
                 fix = "wrap the elements of the container, not the container"
-        edits = self._edits(unit, is_dict) if plan.api == "fsdp2" and len(unit.modules) == 1 else None
+        if plan.api == "fsdp2":
+            edits = self._edits(unit, is_dict) if len(unit.modules) == 1 else None
+        else:
+            edits = _fsdp1_edits(ctx, unit, info, kid_classes, is_dict)
         return self.finding(ctx, f"{what}: {why}", **where(ctx, unit.path, unit.line, unit.col), module=fqn, fix=fix,
                             container_class=info.cls, fix_edits=edits)
 

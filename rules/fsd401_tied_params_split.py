@@ -207,6 +207,7 @@ model = FSDP(model, use_orig_params=True)
                 msg += (": each unit flattens its own copy of the tensor, so the weights are silently untied "
                         "after the first optimizer step")
             fix = self._fsdp1_fix(owners, unit_of, outer, culprits)
+            details["fix_edits"] = _fsdp1_edits(ctx, culprits)
         return self.finding(ctx, msg, line=anchor.line, col=anchor.col, path=anchor.path, module=owners[-1],
                             fix=fix, param=info.fqn, modules=owners, **details)
 
@@ -292,3 +293,41 @@ def _group_edits(ctx, members, culprits):
     group = "[" + ", ".join(ctx.tree.expr(m, root=root) for m in members) + "]"
     edits = [src.replace(keep.args[0].value, group)] + [src.remove_statement(st) for _, st in stmts[:-1]]
     return Fix(f"shard the modules that share the parameter as one group: `fully_shard({group}, ...)`", SAFE, edits)
+
+
+def _fsdp1_edits(ctx, culprits):
+    """FSDP1: the units that split the tie go, so the modules stay in their common parent's unit (usually
+    the root): a class the auto-wrap policy names is taken out of its class set -- when every unit that
+    class makes splits the tie -- and `model.head = FSDP(model.head, ...)` is removed."""
+    from fsdp_lint.fix import policies
+    from fsdp_lint.fix.edits import SAFE, Fix
+
+    plan, tree = ctx.plan, ctx.tree
+    edits, named = [], []
+    for u in culprits:
+        if u.is_root or len(u.modules) != 1:
+            return None
+        if u.origin == "call":
+            more = policies.unwrap_statement(u.path, u.line, u.col)
+        elif u.origin == "policy":
+            mro = [c for c in tree.modules[u.modules[0]].mro if c not in ("Module", "object")]
+            found = policies.named_in_policy(plan, u, mro)
+            if found is None:
+                return None
+            path, cls = found
+            makes = [x for x in plan.units if x.origin == "policy" and x.modules and cls in tree.modules[x.modules[0]].mro]
+            if any(not any(x is c for c in culprits) for x in makes):
+                return None    # the class also wraps modules that share nothing: taking it out changes them too
+            more = policies.remove_class(path, cls) if cls not in named else []
+            named.append(cls)
+        else:
+            return None
+        if more is None:
+            return None
+        edits += [e for e in more if e not in edits]
+    if not edits:
+        return None
+    what = ", ".join(f"`{c}`" for c in named)
+    title = (f"take {what} out of the auto-wrap policy" if named else "do not wrap the tied module on its own") + \
+        " (the tied modules stay in one unit)"
+    return Fix(title, SAFE, edits)

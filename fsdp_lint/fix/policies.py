@@ -193,3 +193,82 @@ def class_module(tree, cls: str) -> Optional[str]:
         if info.cls == cls and info.cls_qualname.endswith("." + cls):
             return info.cls_qualname[:-len(cls) - 1]
     return None
+
+
+def policy_files(plan, unit) -> List[str]:
+    """The files that may build the policy that auto-wrapped `unit`: those of the plan's policies (where
+    the FSDP call is), then the unit's own."""
+    out: List[str] = []
+    for path in [p.path for p in plan.policies] + [unit.path]:
+        if path and not path.startswith("<") and path not in out:
+            out.append(path)
+    return out
+
+
+def named_in_policy(plan, unit, classes: List[str]) -> Optional[Tuple[str, str]]:
+    """(file, class) for the first of `classes` (a module's MRO, most derived first) that one policy
+    class set of those files names exactly once."""
+    for path in policy_files(plan, unit):
+        src = Source.of(path)
+        if src is None:
+            continue
+        for cls in classes:
+            if len(occurrences(src, cls)) == 1:
+                return path, cls
+    return None
+
+
+def unwrap_statement(path: str, line: int, col: int) -> Optional[List[Edit]]:
+    """FSDP1's `model.head = FSDP(model.head, ...)` (a statement of its own, outside loops) removed, so
+    that the module stays in its parent's unit."""
+    import libcst as cst
+
+    from fsdp_lint.fix.codemods import wrap_call
+
+    src = Source.of(path)
+    call = wrap_call(src, line, col) if src is not None else None
+    if call is None or not call.args or call.args[0].keyword is not None:
+        return None
+    stmt = src.statement(call)
+    if not _assigns_back(src, stmt, call) or src.enclosing_loops(stmt):
+        return None
+    return [src.remove_statement(stmt)]
+
+
+def _assigns_back(src: Source, stmt, call) -> bool:
+    """`X = FSDP(X, ...)`: the statement assigns the wrapper to where the module came from."""
+    import libcst as cst
+
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return False
+    small = stmt.body[0]
+    return (isinstance(small, cst.Assign) and small.value is call and len(small.targets) == 1
+            and src.code(small.targets[0].target).strip() == src.code(call.args[0].value).strip())
+
+
+def wrap_elements(path: str, line: int, col: int, is_dict: bool) -> Optional[List[Edit]]:
+    """FSDP1's `model.layers = FSDP(model.layers, **kw)` on a container becomes a loop that wraps each
+    element in its place: `for i, block in enumerate(model.layers): model.layers[i] = FSDP(block, **kw)`."""
+    from fsdp_lint.fix import codemods
+
+    src = Source.of(path)
+    call = codemods.wrap_call(src, line, col) if src is not None else None
+    if call is None or not call.args or call.args[0].keyword is not None:
+        return None
+    stmt = src.statement(call)
+    if not _assigns_back(src, stmt, call):
+        return None
+    container = src.code(call.args[0].value).strip()
+    used = codemods.names_in(call)
+    var = next(n for n in ("block", "layer", "element", "_block") if n not in used)
+    key = next(n for n in ("i", "idx", "key", "_i") if n not in used and n != var)
+    if is_dict:
+        key = next(n for n in ("name", "key", "_key") if n not in used and n != var)
+    kws = codemods.keywords_text(src, call, without=set())
+    callee = src.code(call.func).strip()
+    indent = src.indent_of(stmt)
+    loop = (f"for {key}, {var} in list({container}.items()):" if is_dict
+            else f"for {key}, {var} in enumerate({container}):")
+    text = f"{loop}\n{indent}    {container}[{key}] = {callee}({', '.join([var] + kws)})"
+    (l1, _), end = src.start(stmt), src.end(stmt.body[0])     # a comment after the call stays
+    return [Edit(path, l1, len(indent) + 1, end[0], end[1], text)]
