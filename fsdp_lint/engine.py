@@ -277,15 +277,26 @@ def check_rules(res: FileResult, settings: Settings) -> List[Finding]:
     findings: List[Finding] = []
     from fsdp_lint.check.rule import all_rules
 
+    from fsdp_lint.check.selection import suppressions
+
+    late = []       # rules that judge the noqa comments (FSD001): after the others, knowing what they suppressed
     for rule in all_rules():
         if not rule_enabled(rule.code, settings, path):
             continue
         if res.plan.api is not None and res.plan.api not in rule.applies_to:
             continue
+        if getattr(rule, "judges_noqa", False):
+            late.append(rule)
+            continue
+        ctx.rules_run.add(rule.code)
         for f in rule.check(ctx):
             if f.call_site is None and os.path.abspath(f.path) != os.path.abspath(path):
                 f.call_site = res.plan.call_sites.get((os.path.abspath(f.path), f.line))
-            if not suppressed(f, res.facts):
+            used = suppressions(f, res.facts)
+            ctx.noqa_used.update(used)
+            if not used:
                 findings.append(f)
+    for rule in late:
+        findings.extend(f for f in rule.check(ctx) if not suppressed(f, res.facts))
     findings.sort(key=lambda f: (os.path.abspath(f.path) != os.path.abspath(path), f.line, f.col, f.code))
     return findings

@@ -319,7 +319,7 @@ def apply_fsdp(model, mesh):
     ("train.py", GOOD, ["--world-size", "-3"], ["--world-size"]),
     ("train.py", GOOD, ["--select", "FSD9"], ["FSD9"]),
     ("train.py", GOOD, ["--ignore", "E501"], ["E501"]),
-    ("train.py", GOOD, ["--extend-select", "FSD0"], ["FSD0"]),  # FSD7xx exist since issue 11, FSD8xx since 19
+    ("train.py", GOOD, ["--extend-select", "FSD05"], ["FSD05"]),  # FSD7xx exist since issue 11, FSD8xx since 19, FSD001
     ("train.py", GOOD, ["--format", "xml"], ["xml"]),
     ("train.py", GOOD, ["--no-such-option"], ["--no-such-option"]),
 ])

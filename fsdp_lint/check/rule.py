@@ -67,6 +67,10 @@ class LintContext:
     plan: Any         # WrapPlan
     layout: Any       # Layout
     settings: Any     # Settings (thresholds)
+    # filled while the rules run, for the rule that judges the noqa comments (FSD001): the codes of the
+    # rules that ran on the file, and the noqa entries (file, comment line, code) that suppressed a finding
+    rules_run: set = field(default_factory=set)
+    noqa_used: set = field(default_factory=set)
 
 
 class Rule:

@@ -114,10 +114,16 @@ def _path_matches(path: str, pattern: str, settings: Settings) -> bool:
 
 
 def suppressed(finding, facts) -> bool:
-    """`# noqa` or `# noqa: FSD201` on the reported line (in the linted file, or in the helper module
-    a finding points into)."""
+    """`# noqa` or `# noqa: FSD201` on the reported line, or a file-level `# fsdp-lint: noqa[: FSD201]`
+    (in the linted file, or in the helper module a finding points into)."""
+    return bool(suppressions(finding, facts))
+
+
+def suppressions(finding, facts) -> list:
+    """The noqa entries that suppress `finding`: (file, line of the comment, the code or prefix that
+    matched; None for a bare noqa), each one that matches (FSD001 reports the others as unused)."""
     if facts is None:
-        return False
+        return []
     if os.path.abspath(finding.path) != os.path.abspath(facts.path):
         from fsdp_lint.entry.project import facts_for
         from fsdp_lint.entry.source import SourceError
@@ -125,8 +131,16 @@ def suppressed(finding, facts) -> bool:
         try:
             facts = facts_for(os.path.abspath(finding.path))
         except (OSError, SourceError):
-            return False
-    codes = facts.noqa.get(finding.line, False)
-    if codes is False:
-        return False
-    return codes is None or any(finding.code.startswith(c) for c in codes)
+            return []
+    path = os.path.abspath(facts.path)
+    entries = []
+    if finding.line in facts.noqa:
+        entries.append((finding.line, facts.noqa[finding.line]))
+    entries += sorted(getattr(facts, "noqa_file", {}).items())
+    out = []
+    for line, codes in entries:
+        if codes is None:
+            out.append((path, line, None))
+        else:
+            out += [(path, line, c) for c in sorted(codes) if finding.code.startswith(c)]
+    return out

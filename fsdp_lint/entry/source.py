@@ -11,7 +11,7 @@ takes a second.
 """
 from __future__ import annotations
 
-from fsdp_lint.entry.noqa import _noqa_lines
+from fsdp_lint.entry.noqa import _noqa_lines, file_noqa_lines
 
 import ast
 from dataclasses import dataclass, field
@@ -94,6 +94,8 @@ class SourceFacts:
                                               # hands the model to a framework (``trainer.fit``, ``accelerator.prepare``)
     framework_imports: Set[str] = field(default_factory=set)   # top-level framework packages it imports
     future_annotations: bool = False
+    # line -> codes a file-level `# fsdp-lint: noqa[: CODES]` there suppresses anywhere in it (None = all)
+    noqa_file: Dict[int, Optional[Set[str]]] = field(default_factory=dict)
 
     @property
     def wrap_sites(self) -> List[Site]:
@@ -217,6 +219,7 @@ def parse_source(path: str, text: str) -> SourceFacts:
         dropped_loop_lines=dropped,
         aliases=collector.aliases,
         noqa=_noqa_lines(text),
+        noqa_file=file_noqa_lines(text),
         main_guard_line=collector.main_guard_line,
         imports=collector.imports,
         classes=collector.classes,
