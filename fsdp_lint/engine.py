@@ -154,7 +154,7 @@ def plan_replay(result, settings: Settings):
                                                 wrap=list(settings.wrap), use_orig_params=settings.use_orig_params,
                                                 gpus_per_node=settings.gpus_per_node,
                                                 world_size_source=settings.world_size_source))
-    annotate_plan(plan, result, tree)
+    annotate_plan(plan, result, tree, settings)
     blocking = [u for u in plan.unsupported if getattr(u, "blocks_partial", False)]
     if blocking or (plan.unsupported and not settings.allow_partial):
         raise LintError(unsupported_message(result.target or "", blocking or plan.unsupported))

@@ -2,6 +2,7 @@
 
 import re
 from fsdp_lint.check.rule import Example, Rule
+from fsdp_lint.rules._frontend import hf_wrap_blocks_text
 from fsdp_lint.rules._granularity import (
     _MODEL, block_label, block_wrap_fix, largest_submodule, managed_numel, pct, per_block_layout, where,
 )
@@ -174,6 +175,8 @@ fully_shard(model)
                f"{human_bytes(alt_peak)} with one unit per {block} ({n_alt} {block} units + root)")
         if plan.origin == "cli":
             fix = f"make every {block} a unit: `" + " ".join(f"--wrap {b}" for b in blocks) + "`"
+        elif hf_wrap_blocks_text(ctx, block):
+            fix = f"make every {block} a unit: " + hf_wrap_blocks_text(ctx, block)
         elif _FRAMEWORK_FIX.get(getattr(plan, "framework", None)):
             fix = f"make every {block} a unit: " + _FRAMEWORK_FIX[plan.framework].format(block=block)
         else:

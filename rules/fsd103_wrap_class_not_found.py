@@ -55,6 +55,12 @@ def class_inventory(tree) -> List[tuple]:
     return out
 
 
+def _setting_words(pol, setting: str) -> str:
+    """The setting as the user wrote it: the HF Trainer's flag, fsdp_config key or kwarg; else its key."""
+    written = getattr(pol, "written", None)
+    return written if written else f"`{setting}`"
+
+
 def _policy_edit(ctx, pol, name: str, best, close):
     """The class set of the Python policy (`ModuleWrapPolicy({...})`, `transformer_layer_cls={...}`) with
     `best` -- the one close name, or the repeated block when nothing is close -- in place of `name`.
@@ -217,6 +223,9 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
         tree = ctx.tree
         setting = pol.setting or "transformer_layer_cls_to_wrap"
         where_named = f"`{setting}`" if "_no_split_modules" not in setting else setting
+        if getattr(pol, "written", None) and "_no_split_modules" not in setting:
+            where_named = pol.written     # the HF Trainer's flag, fsdp_config key or kwarg, as written
+            where_named = where_named[0].upper() + where_named[1:] if where_named.startswith("the ") else where_named
         msg = (f"{where_named} names `{name}`, but no module of {tree.root_class} is a `{name}`; the model has "
                f"{found}.{hint} {pol.framework} raises at wrap time: `{pol.error}`")
         target = best or block
@@ -224,9 +233,9 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
             fix = (f"name the block class to wrap: transformer_layer_cls_to_wrap = `{target}`" if target
                    else "name the classes to wrap in transformer_layer_cls_to_wrap")
         elif target:
-            fix = f"write `{target}` instead of `{name}` in `{setting}`"
+            fix = f"write `{target}` instead of `{name}` in {_setting_words(pol, setting)}"
         else:
-            fix = f"remove `{name}` from `{setting}`"
+            fix = f"remove `{name}` from {_setting_words(pol, setting)}"
         edits = None
         if target and "_no_split_modules" not in setting and len(close) <= 1:
             # a unique close name (or the block when none is close) in place of the name, where it
@@ -235,7 +244,8 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
             from fsdp_lint.fix.edits import UNSAFE, Fix
 
             edit = replace_word(pol.path, pol.line, name, target)
-            edits = Fix(f"write `{target}` instead of `{name}` in `{setting}`", UNSAFE, [edit]) if edit else None
+            edits = Fix(f"write `{target}` instead of `{name}` in {_setting_words(pol, setting)}", UNSAFE,
+                        [edit]) if edit else None
         return self.finding(ctx, msg, **where(ctx, pol.path, pol.line), module="", fix=fix, missing=name,
                             suggestions=close, block=block, fix_edits=edits)
 

@@ -176,7 +176,10 @@ def _orig_params_setting(ctx) -> str:
     if framework == "accelerate":
         return "set `fsdp_use_orig_params: true` in the accelerate config"
     if framework == "transformers":
-        return "pass `fsdp_config={\"use_orig_params\": True}` to `TrainingArguments` (`--fsdp_config` JSON)"
+        from fsdp_lint.rules._frontend import hf_config_text
+
+        return hf_config_text(ctx, "use_orig_params", True) or \
+            "pass `fsdp_config={\"use_orig_params\": True}` to `TrainingArguments` (`--fsdp_config` JSON)"
     if framework == "lightning":
         return "pass `FSDPStrategy(use_orig_params=True)`"
     return "pass `use_orig_params=True`"

@@ -268,7 +268,8 @@ def test_a_wrap_class_the_model_lacks_is_fsd103_at_the_fsdp_config_file_named_in
     [f] = [f for f in json.loads(res.out)["files"][0]["findings"] if f["code"] == "FSD103"]
     assert (f["path"], f["line"]) == ("configs/fsdp_renamed_block.json", 3)
     assert "`GPT2Layer`" in f["message"] and "Could not find the transformer layer class GPT2Layer" in f["message"]
-    assert f["fix"] == "write `GPT2Block` instead of `GPT2Layer` in `transformer_layer_cls_to_wrap`"
+    assert f["fix"] == ("write `GPT2Block` instead of `GPT2Layer` in the `transformer_layer_cls_to_wrap` key of "
+                        "fsdp_renamed_block.json (the `fsdp_config` file)")
 
 
 # --------------------------------------------------------------------------------------------

@@ -53,6 +53,8 @@ class PolicyInfo:
     setting: Optional[str] = None
     framework: Optional[str] = None
     error: Optional[str] = None
+    # where the user wrote the class name, in the front-end's words ("`--fsdp_config` on the command line")
+    written: Optional[str] = None
 
 
 @dataclass
@@ -118,6 +120,8 @@ class WrapPlan:
     # FSDP2 shard_placement_fn: parameter FQN -> the dim it is sharded on (absent: dim 0)
     param_shard_dims: Dict[str, int] = field(default_factory=dict)
     framework: Optional[str] = None  # the framework whose code made the wrap calls (issue 8), None: the file's own
+    # how the HF Trainer's FSDP settings were written (plan.frameworks.hf_frontend), for fix texts in its terms
+    hf_frontend: Optional[dict] = None
 
     # parameter FQN -> the units holding it, in order; built on first use, once the plan is complete
     _param_units: Optional[Dict[str, List[Unit]]] = field(default=None, repr=False, compare=False)
