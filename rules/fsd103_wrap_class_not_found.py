@@ -55,6 +55,12 @@ def class_inventory(tree) -> List[tuple]:
     return out
 
 
+def _lightning_desc(desc: str) -> str:
+    """Lightning's ModuleWrapPolicy as the user wrote it: `FSDPStrategy(auto_wrap_policy={...})`."""
+    m = re.search(r"\{[^{}]*\}", desc)
+    return f"FSDPStrategy(auto_wrap_policy={m.group()})" if m else desc
+
+
 def _setting_words(pol, setting: str) -> str:
     """The setting as the user wrote it: the HF Trainer's flag, fsdp_config key or kwarg; else its key."""
     written = getattr(pol, "written", None)
@@ -205,13 +211,21 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
             fix = f"`--wrap {best}`" if best else "pass a class name or FQN glob the model has"
             loc = where(ctx, "<cli>", 0)
         else:
-            msg = (f"the auto-wrap policy `{pol.desc}` names `{name}`, but no module of {tree.root_class} is a "
+            lightning = getattr(ctx.plan, "framework", None) == "lightning"
+            desc = _lightning_desc(pol.desc) if lightning else pol.desc
+            msg = (f"the auto-wrap policy `{desc}` names `{name}`, but no module of {tree.root_class} is a "
                    f"`{name}`; the model has {found}.{hint}")
             if best:
-                fix = f"name the model's class: `{policy_with(pol, name, best)}`"
+                fixed = policy_with(pol, name, best)
+                fix = f"name the model's class: `{_lightning_desc(fixed) if lightning else fixed}`"
             else:
                 fix = "name a class the model has"
             loc = where(ctx, pol.path, pol.line)
+            if lightning:      # the strategy argument, where the set names the class
+                from fsdp_lint.fix.policies import written_at
+
+                spot = written_at(pol.path, name)
+                loc = where(ctx, pol.path, spot[0], spot[1]) if spot else loc
             edits = _policy_edit(ctx, pol, name, best, close)
             return self.finding(ctx, msg, **loc, module="", fix=fix, missing=name,
                                 suggestions=close, block=block, fix_edits=edits)

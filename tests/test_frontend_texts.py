@@ -87,3 +87,20 @@ def test_fsd101_text_is_a_command_line_transformers_accepts(cli):
     fixed = [a for a in argv[:-3]] + suggested
     res = assert_framework_plan_matches(T5, Settings(world_size=4), fixed)
     assert "FSD101" not in {x.code for x in res.findings} and "T5Block" in {u.cls for u in res.plan.units}
+
+
+def test_fsd103_under_lightning_names_the_strategy_argument_and_the_fix_edits_it(cli, tmp_path):
+    shutil.copytree(os.path.join(F, "lightning_gpt"), tmp_path / "lg")
+    path = tmp_path / "lg" / "fabric_train.py"
+    before = path.read_text().replace("import torch\n", "import torch\nimport torch.nn as nn\n", 1).replace(
+        "        auto_wrap_policy={Block},\n",
+        "        auto_wrap_policy={nn.TransformerDecoderLayer},   # copied from a tutorial\n")
+    path.write_text(before)
+    (f,) = [f for f in _findings(cli, str(path)) if f["code"] == "FSD103"]
+    assert "auto_wrap_policy={nn.TransformerDecoderLayer}" in before.splitlines()[f["line"] - 1]
+    assert "`FSDPStrategy(auto_wrap_policy={TransformerDecoderLayer})`" in f["message"]
+    assert f["fix"] == "name the model's class: `FSDPStrategy(auto_wrap_policy={Block})`"
+    cli(str(path), "--fix", "--unsafe-fixes", "--world-size", "4")
+    assert path.read_text() == before.replace("={nn.TransformerDecoderLayer},   # copied", "={Block},   # copied")
+    res = assert_framework_plan_matches(str(path), Settings(world_size=4))     # Fabric wraps every Block
+    assert not {"FSD101", "FSD103"} & {x.code for x in res.findings}

@@ -11,7 +11,9 @@ from fsdp_lint.fix.codemods import Source
 from fsdp_lint.fix.edits import Edit
 
 # the keyword (or first positional argument) that holds a class-based policy's classes
-_CLASS_ARGUMENTS = {"ModuleWrapPolicy": "module_classes", "transformer_auto_wrap_policy": "transformer_layer_cls"}
+_CLASS_ARGUMENTS = {"ModuleWrapPolicy": "module_classes", "transformer_auto_wrap_policy": "transformer_layer_cls",
+                    # Lightning (Trainer and Fabric): a set of classes is its ModuleWrapPolicy
+                    "FSDPStrategy": "auto_wrap_policy"}
 
 
 def _dotted(expr) -> Optional[str]:
@@ -272,3 +274,10 @@ def wrap_elements(path: str, line: int, col: int, is_dict: bool) -> Optional[Lis
     text = f"{loop}\n{indent}    {container}[{key}] = {callee}({', '.join([var] + kws)})"
     (l1, _), end = src.start(stmt), src.end(stmt.body[0])     # a comment after the call stays
     return [Edit(path, l1, len(indent) + 1, end[0], end[1], text)]
+
+
+def written_at(path: str, cls: str) -> Optional[Tuple[int, int]]:
+    """(line, column) of the one element of a policy class set of `path` that names `cls`, or None."""
+    src = Source.of(path)
+    hits = occurrences(src, cls) if src is not None else []
+    return src.start(hits[0][1].value) if len(hits) == 1 else None
