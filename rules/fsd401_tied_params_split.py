@@ -299,34 +299,13 @@ def _fsdp1_edits(ctx, culprits):
     """FSDP1: the units that split the tie go, so the modules stay in their common parent's unit (usually
     the root): a class the auto-wrap policy names is taken out of its class set -- when every unit that
     class makes splits the tie -- and `model.head = FSDP(model.head, ...)` is removed."""
-    from fsdp_lint.fix import policies
     from fsdp_lint.fix.edits import SAFE, Fix
+    from fsdp_lint.fix.policies import unwrap_units
 
-    plan, tree = ctx.plan, ctx.tree
-    edits, named = [], []
-    for u in culprits:
-        if u.is_root or len(u.modules) != 1:
-            return None
-        if u.origin == "call":
-            more = policies.unwrap_statement(u.path, u.line, u.col)
-        elif u.origin == "policy":
-            mro = [c for c in tree.modules[u.modules[0]].mro if c not in ("Module", "object")]
-            found = policies.named_in_policy(plan, u, mro)
-            if found is None:
-                return None
-            path, cls = found
-            makes = [x for x in plan.units if x.origin == "policy" and x.modules and cls in tree.modules[x.modules[0]].mro]
-            if any(not any(x is c for c in culprits) for x in makes):
-                return None    # the class also wraps modules that share nothing: taking it out changes them too
-            more = policies.remove_class(path, cls) if cls not in named else []
-            named.append(cls)
-        else:
-            return None
-        if more is None:
-            return None
-        edits += [e for e in more if e not in edits]
-    if not edits:
+    found = unwrap_units(ctx.plan, ctx.tree, culprits)
+    if found is None:
         return None
+    edits, named = found
     what = ", ".join(f"`{c}`" for c in named)
     title = (f"take {what} out of the auto-wrap policy" if named else "do not wrap the tied module on its own") + \
         " (the tied modules stay in one unit)"

@@ -165,8 +165,17 @@ model = FSDP(LM(), auto_wrap_policy=ModuleWrapPolicy({nn.Embedding, Block}), use
         loc = where(ctx, owner.path, owner.line, owner.col)
         if not os.path.isfile(loc["path"]):
             loc = where(ctx, "", 0)
+        edits = None
+        if plan.api == "fsdp1" and not owner.is_root and owner.modules == [read.fqn.rpartition(".")[0]]:
+            # the owner's unit goes (FSD401's FSDP1 edit when the read is of a tied weight: made once)
+            from fsdp_lint.fix.edits import SAFE, Fix
+            from fsdp_lint.fix.policies import unwrap_units
+
+            found = unwrap_units(plan, tree, [owner])
+            if found:
+                edits = Fix(f"leave `{owner.modules[0]}` in the enclosing unit", SAFE, found[0])
         return self.finding(ctx, msg, **loc, module=owner.module, fix=fix, param=read.fqn, reader=reader,
-                            reader_unit=unit_label(read.unit) if read.unit is not None else None)
+                            reader_unit=unit_label(read.unit) if read.unit is not None else None, fix_edits=edits)
 
     @staticmethod
     def _fix(ctx, read, owner, reader) -> str:

@@ -281,3 +281,34 @@ def written_at(path: str, cls: str) -> Optional[Tuple[int, int]]:
     src = Source.of(path)
     hits = occurrences(src, cls) if src is not None else []
     return src.start(hits[0][1].value) if len(hits) == 1 else None
+
+
+def unwrap_units(plan, tree, units):
+    """FSDP1 edits that make `units` no units of their own (their modules join the enclosing unit): a
+    class the auto-wrap policy names taken out of its set -- when every unit that class makes is among
+    `units` -- and `model.head = FSDP(model.head, ...)` removed. (edits, classes taken out), or None
+    when one of them is not mechanical."""
+    edits: List[Edit] = []
+    named: List[str] = []
+    for u in units:
+        if u.is_root or len(u.modules) != 1:
+            return None
+        if u.origin == "call":
+            more = unwrap_statement(u.path, u.line, u.col)
+        elif u.origin == "policy":
+            mro = [c for c in tree.modules[u.modules[0]].mro if c not in ("Module", "object")]
+            found = named_in_policy(plan, u, mro)
+            if found is None:
+                return None
+            path, cls = found
+            makes = [x for x in plan.units if x.origin == "policy" and x.modules and cls in tree.modules[x.modules[0]].mro]
+            if any(not any(x is c for c in units) for x in makes):
+                return None    # the class also wraps other modules: taking it out changes them too
+            more = remove_class(path, cls) if cls not in named else []
+            named.append(cls)
+        else:
+            return None
+        if more is None:
+            return None
+        edits += [e for e in more if e not in edits]
+    return (edits, named) if edits else None
