@@ -127,8 +127,6 @@ def memory_summary(memory) -> str:
 
 
 def unit_table(res) -> str:
-    from tabulate import tabulate
-
     rows = []
     with_ar = any(ul.all_reduces_per_step for ul in res.layout.units)
     for i, ul in enumerate(res.layout.units):
@@ -152,7 +150,20 @@ def unit_table(res) -> str:
     headers = ["#", "unit", "class", "params", "trainable", "dtype", "padded", "shard/rank",
                "all-gather/rank", "reduce-scatter/rank"] + (["all-reduce/rank"] if with_ar else []) + ["line"]
     rows = [[printable(c) if isinstance(c, str) else c for c in row] for row in rows]
-    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+    return fitted(rows, headers, drop=UNIT_TABLE_DROP, wrap=("unit", "class"), min_wrap=24)
+
+
+# the unit table's columns, least important first, left out one by one until the table fits the width
+UNIT_TABLE_DROP = ("padded", "trainable", "line", "class", "dtype", "all-reduce/rank")
+
+
+def fitted(rows, headers, drop=(), wrap=(), min_wrap: int = 8) -> str:
+    """A table within the output width (`report.width`), with a line naming the columns it left out."""
+    from fsdp_lint.report.width import fit_table, left_out_note
+
+    text, left_out, full = fit_table(rows, headers, drop=drop, wrap=wrap, min_wrap=min_wrap)
+    note = left_out_note(left_out, full)
+    return text + ("\n" + note if note else "")
 
 
 def _pad_rows(p) -> int:
@@ -185,8 +196,6 @@ def _placements_text(p) -> str:
 def params_table(res) -> str:
     """Per parameter: FSDP2 shape, local shape on rank 0 and on the last rank, collective padding;
     FSDP1 shape, place in the unit's FlatParameter and alignment padding."""
-    from tabulate import tabulate
-
     plan = res.plan
     rows = []
     ws = plan.world_size
@@ -223,14 +232,15 @@ def params_table(res) -> str:
             headers.insert(5, "placements")
         elif by_dim:
             headers.insert(5, "sharded")
+    # the --layout tables are wide on purpose (one row per parameter or rank, FQNs whole): never fitted
+    from tabulate import tabulate
+
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
 def ranks_table(res) -> str:
     """Per unit and rank: FSDP1 the FlatParameter range and the parameter slices it covers
     (element ranges into each flattened parameter); FSDP2 the dim-0 rows of each parameter."""
-    from tabulate import tabulate
-
     plan = res.plan
     rows = []
     for ul in res.layout.units:
@@ -273,6 +283,8 @@ def ranks_table(res) -> str:
         headers = ["unit", rank, "flat range", "elements", "padding", "holds (element ranges)"]
     else:
         headers = ["unit", rank, "elements", "padding", "holds (dim-0 rows)"]
+    from tabulate import tabulate
+
     width = [None] * (len(headers) - 1) + [100]
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True, maxcolwidths=width)
 
@@ -460,8 +472,6 @@ MEMORY_ROWS = [
 def simulated_text(res) -> str:
     """`--simulate`: the measured peak and where, its breakdown beside the static estimate, and the
     collectives counted beside the static ones."""
-    from tabulate import tabulate
-
     sim, mem, lay = res.simulated, res.layout.memory, res.layout
     if "error" in sim:
         return f"--simulate: not measured: {sim['error']}"
@@ -479,8 +489,8 @@ def simulated_text(res) -> str:
     ratio = mem.per_rank_bytes / sim["peak_bytes"] if sim["peak_bytes"] else 0.0
     rows.append(["total", human_bytes(sim["peak_bytes"]),
                  f"{human_bytes(mem.per_rank_bytes)} ({ratio:.2f}x, {mem.phase})"])
-    table = tabulate(rows, headers=["per rank", "simulated (at the peak)", f"static estimate ({mem.covers})"],
-                     tablefmt="simple", disable_numparse=True)
+    table = fitted(rows, ["per rank", "simulated (at the peak)", f"static estimate ({mem.covers})"],
+                   wrap=("per rank", f"static estimate ({mem.covers})", "simulated (at the peak)"))
     c = sim["collectives"]
     coll = (f"collectives per step: {c['all_gathers_per_step']} all-gathers "
             f"({human_bytes(c['all_gather_bytes_per_step'])}/rank) + {c['reduce_scatters_per_step']} reduce-scatters "
@@ -493,16 +503,26 @@ def simulated_text(res) -> str:
 
 def granularity_table(res) -> str:
     """`--compare-granularity`: the article's table for this model and world size."""
-    from tabulate import tabulate
-
     rows = []
     for row in res.granularity:
         rows.append([row.name, row.units, row.all_gathers_per_step, human_bytes(row.bytes_per_all_gather),
                      human_bytes(row.forward_peak_bytes), human_bytes(row.per_rank_bytes), row.verdict])
-    headers = ["plan", "units", "all-gathers/step", "bytes/all-gather", "forward peak (unsharded)",
-               "memory/rank", "verdict"]
-    return (f"granularity on {res.plan.world_size} ranks ({res.layout.memory.covers}):\n"
-            + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
+    headers = ["plan", "units", "all-gathers per step", "bytes per all-gather", "forward peak (unsharded)",
+               "memory per rank", "verdict"]
+    head = f"granularity on {res.plan.world_size} ranks ({res.layout.memory.covers}):\n"
+    from fsdp_lint.report.width import fit_table, output_width
+
+    width = output_width()
+    text, _, _ = fit_table(rows, headers, width)
+    if max(len(line) for line in text.split("\n")) <= width:
+        return head + text
+    # too narrow for the verdicts beside the figures: the figures, then each verdict on lines of its own
+    import textwrap
+
+    text, _, _ = fit_table([r[:-1] for r in rows], headers[:-1], width, wrap=("plan",))
+    verdicts = [textwrap.fill(f"{r[0]}: {r[-1]}", max(40, width), initial_indent="  ", subsequent_indent="    ")
+                for r in rows]
+    return head + text + "\nverdicts:\n" + "\n".join(verdicts)
 
 
 def run_summary_text(run: dict) -> str:
@@ -535,8 +555,6 @@ def run_summary_text(run: dict) -> str:
 
 
 def statistics_table(results) -> str:
-    from tabulate import tabulate
-
     counts: Dict[str, List] = {}
     confirmed: Dict[str, int] = {}
     ran = False
@@ -551,7 +569,7 @@ def statistics_table(results) -> str:
     if ran:  # --run: how many of them the real session confirmed
         rows = [row + [confirmed[row[1]]] for row in rows]
         headers.append("confirmed")
-    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+    return fitted(rows, headers, wrap=("name",))
 
 
 # --------------------------------------------------------------------------------------------
