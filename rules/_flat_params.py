@@ -287,6 +287,14 @@ def units_label(units, noun: str = "FSDP unit") -> str:
     return f"{len(names)} {noun}s ({shown}; {units[0].cls})"
 
 
+def units_brief(units, noun: str = "FSDP unit") -> str:
+    """`units_label` for a one-line message: the first unit and how many more."""
+    names = [unit_name(u.module) for u in units]
+    if len(names) == 1:
+        return units_label(units, noun)
+    return f"{len(names)} {noun}s ({names[0]} and {len(names) - 1} more; {units[0].cls})"
+
+
 def requires_grad_split(ctx, u) -> Tuple[List[str], List[str]]:
     """Frozen and trainable floating-point parameters of a unit (integer ones are FSD204's)."""
     tree = ctx.tree

@@ -180,19 +180,19 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
         if getattr(pol, "framework", None):
             return self._framework_missing(ctx, pol, name, best, close, block, found, hint)
         if cli:
-            msg = (f"`--wrap {name}` matches no module (class name or FQN glob) of {tree.root_class}; "
-                   f"the model has {found}.{hint}")
+            msg = f"`--wrap {name}` matches no module (class name or FQN glob) of {tree.root_class}.{hint}"
+            detail = f"the model has {found}"
             fix = f"`--wrap {best}`" if best else "pass a class name or FQN glob the model has"
             loc = where(ctx, "<cli>", 0)
         else:
-            msg = (f"the auto-wrap policy `{pol.desc}` names `{name}`, but no module of {tree.root_class} is a "
-                   f"`{name}`; the model has {found}.{hint}")
+            msg = f"the auto-wrap policy names `{name}`, but no module of {tree.root_class} is a `{name}`.{hint}"
+            detail = f"the policy is `{pol.desc}`; the model has {found}"
             if best:
                 fix = f"name the model's class: `{policy_with(pol, name, best)}`"
             else:
                 fix = "name a class the model has"
             loc = where(ctx, pol.path, pol.line)
-        return self.finding(ctx, msg, **loc, module="", fix=fix, missing=name,
+        return self.finding(ctx, msg, **loc, module="", fix=fix, missing=name, detail=detail,
                             suggestions=close, block=block)
 
     def _framework_missing(self, ctx, pol, name, best, close, block, found, hint):
@@ -200,8 +200,8 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
         tree = ctx.tree
         setting = pol.setting or "transformer_layer_cls_to_wrap"
         where_named = f"`{setting}`" if "_no_split_modules" not in setting else setting
-        msg = (f"{where_named} names `{name}`, but no module of {tree.root_class} is a `{name}`; the model has "
-               f"{found}.{hint} {pol.framework} raises at wrap time: `{pol.error}`")
+        msg = f"{where_named} names `{name}`, but no module of {tree.root_class} is a `{name}`.{hint}"
+        detail = f"the model has {found}; {pol.framework} raises at wrap time: `{pol.error}`"
         target = best or block
         if "_no_split_modules" in setting:
             fix = (f"name the block class to wrap: transformer_layer_cls_to_wrap = `{target}`" if target
@@ -220,13 +220,14 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
             edit = replace_word(pol.path, pol.line, name, target)
             edits = Fix(f"write `{target}` instead of `{name}` in `{setting}`", UNSAFE, [edit]) if edit else None
         return self.finding(ctx, msg, **where(ctx, pol.path, pol.line), module="", fix=fix, missing=name,
-                            suggestions=close, block=block, fix_edits=edits)
+                            suggestions=close, block=block, fix_edits=edits, detail=detail)
 
     def _root_only(self, ctx, pol, name, inventory):
         tree = ctx.tree
         block = tree.repeated_block_class()
-        msg = (f"the auto-wrap policy `{pol.desc}` names only the root class `{name}`: an auto-wrap policy never "
-               f"wraps the root again, so it wraps nothing" + (f"; the repeated block is `{block}`" if block else ""))
+        msg = (f"the auto-wrap policy names only the root class `{name}`, so it wraps nothing"
+               + (f"; the repeated block is `{block}`" if block else ""))
+        detail = f"an auto-wrap policy never wraps the root again (the policy is `{pol.desc}`)"
         fix = f"name the block class: `{policy_with(pol, name, block)}`" if block else "name a sub-module class"
         return self.finding(ctx, msg, **where(ctx, pol.path, pol.line), module="", fix=fix,
-                            missing=name, block=block)
+                            missing=name, block=block, detail=detail)

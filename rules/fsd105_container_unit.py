@@ -133,8 +133,8 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({nn.ModuleList}))
             else:
                 fix = "wrap the elements of the container, not the container"
         edits = self._edits(unit, is_dict) if plan.api == "fsdp2" and len(unit.modules) == 1 else None
-        return self.finding(ctx, f"{what}: {why}", **where(ctx, unit.path, unit.line, unit.col), module=fqn, fix=fix,
-                            container_class=info.cls, fix_edits=edits)
+        return self.finding(ctx, what, **where(ctx, unit.path, unit.line, unit.col), module=fqn, fix=fix,
+                            detail=why, container_class=info.cls, fix_edits=edits)
 
     @staticmethod
     def _edits(unit, is_dict: bool):

@@ -332,12 +332,24 @@ def _paint(text: str, what: str, color: bool) -> str:
     return f"\x1b[{_SGR[what]}m{text}\x1b[0m" if color else text
 
 
-def _headline(f, base, unsafe: bool, color: bool, tail: str = "") -> str:
+# concise shows at most this many characters of a message (the rules keep theirs shorter; a message
+# made long by names from the linted code is cut, and `full` shows it whole)
+MESSAGE_LIMIT = 160
+
+
+def short_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def _headline(f, base, unsafe: bool, color: bool, tail: str = "", limit: Optional[int] = None) -> str:
     sev = f.severity if f.severity in _SGR else "info"
     where = printable(f"{display_path(f.path, base)}:{f.line}:{f.col}:")
     marker = fix_marker(f, unsafe)
+    message = printable(f.message)
+    if limit:
+        message = short_message(message, limit)
     return (f"{_paint(where, 'path', color)} {_paint(f.code, sev, color)}{_paint(marker, 'fix', color)} "
-            f"{_paint('[' + f.severity + ']', sev, color)} {printable(f.message + tail)}")
+            f"{_paint('[' + f.severity + ']', sev, color)} {message}{printable(tail)}")
 
 
 def fix_marker(f, unsafe: bool = False) -> str:
@@ -359,6 +371,8 @@ def format_finding_full(f, base=None, unsafe: bool = False, color: bool = False)
     if f.module or f.module == "":
         if f.module:
             out.append(f"     = module: {f.module}")
+    if getattr(f, "detail", None):
+        out.append(f"     = detail: {f.detail}")
     if f.fix:
         out.append(f"     = fix: {f.fix}")
     fix = getattr(f, "fix_edits", None)
@@ -379,7 +393,7 @@ def format_finding_concise(f, base=None, unsafe: bool = False, color: bool = Fal
     if f.confirmed is not None:
         conf = " (confirmed)" if f.confirmed else " (not confirmed)"
     via = f" (called from {display_path(f.call_site[0], base)}:{f.call_site[1]})" if f.call_site else ""
-    return _headline(f, base, unsafe, color, f"{conf}{via}")
+    return _headline(f, base, unsafe, color, f"{conf}{via}", limit=MESSAGE_LIMIT)
 
 
 def render_text(results, *, full: bool = True, layout: Optional[str] = None, statistics: bool = False,
