@@ -422,8 +422,11 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
             r.findings = [f for f in r.findings if id(f) not in done]
         fixes["fixed"] = len(outcome.fixed)
 
+    from fsdp_lint.humanize import use_size_units
     from fsdp_lint.report import machine
     from fsdp_lint.report import text as report
+
+    use_size_units(settings)        # tables and summaries in the units of the user's size settings
 
     layout_opt = None if layout == "units" else layout
     if fmt == "json":

@@ -590,3 +590,47 @@ def test_a_note_is_a_line_of_its_own_in_full_output(cli, tmp_path):
     notes = [ln for ln in res.out.splitlines() if ln.startswith("  note: ")]
     assert any("wandb_is_not_installed" in ln for ln in notes), res.out
     assert "\\n  note" not in res.out
+
+
+# ------------------------------------------------------------------------------------------------
+# sizes in the units of the user's size settings
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("setting,unit", [(None, "MB"), ("81920MiB", "MiB"), ("80GiB", "MiB"), ("80GB", "MB")])
+def test_sizes_print_in_the_units_of_the_size_setting(cli, monkeypatch, setting, unit):
+    """IEC settings (MiB, GiB) make every size in the text IEC; SI settings or none keep SI. The
+    figure is the exact byte count of the JSON in that unit."""
+    monkeypatch.setenv("COLUMNS", "200")
+    args = ["fixtures/bad/fsdp2_heavy_root.py", "--world-size", "4"] + (["--gpu-memory", setting] if setting else [])
+    doc = json.loads(cli(*args, "--format", "json").out)
+    root_bytes = next(f for f in doc["files"][0]["findings"] if f["code"] == "FSD104")
+    per_rank = doc["files"][0]["memory"]["per_rank_bytes"]
+    text = cli(*args).out
+    div = {"MB": 1e6, "MiB": 1 << 20}[unit]
+    assert f"~{per_rank / div:.3g} {unit}/rank" in text.splitlines()[0], text.splitlines()[0]
+    fsd104 = next(ln for ln in text.splitlines() if "FSD104" in ln)
+    assert re.search(rf"\d {unit} unsharded", fsd104), fsd104
+    other = {"MB": r"\d (KiB|MiB|GiB)\b", "MiB": r"\d (kB|MB|GB)\b"}[unit]
+    text = re.sub(r"\(\d+ GiB, the default GPU\)", "", text)          # the GPU profile's name, not a size figure
+    assert not re.search(other, text), re.search(other, text)
+    assert root_bytes["severity"] == "info"
+
+
+def test_an_iec_setting_is_the_largest_unit_sizes_print_in():
+    """`81920MiB` (as nvidia-smi prints it): sizes never go above MiB, so the peak compares with the
+    setting as written; `80GiB` allows GiB; an SI or plain-bytes setting keeps today's SI."""
+    from fsdp_lint.config import Settings
+    from fsdp_lint.humanize import human_bytes, use_size_units
+
+    try:
+        use_size_units(Settings(gpu_memory="81920MiB"))
+        assert human_bytes(50 * 10 ** 9) == "47,684 MiB" and human_bytes(3 << 19) == "1.5 MiB"
+        assert human_bytes(2048) == "2 KiB" and human_bytes(100) == "100 B"
+        use_size_units(Settings(gpu_memory="80GiB"))
+        assert human_bytes(50 * 10 ** 9) == "46.6 GiB" and human_bytes(2 << 40) == "2,048 GiB"
+        use_size_units(Settings(nccl_memory="512MiB"))
+        assert human_bytes(50 * 10 ** 9) == "47,684 MiB"
+        use_size_units(Settings(gpu_memory="40000000000"))
+        assert human_bytes(50 * 10 ** 9) == "50 GB"
+    finally:
+        use_size_units(Settings())
+    assert human_bytes(50 * 10 ** 9) == "50 GB" and human_bytes(4728576) == "4.73 MB"
