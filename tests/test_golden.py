@@ -58,7 +58,7 @@ def test_no_stale_golden_files():
 # A fenced block right after `<!-- fsdp-lint-output: ARGS -->` is the output of `fsdp-lint ARGS`, run
 # from the repository root without a terminal (80 columns unless ARGS starts with `COLUMNS=N`).
 # `<!-- fsdp-lint-output lines=1-2,13-: ARGS -->` shows those lines of it (1-based, inclusive, an open
-# end runs to the last line), with a `...` line where lines are left out.
+# end runs to the last line), with a `...` line between ranges that are not adjacent.
 README = os.path.join(REPO, "README.md")
 _MARKER = re.compile(r"^<!-- fsdp-lint-output(?: lines=([0-9,\-]+))?: (.+?) -->\n```[a-z]*\n(.*?)^```$", re.M | re.S)
 _RULES = re.compile(r"(<!-- rule-reference:begin[^\n]*-->\n)(.*?)(<!-- rule-reference:end -->)", re.S)
@@ -76,8 +76,6 @@ def _select(out: str, spec) -> str:
             shown.append("...")
         shown += lines[start - 1:end]
         last = end
-    if last is not None and last < len(lines):
-        shown.append("...")
     return "\n".join(shown) + "\n"
 
 
