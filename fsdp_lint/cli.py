@@ -116,7 +116,7 @@ def plan_runs(files: List[Tuple[str, bool]], settings, script_args: Optional[Lis
 
 def _print_rules() -> None:
     from fsdp_lint.check.rule import all_rules
-    from fsdp_lint.report.text import fitted
+    from fsdp_lint.report.width import fitted
 
     rows = [[r.code, r.name, r.severity, r.summary] for r in all_rules()]
     click.echo(fitted(rows, ["code", "name", "severity", "summary"], wrap=("summary",)))

@@ -409,7 +409,8 @@ def test_github_annotations(cli, tmp_path):
     res = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--format", "github")
     lines = res.out.splitlines()
     assert len(lines) == 1
-    m = re.fullmatch(r"::error file=([^,]+),line=(\d+),col=(\d+),title=fsdp-lint \(FSD301\)::(.+)", lines[0])
+    m = re.fullmatch(r"::error file=([^,]+),line=(\d+),col=(\d+),endLine=\d+,endColumn=\d+,title=fsdp-lint \(FSD301\)::(.+)",
+                     lines[0])
     assert m, lines[0]
     assert m.group(1) == NO_ROOT and "missing-root-wrap" in m.group(4) and "%0A" not in m.group(4)
 
@@ -558,9 +559,22 @@ def test_control_characters_in_names_never_start_a_line(cli, tmp_path, fmt):
     path.write_text(CRAFTED)
     res = cli(str(path), "--output-format", fmt, "--world-size", "2")
     assert res.code == 1, res.err
-    assert "FSD301" in res.out and "head\\n::error file=train_py" in res.out
+    assert "FSD301" in res.out
+    if fmt == "full":     # the names are in the explanation, which concise leaves out
+        assert "head\\n::error file=train_py" in res.out
     assert not any(line.startswith("::") for line in res.out.splitlines()), res.out
     assert "\r" not in res.out
+
+
+def test_a_message_with_a_line_break_is_one_line_in_concise(tmp_path):
+    from fsdp_lint.check.rule import Finding
+    from fsdp_lint.report.text import MESSAGE_LIMIT, format_finding_concise
+
+    f = Finding(code="FSD102", name="over-fine-units", severity="warning", path=str(tmp_path / "t.py"), line=3,
+                message="unit `head\n::error file=x,line=1::forged` " + "x" * 300)
+    line = format_finding_concise(f)
+    assert "\n" not in line and "head\\n::error" in line
+    assert line.endswith("…") and len(line.split(" [warning] ", 1)[1]) == MESSAGE_LIMIT
 
 
 def test_colour_with_force_color_and_none_with_no_color(cli, monkeypatch):

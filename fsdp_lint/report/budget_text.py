@@ -21,7 +21,7 @@ def suggestions_table(res) -> str:
         rows.append([fits, human_bytes(c["peak_bytes"]), human_bytes(c["all_gather_bytes_per_step"]),
                      human_bytes(c["reduce_scatter_bytes_per_step"]), c["change"]])
     head = budget_line(res)
-    from fsdp_lint.report.text import fitted
+    from fsdp_lint.report.width import fitted
 
     table = fitted(rows, ["fits", "peak/rank", "all-gather/step", "reduce-scatter/step", "change"], wrap=("change",))
     return (head + "\n" if head else "") + "--suggest (static estimates, those that fit first, least communication " \

@@ -14,7 +14,7 @@ Position = Tuple[int, int]          # (line, column), both 1-based; the column i
 
 
 @lru_cache(maxsize=64)
-def _starts(path: str) -> Optional[Tuple[Dict[Position, Position], Dict[int, Position], Tuple[str, ...]]]:
+def _starts(path: str, stamp: Tuple[int, int]) -> Optional[Tuple[Dict[Position, Position], Dict[int, Position], Tuple[str, ...]]]:
     """For each (line, 1-based column) where a node starts: the farthest end of a node starting
     there; for each line: the end of the first statement on it."""
     import tokenize
@@ -53,7 +53,13 @@ def end_position(path: str, line: int, col: int) -> Optional[Position]:
     statement that starts the line."""
     if not path or not line or not str(path).endswith(".py"):
         return None
-    found = _starts(path)
+    import os
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    found = _starts(path, (st.st_mtime_ns, st.st_size))      # a file --fix rewrote is read again
     if found is None:
         return None
     by_start, stmt_ends, lines = found
@@ -65,7 +71,3 @@ def end_position(path: str, line: int, col: int) -> Optional[Position]:
             end = stmt_ends.get(line)
     return end
 
-
-def clear() -> None:
-    """Forget the parsed files (a `--fix` run rewrote them)."""
-    _starts.cache_clear()

@@ -6,6 +6,7 @@ from typing import Dict, List, Optional
 
 from fsdp_lint.check.rule import SEVERITIES
 from fsdp_lint.humanize import display_path, exact_count as _n, human_bytes, human_count, unit_label  # noqa: F401
+from fsdp_lint.report.width import fitted
 
 SCHEMA_VERSION = 1
 
@@ -155,15 +156,6 @@ def unit_table(res) -> str:
 
 # the unit table's columns, least important first, left out one by one until the table fits the width
 UNIT_TABLE_DROP = ("padded", "trainable", "line", "class", "dtype", "all-reduce/rank")
-
-
-def fitted(rows, headers, drop=(), wrap=(), min_wrap: int = 8) -> str:
-    """A table within the output width (`report.width`), with a line naming the columns it left out."""
-    from fsdp_lint.report.width import fit_table, left_out_note
-
-    text, left_out, full = fit_table(rows, headers, drop=drop, wrap=wrap, min_wrap=min_wrap)
-    note = left_out_note(left_out, full)
-    return text + ("\n" + note if note else "")
 
 
 def _pad_rows(p) -> int:
@@ -424,6 +416,8 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
 
                 blocks.append(layout_diagram(res))
             if getattr(res, "granularity", None):
+                from fsdp_lint.report.granularity import granularity_table
+
                 blocks.append(granularity_table(res))
             if getattr(res, "simulated", None):
                 blocks.append(simulated_text(res))
@@ -513,30 +507,6 @@ def simulated_text(res) -> str:
             f"{lay.reduce_scatters_per_step} "
             f"({human_bytes(sum(u.reduce_scatter_bytes * u.reduce_scatters_per_step for u in lay.units))})")
     return "\n".join([head, table, coll])
-
-
-def granularity_table(res) -> str:
-    """`--compare-granularity`: the article's table for this model and world size."""
-    rows = []
-    for row in res.granularity:
-        rows.append([row.name, row.units, row.all_gathers_per_step, human_bytes(row.bytes_per_all_gather),
-                     human_bytes(row.forward_peak_bytes), human_bytes(row.per_rank_bytes), row.verdict])
-    headers = ["plan", "units", "all-gathers per step", "bytes per all-gather", "forward peak (unsharded)",
-               "memory per rank", "verdict"]
-    head = f"granularity on {res.plan.world_size} ranks ({res.layout.memory.covers}):\n"
-    from fsdp_lint.report.width import fit_table, output_width
-
-    width = output_width()
-    text, _, _ = fit_table(rows, headers, width)
-    if max(len(line) for line in text.split("\n")) <= width:
-        return head + text
-    # too narrow for the verdicts beside the figures: the figures, then each verdict on lines of its own
-    import textwrap
-
-    text, _, _ = fit_table([r[:-1] for r in rows], headers[:-1], width, wrap=("plan",))
-    verdicts = [textwrap.fill(f"{r[0]}: {r[-1]}", max(40, width), initial_indent="  ", subsequent_indent="    ")
-                for r in rows]
-    return head + text + "\nverdicts:\n" + "\n".join(verdicts)
 
 
 def run_summary_text(run: dict) -> str:

@@ -128,3 +128,10 @@ def left_out_note(left_out: Sequence[str], full: int, width: Optional[int] = Non
     width = width or output_width()
     return "\n".join(textwrap.wrap(f"(not shown in {width} columns: {', '.join(left_out)}; COLUMNS={full} "
                                    f"shows them)", max(40, width)))
+
+
+def fitted(rows, headers, drop=(), wrap=(), min_wrap: int = 8) -> str:
+    """A table within the output width (`report.width`), with a line naming the columns it left out."""
+    text, left_out, full = fit_table(rows, headers, drop=drop, wrap=wrap, min_wrap=min_wrap)
+    note = left_out_note(left_out, full)
+    return text + ("\n" + note if note else "")
