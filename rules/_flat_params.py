@@ -288,11 +288,11 @@ def units_label(units, noun: str = "FSDP unit") -> str:
 
 
 def units_brief(units, noun: str = "FSDP unit") -> str:
-    """`units_label` for a one-line message: the first unit and how many more."""
-    names = [unit_name(u.module) for u in units]
-    if len(names) == 1:
+    """`units_label` for a one-line message: several units by their number and class only (the names
+    are in the finding's detail)."""
+    if len(units) == 1:
         return units_label(units, noun)
-    return f"{len(names)} {noun}s ({names[0]} and {len(names) - 1} more; {units[0].cls})"
+    return f"{len(units)} {noun}s ({units[0].cls})"
 
 
 def requires_grad_split(ctx, u) -> Tuple[List[str], List[str]]:
