@@ -115,12 +115,11 @@ def plan_runs(files: List[Tuple[str, bool]], settings, script_args: Optional[Lis
 
 
 def _print_rules() -> None:
-    from tabulate import tabulate
-
     from fsdp_lint.check.rule import all_rules
+    from fsdp_lint.report.width import fitted
 
     rows = [[r.code, r.name, r.severity, r.summary] for r in all_rules()]
-    click.echo(tabulate(rows, headers=["code", "name", "severity", "summary"], tablefmt="simple"))
+    click.echo(fitted(rows, ["code", "name", "severity", "summary"], wrap=("summary",)))
 
 
 def _explain(code: str) -> None:
@@ -155,7 +154,7 @@ def _explain(code: str) -> None:
 @click.option("--model", "model_target", default=None, metavar="TARGET",
               help="The model: path.py:Class, path.py:factory, pkg.mod:factory, path.py:Class(num_layers=4).")
 @click.option("--output-format", "--format", "fmt",
-              type=click.Choice(["full", "concise", "json", "sarif", "github", "html"]),
+              type=click.Choice(["full", "concise", "json", "sarif", "github", "junit", "gitlab", "html"]),
               default="full", show_default=True, help="Output format (html: one self-contained file, use -o).")
 @click.option("--quiet", "-q", is_flag=True,
               help="No line on stderr per named file that is not linted (no model or FSDP use): pre-commit runs.")
@@ -423,8 +422,11 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
             r.findings = [f for f in r.findings if id(f) not in done]
         fixes["fixed"] = len(outcome.fixed)
 
+    from fsdp_lint.humanize import use_size_units
     from fsdp_lint.report import machine
     from fsdp_lint.report import text as report
+
+    use_size_units(settings)        # tables and summaries in the units of the user's size settings
 
     layout_opt = None if layout == "units" else layout
     if fmt == "json":
@@ -437,6 +439,10 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         text = machine.render_sarif(results, failures=failures)
     elif fmt == "github":
         text = machine.render_github(results, failures=failures)
+    elif fmt in ("junit", "gitlab"):
+        from fsdp_lint.report import ci
+
+        text = (ci.render_junit if fmt == "junit" else ci.render_gitlab)(results, failures=failures)
     else:
         text = report.render_text(results, full=fmt == "full", layout=layout_opt, statistics=statistics,
                                   run_summary=run_summary, failures=failures, fixes=fixes,

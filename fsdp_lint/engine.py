@@ -272,6 +272,9 @@ def check_rules(res: FileResult, settings: Settings) -> List[Finding]:
     from fsdp_lint.check.rule import LintContext
     from fsdp_lint.check.selection import rule_enabled, suppressed
 
+    from fsdp_lint.humanize import use_size_units
+
+    use_size_units(settings)        # the messages speak the units of the user's size settings
     path = res.path
     ctx = LintContext(path=path, facts=res.facts, tree=res.tree, plan=res.plan, layout=res.layout, settings=settings)
     findings: List[Finding] = []

@@ -287,6 +287,14 @@ def units_label(units, noun: str = "FSDP unit") -> str:
     return f"{len(names)} {noun}s ({shown}; {units[0].cls})"
 
 
+def units_brief(units, noun: str = "FSDP unit") -> str:
+    """`units_label` for a one-line message: several units by their number and class only (the names
+    are in the finding's detail)."""
+    if len(units) == 1:
+        return units_label(units, noun)
+    return f"{len(units)} {noun}s ({units[0].cls})"
+
+
 def requires_grad_split(ctx, u) -> Tuple[List[str], List[str]]:
     """Frozen and trainable floating-point parameters of a unit (integer ones are FSD204's)."""
     tree = ctx.tree

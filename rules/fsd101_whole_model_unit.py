@@ -170,9 +170,11 @@ fully_shard(model)
         cause = self._cause(ctx, unit, ul, managed)
         n_alt = len(alt.units) - 1
         msg = (f"{what} holds {pct(ul.numel, managed)} of the model ({human_count(ul.numel)} of "
-               f"{human_count(managed)} parameters, {len(inside)} {block} blocks): {cause}. Every rank "
-               f"all-gathers all of it at once: peak unsharded parameters per rank {human_bytes(peak)} vs "
-               f"{human_bytes(alt_peak)} with one unit per {block} ({n_alt} {block} units + root)")
+               f"{human_count(managed)} parameters): unsharded peak {human_bytes(peak)}/rank vs "
+               f"{human_bytes(alt_peak)} with one unit per {block}")
+        detail = (f"{len(inside)} {block} blocks in it; {cause}. Every rank all-gathers all of it at once: peak unsharded parameters per rank "
+                  f"{human_bytes(peak)} vs {human_bytes(alt_peak)} with one unit per {block} ({n_alt} {block} units "
+                  f"+ root)")
         if plan.origin == "cli":
             fix = f"make every {block} a unit: `" + " ".join(f"--wrap {b}" for b in blocks) + "`"
         elif hf_wrap_blocks_text(ctx, block):
@@ -182,7 +184,7 @@ fully_shard(model)
         else:
             fix = "make every " + block + " a unit: " + block_wrap_fix(tree, plan.api, blocks)
         return self.finding(ctx, msg, **where(ctx, unit.path, unit.line, unit.col), module=unit.module, fix=fix,
-                            block=block, peak_bytes=peak,
+                            detail=detail, block=block, peak_bytes=peak,
                             per_block_peak_bytes=alt_peak, per_block_units=n_alt + 1,
                             collectives_per_step=ctx.layout.collectives_per_step,
                             per_block_collectives_per_step=alt_layout.collectives_per_step)

@@ -268,14 +268,17 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         examples = ", ".join(ul.unit.module for ul in inner[:4]) + (f", ... ({len(inner) - 4} more)"
                                                                     if len(inner) > 4 else "")
         avg = sum(ul.all_gather_bytes for ul in inner) // len(inner)
-        msg = (f"{len(inner)} of {len(nonroot)} units are inside the repeated block {block} ({', '.join(classes)}: "
-               f"{examples}); the plan issues {_collectives(layout)} vs {alt_layout.collectives_per_step} with one "
-               f"unit per {block}, each all-gather moving {human_bytes(avg)} per rank on average")
+        msg = (f"{len(inner)} of {len(nonroot)} units are inside the repeated block {block}: "
+               f"{layout.collectives_per_step} collectives per step vs {alt_layout.collectives_per_step} with one "
+               f"unit per {block}")
+        detail = (f"the units inside it ({', '.join(classes)}: {examples}); the plan issues {_collectives(layout)} "
+                  f"vs {alt_layout.collectives_per_step} with one unit per {block}, each all-gather moving "
+                  f"{human_bytes(avg)} per rank on average")
         first = inner[0].unit
         fix = "make the block the unit instead of its sub-modules: " + block_wrap_fix(tree, plan.api,
                                                                                       tree.repeated_blocks())
         return self.finding(ctx, msg, **where(ctx, first.path, first.line, first.col), module=first.module,
-                            fix=fix, block=block, units_inside_block=len(inner),
+                            fix=fix, detail=detail, block=block, units_inside_block=len(inner),
                             collectives_per_step=layout.collectives_per_step,
                             per_block_collectives_per_step=alt_layout.collectives_per_step)
 
@@ -286,10 +289,12 @@ model = FSDP(Net(), auto_wrap_policy=policy)
         sizes = sorted(ul.all_gather_bytes for ul in small)
         median = sizes[len(sizes) // 2]
         msg = (f"{len(small)} of {len(with_params)} units all-gather less than {human_bytes(floor)} per rank "
-               f"(median {human_bytes(median)}); the plan issues {_collectives(layout)}")
+               f"(median {human_bytes(median)}): {layout.collectives_per_step} collectives per step")
+        detail = f"the plan issues {_collectives(layout)}"
         finer = alt_layout is not None and layout.collectives_per_step > alt_layout.collectives_per_step
         if finer:
-            msg += f" vs {alt_layout.collectives_per_step} with one unit per {block}"
+            msg += f" vs {alt_layout.collectives_per_step} per {block}"
+            detail += f" vs {alt_layout.collectives_per_step} with one unit per {block}"
         if finer:
             fix = "use coarser units: " + block_wrap_fix(tree, plan.api, tree.repeated_blocks())
         else:
@@ -306,5 +311,6 @@ model = FSDP(Net(), auto_wrap_policy=policy)
                        f"per group, so each all-gather moves at least {human_bytes(floor)}")
         first = min((ul.unit for ul in small if not ul.unit.is_root), key=lambda u: u.seq, default=small[0].unit)
         return self.finding(ctx, msg, **where(ctx, first.path, first.line, first.col), module=first.module,
-                            fix=fix, small_units=len(small), collectives_per_step=layout.collectives_per_step,
+                            fix=fix, detail=detail, small_units=len(small),
+                            collectives_per_step=layout.collectives_per_step,
                             per_block_collectives_per_step=alt_layout.collectives_per_step if alt_layout else None)

@@ -206,15 +206,15 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
         if getattr(pol, "framework", None):
             return self._framework_missing(ctx, pol, name, best, close, block, found, hint)
         if cli:
-            msg = (f"`--wrap {name}` matches no module (class name or FQN glob) of {tree.root_class}; "
-                   f"the model has {found}.{hint}")
+            msg = f"`--wrap {name}` matches no module (class name or FQN glob) of {tree.root_class}.{hint}"
+            detail = f"the model has {found}"
             fix = f"`--wrap {best}`" if best else "pass a class name or FQN glob the model has"
             loc = where(ctx, "<cli>", 0)
         else:
             lightning = getattr(ctx.plan, "framework", None) == "lightning"
             desc = _lightning_desc(pol.desc) if lightning else pol.desc
-            msg = (f"the auto-wrap policy `{desc}` names `{name}`, but no module of {tree.root_class} is a "
-                   f"`{name}`; the model has {found}.{hint}")
+            msg = f"the auto-wrap policy names `{name}`, but no module of {tree.root_class} is a `{name}`.{hint}"
+            detail = f"the policy is `{desc}`; the model has {found}"
             if best:
                 fixed = policy_with(pol, name, best)
                 fix = f"name the model's class: `{_lightning_desc(fixed) if lightning else fixed}`"
@@ -227,9 +227,9 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
                 spot = written_at(pol.path, name)
                 loc = where(ctx, pol.path, spot[0], spot[1]) if spot else loc
             edits = _policy_edit(ctx, pol, name, best, close)
-            return self.finding(ctx, msg, **loc, module="", fix=fix, missing=name,
+            return self.finding(ctx, msg, **loc, module="", fix=fix, missing=name, detail=detail,
                                 suggestions=close, block=block, fix_edits=edits)
-        return self.finding(ctx, msg, **loc, module="", fix=fix, missing=name,
+        return self.finding(ctx, msg, **loc, module="", fix=fix, missing=name, detail=detail,
                             suggestions=close, block=block)
 
     def _framework_missing(self, ctx, pol, name, best, close, block, found, hint):
@@ -240,8 +240,8 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
         if getattr(pol, "written", None) and "_no_split_modules" not in setting:
             where_named = pol.written     # the HF Trainer's flag, fsdp_config key or kwarg, as written
             where_named = where_named[0].upper() + where_named[1:] if where_named.startswith("the ") else where_named
-        msg = (f"{where_named} names `{name}`, but no module of {tree.root_class} is a `{name}`; the model has "
-               f"{found}.{hint} {pol.framework} raises at wrap time: `{pol.error}`")
+        msg = f"{where_named} names `{name}`, but no module of {tree.root_class} is a `{name}`.{hint}"
+        detail = f"the model has {found}; {pol.framework} raises at wrap time: `{pol.error}`"
         target = best or block
         if "_no_split_modules" in setting:
             fix = (f"name the block class to wrap: transformer_layer_cls_to_wrap = `{target}`" if target
@@ -261,13 +261,14 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
             edits = Fix(f"write `{target}` instead of `{name}` in {_setting_words(pol, setting)}", UNSAFE,
                         [edit]) if edit else None
         return self.finding(ctx, msg, **where(ctx, pol.path, pol.line), module="", fix=fix, missing=name,
-                            suggestions=close, block=block, fix_edits=edits)
+                            suggestions=close, block=block, fix_edits=edits, detail=detail)
 
     def _root_only(self, ctx, pol, name, inventory):
         tree = ctx.tree
         block = tree.repeated_block_class()
-        msg = (f"the auto-wrap policy `{pol.desc}` names only the root class `{name}`: an auto-wrap policy never "
-               f"wraps the root again, so it wraps nothing" + (f"; the repeated block is `{block}`" if block else ""))
+        msg = (f"the auto-wrap policy names only the root class `{name}`, so it wraps nothing"
+               + (f"; the repeated block is `{block}`" if block else ""))
+        detail = f"an auto-wrap policy never wraps the root again (the policy is `{pol.desc}`)"
         fix = f"name the block class: `{policy_with(pol, name, block)}`" if block else "name a sub-module class"
         return self.finding(ctx, msg, **where(ctx, pol.path, pol.line), module="", fix=fix,
-                            missing=name, block=block)
+                            missing=name, block=block, detail=detail)

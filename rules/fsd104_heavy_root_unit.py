@@ -290,10 +290,12 @@ fully_shard(model)
             parts += f", `{t}` (read by {names}: it stays with its reader)"
         ratio = rl.unsharded_bytes / max(1, largest.unsharded_bytes)
         held = "FSDP1 never reshards the root" if plan.api == "fsdp1" else "FSDP2 does not reshard the root"
-        msg = (f"the root unit keeps {human_count(rl.numel)} parameters of its own ({parts}): "
-               f"{human_bytes(rl.unsharded_bytes)} unsharded from the first forward to the end of backward ({held} "
-               f"after forward), {ratio:.3g}x the largest other unit `{largest.unit.module}` "
-               f"({human_bytes(largest.unsharded_bytes)})")
+        msg = (f"the root unit keeps {human_count(rl.numel)} parameters of its own: "
+               f"{human_bytes(rl.unsharded_bytes)} unsharded through forward and backward, {ratio:.3g}x the largest "
+               f"other unit")
+        detail = (f"its own parameters: {parts}; {human_bytes(rl.unsharded_bytes)} unsharded from the first forward "
+                  f"to the end of backward ({held} after forward), {ratio:.3g}x the largest other unit "
+                  f"`{largest.unit.module}` ({human_bytes(largest.unsharded_bytes)})")
         severity = None
         if not movable and not left:
             fix = "the root's own parameters cannot move to a sub-module unit; register them in a sub-module"
@@ -301,7 +303,7 @@ fully_shard(model)
             fix, split = self._fsdp1_fix(ctx, movable, ties, others, left)
             if split:
                 severity = "info"
-                msg += (f"; the weight tied across them ({'; '.join(tied_names)}) cannot leave the root without being "
+                detail += (f"; the weight tied across them ({'; '.join(tied_names)}) cannot leave the root without being "
                         f"split between FSDP1 units, so this root is the price of the tie")
         else:
             fix = self._fsdp2_fix(tree, movable, side, ties, left)
@@ -309,11 +311,11 @@ fully_shard(model)
 
         budget = budget_for(ctx.layout.memory, settings_of(ctx))
         share = budget.share(rl.unsharded_bytes)
-        msg += f"; {share_text(share)} of the usable memory of the device ({budget.device})"
+        detail += f"; {share_text(share)} of the usable memory of the device ({budget.device})"
         if severity is None and share < settings_of(ctx).memory_info_share:
             severity = "info"     # a cost the device absorbs: reported, not a gate failure
         return self.finding(ctx, msg, **where(ctx, root.path, root.line, root.col), module="", fix=fix,
-                            severity=severity, root_bytes=rl.unsharded_bytes, device_share=share, largest_unit=largest.unit.module,
+                            detail=detail, severity=severity, root_bytes=rl.unsharded_bytes, device_share=share, largest_unit=largest.unit.module,
                             largest_bytes=largest.unsharded_bytes, movable=movable, blocks_left=left)
 
     @staticmethod

@@ -162,8 +162,8 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({nn.ModuleList}))
             edits = self._edits(unit, is_dict) if len(unit.modules) == 1 else None
         else:
             edits = _fsdp1_edits(ctx, unit, info, kid_classes, is_dict)
-        return self.finding(ctx, f"{what}: {why}", **where(ctx, unit.path, unit.line, unit.col), module=fqn, fix=fix,
-                            container_class=info.cls, fix_edits=edits)
+        return self.finding(ctx, what, **where(ctx, unit.path, unit.line, unit.col), module=fqn, fix=fix,
+                            detail=why, container_class=info.cls, fix_edits=edits)
 
     @staticmethod
     def _edits(unit, is_dict: bool):

@@ -3,7 +3,7 @@
 from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._flat_params import (
     _FSDP1, _LORA, _MODEL, anchor, describe_mix, freeze_positions, freeze_story, fsdp1_torch_error,
-    grad_numels, group_units, mix_signature, mixed_units, shared_owner, split_fix, units_label, wrapped_how,
+    grad_numels, group_units, mix_signature, mixed_units, shared_owner, split_fix, units_brief, units_label, wrapped_how,
 )
 from fsdp_lint.rules._peft import requires_grad_fix
 
@@ -118,10 +118,10 @@ model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
                 "Must flatten tensors with uniform `requires_grad` when `use_orig_params=False`"
             torch_says = f"ValueError: {torch_error}"
             mixes = "each mix" if len(units) > 1 else "mixes"
-            msg = (f"{units_label(units)} {mixes} frozen and trainable parameters with use_orig_params=False "
-                   f"({wrapped_how(ctx, u)}): frozen: {frozen_desc}; trainable: {trainable_desc}"
-                   + (f" ({story})" if story else "")
-                   + f". torch raises at wrap time: `{torch_says}`")
+            msg = (f"{units_brief(units)} {mixes} frozen and trainable parameters with use_orig_params=False: "
+                   f"torch raises at wrap time")
+            detail = (f"{units_label(units)} ({wrapped_how(ctx, u)}): frozen: {frozen_desc}; trainable: {trainable_desc}"
+                      + (f" ({story})" if story else "") + f". torch raises at wrap time: `{torch_says}`")
             split = split_fix(ctx, units)
             orig = (f"{_orig_params_setting(ctx)}: FSDP1 then accepts the unit but allocates gradients for the whole "
                     f"FlatParameter ({total:,} numel instead of {trainable:,} numel before sharding{', per unit' if len(units) > 1 else ''})")
@@ -136,7 +136,7 @@ model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
                 fix = f"{peft}; or {orig}"
             edits = self._edits(ctx, total, trainable, len(units) > 1)
             yield self.finding(ctx, msg, **anchor(ctx, u, freeze_positions(ctx, units)), module=u.module, fix=fix,
-                               fix_edits=edits,
+                               fix_edits=edits, detail=detail,
                                units=[x.module for x in units], policy=split["policy"] if split else None,
                                torch_exception="ValueError", torch_error=torch_error,
                                grad_numel=total, trainable_numel=trainable)

@@ -1,8 +1,9 @@
 """FSD202 mixed-requires-grad-memory."""
 from fsdp_lint.check.rule import Example, Rule
+from fsdp_lint.humanize import human_bytes
 from fsdp_lint.rules._flat_params import (
     _FSDP1, _LORA, _MODEL, anchor, describe_mix, freeze_positions, freeze_story, grad_numels, group_units,
-    mix_signature, mixed_units, split_fix, units_label, wrapped_how,
+    mix_signature, mixed_units, split_fix, units_brief, units_label, wrapped_how,
 )
 from fsdp_lint.rules._peft import requires_grad_fix
 
@@ -87,8 +88,7 @@ model = FSDP(model, auto_wrap_policy=policy, use_orig_params=True)
             if ul is not None and ul.grad_numel:
                 per_rank = f"; each of the {ul.world_size} ranks holds a {ul.grad_numel:,}-element gradient shard for it"
             mixes = "each mix" if len(units) > 1 else "mixes"
-            msg = (f"{units_label(units)} {mixes} frozen and trainable parameters with use_orig_params=True "
-                   f"({wrapped_how(ctx, u)}): the gradient memory usage will be higher than "
+            detail = (f"{units_label(units)} ({wrapped_how(ctx, u)}): the gradient memory usage will be higher than "
                    f"expected ({total:,} numel instead of {trainable:,} numel before sharding via reduce-scatter"
                    f"{', per unit' if len(units) > 1 else ''}{per_rank}); frozen: {frozen_desc}; "
                    f"trainable: {trainable_desc}" + (f" ({story})" if story else ""))
@@ -112,10 +112,12 @@ model = FSDP(model, auto_wrap_policy=policy, use_orig_params=True)
             ws = ul.world_size if ul is not None else 1
             extra = -(-(total - trainable) // ws) * itemsize * len(units)
             share = budget.share(extra)
-            msg += (f"; {extra:,} bytes of gradients per rank for frozen parameters, {share_text(share)} of the usable memory "
-                    f"of the device ({budget.device})")
+            detail += (f"; {extra:,} bytes of gradients per rank for frozen parameters, {share_text(share)} of the usable "
+                       f"memory of the device ({budget.device})")
+            msg = (f"{units_brief(units)} {mixes} frozen and trainable parameters (use_orig_params=True): "
+                   f"{human_bytes(extra)}/rank of gradients for the frozen ones")
             severity = "info" if share < ctx.settings.memory_info_share else None
             yield self.finding(ctx, msg, **anchor(ctx, u, freeze_positions(ctx, units)), module=u.module, fix=fix,
-                               severity=severity, extra_grad_bytes=extra, device_share=share,
+                               detail=detail, severity=severity, extra_grad_bytes=extra, device_share=share,
                                units=[x.module for x in units], grad_numel=total, trainable_numel=trainable,
                                policy=split["policy"] if split else None)

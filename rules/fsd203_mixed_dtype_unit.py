@@ -4,7 +4,7 @@ from typing import List
 from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._flat_params import (
     _FSDP1, _MODEL, anchor, event_positions, fsdp1_torch_error, group_units, join_lines, split_grouping,
-    uniform_cover, units_label, where, wrap_seq, wrapped_how,
+    uniform_cover, units_brief, units_label, where, wrap_seq, wrapped_how,
 )
 from fsdp_lint.rules._peft import dtype_fix
 from fsdp_lint.model.tree import describe_params, param_patterns
@@ -173,17 +173,19 @@ fully_shard(model)
         if plan.api == "fsdp1":
             torch_says = fsdp1_torch_error(ctx, u) \
                 or f"Must flatten tensors with uniform dtype but got torch.{list(groups)[0]} and torch.{list(groups)[1]}"
-            msg = (f"{units_label(units)} {mixes} parameter dtypes ({wrapped_how(ctx, u)}): {'; '.join(parts)} ({cast}). "
-                   f"torch raises at wrap time: `ValueError: {torch_says}`")
+            msg = f"{units_brief(units)} {mixes} parameter dtypes {dtypes_set}: torch raises at wrap time"
+            detail = (f"{units_label(units)} ({wrapped_how(ctx, u)}): {'; '.join(parts)} ({cast}). "
+                      f"torch raises at wrap time: `ValueError: {torch_says}`")
             exc, torch_error = "ValueError", torch_says
             remedy = ("keep every parameter in one dtype before wrapping (e.g. `model.to(torch.float32)`) and get "
                       "low-precision compute from `mixed_precision=MixedPrecision(param_dtype=torch.bfloat16)`")
         else:
             label = units_label(units, "FSDP2 group")
             how = wrapped_how(ctx, u).replace("wrapped at", "fully_shard at")
-            msg = (f"{label} ({how}) {mixes} dtypes among trainable parameters: {'; '.join(parts)} ({cast}). "
-                   f"fully_shard accepts it, but the first forward fails: "
-                   f"`AssertionError: FSDP expects uniform original parameter dtype but got {dtypes_set}`")
+            msg = (f"{units_brief(units, 'FSDP2 group')} {mixes} dtypes {dtypes_set} among trainable parameters: "
+                   f"the first forward fails")
+            detail = (f"{label} ({how}): {'; '.join(parts)} ({cast}). fully_shard accepts it, but the first forward "
+                      f"fails: `AssertionError: FSDP expects uniform original parameter dtype but got {dtypes_set}`")
             exc, torch_error = "AssertionError", f"FSDP expects uniform original parameter dtype but got {dtypes_set}"
             remedy = ("keep every parameter in one dtype (e.g. `model.to(torch.float32)`) and get low-precision compute "
                       "from `fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))`")
@@ -191,7 +193,7 @@ fully_shard(model)
         peft = dtype_fix(ctx, considered)
         if peft:
             remedy, split = peft, ""
-        return self.finding(ctx, msg, **anchor(ctx, u, positions), module=u.module, fix=remedy + split,
+        return self.finding(ctx, msg, **anchor(ctx, u, positions), module=u.module, fix=remedy + split, detail=detail,
                             units=[x.module for x in units], dtypes=sorted(groups), policy=policy,
                             torch_exception=exc, torch_error=torch_error)
 

@@ -1,7 +1,7 @@
 """FSD204 integer-param-in-unit."""
 from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._flat_params import (
-    anchor, fsdp1_torch_error, group_units, units_label, wrapped_how,
+    anchor, fsdp1_torch_error, group_units, units_brief, units_label, wrapped_how,
 )
 
 _MODEL = '''
@@ -123,9 +123,10 @@ model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
             more = f" and {len(ints) - 4} more" if len(ints) > 4 else ""
             holds = "each hold" if len(units) > 1 else "holds"
             torch_says = fsdp1_torch_error(ctx, u) or "Cannot flatten integer dtype tensors"
-            msg = (f"{units_label(units)} {holds} non-floating parameter{'s' if len(ints) > 1 else ''} {shown}{more} "
-                   f"({wrapped_how(ctx, u)}): a FlatParameter is floating point, so torch "
-                   f"raises at wrap time: `ValueError: {torch_says}`")
+            msg = (f"{units_brief(units)} {holds} {len(ints)} non-floating parameter{'s' if len(ints) > 1 else ''}: "
+                   f"torch raises at wrap time")
+            detail = (f"{units_label(units)} ({wrapped_how(ctx, u)}): {shown}{more}; a FlatParameter is floating "
+                      f"point, so torch raises at wrap time: `ValueError: {torch_says}`")
             first = ints[0]
             owner, _, leaf = first.rpartition(".")
             owner_cls = tree.modules[owner].cls if owner in tree.modules else "its module"
@@ -134,6 +135,6 @@ model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
             fix = (f"register it as a buffer instead (an integer tensor never has a gradient): "
                    f"`self.register_buffer(\"{leaf}\", ...)` in {owner_cls}, "
                    f"or exclude it: `ignored_states=[{listed}]` in the FSDP call")
-            yield self.finding(ctx, msg, **anchor(ctx, u), module=u.module, fix=fix,
+            yield self.finding(ctx, msg, **anchor(ctx, u), module=u.module, fix=fix, detail=detail,
                                params=every, units=[x.module for x in units],
                                torch_exception="ValueError", torch_error=torch_says)

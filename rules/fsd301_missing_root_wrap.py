@@ -105,14 +105,14 @@ for i, layer in enumerate(model.layers):
             fix = "wrap the root too: `model = FSDP(model, ...)` after the child wraps"
         if trainable:
             msg = (f"the root model is not wrapped: {len(leftover)} parameters ({numel:,} elements) are outside every "
-                   f"FSDP unit and their gradients are never synchronised across ranks: {shown}")
+                   f"FSDP unit and their gradients are never synchronised across ranks")
             severity = "error"
         else:
             msg = (f"the root model is not wrapped: {len(leftover)} frozen parameters ({numel:,} elements) stay "
-                   f"replicated on every rank: {shown}")
+                   f"replicated on every rank")
             severity = "warning"
         yield self.finding(ctx, msg, line=last.line, col=last.col, path=last.path, module="", fix=fix,
-                           severity=severity, params=leftover, fix_edits=self._edits(plan, last))
+                           detail=f"outside every unit: {shown}", severity=severity, params=leftover, fix_edits=self._edits(plan, last))
 
     @staticmethod
     def _edits(plan, last):

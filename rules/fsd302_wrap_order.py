@@ -140,8 +140,9 @@ fully_shard(model)
                 else:
                     order = f"{anc} was already sharded at line {related_line}"
                 exc, torch_error = "TypeError", "Invariant encountered: value was None when it should not be"
-                msg = (f"fully_shard on {what} runs after fully_shard on an ancestor: {order}. The ancestor's group "
-                       f"already manages these parameters, and torch fails here with `{exc}: {torch_error}`")
+                msg = f"fully_shard on {what} runs after fully_shard on an ancestor: torch fails here"
+                detail = (f"{order}. The ancestor's group already manages these parameters, and torch fails here "
+                          f"with `{exc}: {torch_error}`")
                 if related_line == line:
                     fix = ("shard children before parents: iterate `reversed(list(model.modules()))`, or skip the root "
                            "in the loop and call `fully_shard(model)` after it")
@@ -152,15 +153,15 @@ fully_shard(model)
                 what = _shown([_name(m) for m in mods])
                 exc, torch_error = ("AssertionError",
                                     "Each distinct composable distributed API can only be applied to a module once.")
-                msg = (f"fully_shard is applied to {what} a second time (first at line {first.related_line}): torch "
-                       f"raises `{exc}: {torch_error}`")
+                msg = f"fully_shard is applied to {what} a second time (first at line {first.related_line}): torch raises"
+                detail = f"torch raises `{exc}: {torch_error}`"
                 fix = (f"remove one of the calls (lines {first.related_line} and {line}): each module belongs to "
                        f"exactly one fully_shard group")
             edits = None
             if kind == "ancestor-already-sharded" and related_line != line:
                 edits = self._edits(ctx, path, related, related_line)
             yield self.finding(ctx, msg, line=line, col=first.col, path=path, module=mods[0], fix=fix,
-                               fix_edits=edits,
+                               fix_edits=edits, detail=detail,
                                modules=mods, related=related, related_line=related_line,
                                torch_exception=exc, torch_error=torch_error)
 

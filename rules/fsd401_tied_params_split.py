@@ -188,28 +188,33 @@ model = FSDP(model, use_orig_params=True)
         where = "; ".join(
             f"`{m or '<root>'}` in {_unit_name(u)}" + (f" (line {u.line})" if u is not None and u.line else "")
             for m, u in unit_of.items())
-        msg = f"tied parameter {names} is split across FSDP units: {where}"
+        msg = f"tied parameter {names} is split across FSDP units: "
+        detail = f"the modules: {where}"
         details = {}
         if plan.api == "fsdp2":
             if any(u is None for u in unit_of.values()):
-                msg += (": only the sharded module gets the DTensor parameter, the other keeps a plain replicated "
-                        "copy, so the weights are no longer tied")
+                msg += "the weights are no longer tied"
+                detail += (": only the sharded module gets the DTensor parameter, the other keeps a plain replicated "
+                           "copy, so the weights are no longer tied")
             else:
-                msg += (f": torch raises at the first forward (\"Parameter '{info.aliases[0]}' is shared with a "
-                        "parameter already managed by another FSDP group\")")
+                msg += "torch raises at the first forward"
+                detail += (f": torch raises at the first forward (\"Parameter '{info.aliases[0]}' is shared with a "
+                           "parameter already managed by another FSDP group\")")
             fix = self._fsdp2_fix(owners, unit_of, outer)
             details["group"] = self._members(owners, unit_of, outer)
             details["fix_edits"] = self._edits(ctx, details["group"], culprits)
         else:
             if plan.use_orig_params:
-                msg += ": with use_orig_params=True the forward crashes with a shape error (\"'weight' must be 2-D\")"
+                msg += "the forward crashes with a shape error"
+                detail += ": with use_orig_params=True the forward crashes with a shape error (\"'weight' must be 2-D\")"
             else:
-                msg += (": each unit flattens its own copy of the tensor, so the weights are silently untied "
-                        "after the first optimizer step")
+                msg += "the weights are silently untied after the first optimizer step"
+                detail += (": each unit flattens its own copy of the tensor, so the weights are silently untied "
+                           "after the first optimizer step")
             fix = self._fsdp1_fix(owners, unit_of, outer, culprits)
             details["fix_edits"] = _fsdp1_edits(ctx, culprits)
         return self.finding(ctx, msg, line=anchor.line, col=anchor.col, path=anchor.path, module=owners[-1],
-                            fix=fix, param=info.fqn, modules=owners, **details)
+                            fix=fix, detail=detail, param=info.fqn, modules=owners, **details)
 
     @staticmethod
     def _edits(ctx, members, culprits):

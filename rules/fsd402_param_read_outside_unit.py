@@ -157,10 +157,13 @@ model = FSDP(LM(), auto_wrap_policy=ModuleWrapPolicy({nn.Embedding, Block}), use
                  else "before that unit's forward gathered it (here it never runs)")
         if read.phase == "loss":
             who += " (the loss)"
-        msg = (f"`{read.fqn}` belongs to unit {_unit(owner)} but is read by {who}{inside}{at}, {state}: "
-               + ("FSDP2 raises at the first forward (`aten.mm.default got mixed torch.Tensor and DTensor`)"
-                  if plan.api == "fsdp2" else
-                  "FSDP1 hands it a flat slice of this rank's shard (a shape error, or wrong numbers)"))
+        msg = (f"`{read.fqn}` belongs to unit {_unit(owner)} but is read by {who} while it is sharded: "
+               + ("FSDP2 raises at the first forward" if plan.api == "fsdp2" else
+                  "FSDP1 hands it a flat slice of a shard"))
+        detail = (f"read{inside}{at}, {state}: "
+                  + ("FSDP2 raises at the first forward (`aten.mm.default got mixed torch.Tensor and DTensor`)"
+                     if plan.api == "fsdp2" else
+                     "FSDP1 hands it a flat slice of this rank's shard (a shape error, or wrong numbers)"))
         fix = self._fix(ctx, read, owner, reader)
         loc = where(ctx, owner.path, owner.line, owner.col)
         if not os.path.isfile(loc["path"]):
@@ -174,7 +177,7 @@ model = FSDP(LM(), auto_wrap_policy=ModuleWrapPolicy({nn.Embedding, Block}), use
             found = unwrap_units(plan, tree, [owner])
             if found:
                 edits = Fix(f"leave `{owner.modules[0]}` in the enclosing unit", SAFE, found[0])
-        return self.finding(ctx, msg, **loc, module=owner.module, fix=fix, param=read.fqn, reader=reader,
+        return self.finding(ctx, msg, **loc, module=owner.module, fix=fix, detail=detail, param=read.fqn, reader=reader,
                             reader_unit=unit_label(read.unit) if read.unit is not None else None, fix_edits=edits)
 
     @staticmethod

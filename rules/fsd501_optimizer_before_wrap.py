@@ -161,7 +161,9 @@ fully_shard(model)
                 severity = "warning"
                 why = (f"FSDP at {wrap_lines} wraps {held}; it works only because use_orig_params=True keeps the "
                        "original Parameter objects, and breaks with use_orig_params=False or FSDP2")
-            msg = f"optimizer `{opt.cls}` is built before the model is wrapped: {why}"
+            msg = f"optimizer `{opt.cls}` is built before the model is wrapped: " + (
+                f"`optimizer.step()` {effect}" if severity == self.severity
+                else "it works only because use_orig_params=True")
             last_line = max(u.line for u in wraps)
             fix = (f"build the optimizer after the wrap: move the `{opt.cls}(...)` at line {opt.line} below the "
                    f"wrap call at line {last_line}, and pass it the wrapped model's `parameters()`")
@@ -174,6 +176,7 @@ fully_shard(model)
                        f"sharded parameters")
             edits = None if getattr(plan, "framework", None) else self._edits(opt, last)
             yield self.finding(ctx, msg, line=opt.line, path=opt.path, fix=fix, severity=severity, fix_edits=edits,
+                               detail=why,
                                wrap_lines=sorted({u.line for u in wraps}), params=replaced, last_wrap=last.line)
 
     @staticmethod

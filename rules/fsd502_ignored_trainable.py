@@ -166,11 +166,13 @@ fully_shard(model, ignored_params=set(model.head.parameters()))
         else:
             kwarg = "`ignored_modules`" if modules else "`ignored_states`"
         noun = "parameter" if len(params) == 1 else "parameters"
-        msg = (f"{kwarg} holds {len(params)} trainable {noun}{what}, {numel:,} elements: {shown}; FSDP never "
-               "reduces their gradients, so each rank updates its own copy and the replicas drift apart")
+        msg = (f"{kwarg} holds {len(params)} trainable {noun}{what}: FSDP never reduces their gradients, so the "
+               "replicas drift apart")
+        detail = (f"{numel:,} elements: {shown}; FSDP never reduces their gradients, so each rank updates its own "
+                  "copy and the replicas drift apart")
         freeze = " and ".join(f"`model.{m}.requires_grad_(False)`" for m in modules if m) or \
             "`requires_grad_(False)` on them"
         fix = (f"if they should not train, freeze them before wrapping ({freeze}); if they should train, "
                "do not ignore them, so FSDP shards and synchronises them")
         return self.finding(ctx, msg, line=line, col=col, path=path, module=modules[0] if modules else "",
-                            fix=fix, params=params)
+                            fix=fix, detail=detail, params=params)

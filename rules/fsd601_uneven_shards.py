@@ -132,16 +132,23 @@ model = FSDP(model, use_orig_params=True)
                 for p, k in empty[:5])
             more = f"; and {len(empty) - 5} more" if len(empty) > 5 else ""
             parts.append(f"{len(empty)} parameter(s) leave ranks with empty shards: {shown}{more}")
-        msg = f"{label} on {ws} ranks: " + "; ".join(parts)
+        brief = []
+        if heavy:
+            brief.append(f"padding {100.0 * ul.padding / ul.numel:.0f}% ({ul.padding:,} elements)")
+        if empty:
+            brief.append(f"{len(empty)} parameter(s) leave ranks with empty shards")
+        msg = f"{label} on {ws} ranks: " + "; ".join(brief)
+        detail = "; ".join(parts)
         if len(items) > 1:
-            msg += f" (the same in {len(items) - 1} more unit(s) from this call)"
+            msg += f" (and {len(items) - 1} more unit(s))"
+            detail += f" (the same in {len(items) - 1} more unit(s) from this call)"
         if ctx.plan.api == "fsdp2":
             fix = ("nothing is required; to avoid the waste, give dim 0 a multiple of the world size, keep tiny "
                    "parameters out of sharding (`ignored_params`) or shard them on another dim (`shard_placement_fn`)")
         else:
             fix = "nothing is required; the FlatParameter is padded to a multiple of the world size"
         return self.finding(ctx, msg, **where(ctx, path, line, ul.unit.col), module=ul.unit.module, fix=fix,
-                            units=[i[0].unit.module for i in items],
+                            detail=detail, units=[i[0].unit.module for i in items],
                             empty_params=[(p.fqn, list(p.shape), k) for p, k in empty])
 
 

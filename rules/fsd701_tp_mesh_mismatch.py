@@ -88,12 +88,13 @@ fully_shard(model)
                 continue
             seen.add((prob.path, prob.line, prob.message))
             if prob.kind == "tp-mesh":
-                msg = (f"fully_shard combines its mesh with tensor-parallel parameters on another mesh "
-                       f"({prob.detail}): torch raises `{prob.message}`")
+                msg = "fully_shard combines its mesh with tensor-parallel parameters on another mesh: torch raises"
+                detail = f"{prob.detail}: torch raises `{prob.message}`"
                 fix = ("slice both from one mesh: `world_mesh = init_device_mesh(\"cuda\", (dp, tp), "
                        "mesh_dim_names=(\"dp\", \"tp\"))`, then `parallelize_module(..., world_mesh[\"tp\"], ...)` "
                        "and `fully_shard(..., mesh=world_mesh[\"dp\"])`")
             else:
-                msg = f"fully_shard takes a 1-D (FSDP) or 2-D (HSDP) mesh: torch raises `{prob.message}`"
+                msg = "fully_shard takes a 1-D (FSDP) or 2-D (HSDP) mesh: torch raises"
+                detail = f"torch raises `{prob.message}`"
                 fix = "pass the data-parallel dimensions only, e.g. `mesh=world_mesh[\"dp\"]`"
-            yield self.finding(ctx, msg, line=prob.line, col=prob.col, path=prob.path, fix=fix)
+            yield self.finding(ctx, msg, line=prob.line, col=prob.col, path=prob.path, fix=fix, detail=detail)

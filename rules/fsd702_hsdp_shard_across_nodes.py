@@ -105,7 +105,9 @@ model = FSDP(model, process_group=(peers[rank % gpus_per_node], nodes[rank // gp
             light = sum(u.all_reduce_bytes_per_step for u, _, _ in items)
             shard_name = f"`{m.shard.name}` " if m.shard.name and m.shard.name != "shard" else ""
             where = ("inside one node" if len(replica_nodes) == 1 else f"across {len(replica_nodes)} nodes")
-            msg = (f"{len(items)} hybrid-sharded unit(s) shard over {shard_name}groups of {m.shard.size} ranks that span "
+            msg = (f"{len(items)} hybrid-sharded unit(s) shard across {len(shard_nodes)} nodes and replicate {where}: "
+                   f"{human_bytes(heavy)}/rank per step of all-gathers and reduce-scatters cross nodes")
+            detail = (f"{len(items)} hybrid-sharded unit(s) shard over {shard_name}groups of {m.shard.size} ranks that span "
                    f"{len(shard_nodes)} nodes of {gpn} GPUs (rank 0's: {m.shard.group_ranks()[:8]}), and replicate "
                    f"{where} (groups of {m.replicate.size}): every all-gather and reduce-scatter crosses nodes, "
                    f"{human_bytes(heavy)} per rank per step, while the gradient all-reduce ({human_bytes(light)}) "
@@ -113,4 +115,5 @@ model = FSDP(model, process_group=(peers[rank % gpus_per_node], nodes[rank // gp
             fix = ("shard inside a node and replicate across nodes: for FSDP1 pass `process_group=(intra_node_group, "
                    "inter_node_group)` in that order; for FSDP2 `init_device_mesh(\"cuda\", (num_nodes, gpus_per_node), "
                    "mesh_dim_names=(\"replicate\", \"shard\"))`")
-            yield self.finding(ctx, msg, line=line, col=col, path=path, fix=fix, bytes_across_nodes=heavy)
+            yield self.finding(ctx, msg, line=line, col=col, path=path, fix=fix, detail=detail,
+                               bytes_across_nodes=heavy)

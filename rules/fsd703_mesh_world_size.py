@@ -59,7 +59,9 @@ fully_shard(model, mesh=mesh)
         for prob in ctx.plan.mesh_problems:
             if prob.kind != "world-size":
                 continue
-            msg = f"{prob.detail}: torch raises `{prob.message}`"
+            msg = f"{prob.detail}: torch raises"
+            detail = f"torch raises `{prob.message}`"
             fix = ("build the mesh from the launch: `init_device_mesh(\"cuda\", (dist.get_world_size() // tp, tp), "
                    "...)`, or lint with the world size the job really uses")
-            yield self.finding(ctx, msg, line=prob.line or 1, col=prob.col, path=prob.path or ctx.path, fix=fix)
+            yield self.finding(ctx, msg, line=prob.line or 1, col=prob.col, path=prob.path or ctx.path, fix=fix,
+                               detail=detail)

@@ -67,10 +67,12 @@ fully_shard(model, mesh=world_mesh["dp"])
                 continue
             seen.add((prob.path, prob.line))
             if prob.kind == "reshard-int":
-                msg = f"torch rejects this reshard_after_forward in fully_shard: `{prob.message}`"
+                msg = "torch rejects this reshard_after_forward in fully_shard"
+                detail = f"torch raises `{prob.message}`"
                 fix = "pass a factor of the shard group's size (or True/False)"
             else:
-                msg = (f"reshard_after_forward=<int> on tensor-parallel (DTensor) parameters: torch raises at the end "
-                       f"of the first forward: `{prob.message}`")
+                msg = ("reshard_after_forward=<int> on tensor-parallel (DTensor) parameters: torch raises at the end "
+                       "of the first forward")
+                detail = f"torch raises `{prob.message}`"
                 fix = "use reshard_after_forward=True (or False) for tensor-parallel blocks"
-            yield self.finding(ctx, msg, line=prob.line, col=prob.col, path=prob.path, fix=fix)
+            yield self.finding(ctx, msg, line=prob.line, col=prob.col, path=prob.path, fix=fix, detail=detail)

@@ -81,12 +81,13 @@ fully_shard(model, mesh=mesh)
             shard = f"`{m.shard.name}`" if m.shard.name else "dimension 1"
             rep = f"`{m.replicate.name}`" if m.replicate.name else "dimension 0"
             msg = (f"{len(units)} unit(s) are hybrid-sharded over a 2-D mesh whose shard dimension {shard} has 1 rank: "
-                   f"nothing is sharded, every rank keeps all {numel:,} of their parameters with their gradients "
+                   f"nothing is sharded")
+            detail = (f"every rank keeps all {numel:,} of their parameters with their gradients "
                    f"and optimizer state, and all-reduces the gradients over {rep} ({m.replicate.size} ranks), as DDP "
                    f"would; `fully_shard` replicates over dimension 0 of a 2-D mesh and shards over dimension 1")
             if m.replicate.name:
                 fix = f"shard over the data-parallel dimension: `fully_shard(..., mesh=mesh[\"{m.replicate.name}\"])`"
             else:
                 fix = "give `fully_shard` a 1-D mesh of the ranks to shard over"
-            yield self.finding(ctx, msg, line=line, col=col, path=path, fix=fix, units=len(units),
+            yield self.finding(ctx, msg, line=line, col=col, path=path, fix=fix, detail=detail, units=len(units),
                                unsharded_numel=numel)

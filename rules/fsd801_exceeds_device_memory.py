@@ -105,14 +105,14 @@ class ExceedsDeviceMemory(Rule):
         what = {"simulated peak": "simulated peak", "static estimate with activations": "estimated peak"}.get(
             budget.source, "lower bound (without activations: pass --input-shape for the peak)")
         msg = (f"{what} {human_bytes(budget.peak_bytes)}/rank exceeds the usable memory of the device by "
-               f"{human_bytes(-budget.headroom_bytes)}: {budget.device}, {human_bytes(budget.usable_bytes)} usable "
-               f"after the CUDA context, NCCL buffers and fragmentation; largest: {parts}; the peak is at "
-               f"{budget.phase}")
+               f"{human_bytes(-budget.headroom_bytes)}")
+        detail = (f"{budget.device}, {human_bytes(budget.usable_bytes)} usable after the CUDA context, NCCL buffers "
+                  f"and fragmentation; largest: {parts}; the peak is at {budget.phase}")
         if budget.source == LOWER_BOUND:
-            msg += "; activations come on top of it"
+            detail += "; activations come on top of it"
         unit = ctx.plan.root_unit or ctx.plan.units[-1]
         fix = ("lower the largest contributor: activation checkpointing for activations, more ranks (or a larger "
                "shard group) for sharded state, CPUOffloadPolicy / CPUOffload for the optimizer state, a smaller "
                "micro-batch; `fsdp-lint --suggest` lists plans that fit")
         yield self.finding(ctx, msg, **where(ctx, unit.path, unit.line, unit.col), module=unit.module, fix=fix,
-                           peak_bytes=budget.peak_bytes, usable_bytes=budget.usable_bytes, source=budget.source)
+                           detail=detail, peak_bytes=budget.peak_bytes, usable_bytes=budget.usable_bytes, source=budget.source)

@@ -150,7 +150,7 @@ def test_block_of_hugging_face_models_is_what_accelerate_wraps(name):
 def test_fsd101_on_leaf_subclasses_names_the_block_and_torch_builds_its_plan():
     (f,) = _hits("casted_linear_fsdp1.py", "FSD101")
     assert f.details["block"] == "Block" and "ModuleWrapPolicy({Block})" in f.fix
-    assert "CastedLinear" not in f.message + f.fix
+    assert "CastedLinear" not in f.text + f.fix
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     mod = _fixture("casted_linear_fsdp1.py")
@@ -209,7 +209,7 @@ def test_fsd104_vision_tower_left_in_the_root_and_torch_empties_it_with_the_fix(
     (f,) = _hits(name, "FSD104")
     assert f.severity == ("info" if f.details["device_share"] < 0.05 else "warning")   # memory-info-share
     assert f.details["blocks_left"] == [f"vision_tower.blocks.{i}" for i in range(4)]
-    assert "4 VisionBlock blocks" in f.message
+    assert "4 VisionBlock blocks" in f.text
     assert f.fix.startswith("shard the blocks left in the root, `for block in model.vision_tower.blocks: "
                             "fully_shard(block)`, then")
     groups = re.findall(r"`(fully_shard\(\[[^`]*\]\))`", f.fix)

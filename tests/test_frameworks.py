@@ -132,7 +132,7 @@ def test_framework_plan_equals_what_the_framework_builds(case):
     settings = Settings(**{"world_size": 4, **options})
     res = assert_framework_plan_matches(os.path.join(F, rel), settings, ARGV.get(case))
     assert res.plan.framework == framework
-    assert sorted({f.code for f in res.findings}) == codes, [f.message for f in res.findings]
+    assert sorted({f.code for f in res.findings}) == codes, [f.text for f in res.findings]
 
 
 def test_fabric_sets_up_without_skipped_statements():
@@ -176,7 +176,7 @@ def test_accelerate_wrong_class_is_fsd103_quoting_accelerate_at_the_yaml_line():
     assert "Could not find the transformer layer class LLaMADecoderLayer" in error
     res = lint_file(path, settings)
     [f] = [f for f in res.findings if f.code == "FSD103"]
-    assert error in f.message and "LlamaDecoderLayer" in f.fix
+    assert error in f.text and "LlamaDecoderLayer" in f.fix
     assert f.path == settings.accelerate_config
     with open(f.path) as fh:
         assert "fsdp_transformer_layer_cls_to_wrap: LLaMADecoderLayer" in fh.read().splitlines()[f.line - 1]
@@ -270,7 +270,7 @@ def test_cli_accelerate_config_on_a_model_alone():
     assert file["path"].endswith("fsdp1_wrong_class.yaml")
     assert file["plan"]["framework"] == "accelerate" and file["model"]["class"] == "LlamaForCausalLM"
     [f] = file["findings"]
-    assert f["code"] == "FSD103" and f["line"] == 14 and "`LlamaDecoderLayer`" in f["message"]
+    assert f["code"] == "FSD103" and f["line"] == 14 and "`LlamaDecoderLayer`" in (f["message"] + " " + str(f.get("detail")))
 
 
 def test_cli_framework_option_errors_are_one_line():
@@ -362,7 +362,7 @@ def test_record_reports_a_missing_class_at_the_callers_line(tmp_path):
     path.write_text(API_SCRIPT.format(config=os.path.join(CFG, "tiny-llama"), names=["LLaMADecoderLayer"]))
     [f] = [f for f in _load(path).lint(8).findings if f.code == "FSD103"]
     assert f.path == str(path) and "LLaMADecoderLayer" in path.read_text().splitlines()[f.line - 1]
-    assert "Could not find the transformer layer class LLaMADecoderLayer" in f.message
+    assert "Could not find the transformer layer class LLaMADecoderLayer" in f.text
 
 
 def test_lint_module_reads_real_units():

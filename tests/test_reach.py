@@ -224,7 +224,7 @@ def test_shard_placement_fn_gives_torchs_local_shapes(rank):
     # experts sharded on dim 1 leave no rank empty: FSD601 only names the 4-row router
     (fsd601,) = [f for f in __import__("fsdp_lint.engine", fromlist=["lint_file"]).lint_file(
         MOE, Settings(world_size=8)).findings if f.code == "FSD601"]
-    assert "router" in fsd601.message and "experts" not in fsd601.message
+    assert "router" in fsd601.text and "experts" not in fsd601.text
 
 
 # --------------------------------------------------------------------------------------------
@@ -267,7 +267,8 @@ def test_a_wrap_class_the_model_lacks_is_fsd103_at_the_fsdp_config_file_named_in
     assert res.code == 1, res.err
     [f] = [f for f in json.loads(res.out)["files"][0]["findings"] if f["code"] == "FSD103"]
     assert (f["path"], f["line"]) == ("configs/fsdp_renamed_block.json", 3)
-    assert "`GPT2Layer`" in f["message"] and "Could not find the transformer layer class GPT2Layer" in f["message"]
+    text = f["message"] + " " + str(f.get("detail"))
+    assert "`GPT2Layer`" in text and "Could not find the transformer layer class GPT2Layer" in text
     assert f["fix"] == ("write `GPT2Block` instead of `GPT2Layer` in the `transformer_layer_cls_to_wrap` key of "
                         "fsdp_renamed_block.json (the `fsdp_config` file)")
 

@@ -35,8 +35,13 @@ def test_invalid_example_is_flagged(tmp_path, rule, ex):
     res = _lint(tmp_path, ex)
     hits = [f for f in res.findings if f.code == rule.code]
     assert hits, f"{rule.code} did not fire; findings: {[(f.code, f.message) for f in res.findings]}"
+    from fsdp_lint.report.text import MESSAGE_LIMIT
+
     for f in hits:
         assert f.line > 0 and f.message and f.severity in SEVERITIES
+        # concise shows the message on one line: the rule keeps it short, the explanation is `detail`
+        assert len(f.message) <= MESSAGE_LIMIT and "\n" not in f.message, (len(f.message), f.message)
+        assert not f.detail or (f.detail != f.message and "\n" not in f.detail)
 
 
 def test_codes_are_unique_and_well_formed():

@@ -109,7 +109,7 @@ def _assert_quotes_torch(finding, exc: BaseException) -> None:
     said = _norm(str(exc).splitlines()[0])
     quoted = _norm(finding.details["torch_error"])
     assert said.startswith(quoted), f"torch: {said!r}\nquoted: {quoted!r}"
-    assert quoted in _norm(finding.message)
+    assert quoted in _norm(finding.text)
 
 
 def _load_module(path: Path):
@@ -200,9 +200,9 @@ def test_fsd202_numbers_are_torchs(tmp_path):
     assert set(said) == set(finding.details["units"]) == {"layers.0", "layers.1"}
     n, m = said["layers.0"]
     assert (finding.details["grad_numel"], finding.details["trainable_numel"]) == (n, m)
-    assert f"{n:,} numel instead of {m:,} numel before sharding" in finding.message
+    assert f"{n:,} numel instead of {m:,} numel before sharding" in finding.text
     shard = {u["module"]: u["shard_numel"] for u in units}["layers.0"]
-    assert f"holds a {shard:,}-element gradient shard" in finding.message
+    assert f"holds a {shard:,}-element gradient shard" in finding.text
     # torch accepts the plan: this is a warning, not a crash
     assert _run_fsdp1(path)[0] is None
 
@@ -214,9 +214,9 @@ def test_fixture_lora_mixed_fsd201(tmp_path):
     path = BAD / "fsdp1_lora_mixed.py"
     (finding,) = _findings(path, "FSD201")
     assert finding.line == _line_of(path, "model = FSDP(")
-    assert f"frozen at line {_line_of(path, 'model.requires_grad_(False)')}" in finding.message
+    assert f"frozen at line {_line_of(path, 'model.requires_grad_(False)')}" in finding.text
     assert finding.details["units"] == ["layers.0", "layers.1", "layers.2"]
-    assert "lora_A" in finding.message and "lora_B" in finding.message
+    assert "lora_A" in finding.text and "lora_B" in finding.text
     assert "use_orig_params=True" in finding.fix
     exc, line = _run_fsdp1(path)
     assert isinstance(exc, ValueError)
@@ -237,7 +237,7 @@ def test_fixture_mixed_dtype_fsd203(tmp_path):
     path = BAD / "fsdp1_mixed_dtype.py"
     (finding,) = _findings(path, "FSD203")
     assert finding.line == _line_of(path, "model = FSDP(")
-    assert f"cast to bfloat16 at line {_line_of(path, 'block.attn.to(torch.bfloat16)')}" in finding.message
+    assert f"cast to bfloat16 at line {_line_of(path, 'block.attn.to(torch.bfloat16)')}" in finding.text
     assert finding.details["units"] == ["layers.0", "layers.1", "layers.2"]
     exc, line = _run_fsdp1(path)
     assert isinstance(exc, ValueError)
@@ -259,7 +259,7 @@ def test_fixture_root_first_fsd302():
     assert finding.details["modules"] == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
     assert finding.details["related"] == ""
     assert finding.details["related_line"] == _line_of(path, "fully_shard(model")
-    assert f"line {finding.details['related_line']}" in finding.message
+    assert f"line {finding.details['related_line']}" in finding.text
     exc, line = _run_fsdp1(path)        # replay(real=True): real fully_shard on meta with a CPU mesh
     assert isinstance(exc, TypeError)
     _assert_quotes_torch(finding, exc)
@@ -273,9 +273,9 @@ def test_fixture_lora_orig_params_fsd202():
     mine = [f for f in findings if f.code in ("FSD201", "FSD202", "FSD203", "FSD204", "FSD302")]
     assert [f.code for f in mine] == ["FSD202"]
     (finding,) = mine
-    assert finding.severity == "info" and "of the usable memory of the device" in finding.message   # a tiny LoRA: < 5 % of an H100
+    assert finding.severity == "info" and "of the usable memory of the device" in finding.text   # a tiny LoRA: < 5 % of an H100
     assert finding.line == _line_of(path, "model = FSDP(")
-    assert f"frozen at line {_line_of(path, 'p.requires_grad = False')}" in finding.message
+    assert f"frozen at line {_line_of(path, 'p.requires_grad = False')}" in finding.text
     assert finding.details["units"] == ["decoder_layers.0", "decoder_layers.1"]
     # adapters live on the same module as the frozen weight: no grouping, and the fix says so
     assert finding.details["policy"] is None and "LoRALinear" in finding.fix
@@ -297,7 +297,7 @@ def test_fixture_lora_orig_params_fsd202():
     said, _ = _frozen_warnings(build, auto_wrap_policy=ModuleWrapPolicy({mod.DecoderLayer}), use_orig_params=True)
     assert set(said) == {"decoder_layers.0", "decoder_layers.1"}
     n, m = said["decoder_layers.0"]
-    assert f"{n:,} numel instead of {m:,} numel before sharding" in finding.message
+    assert f"{n:,} numel instead of {m:,} numel before sharding" in finding.text
     # the fixture's own policy and mixed precision: the gradient shard each rank holds
     import functools
 
@@ -308,7 +308,7 @@ def test_fixture_lora_orig_params_fsd202():
                                                            transformer_layer_cls={mod.DecoderLayer}),
                         mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
     shard = {u["module"]: u["shard_numel"] for u in units}["decoder_layers.0"]
-    assert f"holds a {shard:,}-element gradient shard" in finding.message
+    assert f"holds a {shard:,}-element gradient shard" in finding.text
 
 
 def test_fixture_fsdp2_frozen_is_clean():
@@ -325,4 +325,4 @@ def test_wrap_option_plan_points_at_the_freezing_statement():
     (finding,) = [f for f in res.findings if f.code == "FSD201"]
     assert Path(finding.path).resolve() == path.resolve()
     assert finding.line == _line_of(path, "model.requires_grad_(False)")
-    assert "--wrap" in finding.message
+    assert "--wrap" in finding.text

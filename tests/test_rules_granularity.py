@@ -89,10 +89,10 @@ CASES = [
 def test_bad_fixture_fires_at_the_wrap_line(name, code, severity, needle, module, ws):
     path = _bad(name)
     hits = _hits(path, code, ws)
-    assert len(hits) == 1, [(f.code, f.line, f.message) for f in _lint(path, ws).findings]
+    assert len(hits) == 1, [(f.code, f.line, f.text) for f in _lint(path, ws).findings]
     f = hits[0]
     assert os.path.abspath(f.path) == os.path.abspath(path)
-    assert f.line == _line_of(path, needle), f.message
+    assert f.line == _line_of(path, needle), f.text
     assert f.severity == severity
     assert f.module == module
     assert f.fix
@@ -120,7 +120,7 @@ GOOD = sorted(glob.glob(os.path.join(ROOT, "fixtures", "article_fsdp*.py"))
 
 @pytest.mark.parametrize("path", GOOD, ids=[os.path.basename(p) for p in GOOD])
 def test_correct_plans_get_no_error_or_warning(path):
-    loud = [(f.code, f.line, f.message) for f in _lint(path, 4).findings
+    loud = [(f.code, f.line, f.text) for f in _lint(path, 4).findings
             if f.code in MINE and f.severity in ("error", "warning")]
     assert not loud
 
@@ -164,7 +164,7 @@ def test_fsd101_size_policy_default_wraps_nothing_in_torch():
 
     path = _bad("fsdp1_size_default.py")
     (f,) = _hits(path, "FSD101")
-    assert "min_num_params=100,000,000" in f.message and "EncoderBlock" in f.fix
+    assert "min_num_params=100,000,000" in f.text and "EncoderBlock" in f.fix
     units = oracle.fsdp1_units(_module(path).SequenceRegressor, world_size=4, device_id=CPU,
                                auto_wrap_policy=size_based_auto_wrap_policy)
     assert [u["module"] for u in units] == [""]
@@ -181,7 +181,7 @@ def test_fsd101_a_policy_function_that_wraps_nothing_in_a_packaged_entry_point()
     repo = os.path.join(ROOT, "fixtures", "repos", "gpt2_policy_fn")
     path = os.path.join(repo, "src", "gpt2_train", "train.py")
     (f,) = _hits(path, "FSD101", 8)
-    assert "`decoder_layer_policy` wraps nothing" in f.message and "GPT2Block" in f.fix
+    assert "`decoder_layer_policy` wraps nothing" in f.text and "GPT2Block" in f.fix
     assert f.line == _line_of(path, "model = FSDP(")
     sys.path.insert(0, os.path.join(repo, "src"))
     try:
@@ -206,7 +206,7 @@ def test_fsd102_counts_torchs_units_and_the_per_block_plan():
     path = _bad("fsdp1_every_linear.py")
     (f,) = _hits(path, "FSD102")
     mod = _module(path)
-    assert "ModuleWrapPolicy({Layer})" in f.fix and "Layer" in f.message
+    assert "ModuleWrapPolicy({Layer})" in f.fix and "Layer" in f.text
     fine = oracle.fsdp1_units(mod.Model, world_size=4, device_id=CPU, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
     coarse = oracle.fsdp1_units(mod.Model, world_size=4, device_id=CPU, auto_wrap_policy=ModuleWrapPolicy({mod.Layer}))
     plan = _lint(path).plan
@@ -217,7 +217,7 @@ def test_fsd102_counts_torchs_units_and_the_per_block_plan():
     per_step = lambda units: sum(2 if u["module"] else 1 for u in units) + len(units)  # noqa: E731
     assert f.details["collectives_per_step"] == per_step(fine)
     assert f.details["per_block_collectives_per_step"] == per_step(coarse)
-    assert str(per_step(fine)) in f.message and str(per_step(coarse)) in f.message
+    assert str(per_step(fine)) in f.text and str(per_step(coarse)) in f.text
 
 
 # ---------------------------------------------------------------------------- FSD103 vs torch
@@ -226,7 +226,7 @@ def test_fsd103_the_named_class_wraps_nothing_and_the_suggestion_wraps_the_block
 
     path = _bad("fsdp1_wrong_class.py")
     (f,) = _hits(path, "FSD103")
-    assert "TransformerDecoderLayer" in f.message and "`DecoderLayer`" in f.message
+    assert "TransformerDecoderLayer" in f.text and "`DecoderLayer`" in f.text
     assert "transformer_layer_cls={DecoderLayer}" in f.fix
     mod = _module(path)
     model_cls = mod.DecoderOnlyLM
@@ -318,7 +318,7 @@ def test_fsd104_tied_head_is_info_for_fsdp1_and_a_shared_group_for_fsdp2(tmp_pat
 
     (f1,) = [f for f in _lint_source(tmp_path, _example(HeavyRootUnit, "FSDP1 with a tied head: info")).findings
              if f.code == "FSD104"]
-    assert f1.severity == "info" and "embed.weight = head.weight" in f1.message
+    assert f1.severity == "info" and "embed.weight = head.weight" in f1.text
     (f2,) = [f for f in _lint_source(tmp_path, _example(HeavyRootUnit, "FSDP2 with a tied head: one group for both")
                                      ).findings if f.code == "FSD104"]
     assert f2.severity == "warning"
@@ -337,7 +337,7 @@ def test_fsd105_fsdp2_raises_on_the_container():
         model_cls, world_size=2, apply=lambda model, mesh: fully_shard(model.layers, mesh=mesh)))
     assert isinstance(err, ValueError)
     assert "containers that do not implement forward" in str(err) and "containers that do not implement forward" \
-        in f.message
+        in f.text
 
     def fixed(model, mesh):  # the finding's fix
         for layer in model.layers:

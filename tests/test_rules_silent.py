@@ -227,7 +227,7 @@ def test_fsd301_leftover_params_drift_apart_across_ranks(tmp_path, source, api):
     assert len(hits) == 1 and hits[0].severity == "error"
     wrap_line = _line_of(source, "fully_shard(layer" if api == "fsdp2" else "= FSDP(layer")
     assert hits[0].line == wrap_line
-    assert "embed.weight" in hits[0].message and "head.weight" in hits[0].message
+    assert "embed.weight" in hits[0].text and "head.weight" in hits[0].text
 
     r0, r1 = run_ranks(rank_plain_step, source, world_size=WS, timeout=TIMEOUT)
     # the leftovers (outside every unit) were updated with each rank's own gradient
@@ -255,7 +255,7 @@ def test_fsd301_fixture(tmp_path):
     source = open(path).read()
     assert hits[0].line == _line_of(source, "fully_shard(layer")
     for fqn in ("tok_embeddings.weight", "norm.weight", "output.weight"):
-        assert fqn in hits[0].message
+        assert fqn in hits[0].text
 
 
 # -------------------------------------------------------------------------------------- FSD401
@@ -263,7 +263,7 @@ def test_fsd401_fsdp1_unties_the_weights_after_one_step(tmp_path):
     hits = _codes(_lint(tmp_path, FSDP1_TIED_SPLIT), "FSD401")
     assert len(hits) == 1 and hits[0].severity == "error"
     assert hits[0].line == _line_of(FSDP1_TIED_SPLIT, "model.head = FSDP(")
-    assert "silently untied" in hits[0].message
+    assert "silently untied" in hits[0].text
 
     r0, r1 = run_ranks(rank_fsdp1_full_step, FSDP1_TIED_SPLIT, world_size=WS, timeout=TIMEOUT)
     for r in (r0, r1):
@@ -280,7 +280,7 @@ def test_fsd401_fsdp1_fixtures(tmp_path):
     source = open(path).read()
     hits = _codes(lint_file(path, Settings(world_size=4)).findings, "FSD401")
     assert len(hits) == 1 and hits[0].severity == "error"
-    assert "lm_head" in hits[0].message and "wte" in hits[0].message
+    assert "lm_head" in hits[0].text and "wte" in hits[0].text
     assert hits[0].line == _line_of(source, "model.lm_head = FSDP(")
     assert "`lm_head`" in hits[0].fix
     for name in ("fsdp1_tied.py",):
@@ -369,7 +369,7 @@ def test_fsd501_fixture():
     assert len(hits) == 1 and hits[0].severity == "error"
     assert hits[0].line == _line_of(source, "optimizer = torch.optim.AdamW(")
     wrap = _line_of(source, "fully_shard(model, mesh")
-    assert f"line {wrap}" in hits[0].fix and str(wrap) in hits[0].message
+    assert f"line {wrap}" in hits[0].fix and str(wrap) in hits[0].text
 
 
 # -------------------------------------------------------------------------------------- FSD502
@@ -377,7 +377,7 @@ def test_fsd502_ignored_trainable_params_drift_apart(tmp_path):
     hits = _codes(_lint(tmp_path, FSDP1_IGNORED_TRAINABLE), "FSD502")
     assert len(hits) == 1 and hits[0].severity == "error"
     assert hits[0].line == _line_of(FSDP1_IGNORED_TRAINABLE, "ignored_modules=")
-    assert "embed.weight" in hits[0].message
+    assert "embed.weight" in hits[0].text
 
     r0, r1 = run_ranks(rank_fsdp1_full_step, FSDP1_IGNORED_TRAINABLE, world_size=WS, timeout=TIMEOUT)
     assert torch.equal(r0["before"]["embed.weight"], r1["before"]["embed.weight"])

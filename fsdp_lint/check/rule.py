@@ -34,6 +34,14 @@ class Finding:
     call_site: Optional[Tuple[str, int]] = None
     # the fix as edits of the user's files (fsdp_lint.fix.edits.Fix), when it is a mechanical one
     fix_edits: Optional[Any] = None
+    # the long explanation (what torch raises, the numbers behind it): `full` shows it on its own
+    # line under the short `message`, which is all `concise` shows
+    detail: Optional[str] = None
+
+    @property
+    def text(self) -> str:
+        """The message with its explanation, as one text (SARIF, annotations, JSON readers)."""
+        return f"{self.message}: {self.detail}" if self.detail else self.message
 
     def to_json(self, display_path: Optional[str] = None, display=None) -> dict:
         site = None
@@ -41,6 +49,7 @@ class Finding:
             site = {"path": display(self.call_site[0]) if display else self.call_site[0], "line": self.call_site[1]}
         return {
             "code": self.code, "name": self.name, "severity": self.severity, "message": self.message,
+            "detail": self.detail,
             "path": display_path or self.path, "line": self.line, "col": self.col, "module": self.module,
             "fix": self.fix, "confirmed": self.confirmed, "evidence": self.evidence, "call_site": site,
             "fix_edits": self.fix_edits.to_json(display) if self.fix_edits is not None else None,
@@ -87,10 +96,10 @@ class Rule:
 
     def finding(self, ctx: LintContext, message: str, *, line: int, col: int = 1, module: str = "",
                 fix: Optional[str] = None, path: Optional[str] = None, severity: Optional[str] = None,
-                fix_edits=None, **details) -> Finding:
+                fix_edits=None, detail: Optional[str] = None, **details) -> Finding:
         return Finding(code=self.code, name=self.name, severity=severity or self.severity, message=message,
                        path=path or ctx.path, line=line, col=col, module=module, fix=fix, details=details,
-                       fix_edits=fix_edits)
+                       fix_edits=fix_edits, detail=detail)
 
     @classmethod
     def doc(cls) -> str:

@@ -15,15 +15,14 @@ def budget_line(res) -> str:
 
 
 def suggestions_table(res) -> str:
-    from tabulate import tabulate
-
     rows = []
     for c in res.suggestions:
         fits = {True: "yes", False: "no", None: "?"}[c["fits"]]
         rows.append([fits, human_bytes(c["peak_bytes"]), human_bytes(c["all_gather_bytes_per_step"]),
                      human_bytes(c["reduce_scatter_bytes_per_step"]), c["change"]])
     head = budget_line(res)
-    table = tabulate(rows, headers=["fits", "peak/rank", "all-gather/step", "reduce-scatter/step", "change"],
-                     tablefmt="simple")
+    from fsdp_lint.report.width import fitted
+
+    table = fitted(rows, ["fits", "peak/rank", "all-gather/step", "reduce-scatter/step", "change"], wrap=("change",))
     return (head + "\n" if head else "") + "--suggest (static estimates, those that fit first, least communication " \
         "first):\n" + table

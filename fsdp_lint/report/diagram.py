@@ -8,7 +8,6 @@ are drawn once. ``bars()`` gives the same geometry as plain data for the HTML re
 """
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -117,7 +116,10 @@ def _rel(fqn: str, modules) -> str:
 # text
 # --------------------------------------------------------------------------------------------
 def layout_diagram(res, width: Optional[int] = None) -> str:
-    width = width or shutil.get_terminal_size((120, 24)).columns
+    if not width:
+        from fsdp_lint.report.width import output_width
+
+        width = output_width()
     width = max(40, width)
     blocks = []
     for d in _grouped(bars(res)):

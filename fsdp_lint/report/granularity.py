@@ -101,3 +101,29 @@ def _verdicts(rows: List[GranularityRow], settings, plan: WrapPlan) -> None:
                      == (own.units, own.all_gathers_per_step, own.per_rank_bytes)), None)
         if same is not None:
             own.verdict = f"same as {same.name}" + (f" ({same.verdict})" if same.verdict == "best of these" else "")
+
+
+def granularity_table(res) -> str:
+    from fsdp_lint.humanize import human_bytes
+
+    """`--compare-granularity`: the article's table for this model and world size."""
+    rows = []
+    for row in res.granularity:
+        rows.append([row.name, row.units, row.all_gathers_per_step, human_bytes(row.bytes_per_all_gather),
+                     human_bytes(row.forward_peak_bytes), human_bytes(row.per_rank_bytes), row.verdict])
+    headers = ["plan", "units", "all-gathers per step", "bytes per all-gather", "forward peak (unsharded)",
+               "memory per rank", "verdict"]
+    head = f"granularity on {res.plan.world_size} ranks ({res.layout.memory.covers}):\n"
+    from fsdp_lint.report.width import fit_table, output_width
+
+    width = output_width()
+    text, _, _ = fit_table(rows, headers, width)
+    if max(len(line) for line in text.split("\n")) <= width:
+        return head + text
+    # too narrow for the verdicts beside the figures: the figures, then each verdict on lines of its own
+    import textwrap
+
+    text, _, _ = fit_table([r[:-1] for r in rows], headers[:-1], width, wrap=("plan",))
+    verdicts = [textwrap.fill(f"{r[0]}: {r[-1]}", max(40, width), initial_indent="  ", subsequent_indent="    ")
+                for r in rows]
+    return head + text + "\nverdicts:\n" + "\n".join(verdicts)

@@ -85,7 +85,7 @@ def _file_section(res) -> str:
                 extra += f"<div class=\"fix\"><b>--run {state}:</b> {_e(f.evidence)}</div>"
             out.append(f"<div class=\"finding\" style=\"border-color:{color}\"><span class=\"code\" "
                        f"style=\"color:{color}\">{_e(f.code)} {_e(f.severity)}</span> "
-                       f"<span class=\"muted\">{_e(display_path(f.path))}:{f.line}</span><br>{_e(f.message)}{extra}</div>")
+                       f"<span class=\"muted\">{_e(display_path(f.path))}:{f.line}</span><br>{_e(getattr(f, 'text', f.message))}{extra}</div>")
     out.append("<h3>Plan</h3>" + _unit_table(res))
     out.append("<h3>Layout</h3>" + _layout_svg(res))
     out.append("<h3>Memory per rank (static estimate)</h3>" + _memory_bar(res))

@@ -202,6 +202,43 @@ def _sarif_fix(fix, root) -> dict:
                                 for p, reps in by_path.items()]}
 
 
+def rule_anchor(rule) -> str:
+    """The rule's heading in README.md's "Rule reference" (``#### FSD301 `missing-root-wrap` ``) as
+    GitHub spells its anchor: ``fsd301-missing-root-wrap``."""
+    return f"{rule.code.lower()}-{rule.name}"
+
+
+def docs_url() -> Optional[str]:
+    """Where the rule reference lives: the package's ``Documentation`` project URL when its metadata
+    has one (``[project.urls]``), else README.md beside the package (a source or editable install);
+    None when neither is known (a SARIF rule then has no ``helpUri``)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, metadata
+
+        for entry in metadata("fsdp-lint").get_all("Project-URL") or []:
+            label, _, url = entry.partition(",")
+            if label.strip().lower() == "documentation" and url.strip():
+                return url.strip()
+    except (ImportError, PackageNotFoundError):
+        pass
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    return readme.as_uri() if readme.is_file() else None
+
+
+def _region(f, line: int, col: int) -> dict:
+    """SARIF region: the start, and the end where the file's syntax knows it (§3.30: endColumn is
+    one past the last character)."""
+    from fsdp_lint.report.positions import end_position
+
+    region = {"startLine": max(1, line), "startColumn": max(1, col)}
+    end = end_position(f.path, f.line, f.col) if line == f.line else None
+    if end is not None:
+        region.update(endLine=end[0], endColumn=end[1])
+    return region
+
+
 def render_sarif(results, failures=()) -> str:
     from fsdp_lint.check.rule import all_rules
 
@@ -214,11 +251,13 @@ def render_sarif(results, failures=()) -> str:
         for f in res.findings:
             if f.code not in index and f.code not in extra:
                 extra[f.code] = f
+    base = docs_url()
     for r in rules:
         doc = r.doc()
         sarif_rules.append({
             "id": r.code,
             "name": r.name,
+            **({"helpUri": f"{base}#{rule_anchor(r)}"} if base else {}),
             "shortDescription": {"text": r.summary},
             "fullDescription": {"text": doc.split("\n\n")[0] if doc else r.summary},
             "help": {"text": doc or r.summary, "markdown": doc or r.summary},
@@ -237,10 +276,10 @@ def render_sarif(results, failures=()) -> str:
                 "ruleId": f.code,
                 "ruleIndex": index.get(f.code, 0),
                 "level": _SARIF_LEVEL[f.severity],
-                "message": {"text": f.message + (f" Fix: {f.fix}" if f.fix else "")},
+                "message": {"text": full_message(f)},
                 "locations": [{"physicalLocation": {
                     "artifactLocation": _artifact_location(f.path, root),
-                    "region": {"startLine": max(1, f.line), "startColumn": max(1, f.col)},
+                    "region": _region(f, f.line, f.col),
                 }}],
             }
             if f.call_site is not None:
@@ -283,7 +322,18 @@ def _gh_escape(text: str, prop: bool = False) -> str:
     return text
 
 
+def full_message(f) -> str:
+    """The finding as one text for readers that show a single message (SARIF, annotations, GitLab):
+    the message, its explanation and the fix."""
+    return getattr(f, "text", f.message) + (f" Fix: {f.fix}" if f.fix else "")
+
+
 def render_github(results, failures=()) -> str:
+    """Workflow commands (GitHub's "Workflow commands for GitHub Actions"): `line`/`col` where the
+    finding starts, `endLine`/`endColumn` where the file's syntax says it ends (the column one past
+    the last character, as ruff and SARIF count)."""
+    from fsdp_lint.report.positions import end_position
+
     lines = []
     level = {"error": "error", "warning": "warning", "info": "notice"}
     for path, message in failures:
@@ -291,10 +341,14 @@ def render_github(results, failures=()) -> str:
                      f"title={_gh_escape('fsdp-lint could not lint this file', True)}::{_gh_escape(message)}")
     for res in results:
         for f in res.findings:
-            msg = f.message + (f" Fix: {f.fix}" if f.fix else "")
+            msg = full_message(f)
             if f.call_site is not None:
                 msg += f" (called from {display_path(f.call_site[0])}:{f.call_site[1]})"
+            end = end_position(f.path, f.line, f.col)
+            # the annotation is a check-run annotation: GitHub takes start and end columns only on one
+            # line (its REST API, "Create a check run": omit them when start_line and end_line differ)
+            span = "" if end is None else f",endLine={end[0]}" + (f",endColumn={end[1]}" if end[0] == f.line else "")
             lines.append(
-                f"::{level[f.severity]} file={_gh_escape(display_path(f.path), True)},line={f.line},col={f.col},"
-                f"title={_gh_escape(f'fsdp-lint ({f.code})', True)}::{_gh_escape(f'{f.name}: {msg}')}")
+                f"::{level[f.severity]} file={_gh_escape(display_path(f.path), True)},line={f.line},col={f.col}"
+                f"{span},title={_gh_escape(f'fsdp-lint ({f.code})', True)}::{_gh_escape(f'{f.name}: {msg}')}")
     return "\n".join(lines) + ("\n" if lines else "")

@@ -6,6 +6,7 @@ from typing import Dict, List, Optional
 
 from fsdp_lint.check.rule import SEVERITIES
 from fsdp_lint.humanize import display_path, exact_count as _n, human_bytes, human_count, unit_label  # noqa: F401
+from fsdp_lint.report.width import fitted
 
 SCHEMA_VERSION = 1
 
@@ -127,8 +128,6 @@ def memory_summary(memory) -> str:
 
 
 def unit_table(res) -> str:
-    from tabulate import tabulate
-
     rows = []
     with_ar = any(ul.all_reduces_per_step for ul in res.layout.units)
     for i, ul in enumerate(res.layout.units):
@@ -152,7 +151,11 @@ def unit_table(res) -> str:
     headers = ["#", "unit", "class", "params", "trainable", "dtype", "padded", "shard/rank",
                "all-gather/rank", "reduce-scatter/rank"] + (["all-reduce/rank"] if with_ar else []) + ["line"]
     rows = [[printable(c) if isinstance(c, str) else c for c in row] for row in rows]
-    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+    return fitted(rows, headers, drop=UNIT_TABLE_DROP, wrap=("unit", "class"), min_wrap=24)
+
+
+# the unit table's columns, least important first, left out one by one until the table fits the width
+UNIT_TABLE_DROP = ("padded", "trainable", "line", "class", "dtype", "all-reduce/rank")
 
 
 def _pad_rows(p) -> int:
@@ -185,8 +188,6 @@ def _placements_text(p) -> str:
 def params_table(res) -> str:
     """Per parameter: FSDP2 shape, local shape on rank 0 and on the last rank, collective padding;
     FSDP1 shape, place in the unit's FlatParameter and alignment padding."""
-    from tabulate import tabulate
-
     plan = res.plan
     rows = []
     ws = plan.world_size
@@ -223,14 +224,15 @@ def params_table(res) -> str:
             headers.insert(5, "placements")
         elif by_dim:
             headers.insert(5, "sharded")
+    # the --layout tables are wide on purpose (one row per parameter or rank, FQNs whole): never fitted
+    from tabulate import tabulate
+
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
 def ranks_table(res) -> str:
     """Per unit and rank: FSDP1 the FlatParameter range and the parameter slices it covers
     (element ranges into each flattened parameter); FSDP2 the dim-0 rows of each parameter."""
-    from tabulate import tabulate
-
     plan = res.plan
     rows = []
     for ul in res.layout.units:
@@ -273,6 +275,8 @@ def ranks_table(res) -> str:
         headers = ["unit", rank, "flat range", "elements", "padding", "holds (element ranges)"]
     else:
         headers = ["unit", rank, "elements", "padding", "holds (dim-0 rows)"]
+    from tabulate import tabulate
+
     width = [None] * (len(headers) - 1) + [100]
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True, maxcolwidths=width)
 
@@ -320,12 +324,24 @@ def _paint(text: str, what: str, color: bool) -> str:
     return f"\x1b[{_SGR[what]}m{text}\x1b[0m" if color else text
 
 
-def _headline(f, base, unsafe: bool, color: bool, tail: str = "") -> str:
+# concise shows at most this many characters of a message (the rules keep theirs shorter; a message
+# made long by names from the linted code is cut, and `full` shows it whole)
+MESSAGE_LIMIT = 160
+
+
+def short_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def _headline(f, base, unsafe: bool, color: bool, tail: str = "", limit: Optional[int] = None) -> str:
     sev = f.severity if f.severity in _SGR else "info"
     where = printable(f"{display_path(f.path, base)}:{f.line}:{f.col}:")
     marker = fix_marker(f, unsafe)
+    message = printable(f.message)
+    if limit:
+        message = short_message(message, limit)
     return (f"{_paint(where, 'path', color)} {_paint(f.code, sev, color)}{_paint(marker, 'fix', color)} "
-            f"{_paint('[' + f.severity + ']', sev, color)} {printable(f.message + tail)}")
+            f"{_paint('[' + f.severity + ']', sev, color)} {message}{printable(tail)}")
 
 
 def fix_marker(f, unsafe: bool = False) -> str:
@@ -347,6 +363,8 @@ def format_finding_full(f, base=None, unsafe: bool = False, color: bool = False)
     if f.module or f.module == "":
         if f.module:
             out.append(f"     = module: {f.module}")
+    if getattr(f, "detail", None):
+        out.append(f"     = detail: {f.detail}")
     if f.fix:
         out.append(f"     = fix: {f.fix}")
     fix = getattr(f, "fix_edits", None)
@@ -367,7 +385,7 @@ def format_finding_concise(f, base=None, unsafe: bool = False, color: bool = Fal
     if f.confirmed is not None:
         conf = " (confirmed)" if f.confirmed else " (not confirmed)"
     via = f" (called from {display_path(f.call_site[0], base)}:{f.call_site[1]})" if f.call_site else ""
-    return _headline(f, base, unsafe, color, f"{conf}{via}")
+    return _headline(f, base, unsafe, color, f"{conf}{via}", limit=MESSAGE_LIMIT)
 
 
 def render_text(results, *, full: bool = True, layout: Optional[str] = None, statistics: bool = False,
@@ -398,6 +416,8 @@ def render_text(results, *, full: bool = True, layout: Optional[str] = None, sta
 
                 blocks.append(layout_diagram(res))
             if getattr(res, "granularity", None):
+                from fsdp_lint.report.granularity import granularity_table
+
                 blocks.append(granularity_table(res))
             if getattr(res, "simulated", None):
                 blocks.append(simulated_text(res))
@@ -460,8 +480,6 @@ MEMORY_ROWS = [
 def simulated_text(res) -> str:
     """`--simulate`: the measured peak and where, its breakdown beside the static estimate, and the
     collectives counted beside the static ones."""
-    from tabulate import tabulate
-
     sim, mem, lay = res.simulated, res.layout.memory, res.layout
     if "error" in sim:
         return f"--simulate: not measured: {sim['error']}"
@@ -479,8 +497,8 @@ def simulated_text(res) -> str:
     ratio = mem.per_rank_bytes / sim["peak_bytes"] if sim["peak_bytes"] else 0.0
     rows.append(["total", human_bytes(sim["peak_bytes"]),
                  f"{human_bytes(mem.per_rank_bytes)} ({ratio:.2f}x, {mem.phase})"])
-    table = tabulate(rows, headers=["per rank", "simulated (at the peak)", f"static estimate ({mem.covers})"],
-                     tablefmt="simple", disable_numparse=True)
+    table = fitted(rows, ["per rank", "simulated (at the peak)", f"static estimate ({mem.covers})"],
+                   wrap=("per rank", f"static estimate ({mem.covers})", "simulated (at the peak)"))
     c = sim["collectives"]
     coll = (f"collectives per step: {c['all_gathers_per_step']} all-gathers "
             f"({human_bytes(c['all_gather_bytes_per_step'])}/rank) + {c['reduce_scatters_per_step']} reduce-scatters "
@@ -489,20 +507,6 @@ def simulated_text(res) -> str:
             f"{lay.reduce_scatters_per_step} "
             f"({human_bytes(sum(u.reduce_scatter_bytes * u.reduce_scatters_per_step for u in lay.units))})")
     return "\n".join([head, table, coll])
-
-
-def granularity_table(res) -> str:
-    """`--compare-granularity`: the article's table for this model and world size."""
-    from tabulate import tabulate
-
-    rows = []
-    for row in res.granularity:
-        rows.append([row.name, row.units, row.all_gathers_per_step, human_bytes(row.bytes_per_all_gather),
-                     human_bytes(row.forward_peak_bytes), human_bytes(row.per_rank_bytes), row.verdict])
-    headers = ["plan", "units", "all-gathers/step", "bytes/all-gather", "forward peak (unsharded)",
-               "memory/rank", "verdict"]
-    return (f"granularity on {res.plan.world_size} ranks ({res.layout.memory.covers}):\n"
-            + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
 
 
 def run_summary_text(run: dict) -> str:
@@ -535,8 +539,6 @@ def run_summary_text(run: dict) -> str:
 
 
 def statistics_table(results) -> str:
-    from tabulate import tabulate
-
     counts: Dict[str, List] = {}
     confirmed: Dict[str, int] = {}
     ran = False
@@ -551,7 +553,7 @@ def statistics_table(results) -> str:
     if ran:  # --run: how many of them the real session confirmed
         rows = [row + [confirmed[row[1]]] for row in rows]
         headers.append("confirmed")
-    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+    return fitted(rows, headers, wrap=("name",))
 
 
 # --------------------------------------------------------------------------------------------
