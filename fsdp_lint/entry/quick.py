@@ -42,9 +42,12 @@ class ImportsOnly:
         todo = list(parse_tree(path, text).body)
         while todo:      # import statements sit only in statement lists: expressions are not walked
             node = todo.pop()
-            if isinstance(node, ast.Import):
+            kind = type(node)
+            if kind in _SIMPLE:      # most statements: nothing to look into
+                continue
+            if kind is ast.Import:
                 self.imports += [ImportInfo(a.name, 0, [], node.lineno, False) for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
+            elif kind is ast.ImportFrom:
                 self.imports.append(ImportInfo(node.module or "", node.level or 0, [a.name for a in node.names],
                                                node.lineno, False))
             else:
@@ -56,3 +59,6 @@ class ImportsOnly:
 
 # the fields of a statement that hold statements (``handlers``: except clauses; ``cases``: match)
 _BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
+# the simple statements: none holds a statement
+_SIMPLE = frozenset({ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Pass, ast.Break,
+                     ast.Continue, ast.Delete, ast.Raise, ast.Assert, ast.Global, ast.Nonlocal})
