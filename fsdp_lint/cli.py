@@ -369,8 +369,10 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
             r.findings = [f for f in r.findings if id(f) not in done]
         fixes["fixed"] = len(outcome.fixed)
 
-    from fsdp_lint.report import machine
     from fsdp_lint.report import text as report
+
+    if fmt in ("json", "sarif", "github"):
+        from fsdp_lint.report import machine
 
     layout_opt = None if layout == "units" else layout
     if fmt == "json":
