@@ -71,6 +71,9 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     import torch
     import torch.distributed.fsdp  # noqa: F401  before any patch: its modules bind init_device_mesh on import
 
+    from fsdp_lint.replay.dynamo import skip_dynamo_import
+
+    skip_dynamo_import()      # torch's meta-device code would import torch._dynamo (seconds) for nothing
     patches: List[Tuple[Any, str, Any]] = []
 
     def patch(obj, name, value):
