@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from bench_lint import make_plain_tree, measure   # noqa: E402
+from bench_lint import compile_bytecode, make_plain_tree, measure   # noqa: E402
 
 ARTICLE = ["fixtures/article_fsdp2.py", "--world-size", "4"]
 
@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the raw figures here")
     args = ap.parse_args()
     py = sys.executable
+    compile_bytecode()
     env_path = os.path.dirname(py) + os.pathsep + os.environ.get("PATH", "")
     os.environ["PATH"] = env_path              # the hook's `fsdp-lint` is this environment's
     os.environ.pop("FSDP_LINT_NO_CACHE", None)

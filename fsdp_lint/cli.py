@@ -7,15 +7,11 @@ from typing import List, Optional, Tuple
 
 import click
 
+from fsdp_lint.cli_paths import (_SKIP_DIRS, BadInput, collect_files, missing_message,  # noqa: F401 - also cli.*
+                                 not_python, split_script_args)
 from fsdp_lint.version import __version__
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-_SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".tox", ".nox", "node_modules",
-              "site-packages", "build", "dist", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".eggs"}
-
-
-class BadInput(Exception):
-    pass
 
 
 def _split_codes(values) -> List[str]:
@@ -23,40 +19,6 @@ def _split_codes(values) -> List[str]:
     for v in values or ():
         out += [c.strip() for c in v.split(",") if c.strip()]
     return out
-
-
-def collect_files(paths, missing: Optional[List[str]] = None) -> List[Tuple[str, bool]]:
-    """(file, named on the command line) for every file to lint: directories are walked for *.py.
-    A path that does not exist raises BadInput, or goes to `missing`."""
-    files: List[Tuple[str, bool]] = []
-    for p in paths:
-        if os.path.isdir(p):
-            for dirpath, dirnames, filenames in os.walk(p):
-                dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
-                for name in sorted(filenames):
-                    # regular files only: opening a FIFO (or a device) in a walked folder blocks for ever
-                    if name.endswith(".py") and os.path.isfile(os.path.join(dirpath, name)):
-                        files.append((os.path.join(dirpath, name), False))
-        elif os.path.isfile(p):
-            files.append((p, True))
-        elif missing is not None:
-            missing.append(p)
-        else:
-            raise BadInput(missing_message(p))
-    return files
-
-
-def missing_message(path: str) -> str:
-    """Why `path` (named on the command line, neither a folder nor a regular file) is not linted."""
-    import stat
-
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return f"{path}: no such file or directory"
-    kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
-    return f"{path}: {kind}, not a regular file: fsdp-lint reads regular files only"
 
 
 def _check_output(output: str) -> None:
@@ -69,30 +31,6 @@ def _check_output(output: str) -> None:
         raise BadInput(f"cannot write {output}: it is a folder")
     if not os.access(folder, os.W_OK):
         raise BadInput(f"cannot write {output}: the folder {folder} is not writable")
-
-
-def split_script_args(argv: List[str]) -> Tuple[List[str], Optional[List[str]]]:
-    """fsdp-lint's own arguments and the script's (after ``--``). A leading ``--`` is dropped:
-    ``torchrun -m fsdp_lint -- train.py --run`` passes it to keep torchrun's parser off the rest."""
-    argv = list(argv)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1:]
-    return argv, None
-
-
-def not_python(path: str) -> bool:
-    """A file named on the command line that is not Python source (a config, a notebook, data)."""
-    if path.endswith((".py", ".pyw")):
-        return False
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(128)
-    except OSError:
-        return True
-    return not (head.startswith(b"#!") and b"python" in head.split(b"\n", 1)[0])
 
 
 def plan_runs(files: List[Tuple[str, bool]], settings, script_args: Optional[List[str]]):
@@ -232,6 +170,7 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
     only where you would run that code's tests (README: "What linting runs").
     """
     script_args = (click.get_current_context().obj or {}).get("script_args")
+    discovery = []     # (start, --config) of each look-up of the settings: the stored output's inputs
     if list_rules:
         _print_rules()
         return EXIT_CLEAN
@@ -240,8 +179,10 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         return EXIT_CLEAN
     if hf_class and not hf_config:
         raise BadInput("--hf-class needs --hf-config (the config of the model to build)")
-    if not paths and not hf_config and not _configured_entries(config_path):
-        paths = (".",)      # ruff's default: the current directory
+    if not paths and not hf_config:
+        discovery.append((os.getcwd(), config_path))
+        if not _configured_entries(config_path):
+            paths = (".",)      # ruff's default: the current directory
     if world_size is not None and world_size < 1:
         raise BadInput(f"--world-size must be at least 1, got {world_size}")
     if world_size is not None and world_size > (1 << 20):
@@ -264,6 +205,7 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
 
     missing: List[str] = []
     files = collect_files(paths, missing)
+    discovery.append((files[0][0] if files else os.getcwd(), config_path))
     try:
         base = load_settings(files[0][0] if files else os.getcwd(), config_path)
     except ConfigError as exc:
@@ -316,8 +258,11 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         from fsdp_lint.cache import Cache, default_dir
 
         cache = Cache(cache_dir or default_dir(base.config_path))
-    linted = lint_runs([(path, run_settings, argv, explicit, cwd) for path, argv, run_settings, explicit, cwd
-                        in runs if not (explicit and not_python(path))], cache=cache)
+    to_lint = [(path, run_settings, argv, explicit, cwd) for path, argv, run_settings, explicit, cwd
+               in runs if not (explicit and not_python(path))]
+    record: dict = {}     # what decided each run's result (the stored output's inputs)
+    err_notes: List[str] = []
+    linted = lint_runs(to_lint, cache=cache, record=record)
     for path, argv, run_settings, explicit, cwd in runs:
         if explicit and not_python(path):
             msg = _with_path(path, "not a Python file: fsdp-lint lints training scripts and model files (.py); "
@@ -330,9 +275,10 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
             res = next(linted)()
             results.append(res)
             if res.skipped and explicit and not quiet:
-                click.echo(f"fsdp-lint: {_with_path(path, 'not linted: ' + res.skipped)} "
-                           f"(to lint a model built elsewhere, pass --model path.py:Class or path.py:factory)",
-                           err=True)
+                note = (f"fsdp-lint: {_with_path(path, 'not linted: ' + res.skipped)} "
+                        f"(to lint a model built elsewhere, pass --model path.py:Class or path.py:factory)")
+                click.echo(note, err=True)
+                err_notes.append(note + "\n")
         except LintError as exc:
             if debug and getattr(exc, "user_exception", None) is not None:
                 import traceback
@@ -423,10 +369,11 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         fixes["fixed"] = len(outcome.fixed)
 
     from fsdp_lint.humanize import use_size_units
-    from fsdp_lint.report import machine
     from fsdp_lint.report import text as report
 
     use_size_units(settings)        # tables and summaries in the units of the user's size settings
+    if fmt in ("json", "sarif", "github"):
+        from fsdp_lint.report import machine
 
     layout_opt = None if layout == "units" else layout
     if fmt == "json":
@@ -460,9 +407,18 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         return EXIT_ERROR
     threshold = SEVERITY_RANK[settings.fail_on]
     failing = any(SEVERITY_RANK[f.severity] >= threshold for r in results for f in r.findings)
-    if failing and not exit_zero:
-        return EXIT_FINDINGS
-    return EXIT_CLEAN
+    code = EXIT_FINDINGS if failing and not exit_zero else EXIT_CLEAN
+    argv = (click.get_current_context().obj or {}).get("argv")
+    if cache is not None and argv is not None and not (output or fix_ or (not paths and hf_config)):
+        # a re-run with nothing changed prints this again without importing click or the pipeline
+        # (fastpath); what it wrote, as click wrote it (ANSI codes stripped off a stream that is no terminal)
+        from fsdp_lint import fastpath
+
+        color = fmt in ("full", "concise") and _use_color(output)
+        written = text if color or fastpath._isatty(sys.stdout) else click.unstyle(text)
+        notes = "".join(err_notes) if fastpath._isatty(sys.stderr) else click.unstyle("".join(err_notes))
+        fastpath.store(cache, argv, script_args, paths, files, discovery, to_lint, record, written, notes, code)
+    return code
 
 
 def _use_color(output) -> bool:
@@ -521,7 +477,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         with sigterm_as_interrupt():   # SIGTERM cleans up as Ctrl-C does
             code = cli.main(args=own, prog_name="fsdp-lint", standalone_mode=False,
-                            obj={"script_args": script_args})
+                            obj={"script_args": script_args, "argv": own})
     except Terminated:
         click.echo("fsdp-lint: terminated (SIGTERM); the processes it started were stopped", err=True)
         code = EXIT_TERMINATED

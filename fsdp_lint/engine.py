@@ -256,8 +256,9 @@ def _imported_project_files() -> List[str]:
     import sys
 
     from fsdp_lint.entry.project import is_local
+    from fsdp_lint.replay.sandbox import REPLAY_IMPORTED
 
-    files = set()
+    files = set(REPLAY_IMPORTED)    # the replay's own modules, forgotten when it ended
     for name, module in list(sys.modules.items()):
         f = getattr(module, "__file__", None)
         # fsdp-lint's own modules (rules/ of a checkout looks local) are in the cache key already;

@@ -266,6 +266,7 @@ def test_a_rerun_prints_the_same_report_without_torch_and_a_change_lints_afresh(
     out, err, status = _lint(root, "train.py", "broken.py", "--cache-dir", cache_dir)
     assert status["code"] == 2 and status["server"]
     assert "4 units" in out and out != first and "broken.py" in err
+    assert out.splitlines()[0] != first.splitlines()[0], "train.py's plan is the one of the edited blocks"
     assert len(_entries(cache_dir)) == 1, "the entry of train.py was replaced; broken.py is not cached"
 
 
@@ -279,7 +280,7 @@ def test_no_cache_run_and_simulate_lint_afresh(tmp_path, monkeypatch, cli, flag)
     monkeypatch.delenv("FSDP_LINT_NO_CACHE", raising=False)
     seen = []
 
-    def lint_runs(runs, cache=None):
+    def lint_runs(runs, cache=None, record=None):
         seen.append(cache)
         return iter(())
 
@@ -303,3 +304,91 @@ def test_a_fifo_in_the_key_never_blocks(tmp_path):
     worker.start()
     worker.join(30)
     assert out and out[0].startswith("not-a-file")
+
+
+_CONSOLE = textwrap.dedent('''
+    import json, sys
+    from fsdp_lint.console import main
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    print(json.dumps({"code": code, "click": "click" in sys.modules, "torch": "torch" in sys.modules,
+                      "pipeline": sorted(m for m in sys.modules if m.startswith(
+                          ("fsdp_lint.plan", "fsdp_lint.model", "fsdp_lint.report", "fsdp_lint.isolation")))}),
+          file=sys.stderr)
+''')
+
+_STORED = textwrap.dedent('''
+    import sys
+    from fsdp_lint.fastpath import stored_output
+    print(stored_output(sys.argv[1:]) is not None)
+''')
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("FSDP_LINT_NO_CACHE", "NO_COLOR", "FORCE_COLOR")}
+    return {**env, "PYTHONPATH": REPO, **extra}
+
+
+def _console(root, *argv):
+    """`fsdp-lint ARGV` through the console script's entry point."""
+    proc = subprocess.run([sys.executable, "-c", _CONSOLE, *argv], cwd=root, capture_output=True, text=True,
+                          timeout=600, env=_env())
+    lines = proc.stderr.splitlines(keepends=True)
+    return proc.stdout, "".join(lines[:-1]), json.loads(lines[-1])
+
+
+def _stored(root, *argv, **env):
+    proc = subprocess.run([sys.executable, "-c", _STORED, *argv], cwd=root, capture_output=True, text=True,
+                          timeout=120, env=_env(**env))
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip() == "True"
+
+
+def test_a_rerun_of_the_command_prints_its_output_without_click_and_any_change_falls_through(tmp_path):
+    """pre-commit's common case: the same command, nothing changed, prints the same stdout, stderr and
+    exit code from the stored output, without importing click, torch or the pipeline's modules; a
+    change to any input the command computed (a module the lint imported by name, the entry file,
+    the pyproject.toml the settings came from, a new file in a walked folder, the output's colour)
+    makes the full command line decide again."""
+    root = str(tmp_path / "repo")
+    _project(root)
+    os.makedirs(os.path.join(root, "tools"))
+    with open(os.path.join(root, "tools", "paths.py"), "w") as fh:
+        fh.write('"""Path helpers."""\nimport os\n\n\ndef data_dir():\n    return os.path.join("/data", "x")\n')
+    with open(os.path.join(root, "notes.py"), "w") as fh:     # named on the command line: a note on stderr
+        fh.write('"""Release notes helper."""\nVERSION = "1.0"\n')
+    argv = ("train.py", "notes.py", "tools", "--cache-dir", str(tmp_path / "cache"))
+
+    first, first_err, status = _console(root, *argv)
+    assert status["code"] == 0 and status["click"] and "4 units" in first, first + first_err
+    assert "notes.py: not linted" in first_err and "2 skipped" in first
+    again, again_err, status = _console(root, *argv)
+    assert (again, again_err) == (first, first_err)
+    assert status == {"code": 0, "click": False, "torch": False, "pipeline": []}
+
+    assert _stored(root, *argv)
+    for rel, old, new in (("mypkg/layers.py", "nn.LayerNorm(dim)", "nn.LayerNorm(dim, eps=1e-6)"),  # imported by name
+                          ("train.py", "lr=1e-4", "lr=3e-4"),
+                          ("pyproject.toml", "world-size = 4", "world-size = 4\n# a comment")):
+        _edit(os.path.join(root, rel), old, new)
+        assert not _stored(root, *argv), f"{rel} changed: the stored output must not be printed"
+        _edit(os.path.join(root, rel), new, old)
+        assert _stored(root, *argv), f"{rel} as it was: the stored output holds again"
+    extra = os.path.join(root, "tools", "more.py")
+    with open(extra, "w") as fh:
+        fh.write("X = 1\n")
+    assert not _stored(root, *argv), "a new file in a walked folder"
+    os.unlink(extra)
+    assert _stored(root, *argv)
+    assert not _stored(root, *argv, NO_COLOR="1"), "the output's form is part of the key"
+    assert not _stored(root, *argv, FSDP_LINT_NO_CACHE="1")
+    assert not _stored(root, *argv[:2], *argv[3:]), "another command line"
+
+    # another format: the full command line (the file's result from the cache), then its stored output
+    as_json, _, status = _console(root, *argv, "--format", "json")
+    assert status["click"] and not status["torch"] and json.loads(as_json)["files"][0]["plan"]["world_size"] == 4
+    again, _, status = _console(root, *argv, "--format", "json")
+    assert again == as_json and not status["click"]

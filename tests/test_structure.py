@@ -30,7 +30,8 @@ STAGES: List[List[str]] = [
     ["fsdp_lint.run"],        # --run and --simulate: real FSDP sessions
     ["fsdp_lint.engine"],     # one file through the stages
     ["fsdp_lint.isolation"],  # each file's lint in a child process
-    ["fsdp_lint.api", "fsdp_lint.config_only", "fsdp_lint.cli", "fsdp_lint.__main__", "fsdp_lint.console", "fsdp_lint"],
+    ["fsdp_lint.api", "fsdp_lint.config_only", "fsdp_lint.cli_paths", "fsdp_lint.fastpath", "fsdp_lint.cli", "fsdp_lint.__main__",
+     "fsdp_lint.console", "fsdp_lint"],   # the command line; a re-run printing its stored output,
 ]
 MAX_LINES = 600
 

@@ -68,7 +68,9 @@ def _namespace_module(path: str) -> Optional[Entry]:
     folder = os.path.dirname(path)
     if os.path.isfile(os.path.join(folder, "__init__.py")):
         return None
-    repo = repo_root(path)
+    if folder not in _REPO_ROOTS:     # the files of one folder share it (a walk screens hundreds)
+        _REPO_ROOTS[folder] = repo_root(path)
+    repo = _REPO_ROOTS[folder]
     if repo is None or folder == repo or not folder.startswith(repo + os.sep):
         return None
     parts = os.path.relpath(folder, repo).split(os.sep)

@@ -99,14 +99,18 @@ def lint_call(target: str, settings, label: str) -> FileResult:
         pool.cancel()
 
 
-def lint_runs(runs, cache=None) -> Iterator[Callable[[], FileResult]]:
+def lint_runs(runs, cache=None, record=None) -> Iterator[Callable[[], FileResult]]:
     """For each run ``(path, settings, argv, explicit, cwd)`` in order, a ``lint()`` that returns
     its FileResult or raises as `engine.lint_file` does. The sources are read and screened here;
     the files that need a replay run in child processes, several at once. Closing the iterator
     (or a Ctrl-C / SIGTERM while waiting) stops the children that are still running.
 
     `cache` (``fsdp_lint.cache.Cache``): a screened file whose key it holds is not linted again;
-    the results of the others are stored (not their errors)."""
+    the results of the others are stored (not their errors).
+
+    `record` (a dict, with a cache): filled, run index -> what decides that run's result as the
+    re-run of ``fastpath`` checks it: ``("key", key, [(imported file, digest)])`` for a result that
+    is cached or was just stored, ``("skip", reason)`` for a file the screen skipped."""
     from fsdp_lint import engine
     from fsdp_lint.entry import project
 
@@ -121,7 +125,9 @@ def lint_runs(runs, cache=None) -> Iterator[Callable[[], FileResult]]:
             except Exception as exc:  # noqa: BLE001 - raised again in its turn, as lint_file would
                 item = exc
             if cache is not None and isinstance(item, engine.Screened):
-                item = _cached(cache, keys, i, item, settings, argv, explicit, cwd)
+                item = _cached(cache, keys, i, item, settings, argv, explicit, cwd, record)
+            elif record is not None and isinstance(item, FileResult):
+                record[i] = ("skip", item.skipped)
             if isinstance(item, FileResult):
                 item.cwd = cwd
             elif not isinstance(item, Exception) and available():
@@ -134,16 +140,17 @@ def lint_runs(runs, cache=None) -> Iterator[Callable[[], FileResult]]:
                 yield (lambda item=item: item)
             elif not available():
                 yield _storing(cache, keys.get(i), lambda item=item, settings=settings, argv=argv, explicit=explicit,
-                               cwd=cwd: engine.lint_facts(item, settings, argv=argv, explicit=explicit, cwd=cwd))
+                               cwd=cwd: engine.lint_facts(item, settings, argv=argv, explicit=explicit, cwd=cwd),
+                               record, i)
             else:
-                yield _storing(cache, keys.get(i), lambda i=i: pool.result(i))
+                yield _storing(cache, keys.get(i), lambda i=i: pool.result(i), record, i)
     finally:
         pool.cancel()
         if cache is not None:
             cache.prune()
 
 
-def _cached(cache, keys: Dict[int, str], i: int, item, settings, argv, explicit, cwd):
+def _cached(cache, keys: Dict[int, str], i: int, item, settings, argv, explicit, cwd, record=None):
     """The cached FileResult of a screened run, or the run itself (its key kept for the store)."""
     from fsdp_lint.cache import run_key
 
@@ -153,6 +160,8 @@ def _cached(cache, keys: Dict[int, str], i: int, item, settings, argv, explicit,
         return item
     hit = cache.get(key)
     if isinstance(hit, tuple) and len(hit) == 2 and isinstance(hit[0], FileResult) and _unchanged(hit[1]):
+        if record is not None:
+            record[i] = ("key", key, list(hit[1]))
         return hit[0]
     keys[i] = key
     return item
@@ -165,7 +174,7 @@ def _unchanged(imported) -> bool:
     return all(file_digest(path) == digest for path, digest in imported)
 
 
-def _storing(cache, key: Optional[str], lint: Callable[[], FileResult]) -> Callable[[], FileResult]:
+def _storing(cache, key: Optional[str], lint: Callable[[], FileResult], record=None, i=None) -> Callable[[], FileResult]:
     """`lint`, whose result (not an exception) goes into the cache under `key`."""
     if cache is None or key is None:
         return lint
@@ -174,7 +183,10 @@ def _storing(cache, key: Optional[str], lint: Callable[[], FileResult]) -> Calla
         from fsdp_lint.cache.key import file_digest
 
         res = lint()
-        cache.put(key, (res, [(path, file_digest(path)) for path in res.imported_files]))
+        imported = [(path, file_digest(path)) for path in res.imported_files]
+        cache.put(key, (res, imported))
+        if record is not None:
+            record[i] = ("key", key, imported)
         return res
     return run
 

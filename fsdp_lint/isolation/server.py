@@ -23,8 +23,9 @@ from fsdp_lint.isolation.wire import _HEADER, _frames, _recv_msg, _send_msg
 _exit, _getpid, _write, _pack, _dumps = os._exit, os.getpid, os.write, _HEADER.pack, pickle.dumps
 
 # a small model the server lints once at start, so that what torch and fsdp-lint import or build
-# lazily on a first replay (torch._dynamo behind the meta-device init functions, FSDP1 and FSDP2
-# recorders, the rules) is in place before the first fork
+# lazily on a first replay (FSDP1 and FSDP2 recorders, DTensor's ops, the rules) is in place before
+# the first fork (torch._dynamo, behind the meta-device functions, is not imported at all:
+# replay.dynamo)
 _WARM_UP = '''
 import functools
 import torch
@@ -101,7 +102,9 @@ def _preload() -> None:
     from fsdp_lint.check import rule, selection  # noqa: F401
     from fsdp_lint.model import tree  # noqa: F401
     from fsdp_lint.plan import build, layout  # noqa: F401
+    from fsdp_lint.replay.dynamo import skip_dynamo_import
 
+    skip_dynamo_import()     # before the warm-up: no torch._dynamo import here or in a child
     rule.all_rules()
     for wrap in _WARM_UP_WRAPS:
         _warm_up(_WARM_UP.format(wrap=wrap))

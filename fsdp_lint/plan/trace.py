@@ -124,6 +124,9 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fsdp_lint.model.inputs import loss_of, make_inputs
+    from fsdp_lint.replay.dynamo import skip_dynamo_import
+
+    skip_dynamo_import()     # the meta decompositions' wrappers made since the replay started (its imports)
 
     cpu = torch.device("cpu" if activations else "meta")
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if activations else contextlib.nullcontext()

@@ -71,6 +71,9 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     import torch
     import torch.distributed.fsdp  # noqa: F401  before any patch: its modules bind init_device_mesh on import
 
+    from fsdp_lint.replay.dynamo import skip_dynamo_import
+
+    skip_dynamo_import()      # torch's meta-device code would import torch._dynamo (seconds) for nothing
     patches: List[Tuple[Any, str, Any]] = []
 
     def patch(obj, name, value):
@@ -155,12 +158,19 @@ def _hub_offline(patch: Optional[Patch]) -> bool:
     return True
 
 
+# the project's source files the last replay in this process imported (the user's modules are
+# forgotten when it ends): the result cache checks them before it serves that replay's result
+# (``engine.FileResult.imported_files``)
+REPLAY_IMPORTED: List[str] = []
+
+
 class _ProcessState:
     """What a replay may change in this process, saved to be put back."""
 
     def __init__(self, torch):
         import torch.distributed as dist
 
+        REPLAY_IMPORTED.clear()
         self.env = dict(os.environ)
         self.argv = list(sys.argv)
         self.path = list(sys.path)
@@ -201,6 +211,8 @@ class _ProcessState:
             mod = sys.modules.get(name)
             fname = getattr(mod, "__file__", None) or ""
             if not fname or is_local(fname):
+                if fname and not name.startswith("fsdp_lint") and os.path.isabs(fname):
+                    REPLAY_IMPORTED.append(fname)
                 sys.modules.pop(name, None)
 
 
