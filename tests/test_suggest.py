@@ -137,3 +137,31 @@ def test_a_candidates_figures_are_those_of_the_file_written_with_its_change(cli,
     assert g["memory"]["budget"]["fits"] is True and not [x for x in g["findings"] if x["code"] == "FSD801"]
     # applied, nothing is left to suggest that changes less
     assert next(c for c in g["suggestions"] if c["kinds"] == [])["fits"] is True
+
+
+def test_simulate_fills_the_simulated_peak_of_the_top_candidates(cli, tmp_path):
+    """--suggest --simulate: the file's plan and the top candidates that fit (CPU offload aside) are
+    simulated -- each applied with torch's API on the model the file builds -- and their simulated
+    peak is within a quarter of the static one; the rest stay null."""
+    from fsdp_lint.plan.budget import GiB
+    from fsdp_lint.run.simulate import SIMULATED_CANDIDATES
+
+    src = open(MLP).read().replace("dim=1024", "dim=256").replace("(8, 512, 1024)", "(4, 256, 256)")
+    path = tmp_path / "mlp_small.py"
+    path.write_text(src)
+    probe = _file(cli, str(path), "--world-size", "4", "--suggest")
+    peaks = sorted(c["peak_bytes"] for c in probe["suggestions"] if c["kinds"] and "offload" not in c["kinds"])
+    own = next(c for c in probe["suggestions"] if not c["kinds"])["peak_bytes"]
+    usable = (own + peaks[0]) // 2          # the file's plan does not fit, the best candidate does
+    device = int(usable / 0.95) + 2 * GiB   # the default CUDA context + NCCL reserve and fragmentation
+    f = _file(cli, str(path), "--world-size", "4", "--gpu-memory", str(device), "--suggest", "--simulate")
+    cands = f["suggestions"]
+    mine = next(c for c in cands if not c["kinds"])
+    assert mine["simulated_peak_bytes"] == f["memory"]["simulated"]["peak_bytes"] and mine["fits"] is False
+    simulated = [c for c in cands if c["kinds"] and c["simulated_peak_bytes"] is not None]
+    assert 1 <= len(simulated) <= SIMULATED_CANDIDATES
+    for c in simulated:
+        assert "offload" not in c["kinds"] and not c.get("simulated_error")
+        assert abs(c["simulated_peak_bytes"] - c["peak_bytes"]) <= TOLERANCE * c["simulated_peak_bytes"], c
+    top = [c for c in cands if c["kinds"] and c["fits"] and "offload" not in c["kinds"]]
+    assert top[0]["simulated_peak_bytes"] is not None

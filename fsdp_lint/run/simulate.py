@@ -68,7 +68,7 @@ def simulate(results, settings, opts: RunOptions, progress=None) -> dict:
     return summary
 
 
-SIMULATED_CANDIDATES = 3
+SIMULATED_CANDIDATES = 2
 
 
 def simulate_candidates(res, settings, opts: RunOptions, deadline: float, progress=None) -> None:
