@@ -29,7 +29,13 @@ MAX_UNFIT = 3
 
 
 def suggest(model, tree, plan, layout, settings, retrace: Callable[[object], object]) -> List[Dict]:
-    """`retrace(plan)`: the forward traced again (``plan.trace.trace_forward``), here while the
+    """The candidates listed (see the module's docstring) of ``candidates``."""
+    return _listed(candidates(model, tree, plan, layout, settings, retrace))
+
+
+def candidates(model, tree, plan, layout, settings, retrace: Callable[[object], object]) -> List[Dict]:
+    """Every candidate the search builds, the file's plan among them, unsorted and unpruned.
+    `retrace(plan)`: the forward traced again (``plan.trace.trace_forward``), here while the
     blocks to checkpoint run under ``torch.utils.checkpoint`` (``checkpointed(model, fqns)``)."""
     if not plan.units or layout.trace is None or layout.trace.error:
         return []
@@ -64,7 +70,7 @@ def suggest(model, tree, plan, layout, settings, retrace: Callable[[object], obj
             for offload in space.offload:
                 choice = Choice(granularity=g, ac=ac, precision=prec, reshard=reshard, hsdp=hsdp, offload=offload)
                 out.append(_candidate(choice, cand, lay, plan, tree, space, settings, file_per_block))
-    return _listed(out)
+    return out
 
 
 def _candidate(choice: Choice, cand, lay, plan, tree, space, settings, file_per_block: bool) -> Dict:

