@@ -11,6 +11,7 @@ into the file gives, in fsdp-lint's own plan of that file, the candidate's colle
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -124,10 +125,10 @@ def _fsdp2_measured(wrap, mesh_shape):
     with oracle.fake_pg(ws):
         names = ("replicate", "shard") if len(mesh_shape) == 2 else None
         mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)   # outside FakeTensorMode
+        with torch.device("meta"):
+            model = mod.MoETransformer(n_layers=3, n_experts=2)
+        wrap(model, mesh)      # on the meta device, as the file does (a mesh of a node is real ranks)
         with FakeTensorMode(allow_non_fake_inputs=True):
-            with torch.device("meta"):
-                model = mod.MoETransformer(n_layers=3, n_experts=2)
-            wrap(model, mesh)
             model.to_empty(device="cpu")
             optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
             dev = _tracked_steps(model, optimizer, lambda: (torch.randint(0, 4096, (4, 256)),),
@@ -170,3 +171,81 @@ def test_per_expert_units_applied_for_real(tmp_path):
     assert len(g.plan.units) == len(c["plan"]["units"])
     assert _collectives(g.layout) == _figures(c)
     assert abs(g.layout.memory.per_rank_bytes - c["peak_bytes"]) <= 0.01 * c["peak_bytes"], (g.layout.memory.per_rank_bytes, c["peak_bytes"])
+
+
+def test_embeddings_and_head_units_applied_for_real(tmp_path):
+    """The untied token embedding and output head as units of their own beside the blocks."""
+    from torch.distributed.fsdp import fully_shard
+
+    res, settings, cands = _moe()
+    c = _only(cands, "wrap-embeddings-head")
+    assert "`fully_shard(model.tok_embeddings)`, `fully_shard(model.output)` before `fully_shard(model)`" \
+        in c["change"]
+
+    def wrap(model, mesh):
+        fully_shard(model.tok_embeddings, mesh=mesh)
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model.output, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    _check(c, _fsdp2_measured(wrap, (8,)), res, settings)
+    g = _written(tmp_path, MOE, OLD_PARALLELIZE,
+                 "    fully_shard(model.tok_embeddings, mesh=mesh)\n" + OLD_PARALLELIZE.replace(
+                     "    fully_shard(model, mesh=mesh)\n",
+                     "    fully_shard(model.output, mesh=mesh)\n    fully_shard(model, mesh=mesh)\n"),
+                 settings, MOE_ARGV)
+    assert _collectives(g.layout) == _figures(c)
+    assert abs(g.layout.memory.per_rank_bytes - c["peak_bytes"]) <= 0.01 * c["peak_bytes"]
+
+
+def test_hsdp_applied_for_real(tmp_path):
+    """HSDP for 8 ranks on nodes of 4 GPUs: a (replicate, shard) = (2, 4) mesh on every call."""
+    from torch.distributed.fsdp import fully_shard
+
+    res, settings, cands = _moe()
+    c = _only(cands, "hsdp")
+    assert "init_device_mesh(\"cuda\", (2, 4), mesh_dim_names=(\"replicate\", \"shard\"))" in c["change"]
+    assert c["plan"]["mesh"] == [2, 4] and c["all_reduce_bytes_per_step"] > 0
+
+    def wrap(model, mesh):
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    _check(c, _fsdp2_measured(wrap, (2, 4)), res, settings)
+    old = "    mesh = init_device_mesh(\"cuda\", (dist.get_world_size(),))\n"
+    g = _written(tmp_path, MOE, old, "    mesh = init_device_mesh(\"cuda\", (2, 4), mesh_dim_names=(\"replicate\", "
+                 "\"shard\"))\n", settings, MOE_ARGV)
+    assert _collectives(g.layout) == _figures(c)
+    assert abs(g.layout.memory.per_rank_bytes - c["peak_bytes"]) <= 0.01 * c["peak_bytes"]
+
+
+def test_reshard_to_the_node_applied_for_real(cli, tmp_path):
+    """`reshard_after_forward=4` on every block: after forward each block keeps its parameters
+    sharded over the 4 GPUs of a node, and backward all-gathers within the node."""
+    from torch.distributed.fsdp import fully_shard
+
+    res, settings, cands = _moe()
+    c = _only(cands, "reshard-to-node")
+    assert "`reshard_after_forward=4` on every block's `fully_shard` call" in c["change"]
+
+    def wrap(model, mesh):
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh, reshard_after_forward=4)
+        fully_shard(model, mesh=mesh)
+
+    measured = _fsdp2_measured(wrap, (8,))
+    _check(c, measured, res, settings)
+    g = _written(tmp_path, MOE, OLD_PARALLELIZE, OLD_PARALLELIZE.replace(
+        "fully_shard(layer, mesh=mesh)", "fully_shard(layer, mesh=mesh, reshard_after_forward=4)"), settings, MOE_ARGV)
+    assert _collectives(g.layout) == _figures(c)
+    assert abs(g.layout.memory.per_rank_bytes - c["peak_bytes"]) <= 0.01 * c["peak_bytes"]
+    # --simulate of that file: fully_shard builds the node's post-forward mesh under fake tensors
+    # (it failed with "ranks list must not contain duplicate entries" before)
+    out = cli(str(tmp_path / "moe" / "train.py"), "--world-size", "8", "--input-shape", "4,256", "--simulate",
+              "--format", "json", "--", *MOE_ARGV)
+    assert out.code in (0, 1), out.err
+    sim = json.loads(out.out)["files"][0]["memory"]["simulated"]
+    assert "error" not in sim, sim
+    assert abs(sim["peak_bytes"] - measured) <= 0.10 * measured, (sim["peak_bytes"], measured)
