@@ -249,3 +249,106 @@ def test_reshard_to_the_node_applied_for_real(cli, tmp_path):
     sim = json.loads(out.out)["files"][0]["memory"]["simulated"]
     assert "error" not in sim, sim
     assert abs(sim["peak_bytes"] - measured) <= 0.10 * measured, (sim["peak_bytes"], measured)
+
+
+# --------------------------------------------------------------------------------------------
+# FSDP1: the same decoder wrapped with a transformer auto-wrap policy, 8 ranks, 4 GPUs per node
+# --------------------------------------------------------------------------------------------
+def _moe_fsdp1():
+    return _every_candidate("moe-fsdp1", os.path.join(MOE, "train_fsdp1.py"), MOE_ARGV, world_size=8,
+                            gpus_per_node=4, input_shape="4,256")
+
+
+def _fsdp1_measured(policy, mesh_shape=None, **fsdp_kwargs):
+    """Rank 0's peak under MemTracker: FSDP1 with `policy` on the decoder of MOE_ARGV, two AdamW steps."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from test_simulate import _tracked_steps
+
+    mod = _load(os.path.join(MOE, "model.py"), "suggest_moe_model")
+    with oracle.fake_pg(8):
+        if mesh_shape:
+            fsdp_kwargs["device_mesh"] = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("replicate", "shard"))
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model = mod.MoETransformer(n_layers=3, n_experts=2)
+            model = FSDP(model, auto_wrap_policy=policy(mod, model), device_id=torch.device("cpu"), **fsdp_kwargs)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+            tracker = MemTracker()
+            tracker.track_external(model, optimizer)
+            dev = _tracked_steps(model, optimizer, lambda: (torch.randint(0, 4096, (4, 256)),),
+                                 lambda out: out.float().mean(), tracker)
+    return int(next(v for k, v in dev.items() if str(getattr(k, "value", k)) == "Total"))
+
+
+OLD_FSDP1 = ("    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={DecoderLayer})\n"
+             "    model = FSDP(model, auto_wrap_policy=policy, device_id=local_rank)\n")
+
+
+def _blocks(mod, model):
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    return ModuleWrapPolicy({mod.DecoderLayer})
+
+
+def _lambda(fn):
+    def policy(mod, model):
+        import functools
+
+        from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+        return functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: fn(mod, model, m))
+    return policy
+
+
+FSDP1_CASES = {
+    # kind: (text in the change, policy, FSDP kwargs, mesh, the file's lines written with the change)
+    "wrap-experts": (
+        "lambda_fn=lambda m: isinstance(m, DecoderLayer) or isinstance(m, Expert))",
+        _lambda(lambda mod, model, m: isinstance(m, (mod.DecoderLayer, mod.Expert))), {}, None,
+        "    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy\n\n"
+        "    from model import Expert\n\n"
+        "    policy = functools.partial(lambda_auto_wrap_policy,\n"
+        "                               lambda_fn=lambda m: isinstance(m, DecoderLayer) or isinstance(m, Expert))\n"
+        "    model = FSDP(model, auto_wrap_policy=policy, device_id=local_rank)\n"),
+    "wrap-embeddings-head": (
+        "lambda_fn=lambda m: isinstance(m, DecoderLayer) or m is model.tok_embeddings or m is model.output)",
+        _lambda(lambda mod, model, m: isinstance(m, mod.DecoderLayer) or m is model.tok_embeddings
+                or m is model.output), {}, None,
+        "    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy\n\n"
+        "    policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: isinstance(m, DecoderLayer)\n"
+        "                               or m is model.tok_embeddings or m is model.output)\n"
+        "    model = FSDP(model, auto_wrap_policy=policy, device_id=local_rank)\n"),
+    "no-reshard": (
+        "`FSDP(..., sharding_strategy=ShardingStrategy.SHARD_GRAD_OP)`", _blocks, {"sharding_strategy": "SHARD_GRAD_OP"},
+        None, OLD_FSDP1.replace("device_id=local_rank)", "device_id=local_rank,\n"
+                                "                 sharding_strategy=ShardingStrategy.SHARD_GRAD_OP)")),
+    "hsdp": (
+        "`FSDP(..., sharding_strategy=ShardingStrategy.HYBRID_SHARD)` (shards within a node of 4 GPUs, 2 replicas)",
+        _blocks, {"sharding_strategy": "HYBRID_SHARD"}, (2, 4),
+        OLD_FSDP1.replace("device_id=local_rank)", "device_id=local_rank,\n"
+                          "                 sharding_strategy=ShardingStrategy.HYBRID_SHARD)")),
+}
+
+
+@pytest.mark.parametrize("kind", list(FSDP1_CASES))
+def test_fsdp1_candidates_applied_for_real(tmp_path, kind):
+    """FSDP1's candidates: a lambda policy for the experts or the embeddings and head (as units of
+    their own), SHARD_GRAD_OP, HYBRID_SHARD within the node."""
+    from torch.distributed.fsdp import ShardingStrategy
+
+    text, policy, kwargs, mesh, written = FSDP1_CASES[kind]
+    res, settings, cands = _moe_fsdp1()
+    assert res.plan.api == "fsdp1"
+    c = _only(cands, kind)
+    assert text in c["change"], c["change"]
+    kwargs = {k: ShardingStrategy[v] for k, v in kwargs.items()}
+    _check(c, _fsdp1_measured(policy, mesh, **kwargs), res, settings)
+    if "ShardingStrategy" in written:
+        written = "    from torch.distributed.fsdp import ShardingStrategy\n\n" + written
+    g = _written(tmp_path, MOE, OLD_FSDP1, written, settings, MOE_ARGV, entry="train_fsdp1.py")
+    assert [u.module for u in g.plan.units] == [m for (m,) in c["plan"]["units"]]
+    assert _collectives(g.layout) == _figures(c)
+    assert abs(g.layout.memory.per_rank_bytes - c["peak_bytes"]) <= 0.01 * c["peak_bytes"]

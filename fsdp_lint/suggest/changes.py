@@ -139,7 +139,8 @@ def _fsdp1_policy(ctx: _Context, with_extra: bool) -> str:
     if with_extra and ctx.extra:
         named = " or ".join(f"m is {ctx.expr(m)}" for m in ctx.extra[:4])
         if len(ctx.extra) > 4 or not named:
-            named = "isinstance(m, (" + ", ".join(ctx.extra_classes) + "))"
+            named = f"isinstance(m, {ctx.extra_classes[0]})" if len(ctx.extra_classes) == 1 else \
+                "isinstance(m, (" + ", ".join(ctx.extra_classes) + "))"
         return (f"`auto_wrap_policy=functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: "
                 f"isinstance(m, {ctx.block}) or {named})`")
     return "`auto_wrap_policy=ModuleWrapPolicy({" + ", ".join(ctx.block_classes) + "})`"
