@@ -352,3 +352,53 @@ def test_fsdp1_candidates_applied_for_real(tmp_path, kind):
     assert [u.module for u in g.plan.units] == [m for (m,) in c["plan"]["units"]]
     assert _collectives(g.layout) == _figures(c)
     assert abs(g.layout.memory.per_rank_bytes - c["peak_bytes"]) <= 0.01 * c["peak_bytes"]
+
+
+# --------------------------------------------------------------------------------------------
+# accelerate with its FSDP plugin configured in code
+# --------------------------------------------------------------------------------------------
+PLUGIN = os.path.join(REPO, "fixtures", "frameworks", "accelerate_plugin")
+
+
+def _plugin_arguments(change):
+    """The keyword arguments of the ``FullyShardedDataParallelPlugin(...)`` a change names, as Python."""
+    import re
+
+    (args,) = re.findall(r"`FullyShardedDataParallelPlugin\((.*?)\)`", change)
+    return eval(f"dict({args})")        # noqa: S307 - fsdp-lint's own output, literals only
+
+
+def test_accelerate_plugin_in_code_changes_name_the_plugins_arguments(tmp_path):
+    """`Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(...))`: every change is written as the
+    plugin's (or the Accelerator's) arguments -- names the installed accelerate's plugin takes, values
+    it accepts -- never the YAML keys; the HSDP change written into the plugin call gives the
+    candidate's collectives in accelerate's own wrap of that file."""
+    import inspect
+
+    pytest.importorskip("transformers")
+    accelerate = pytest.importorskip("accelerate")
+    from torch.distributed.fsdp import ShardingStrategy
+
+    res, settings, cands = _every_candidate("accelerate-plugin", os.path.join(PLUGIN, "train_gpt2.py"), [],
+                                            world_size=16, gpus_per_node=8, input_shape="8,128")
+    assert res.plan.framework == "accelerate" and res.plan.api == "fsdp1"
+    names = set(inspect.signature(accelerate.FullyShardedDataParallelPlugin).parameters)
+    changed = [c for c in cands if c["kinds"]]
+    assert {k for c in changed for k in c["kinds"]} >= {"ac-full", "hsdp", "offload"}
+    with oracle.fake_pg(16):
+        for c in changed:
+            assert "fsdp_config" not in c["change"] and "accelerate config" not in c["change"], c["change"]
+            kwargs = _plugin_arguments(c["change"])
+            assert set(kwargs) <= names, (kwargs, c["change"])
+            plugin = accelerate.FullyShardedDataParallelPlugin(fsdp_version=1, **kwargs)    # accelerate accepts them
+            if "hsdp" in c["kinds"]:
+                # the file's SHARD_GRAD_OP with HSDP: the candidate's plan is FSDP1's _HYBRID_SHARD_ZERO2
+                assert plugin.sharding_strategy == ShardingStrategy[c["plan"]["sharding_strategy"]]
+    c = _only(cands, "hsdp")
+    assert c["plan"]["sharding_strategy"] == "_HYBRID_SHARD_ZERO2"
+    new = ", ".join(f"{k}={v!r}" for k, v in _plugin_arguments(c["change"]).items()).replace("'", '"')
+    shutil.copytree(os.path.join(PLUGIN, "..", "configs", "tiny-gpt2"), tmp_path / "configs" / "tiny-gpt2")
+    g = _written(tmp_path, PLUGIN, '        sharding_strategy="SHARD_GRAD_OP",\n', f"        {new},\n", settings, [],
+                 entry="train_gpt2.py")
+    assert g.plan.sharding_strategy == "_HYBRID_SHARD_ZERO2"
+    assert _collectives(g.layout) == _figures(c)

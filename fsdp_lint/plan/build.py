@@ -118,6 +118,7 @@ class WrapPlan:
     # FSDP2 shard_placement_fn: parameter FQN -> the dim it is sharded on (absent: dim 0)
     param_shard_dims: Dict[str, int] = field(default_factory=dict)
     framework: Optional[str] = None  # the framework whose code made the wrap calls (issue 8), None: the file's own
+    framework_config: Optional[str] = None  # "plugin": accelerate's FullyShardedDataParallelPlugin in code (else YAML/env)
 
     # parameter FQN -> the units holding it, in order; built on first use, once the plan is complete
     _param_units: Optional[Dict[str, List[Unit]]] = field(default=None, repr=False, compare=False)

@@ -31,9 +31,11 @@ def annotate_plan(plan, result, tree) -> None:
     from fsdp_lint.replay.frameworks.options import find_literal
     from fsdp_lint.plan.build import PolicyInfo
 
-    from fsdp_lint.replay.frameworks.accelerate import apply_upcast
+    from fsdp_lint.replay.frameworks.accelerate import apply_upcast, plugin_in_code
 
     plan.framework = framework_of(result.wrap_calls)
+    # where the framework's configuration is written (accelerate: the plugin in code, else the YAML)
+    plan.framework_config = "plugin" if plan.framework == "accelerate" and plugin_in_code(result) else None
     apply_upcast(plan, result, tree)
     for call, info in zip(result.optimizers, plan.optimizers):
         info.remapped_by = getattr(call, "remapped_by", None)

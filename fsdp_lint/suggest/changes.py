@@ -60,12 +60,26 @@ def describe(kinds: List[str], plan, tree, details: dict) -> str:
     ctx = _Context(plan, tree, details)
     parts = []
     kinds = list(kinds)
-    if fe in ("fsdp1", "lightning") and "no-reshard" in kinds and "hsdp" in kinds:
+    # FSDP1 has one sharding strategy: HSDP of a plan that does not reshard after forward (the
+    # candidate's, or the file's SHARD_GRAD_OP) is _HYBRID_SHARD_ZERO2, as the candidate's plan is
+    zero2 = "no-reshard" in kinds or (plan.sharding_strategy or "") == "SHARD_GRAD_OP"
+    if plan.api == "fsdp1" and "hsdp" in kinds and zero2:
         kinds = [k for k in kinds if k not in ("no-reshard", "hsdp")] + ["hsdp-zero2"]
     for k in kinds:
         parts.append({"accelerate": _accelerate, "transformers": _transformers, "lightning": _lightning,
                       "fsdp1": _fsdp1, "fsdp2": _fsdp2}[fe](k, ctx))
-    return "; ".join(parts)
+    return "; ".join(_one_plugin_call(parts))
+
+
+def _one_plugin_call(parts: List[str]) -> List[str]:
+    """The arguments of several ``FullyShardedDataParallelPlugin(...)`` changes in one call."""
+    head = "`FullyShardedDataParallelPlugin("
+    args = [p[len(head):-2] for p in parts if p.startswith(head)]
+    if len(args) < 2:
+        return parts
+    first = next(i for i, p in enumerate(parts) if p.startswith(head))
+    rest = [p for p in parts if not p.startswith(head)]
+    return rest[:first] + [head + ", ".join(args) + ")`"] + rest[first:]
 
 
 class _Context:
@@ -168,6 +182,8 @@ def _fsdp1(kind: str, ctx: _Context) -> str:
 
 
 def _accelerate(kind: str, ctx: _Context) -> str:
+    if getattr(ctx.plan, "framework_config", None) == "plugin":
+        return _accelerate_plugin(kind, ctx)
     key = "accelerate config: `fsdp_config: {{{}}}`".format
     if kind == "wrap-blocks":
         return key("fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP, fsdp_transformer_layer_cls_to_wrap: "
@@ -182,9 +198,29 @@ def _accelerate(kind: str, ctx: _Context) -> str:
     if kind == "no-reshard":
         return key("fsdp_reshard_after_forward: false") if ctx.plan.api == "fsdp2" else \
             key("fsdp_sharding_strategy: SHARD_GRAD_OP")
-    if kind == "hsdp":
-        return key("fsdp_sharding_strategy: HYBRID_SHARD")
+    if kind in ("hsdp", "hsdp-zero2"):
+        return key("fsdp_sharding_strategy: " + ("HYBRID_SHARD" if kind == "hsdp" else "HYBRID_SHARD_ZERO2"))
     return key("fsdp_offload_params: true")
+
+
+def _accelerate_plugin(kind: str, ctx: _Context) -> str:
+    """accelerate's ``FullyShardedDataParallelPlugin(...)`` passed to ``Accelerator(fsdp_plugin=...)``:
+    its own argument names. FSDP1's sharding strategy is ``sharding_strategy``: accelerate 1.x passes
+    ``sharding_strategy or reshard_after_forward`` to FSDP1 and fills ``sharding_strategy`` with
+    ``FULL_SHARD`` when it is not given, so ``reshard_after_forward`` alone would change nothing."""
+    arg = "`FullyShardedDataParallelPlugin({})`".format
+    if kind in ("wrap-blocks", "wrap-embeddings-head", "wrap-experts"):
+        names = ", ".join(f'"{c}"' for c in ctx.classes(kind != "wrap-blocks"))
+        return arg(f'auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=[{names}]')
+    if kind == "ac-full":
+        return arg("activation_checkpointing=True")
+    if kind == "bf16":
+        return '`Accelerator(mixed_precision="bf16")`'
+    if kind == "no-reshard":
+        return arg("reshard_after_forward=False" if ctx.plan.api == "fsdp2" else 'sharding_strategy="SHARD_GRAD_OP"')
+    if kind in ("hsdp", "hsdp-zero2"):
+        return arg('sharding_strategy="{}"'.format("HYBRID_SHARD" if kind == "hsdp" else "HYBRID_SHARD_ZERO2"))
+    return arg("cpu_offload=True")
 
 
 def _transformers(kind: str, ctx: _Context) -> str:
@@ -201,8 +237,8 @@ def _transformers(kind: str, ctx: _Context) -> str:
     if kind == "no-reshard":
         return "`fsdp_config={\"reshard_after_forward\": false}`" if ctx.plan.api == "fsdp2" else \
             "`TrainingArguments(fsdp=\"shard_grad_op auto_wrap\")`"
-    if kind == "hsdp":
-        return "`TrainingArguments(fsdp=\"hybrid_shard auto_wrap\")`"
+    if kind in ("hsdp", "hsdp-zero2"):
+        return "`TrainingArguments(fsdp=\"{} auto_wrap\")`".format("hybrid_shard" if kind == "hsdp" else "hybrid_shard_zero2")
     return "`TrainingArguments(fsdp=\"full_shard offload auto_wrap\")`"
 
 
