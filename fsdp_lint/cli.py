@@ -338,7 +338,9 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         opts = RunOptions(input_shape=input_shape, input_dtype=input_dtype, timeout=run_timeout, debug=debug)
         try:
             with RunGuard():
-                run_simulation(results, settings, opts, progress=lambda line: click.echo(f"fsdp-lint: {line}", err=True))
+                # progress on stderr, never on stdout (JSON stays parseable); --quiet silences it
+                run_simulation(results, settings, opts, progress=None if quiet else
+                               (lambda line: click.echo(f"fsdp-lint: {line}", err=True)))
         except RunError as exc:
             click.echo(f"fsdp-lint: error: --simulate: {exc}", err=True)
             errors += 1

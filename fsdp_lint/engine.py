@@ -168,15 +168,15 @@ def plan_replay(result, settings: Settings):
     return tree, plan, layout
 
 
-def _suggest(result, tree, plan, layout, settings: Settings):
+def _suggest(result, tree, plan, layout, settings: Settings, every: bool = False):
     """``--suggest``: the candidate plans (``fsdp_lint.suggest``), the forward traced again where one
-    needs it (activation checkpointing)."""
+    needs it (activation checkpointing); `every`: all that the search built, not only those listed."""
     from fsdp_lint.model.inputs import find_example_inputs
-    from fsdp_lint.suggest.search import suggest
+    from fsdp_lint.suggest.search import candidates, suggest
 
     example_fn = find_example_inputs(result.namespace, result.model)
-    return suggest(result.model, tree, plan, layout, settings,
-                   lambda p: _trace(result, tree, p, settings, example_fn, True))
+    return (candidates if every else suggest)(result.model, tree, plan, layout, settings,
+                                              lambda p: _trace(result, tree, p, settings, example_fn, True))
 
 
 def _trace(result, tree, plan, settings: Settings, example_fn, activations: bool):

@@ -84,6 +84,7 @@ SLOW_MODULES = {
     "test_scale",           # 1,000s of units and deep nestings
     "test_entry_points",    # every way a training repository is launched
     "test_idioms",
+    "test_suggest_applied",  # --suggest candidates applied under FSDPMemTracker / MemTracker, one --simulate
 }
 
 

@@ -339,3 +339,32 @@ def test_a_simulation_that_dies_keeps_its_cause_and_long_ones_show_progress(cli,
     err = f["memory"]["simulated"]["error"]
     assert "exited with code 7" in err and "forward (step 1)" in err, err
     assert "still running" in res.err
+    assert f["memory"]["simulated"]["cause"]["type"] == "exited"
+    assert f["memory"]["simulated"]["cause"]["phase"] == "forward (step 1)"
+
+
+def test_an_exception_in_a_step_keeps_its_type_message_and_phase_and_quiet_shows_no_progress(cli, tmp_path,
+                                                                                             monkeypatch):
+    """The model raises in the second step's forward (a check on the step count, once the fake
+    process group is up): JSON memory.simulated keeps the exception's type, message and phase, not
+    only the last phase; with --quiet no progress line is printed (and never any on stdout)."""
+    import fsdp_lint.run.simulate as simulate_mod
+
+    monkeypatch.setattr(simulate_mod, "PROGRESS_EVERY_S", 0.5)
+    src = open(os.path.join(FIXTURES, "memory", "mlp_stack_fsdp2.py")).read()
+    src = src.replace("    def forward(self, x):\n        for layer",
+                      "    def forward(self, x):\n        import torch.distributed as dist\n"
+                      "        self.calls = getattr(self, 'calls', 0) + 1\n"
+                      "        if dist.is_initialized() and self.calls == 2:\n"
+                      "            raise ValueError('sequence length 512 is over the limit of this cache')\n"
+                      "        for layer")
+    path = tmp_path / "raises.py"
+    path.write_text(src)
+    res = cli(str(path), "--world-size", "2", "--simulate", "--format", "json", "--quiet", "--run-timeout", "240")
+    assert res.code == 2
+    (f,) = json.loads(res.out)["files"]
+    sim = f["memory"]["simulated"]
+    assert sim["cause"]["type"] == "ValueError" and sim["cause"]["phase"] == "forward (step 2)", sim
+    assert "over the limit of this cache" in sim["cause"]["message"]
+    assert "ValueError" in sim["error"] and "forward (step 2)" in sim["error"]
+    assert "still running" not in res.err

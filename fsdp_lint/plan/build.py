@@ -122,6 +122,7 @@ class WrapPlan:
     framework: Optional[str] = None  # the framework whose code made the wrap calls (issue 8), None: the file's own
     # how the HF Trainer's FSDP settings were written (plan.frameworks.hf_frontend), for fix texts in its terms
     hf_frontend: Optional[dict] = None
+    framework_config: Optional[str] = None  # "plugin": accelerate's FullyShardedDataParallelPlugin in code (else YAML/env)
 
     # parameter FQN -> the units holding it, in order; built on first use, once the plan is complete
     _param_units: Optional[Dict[str, List[Unit]]] = field(default=None, repr=False, compare=False)

@@ -31,7 +31,7 @@ def annotate_plan(plan, result, tree, settings=None) -> None:
     from fsdp_lint.replay.frameworks.options import find_literal
     from fsdp_lint.plan.build import PolicyInfo
 
-    from fsdp_lint.replay.frameworks.accelerate import apply_upcast
+    from fsdp_lint.replay.frameworks.accelerate import apply_upcast, plugin_in_code
 
     plan.framework = framework_of(result.wrap_calls)
     if plan.framework == "transformers":
@@ -39,6 +39,8 @@ def annotate_plan(plan, result, tree, settings=None) -> None:
         user_file = next((e["path"] for e in framework_errors(result.wrap_calls)), None) \
             or (stopped[1].path if stopped else None)
         plan.hf_frontend = hf_frontend(getattr(result, "argv", None) or [], user_file)
+    # where the framework's configuration is written (accelerate: the plugin in code, else the YAML)
+    plan.framework_config = "plugin" if plan.framework == "accelerate" and plugin_in_code(result) else None
     argv = list(getattr(result, "argv", None) or [])
     apply_upcast(plan, result, tree)
     for call, info in zip(result.optimizers, plan.optimizers):

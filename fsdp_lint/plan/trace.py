@@ -107,7 +107,9 @@ def trace_forward(model, tree, plan, input_shape=None, input_dtype=None, example
     precision). Never raises for what the model does."""
     out = Trace()
     try:
-        with _quiet(), alarm(timeout, _TraceTimeout), _rank0_env(plan.world_size):
+        from fsdp_lint.replay.model_root import checkpointed_after_wrap
+
+        with _quiet(), alarm(timeout, _TraceTimeout), _rank0_env(plan.world_size), checkpointed_after_wrap(model):
             _trace(model, tree, plan, input_shape, input_dtype, example_fn, out, activations)
     except _TraceTimeout:
         out.error = f"the forward took longer than {timeout:g} s"

@@ -2,15 +2,27 @@
 sub-modules and parameters put back that code after the last wrap call replaced."""
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Any, Dict
 
 from fsdp_lint.replay.recorders import Recorder
 from fsdp_lint.replay.records import _MISSING
 
 
+# the attribute that marks a module checkpoint-wrapped after the wrap call (the wrapper is its value)
+CHECKPOINTED_AFTER_WRAP = "_fsdp_lint_checkpoint_wrapper"
+
+
 def _undo_after_last_wrap(rec: Recorder) -> None:
     """Put back the sub-modules and parameters that code after the last wrap call replaced."""
     for kind, owner, name, old, child, old_parent in reversed(rec.undo):
+        if kind == "module" and old is not _MISSING and old is not None and \
+                getattr(child, "_checkpoint_wrapped_module", None) is old:
+            # activation checkpointing applied after the wrap (Lightning's activation_checkpointing_policy,
+            # accelerate's fsdp_activation_checkpointing): the module stays as wrapped, and its forward
+            # runs under the wrapper's checkpoint when the forward is traced (plan.trace)
+            old.__dict__[CHECKPOINTED_AFTER_WRAP] = child
         table = owner._modules if kind == "module" else owner._parameters
         if old is _MISSING:
             table.pop(name, None)
@@ -55,3 +67,24 @@ def _root_of(rec: Recorder):
     if counts.get(id(best), 0) * 2 < len(candidates):
         best = max(candidates, key=lambda c: counts[id(c)])
     return best
+
+
+@contextlib.contextmanager
+def checkpointed_after_wrap(model):
+    """The modules the setup code checkpoint-wrapped after its wrap call (Lightning's
+    ``activation_checkpointing_policy``, accelerate's ``fsdp_activation_checkpointing``; the plan keeps
+    the model as it was wrapped, ``_undo_after_last_wrap``): their forward runs as the wrapper runs it,
+    under its ``checkpoint_fn`` (``torch.utils.checkpoint``); undone afterwards."""
+    patched = []
+    for m in model.modules():
+        wrapper = m.__dict__.get(CHECKPOINTED_AFTER_WRAP)
+        fn = getattr(wrapper, "checkpoint_fn", None)
+        if fn is None or "forward" in m.__dict__:
+            continue
+        m.forward = functools.partial(fn, type(m).forward.__get__(m))
+        patched.append(m)
+    try:
+        yield
+    finally:
+        for m in patched:
+            m.__dict__.pop("forward", None)

@@ -441,6 +441,8 @@ def _install_real_wrappers(rec: Recorder, patch) -> None:
 
             kwargs["mesh"] = init_device_mesh(device.type, (rec.world_size,))
         rec.record_wrap(WrapCall("fsdp2", next(rec.seq), mods, dict(kwargs), rec.position(), state=rec.snapshot(mods)))
+        if getattr(rec, "defer_wrap", False):
+            return module         # another plan is applied to the model afterwards
         return real_fully_shard(module, *args, **kwargs)
 
     def make_fsdp(module, *args, **kwargs):
@@ -451,6 +453,8 @@ def _install_real_wrappers(rec: Recorder, patch) -> None:
             kwargs["sync_module_states"] = False
         call = WrapCall("fsdp1", next(rec.seq), [module], dict(kwargs), rec.position(), state=rec.snapshot([module]))
         rec.record_wrap(call)
+        if getattr(rec, "defer_wrap", False):
+            return module
         return RealFSDP(module, *args, **kwargs)
 
     class _FSDPMeta(type):

@@ -77,14 +77,17 @@ class _ReplayTimeout(BaseException):
 def replay(facts: Union[SourceFacts, str], world_size: int, target: Optional[ModelTarget] = None,
            real: bool = False, timeout: Optional[float] = None, device=None, argv: Optional[List[str]] = None,
            project: Optional[Reach] = None, cwd: Optional[str] = None,
-           gpus_per_node: Optional[int] = None) -> ReplayResult:
+           gpus_per_node: Optional[int] = None, wrap: bool = True) -> ReplayResult:
     """Run the entry point `facts` (SourceFacts, or a path) as rank 0 of `world_size` ranks up to the
     training boundary. `argv`: the script's own arguments; `cwd`: the folder it is launched from
-    (default: the current one). Raises ReplayError (one line)."""
+    (default: the current one). `wrap=False` (with `real`): the wrap calls are recorded and leave the
+    model unwrapped (``--simulate`` of a ``--suggest`` candidate applies its own plan). Raises
+    ReplayError (one line)."""
     if isinstance(facts, str):
         facts = facts_for(os.path.abspath(facts))
     run = _Run(facts, world_size, target, real, device, list(argv or []), project)
     run.cwd = cwd
+    run.rec.defer_wrap = real and not wrap
     run.rec.gpus_per_node = gpus_per_node  # issue 11: LOCAL_WORLD_SIZE / device_count() (replay/parallel.py)
     return run.execute(timeout)
 

@@ -16,13 +16,23 @@ def budget_line(res) -> str:
 
 def suggestions_table(res) -> str:
     rows = []
+    simulated = any(c.get("simulated_peak_bytes") is not None for c in res.suggestions)
+    hsdp = any(c.get("all_reduce_bytes_per_step") for c in res.suggestions)
     for c in res.suggestions:
         fits = {True: "yes", False: "no", None: "?"}[c["fits"]]
-        rows.append([fits, human_bytes(c["peak_bytes"]), human_bytes(c["all_gather_bytes_per_step"]),
-                     human_bytes(c["reduce_scatter_bytes_per_step"]), c["change"]])
+        row = [fits, human_bytes(c["peak_bytes"])]
+        if simulated:
+            row.append(human_bytes(c["simulated_peak_bytes"]) if c.get("simulated_peak_bytes") is not None else "-")
+        row += [human_bytes(c["all_gather_bytes_per_step"]), human_bytes(c["reduce_scatter_bytes_per_step"])]
+        if hsdp:
+            row.append(human_bytes(c.get("all_reduce_bytes_per_step", 0)))
+        rows.append(row + [c["change"]])
     head = budget_line(res)
     from fsdp_lint.report.width import fitted
 
-    table = fitted(rows, ["fits", "peak/rank", "all-gather/step", "reduce-scatter/step", "change"], wrap=("change",))
+    headers = ["fits", "peak/rank"] + (["simulated"] if simulated else []) + ["all-gather/step",
+                                                                             "reduce-scatter/step"]
+    headers += (["all-reduce/step"] if hsdp else []) + ["change"]
+    table = fitted(rows, headers, wrap=("change",))
     return (head + "\n" if head else "") + "--suggest (static estimates, those that fit first, least communication " \
         "first):\n" + table

@@ -107,10 +107,11 @@ def _suggestion_bars(res) -> str:
     usable = budget.usable_bytes if budget is not None else 0
     w, label_w, bar_h, gap, top = 1100, 420, 18, 6, 22
     h = top + len(cands) * (bar_h + gap) + 20
-    peak = max([c["peak_bytes"] for c in cands] + [usable]) or 1
+    peak = max([c["peak_bytes"] for c in cands] + [c.get("simulated_peak_bytes") or 0 for c in cands] + [usable]) or 1
     scale = (w - label_w - 110) / peak
     svg = [f"<svg width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" role=\"img\">",
-           "<text x=\"0\" y=\"14\" font-size=\"13\" font-weight=\"600\">peak per rank (static estimate)</text>"]
+           "<text x=\"0\" y=\"14\" font-size=\"13\" font-weight=\"600\">peak per rank (static estimate; "
+           "a tick: simulated)</text>"]
     for i, c in enumerate(cands):
         y = top + i * (bar_h + gap)
         length = scale * c["peak_bytes"]
@@ -121,6 +122,11 @@ def _suggestion_bars(res) -> str:
                    f"<rect x=\"{label_w}\" y=\"{y}\" width=\"{length:.1f}\" height=\"{bar_h}\" fill=\"{color}\"/>"
                    f"<text x=\"{label_w + length + 6:.1f}\" y=\"{y + 13}\" font-size=\"12\">"
                    f"{_e(human_bytes(c['peak_bytes']))}</text>")
+        if c.get("simulated_peak_bytes") is not None:   # the simulated peak: a tick on the bar
+            sx = label_w + scale * c["simulated_peak_bytes"]
+            svg.append(f"<line x1=\"{sx:.1f}\" y1=\"{y - 2}\" x2=\"{sx:.1f}\" y2=\"{y + bar_h + 2}\" "
+                       f"stroke=\"#1f3b73\" stroke-width=\"3\"><title>simulated "
+                       f"{_e(human_bytes(c['simulated_peak_bytes']))}</title></line>")
     if usable:
         x = label_w + scale * usable
         svg.append(f"<line x1=\"{x:.1f}\" y1=\"{top - 4}\" x2=\"{x:.1f}\" y2=\"{h - 14}\" stroke=\"#333\" "

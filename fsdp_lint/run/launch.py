@@ -112,11 +112,12 @@ def launch_ranks(spec: dict, ranks: int, backend: str, device: str, deadline: fl
             crashed = [r for r, st in enumerate(state) if st["crash"] is not None
                        or (st["closed"] and not st["done"])]
             if crashed:
-                raise RunError(_describe_crash(crashed[0], state[crashed[0]], procs[crashed[0]]))
+                raise _with_cause(RunError(_describe_crash(crashed[0], state[crashed[0]], procs[crashed[0]])),
+                                  _crash_cause(state[crashed[0]], procs[crashed[0]]))
             results = [st["result"] for st in state]
             if any(r is not None and r.get("setup_error") for r in results):
                 r = next(r for r in results if r is not None and r.get("setup_error"))
-                raise RunError(r["setup_error"])
+                raise _with_cause(RunError(r["setup_error"]), r.get("setup_cause"))
             erred = [r for r in results if r is not None and r.get("error")]
             if erred:
                 if all(r is not None for r in results):
@@ -126,7 +127,10 @@ def launch_ranks(spec: dict, ranks: int, backend: str, device: str, deadline: fl
                     break               # the others are stuck behind the failed rank
             now = time.monotonic()
             if now >= deadline:
-                raise RunError(describe_timeout(state, opts.timeout))
+                late = [st for st in state if not st["done"] and not st["closed"]] or state
+                raise _with_cause(RunError(describe_timeout(state, opts.timeout)),
+                                  {"type": "timeout", "message": f"did not finish within {opts.timeout:g} s",
+                                   "phase": late[0]["phase"], "frame": None})
             waitables = [c for c, st in zip(conns, state) if not st["closed"]]
             waitables += [p.sentinel for p, st in zip(procs, state) if not st["closed"]]
             for ready in mpc.wait(waitables, timeout=min(0.5, max(0.01, deadline - now))):
@@ -149,6 +153,7 @@ def launch_ranks(spec: dict, ranks: int, backend: str, device: str, deadline: fl
         if st["result"] is None:
             rep["unfinished"] = True
             rep["cause"] = _describe_crash(rank, st, procs[rank]) if rank < len(procs) else None
+            rep["crash"] = _crash_cause(st, procs[rank]) if rank < len(procs) else None
         if st["compare"] is not None:
             rep["compare"] = st["compare"]
         out.append(rep)
@@ -224,6 +229,24 @@ def _describe_crash(rank: int, st: dict, proc) -> str:
     code = proc.exitcode
     how = f"was killed by signal {_signal_name(-code)}" if code is not None and code < 0 else f"exited with code {code}"
     return f"rank {rank} {how} during phase '{st['phase']}'; all ranks were stopped"
+
+
+def _crash_cause(st: dict, proc) -> dict:
+    """A dead rank's cause as data: the exception it reported (type, message, phase, frame), or how
+    the process ended and in which phase."""
+    crash = st["crash"]
+    if crash:
+        return {"type": crash["type"], "message": crash["message"], "phase": crash.get("phase") or st["phase"],
+                "frame": crash.get("frame")}
+    code = proc.exitcode
+    how = f"killed by signal {_signal_name(-code)}" if code is not None and code < 0 else f"exited with code {code}"
+    return {"type": "killed" if code is not None and code < 0 else "exited", "message": how, "phase": st["phase"],
+            "frame": None}
+
+
+def _with_cause(err: RunError, cause) -> RunError:
+    err.cause = cause
+    return err
 
 
 def _signal_name(num: int) -> str:

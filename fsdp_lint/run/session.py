@@ -93,17 +93,19 @@ def build(spec, ws, device, phase, out, remaining):
         target = ModelTarget.parse(spec["model"]) if spec["model"] else None
     except (SourceError, ReplayError) as exc:
         out["setup_error"] = str(exc)
+        out["setup_cause"] = {"type": type(exc).__name__, "message": one_line(str(exc)), "phase": "build and wrap"}
         return None, None, {}, None
     torch.manual_seed(spec["seed"])
     try:
         # issue 15: a CPU rank (--simulate, --run on CPU) answers CUDA probes as the node's GPU
         with frameworks.configured(FrameworkOptions(gpu=spec.get("gpu"))):
             result = replay(facts, ws, target=target, real=True, timeout=remaining(), device=device,
-                            argv=spec.get("argv"), cwd=spec.get("cwd"))
+                            argv=spec.get("argv"), cwd=spec.get("cwd"), wrap=not spec.get("candidate"))
     except ReplayError as exc:
         cause = exc.__cause__
         if cause is None:
             out["setup_error"] = f"replaying the setup code for real failed: {exc}"
+            out["setup_cause"] = {"type": type(exc).__name__, "message": one_line(str(exc)), "phase": "setup code"}
         else:
             out["error"] = describe_exception(cause, _build_phase(cause))
         return None, None, {}, None
@@ -112,7 +114,18 @@ def build(spec, ws, device, phase, out, remaining):
         return None, None, {}, None
     model = result.model
     info: Dict[str, Any] = {}
-    if spec["apply_plan"] and not result.wrap_calls:
+    if spec.get("candidate"):
+        # --simulate of a --suggest candidate: the file's wrap calls were recorded only; the
+        # candidate's plan is applied with torch's own API, with a fresh optimizer of the file's class
+        from fsdp_lint.run.candidate import apply_candidate
+
+        try:
+            model = apply_candidate(spec["candidate"], model, ws, device)
+        except Exception as exc:  # noqa: BLE001
+            out["error"] = describe_exception(exc, "wrap")
+            return None, None, {}, None
+        optimizer_calls = []
+    elif spec["apply_plan"] and not result.wrap_calls:
         try:
             model = _apply_plan(spec, model, ws, device)
         except Exception as exc:  # noqa: BLE001

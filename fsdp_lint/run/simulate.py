@@ -49,12 +49,14 @@ def simulate(results, settings, opts: RunOptions, progress=None) -> dict:
             with _heartbeat(progress, res.path, started):
                 report = launch_ranks(spec, 1, "fake", "cpu", deadline, opts)[0]
         except RunError as exc:
-            res.simulated = {"error": str(exc)}
+            res.simulated = {"error": str(exc), "cause": getattr(exc, "cause", None) or _cause_of(str(exc))}
             failed.append(f"{display_path(res.path)}: {exc}" if len(runnable) > 1 else str(exc))
             continue
         res.simulated = _file_result(report, spec, time.monotonic() - started)
         if "error" not in res.simulated:
             judge_budget(res, settings)
+            if getattr(res, "suggestions", None):
+                simulate_candidates(res, settings, opts, deadline, progress)
         if "error" in res.simulated:
             failed.append(f"{display_path(res.path)}: {res.simulated['error']}" if len(runnable) > 1
                           else res.simulated["error"])
@@ -64,6 +66,67 @@ def simulate(results, settings, opts: RunOptions, progress=None) -> dict:
     if failed:
         raise RunError("; ".join(failed), summary=summary)
     return summary
+
+
+SIMULATED_CANDIDATES = 2
+
+
+def simulate_candidates(res, settings, opts: RunOptions, deadline: float, progress=None) -> None:
+    """``--suggest`` with ``--simulate``: the file's plan takes the simulated peak just measured; the
+    top ``SIMULATED_CANDIDATES`` candidates that fit are simulated too, each applied with torch's own
+    API (``run.candidate``) on the model the setup code builds. A candidate with CPU offload is not:
+    on the simulated CPU node offloaded and device memory are the same memory. `fits` is then judged
+    on the simulated peak, and the list sorted again."""
+    from fsdp_lint.plan.budget import budget_for
+    from fsdp_lint.run.launch import launch_ranks
+
+    def fits(peak: int):
+        mem = res.layout.memory
+        return budget_for(mem, settings, {"peak_bytes": peak, "peak_at": {}}).fits
+
+    for c in res.suggestions:
+        if not c["kinds"]:
+            c["simulated_peak_bytes"] = res.simulated["peak_bytes"]
+            c["fits"] = fits(c["simulated_peak_bytes"])
+    top = [c for c in res.suggestions if c["kinds"] and c["fits"] is True and not c["plan"].get("offload")]
+    for k, c in enumerate(top[:SIMULATED_CANDIDATES], 1):
+        if time.monotonic() >= deadline:
+            c["simulated_error"] = f"no time left within --run-timeout {opts.timeout:g} s"
+            continue
+        spec = simulation_spec(res, settings, opts)
+        spec.update(candidate=c["plan"], apply_plan=False)
+        if c["plan"].get("optimizer") in _TORCH_OPTIMIZERS:
+            spec["default_optimizer"] = c["plan"]["optimizer"]
+        started = time.monotonic()
+        try:
+            with _heartbeat(progress, f"{res.path} (candidate {k}: {', '.join(c['kinds'])})", started):
+                report = launch_ranks(spec, 1, "fake", "cpu", deadline, opts)[0]
+        except RunError as exc:
+            c["simulated_error"] = str(exc)
+            continue
+        got = _file_result(report, spec, time.monotonic() - started)
+        if "error" in got:
+            c["simulated_error"] = got["error"]
+            continue
+        c["simulated_peak_bytes"] = got["peak_bytes"]
+        c["fits"] = fits(got["peak_bytes"])
+    res.suggestions.sort(key=lambda c: (c["fits"] is not True, c["all_gather_bytes_per_step"]
+                                        + c["reduce_scatter_bytes_per_step"] + c.get("all_reduce_bytes_per_step", 0),
+                                        len(c["kinds"]), c["simulated_peak_bytes"] or c["peak_bytes"]))
+
+
+_TORCH_OPTIMIZERS = ("SGD", "Adam", "AdamW", "Adagrad", "RMSprop", "Adamax", "NAdam", "RAdam", "Adadelta")
+
+
+def _cause_of(message: str) -> dict:
+    """A failure that raised nothing in the rank (a timeout, a rank killed): what and where."""
+    import re
+
+    m = re.search(r"\(last phase: ([^)]*)\)|during phase '([^']*)'|in phase '([^']*)'", message)
+    phase = next((g for g in (m.groups() if m else ()) if g), None)
+    kind = "timeout" if "did not finish within" in message or "no time left" in message else \
+        "killed" if "killed by signal" in message or "exited with code" in message else "error"
+    return {"type": kind, "message": message, "phase": phase}
 
 
 def torch_lacks() -> str:
@@ -148,14 +211,21 @@ def _file_result(report: dict, spec: dict, seconds: float) -> Dict[str, Any]:
     from fsdp_lint.run.failures import at_frame
 
     if report.get("setup_error"):
-        return {"error": report["setup_error"]}
+        return {"error": report["setup_error"],
+                "cause": report.get("setup_cause") or {"type": "setup", "message": report["setup_error"],
+                                                       "phase": report.get("last_phase")}}
     err = report.get("error")
     if err:
-        return {"error": f"torch raised {err['type']} in {err['phase']}: {err['message']}{at_frame(err)}"}
+        return {"error": f"torch raised {err['type']} in {err['phase']}: {err['message']}{at_frame(err)}",
+                "cause": {k: err.get(k) for k in ("type", "message", "phase", "frame")}}
     if report.get("unfinished") or "memory" not in report:
         cause = report.get("cause")
-        return {"error": f"the simulation did not finish (last phase: {report.get('last_phase')})"
-                         + (f": {cause}" if cause else "")}
+        message = (f"the simulation did not finish (last phase: {report.get('last_phase')})"
+                   + (f": {cause}" if cause else ""))
+        crash = report.get("crash")
+        return {"error": message,
+                "cause": ({k: crash.get(k) for k in ("type", "message", "phase", "frame")} if crash
+                          else dict(_cause_of(cause or message), phase=report.get("last_phase")))}
     mem = report["memory"]
     steps = report.get("collectives") or []
     last = steps[-1] if steps else {}

@@ -3,6 +3,8 @@ fake process group and ``FakeTensorMode``, two steps watched by torch's memory t
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import os
 from typing import Any, Dict, Optional
 
@@ -57,12 +59,36 @@ def _meshes_outside_fake_mode():
     previous: Optional[Any] = getattr(dist, "init_device_mesh", None)
     if had:
         dist.init_device_mesh = init_device_mesh
+    # fully_shard(..., reshard_after_forward=<int>) builds the post-forward mesh (a DeviceMesh of a
+    # view of the mesh's rank tensor) itself: under fake tensors its ranks could not be read
+    post_forward = []
+    for name in ("torch.distributed.fsdp._fully_shard._fsdp_init", "torch.distributed.fsdp._fully_shard._fully_shard"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:     # another torch's layout: its fully_shard is left as it is
+            continue
+        fn = getattr(mod, "_get_post_forward_mesh_info", None)
+        if fn is not None:
+            post_forward.append((mod, fn))
+            mod._get_post_forward_mesh_info = _outside_fake_mode(fn)
     try:
         yield
     finally:
         dm.init_device_mesh = original
         if had:
             dist.init_device_mesh = previous
+        for mod, fn in post_forward:
+            mod._get_post_forward_mesh_info = fn
+
+
+def _outside_fake_mode(fn):
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    @functools.wraps(fn)
+    def outside(*args, **kwargs):
+        with unset_fake_temporarily():
+            return fn(*args, **kwargs)
+    return outside
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ import re
 from typing import Any, Dict, List
 
 FRAMEWORK = "accelerate"
+_PLUGIN_IN_CODE = "_fsdp_lint_plugin_in_code"
 _NOT_FOUND = re.compile(r"Could not find the transformer layer class (.+?) in the model")
 
 
@@ -48,10 +49,26 @@ def _accelerator(hooks, module) -> None:
         def wrapped(self, *args, **kwargs):
             if _keeps_optimizers_working(self):
                 _mark_remapped(hooks, args)
-            return prepare(self, *args, **kwargs)
+            start = len(hooks.rec.wrap_calls)
+            try:
+                return prepare(self, *args, **kwargs)
+            finally:
+                if self.__dict__.get(_PLUGIN_IN_CODE):
+                    for call in hooks.rec.wrap_calls[start:]:
+                        call.accelerate_plugin_in_code = True
+        return wrapped
+
+    def make_init(init):
+        def wrapped(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            # `Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(...))`: the configuration is the
+            # plugin's arguments (--suggest writes its changes there), not the YAML keys
+            if kwargs.get("fsdp_plugin") is not None:
+                self.__dict__[_PLUGIN_IN_CODE] = True
         return wrapped
 
     hooks.wrap(module.Accelerator, "prepare", make)
+    hooks.wrap(module.Accelerator, "__init__", make_init)
     if not hooks.rec.real:
         hooks.wrap(module.Accelerator, "prepare_model", lambda fn: _upcast_after(hooks, fn))
         # data loaders do not change the plan, and their samplers' generators cannot live on meta
@@ -72,6 +89,12 @@ def _upcast_after(hooks, prepare_model):
                     if call.api == "fsdp1":
                         call.upcast_trainable_to_fp32 = True
     return wrapped
+
+
+def plugin_in_code(result) -> bool:
+    """Whether accelerate wrapped with a ``FullyShardedDataParallelPlugin`` the code passed to
+    ``Accelerator(fsdp_plugin=...)`` (not one built from the environment / YAML config)."""
+    return any(getattr(call, "accelerate_plugin_in_code", False) for call in result.wrap_calls)
 
 
 def apply_upcast(plan, result, tree) -> None:
