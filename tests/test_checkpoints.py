@@ -91,3 +91,40 @@ fully_shard(model)
     f = json.loads(res.out)["files"][0]
     assert f["model"]["numel"] == 2 * (24 * 24 + 24)
     assert not any("stands in" in n for n in f["notes"])
+
+
+def test_of_several_wrapped_models_the_plan_is_of_the_trained_one(tmp_path, cli):
+    """A frozen text encoder wrapped first, then the model and its EMA copy: the optimizer trains the
+    model, so the plan is the model's (before: the encoder's, a confident plan of the wrong model)."""
+    (tmp_path / "train.py").write_text('''
+import copy
+
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+
+def shard(model):
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+encoder = nn.Sequential(*[nn.Linear(64, 64) for _ in range(6)])
+encoder.requires_grad_(False)
+encoder = shard(encoder)
+model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(3)])
+ema = copy.deepcopy(model)
+model = shard(model)
+ema = shard(ema)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+for _ in range(10):
+    model(torch.randn(2, 32)).sum().backward()
+    opt.step()
+''')
+    res = cli("train.py", "--world-size", "4", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["model"]["numel"] == 3 * (32 * 32 + 32) and f["model"]["trainable_numel"] == 3 * (32 * 32 + 32)
+    assert [u["modules"] for u in f["plan"]["units"]] == [["0"], ["1"], ["2"], [""]]
