@@ -47,6 +47,8 @@ cd $REPOS/dinov2 && $T $FSDP_LINT dinov2/train/train.py --world-size 32 -- --con
 # 13 torchtune full_finetune_distributed (try = `tune cp` copy at the repo root: my_full_finetune_distributed.py)
 cd $REPOS/torchtune && $T $FSDP_LINT recipes/full_finetune_distributed.py --world-size 4 -- --config recipes/configs/llama3_1/8B_full.yaml checkpointer.checkpoint_dir=/tmp/Meta-Llama-3.1-8B-Instruct/
 cd $REPOS/torchtune && $T $FSDP_LINT my_full_finetune_distributed.py --world-size 4 -- --config recipes/configs/llama3_1/8B_full.yaml checkpointer.checkpoint_dir=/tmp/Meta-Llama-3.1-8B-Instruct/
+# 13 try2 (s2-15): a config-only checkpoint folder (the hub config.json of Llama-3.1-8B, no weights)
+mkdir -p /tmp/tt_ckpt && cp $HF_HOME/hub/models--NousResearch--Meta-Llama-3.1-8B/snapshots/*/config.json /tmp/tt_ckpt/; cd $REPOS/torchtune && $T $FSDP_LINT my_full_finetune_distributed.py --world-size 4 -- --config recipes/configs/llama3_1/8B_full.yaml checkpointer.checkpoint_dir=/tmp/tt_ckpt/
 # 14 modalities
 cd $REPOS/modalities && $T $FSDP_LINT src/modalities/__main__.py --world-size 4 -- run --config_file_path config_files/training/config_lorem_ipsum_long_fsdp2.yaml
 cd $REPOS/modalities && $T $FSDP_LINT src/modalities/__main__.py --world-size 4 -- run --config_file_path config_files/training/config_lorem_ipsum_long_fsdp2.yaml --experiments_root_path /tmp/mod_exp

@@ -66,7 +66,22 @@ def _root_of(rec: Recorder):
         counts[id(c)] = counts.get(id(c), 0) + 1
     if counts.get(id(best), 0) * 2 < len(candidates):
         best = max(candidates, key=lambda c: counts[id(c)])
-    return best
+    trained = _trained_root(rec, candidates)
+    return trained if trained is not None else best
+
+
+def _trained_root(rec: Recorder, candidates):
+    """Of several wrapped models (a frozen text encoder, the model, its EMA copy), the one the
+    optimizer trains: the model the job is about. None without an optimizer over any of them."""
+    opt_ids = getattr(rec, "optimizer_param_ids", None)
+    if not opt_ids or len({id(c) for c in candidates}) < 2:
+        return None
+    owned = {}
+    for c in candidates:
+        if id(c) not in owned:
+            owned[id(c)] = (sum(1 for p in c.parameters() if id(p) in opt_ids), c)
+    count, root = max(owned.values(), key=lambda t: t[0])
+    return root if count else None
 
 
 @contextlib.contextmanager

@@ -129,6 +129,23 @@ def simulate_cuda(rec, patch: Patch, profile: gpus.GpuProfile) -> None:
         patch(torch.cuda, name, value)
     if not real_cuda(rec):
         _answer_as(profile, patch)
+        patch(torch, "Generator", _generator_class(torch))
+
+
+def _generator_class(torch):
+    """``torch.Generator("cuda")`` (seeded weight init: ``torch.Generator(device).manual_seed(seed)``) is a
+    CPU generator here: the CPU build has no CUDA generator, and initial values never change a plan."""
+    real = torch._C.Generator
+
+    class Generator(real):
+        def __new__(cls, device="cpu"):
+            kind = torch.device(device).type if isinstance(device, (str, torch.device)) else None
+            return real.__new__(cls, "cpu" if kind in ("cuda", "meta") else device)
+
+        def __init__(self, device="cpu"):
+            pass
+    Generator.__module__, Generator.__qualname__ = "torch", "Generator"
+    return Generator
 
 
 def _answer_as(profile: gpus.GpuProfile, patch: Patch) -> None:

@@ -449,6 +449,10 @@ def install(rec, patch, real_init_mesh) -> None:
     patch(dm_mod, "init_device_mesh", init_device_mesh)
     if hasattr(dist, "init_device_mesh"):
         patch(dist, "init_device_mesh", init_device_mesh)
+    if hasattr(c10d, "_store_based_barrier"):
+        # TORCH_DIST_INIT_BARRIER=1 (OLMo-core sets it) makes every new group wait on the store until all
+        # ranks arrive; on the simulated node they all have (the fake store has no counters)
+        patch(c10d, "_store_based_barrier", lambda *a, **k: None)
     if not rec.real:
         # device-mesh methods build small index tensors: keep them off the meta device
         for name in ("__getitem__", "_flatten", "_unflatten"):

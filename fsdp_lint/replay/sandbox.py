@@ -32,7 +32,7 @@ from fsdp_lint.replay.recorders import (
     _install_real_wrappers,
     _install_recorders,
 )
-from fsdp_lint.replay import data_values, node, parallel  # issue 11; issue 15: the node's GPU, data values
+from fsdp_lint.replay import checkpoints, data_values, host_values, node, parallel  # issue 11; issue 15: the node's GPU, data values
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
 
 Patch = Callable[[Any, str, Any], None]
@@ -235,7 +235,7 @@ def _simulate_dist(rec: Recorder, patch: Patch) -> bool:
         return owned
     for name, value in {
         "init_process_group": _noop(), "destroy_process_group": _noop(), "barrier": _noop(),
-        "get_rank": lambda *a, **k: 0, "get_world_size": lambda *a, **k: ws,
+        "get_rank": _of_group(dist.get_rank, 0), "get_world_size": _of_group(dist.get_world_size, ws),
         "is_initialized": lambda: True, "is_available": lambda: True,
         "get_local_rank": lambda *a, **k: 0, "get_node_local_rank": lambda *a, **k: 0,
         "all_reduce": _noop(), "broadcast": _noop(), "all_gather": _noop(), "reduce": _noop(),
@@ -245,7 +245,21 @@ def _simulate_dist(rec: Recorder, patch: Patch) -> bool:
     }.items():
         if hasattr(dist, name):
             patch(dist, name, value)
+    host_values.install(rec, patch, dist)   # collectives leave what a world of identical ranks would
     return False
+
+
+def _of_group(real, world_answer):
+    """``dist.get_rank``/``get_world_size``: rank 0 of the world, and of a group the replay's fake
+    process group made (fairscale's model-parallel group of 1 rank has size 1, not the world's)."""
+    def answer(group=None, *args, **kwargs):
+        if group is None:
+            return world_answer
+        try:
+            return real(group)
+        except Exception:  # noqa: BLE001 - no process group behind it: the world's answer
+            return world_answer
+    return answer
 
 
 def _simulate_cuda(rec: Recorder, patch: Patch) -> None:
@@ -260,6 +274,7 @@ def _simulate_launchers(rec: Recorder, patch: Patch) -> None:
     import torch.multiprocessing as tmp
 
     patch(torch, "save", _noop())          # checkpoints are never written
+    checkpoints.install(rec, patch)        # ... and one this machine lacks reads as the model's own
     if not rec.real:
         patch(torch, "compile", lambda model=None, *a, **k: model if model is not None else (lambda f: f))
 
@@ -346,6 +361,10 @@ def _device_mode(target_device, rec):
     import torch
     from torch.overrides import TorchFunctionMode
 
+    # small tensors made outside the model hold values (fsdp_lint/replay/host_values.py)
+    host = target_device.type == "meta" and not rec.real
+    factories = host_values.factories() if host else frozenset()
+
     class _DeviceMode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -354,6 +373,8 @@ def _device_mode(target_device, rec):
                 return data_values.read_value(read, func, args, kwargs, rec)
             if "device" in kwargs and kwargs["device"] is not None:
                 kwargs["device"] = target_device
+            if func in factories:
+                return host_values.make_on_host(func, args, kwargs)
             if func is torch.Tensor.cuda or (func is torch.Tensor.cpu and target_device.type == "meta"):
                 return args[0]       # every device is the target device, as `.to(device)` is
             if func is torch.Tensor.to:
@@ -361,7 +382,14 @@ def _device_mode(target_device, rec):
                 if dtype is None:
                     return args[0]
                 return func(args[0], dtype=dtype)
-            return func(*args, **kwargs)
+            try:
+                return func(*args, **kwargs)
+            except (RuntimeError, NotImplementedError) as exc:
+                if not host or not host_values.is_device_mix(exc):
+                    raise
+                # a host tensor met a meta one: no data in, no data out
+                moved_args, moved_kwargs = host_values.to_meta_args(args, kwargs)
+                return func(*moved_args, **moved_kwargs)
 
     return _DeviceMode()
 
@@ -395,10 +423,16 @@ def _record_module_tree(rec: Recorder, patch: Patch) -> List[Any]:
             rec.modules_seen[id(parent)] = parent
         return None
 
+    host = not rec.real and _target_device(rec).type == "meta"
+
     def on_register_param(module, name, param):
         if rec.wrap_calls and not rec.real:
             rec.undo.append(("param", module, name, module._parameters.get(name, _MISSING), None, None))
-        return None
+        # a host tensor made a parameter (`model.pos = nn.Parameter(torch.zeros(...))`): model data, on meta
+        return host_values.on_meta(param) if host else None
+
+    def on_register_buffer(module, name, buffer):
+        return host_values.on_meta(buffer) if host else None
 
     real_module_init = nn.Module.__init__
 
@@ -408,8 +442,11 @@ def _record_module_tree(rec: Recorder, patch: Patch) -> List[Any]:
             rec.constructed.append((self, rec.position()))
 
     patch(nn.Module, "__init__", module_init)
-    return [nn.modules.module.register_module_module_registration_hook(on_register),
-            nn.modules.module.register_module_parameter_registration_hook(on_register_param)]
+    hooks = [nn.modules.module.register_module_module_registration_hook(on_register),
+             nn.modules.module.register_module_parameter_registration_hook(on_register_param)]
+    if hasattr(nn.modules.module, "register_module_buffer_registration_hook"):
+        hooks.append(nn.modules.module.register_module_buffer_registration_hook(on_register_buffer))
+    return hooks
 
 
 def _record_param_changes(rec: Recorder, patch: Patch, target_device) -> None:

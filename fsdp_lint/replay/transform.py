@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from fsdp_lint.entry.source import SourceFacts
+from fsdp_lint.replay.kept_calls import changes_parts, root_name as _root_name, sets_library_state
 
 SKIP = "__fsdp_lint_skip__"
 STUB_IMPORT = "__fsdp_lint_stub_import__"
@@ -127,6 +128,7 @@ class _Transformer:
         self.synthetic: Set[int] = set()          # ids of statements the transform inserted
         self.imported: Set[str] = set()           # names bound by imports anywhere in the file
         self.torch_names: Set[str] = set()        # ... of them, those bound from torch
+        self.import_package: Dict[str, str] = {}  # ... of them, the top-level package each came from
         self._assigned_from: Dict[str, Set[str]] = {}   # in the list being sliced: name -> names its value read
 
     # -- the module ----------------------------------------------------------------------------
@@ -139,6 +141,8 @@ class _Transformer:
                         continue
                     local = alias.asname or alias.name.split(".")[0]
                     self.imported.add(local)
+                    if not (isinstance(node, ast.ImportFrom) and node.level):
+                        self.import_package[local] = (base or alias.name).split(".")[0]
                     if (base or alias.name).split(".")[0] == "torch":
                         self.torch_names.add(local)
         self.trainers = {d.name for d in ast.walk(tree) if isinstance(d, _DEFS[:2]) and self.stepping & {
@@ -387,7 +391,7 @@ class _Transformer:
         if isinstance(stmt, (ast.For, ast.AsyncFor)):
             over = _reads(stmt.iter)
             over |= {n for name in over for n in self._assigned_from.get(name, ())}
-            if over & objects and self._changes_parts(stmt, objects | _binds(stmt.target)):
+            if over & objects and changes_parts(stmt, objects | _binds(stmt.target)):
                 return True     # `for block in model.layers: parallelize_module(block, tp_mesh, plan)`
         # a statement that only computes a value nobody needs (`loader = DataLoader(dataset, ...)`) runs only
         # for a method call on a needed object; a bare call also for torch/sys calls and passing a needed object
@@ -397,6 +401,8 @@ class _Transformer:
                 root = _root_name(node.func)
                 if bare and (root in self.torch_names or root == "sys"):
                     return True                  # torch.manual_seed(0), torch.set_default_dtype(...)
+                if bare and sets_library_state(self.import_package, self.trainers, root, needed):
+                    return True                  # fs_init.initialize_model_parallel(1), then fs_init.get_...()
                 if isinstance(node.func, ast.Attribute) and root in objects:
                     return True                  # model.apply(init), config.update(...)
                 if not bare or (isinstance(node.func, ast.Name) and node.func.id in self.trainers):
@@ -415,25 +421,6 @@ class _Transformer:
                             if root in objects or root in self.torch_names or _dotted_name(sub).startswith(
                                     ("os.environ", "sys.")):
                                 return True      # model.head.weight = ..., cfg["layers"] = 2
-        return False
-
-    @staticmethod
-    def _changes_parts(loop: ast.stmt, objects: Set[str]) -> bool:
-        """A loop over a needed object's parts (its variable names a part) that passes a part to a
-        function, calls a method on it or assigns to its attributes: it changes the needed object."""
-        for node in ast.walk(loop):
-            if isinstance(node, ast.Call):
-                if isinstance(node.func, ast.Attribute) and _root_name(node.func) in objects:
-                    return True
-                for arg in list(node.args) + [k.value for k in node.keywords]:
-                    arg = arg.value if isinstance(arg, ast.Starred) else arg
-                    if isinstance(arg, ast.Name) and arg.id in objects:
-                        return True
-            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if any(isinstance(sub, (ast.Attribute, ast.Subscript)) and _root_name(sub) in objects
-                       for t in targets for sub in ast.walk(t)):
-                    return True
         return False
 
     def _tolerant(self, stmt: ast.stmt) -> ast.stmt:
@@ -536,12 +523,6 @@ def _assigned_attrs(node: ast.AST) -> Set[str]:
         if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
             out.add(n.attr)
     return out
-
-
-def _root_name(node: ast.AST) -> Optional[str]:
-    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
-        node = node.func if isinstance(node, ast.Call) else node.value
-    return node.id if isinstance(node, ast.Name) else None
 
 
 def _dotted_name(node: ast.AST) -> str:

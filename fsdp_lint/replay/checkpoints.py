@@ -1,0 +1,205 @@
+"""Checkpoint files the setup reads that this machine does not have: a stand-in state dict.
+
+Setup code loads base weights before or while wrapping, from files that exist only on the cluster:
+``torch.load(folder / "consolidated.00.pth", map_location="cpu")``, ``safetensors.torch.load_file(...)``,
+``safe_open(...)``, then ``model.load_state_dict(sd, strict=False)`` or ``(sd, assign=True)``. Like a
+missing data set, a missing weights file is something the simulated node lacks, not a bug of the script:
+the load returns a `StandInStateDict`, the state dict of the model's own parameters as meta tensors of
+their shapes and dtypes (weights never change a plan; shapes and dtypes must not):
+
+* ``module.load_state_dict(stand_in, ...)`` loads nothing and reports no missing or unexpected keys, so
+  the module keeps its own parameters (``assign=True`` included);
+* read before any module loads it (``for k, v in sd.items(): if model_sd[k].shape != v.shape``), it holds
+  the state dict of the largest model built so far;
+* a key that is no parameter name (``ckpt["model"]``, ``ckpt["ema"]``: a checkpoint of sub-dicts) is a
+  stand-in again, bound the same way.
+
+Only a path that does not exist stands in; an existing file is loaded for real, and a file the setup only
+checks for (``os.path.exists(...)``) answers the truth -- that check is the script's own decision (it
+asserts the weights are there), which fsdp-lint reports with the path.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+
+class StandInStateDict(dict):
+    """The state dict of a checkpoint file this machine lacks (see the module)."""
+
+    def __init__(self, rec, path: str, where: str):
+        super().__init__()
+        self._rec, self._path, self._where = rec, path, where
+        self._bound = False
+
+    # -- binding to a model ---------------------------------------------------------------------
+    def _bind(self, module=None) -> None:
+        if self._bound:
+            return
+        self._bound = True
+        module = module if module is not None else _largest_model(self._rec)
+        if module is None:
+            return
+        import torch
+
+        with torch._C.DisableTorchFunction():
+            for name, value in module.state_dict(keep_vars=False).items():
+                if isinstance(value, torch.Tensor):
+                    dict.__setitem__(self, name, torch.empty(value.shape, dtype=value.dtype, device="meta"))
+                else:
+                    dict.__setitem__(self, name, value)
+
+    def __missing__(self, key):
+        if isinstance(key, str) and not self._bound_has_prefix(key):
+            child = StandInStateDict(self._rec, self._path, self._where)
+            dict.__setitem__(self, key, child)
+            return child
+        raise KeyError(key)
+
+    def _bound_has_prefix(self, key: str) -> bool:
+        return any(k.startswith(key + ".") for k in dict.keys(self))
+
+    def __getitem__(self, key):
+        self._bind()
+        return dict.__getitem__(self, key)
+
+    def get(self, key, default=None):
+        self._bind()
+        return dict.get(self, key, default)
+
+    def __contains__(self, key):
+        self._bind()
+        return dict.__contains__(self, key)
+
+    def __iter__(self):
+        self._bind()
+        return dict.__iter__(self)
+
+    def __len__(self):
+        self._bind()
+        return dict.__len__(self)
+
+    def keys(self):
+        self._bind()
+        return dict.keys(self)
+
+    def values(self):
+        self._bind()
+        return dict.values(self)
+
+    def items(self):
+        self._bind()
+        return dict.items(self)
+
+    def pop(self, key, *default):
+        self._bind()
+        return dict.pop(self, key, *default)
+
+    def __repr__(self) -> str:
+        return f"<state dict of {self._path!r}: not on this machine>"
+
+
+def _largest_model(rec) -> Optional[Any]:
+    """The largest top-level module built so far (none of its ancestors was built)."""
+    best, best_numel = None, 0
+    for module, _ in getattr(rec, "constructed", ()):
+        if id(module) in rec.parents:
+            continue
+        numel = sum(p.numel() for p in module.parameters())
+        if numel > best_numel:
+            best, best_numel = module, numel
+    return best
+
+
+def _missing_path(f) -> Optional[str]:
+    if isinstance(f, (str, os.PathLike)):
+        path = os.fspath(f)
+        if not os.path.exists(path):
+            return path
+    return None
+
+
+def _where(rec) -> str:
+    pos = rec.position()
+    return f"{os.path.basename(pos.path)}:{pos.line}" if pos.line else os.path.basename(pos.path)
+
+
+def _stand_in(rec, path: str, how: str) -> StandInStateDict:
+    where = _where(rec)
+    rec.__dict__.setdefault("framework_notes", []).append(
+        f"{where}: {how} of `{path}`, which is not on this machine, stands in as the model's own state dict "
+        f"(shapes and dtypes kept; no weights are loaded)")
+    return StandInStateDict(rec, path, where)
+
+
+def install(rec, patch) -> None:
+    import torch
+    import torch.nn as nn
+
+    real_load = torch.load
+
+    def load(f, *args, **kwargs):
+        path = _missing_path(f)
+        if path is not None:
+            return _stand_in(rec, path, "torch.load")
+        return real_load(f, *args, **kwargs)
+
+    patch(torch, "load", load)
+
+    real_load_state_dict = nn.Module.load_state_dict
+
+    def load_state_dict(self, state_dict, *args, **kwargs):
+        if isinstance(state_dict, StandInStateDict):
+            state_dict._bind(self)
+            from torch.nn.modules.module import _IncompatibleKeys
+
+            return _IncompatibleKeys([], [])
+        return real_load_state_dict(self, state_dict, *args, **kwargs)
+
+    patch(nn.Module, "load_state_dict", load_state_dict)
+    _install_safetensors(rec, patch)
+
+
+def _install_safetensors(rec, patch) -> None:
+    try:
+        import safetensors
+        import safetensors.torch as st
+    except ImportError:
+        return
+    real_load_file = st.load_file
+
+    def load_file(filename, *args, **kwargs):
+        path = _missing_path(filename)
+        if path is not None:
+            return _stand_in(rec, path, "safetensors.load_file")
+        return real_load_file(filename, *args, **kwargs)
+
+    patch(st, "load_file", load_file)
+    real_safe_open = safetensors.safe_open
+
+    class _OpenStandIn:
+        def __init__(self, state):
+            self._state = state
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def keys(self):
+            return list(self._state.keys())
+
+        def get_tensor(self, name):
+            return self._state[name]
+
+        def metadata(self):
+            return {}
+
+    def safe_open(filename, *args, **kwargs):
+        path = _missing_path(filename)
+        if path is not None:
+            return _OpenStandIn(_stand_in(rec, path, "safetensors.safe_open"))
+        return real_safe_open(filename, *args, **kwargs)
+
+    patch(safetensors, "safe_open", safe_open)

@@ -1,0 +1,246 @@
+"""Tensors that hold values on the simulated node: the small tensors setup code makes outside the
+model, and what the collectives of a real world would leave in them.
+
+Setup code builds small tensors "on the GPU", exchanges them and reads them back on the host to decide
+something: a run id broadcast as bytes (``torch.tensor(list(s.encode())).cuda()``, ``dist.broadcast``,
+``bytes(buf.cpu().numpy())``), the ranks of each node (``all_gather_into_tensor`` of the local world
+size, then ``.tolist()``), model-parallel groups from a rank grid (``torch.arange(ws).reshape(dp, mp)``,
+``torch.where(grid == rank)``, ``grid[:, k].tolist()``). On the meta device these reads raise or answer
+zeros, and the code takes the wrong branch (no data-parallel group, one "node" of every rank).
+
+So a tensor made by a factory call (``torch.tensor``, ``arange``, ``zeros``, ``empty``, ``full``, ...)
+outside the construction of a module, and small (at most `HOST_NUMEL` elements), is a real CPU tensor
+whatever device it names; everything a module builds in its ``__init__`` (parameters, buffers, rotary
+tables), and every large tensor, stays on meta. A parameter or buffer given such a tensor later
+(``model.pos = nn.Parameter(torch.zeros(1, 16, 64))``) is moved to meta when it is registered, and an
+operation mixing one with a meta tensor runs on meta: values with no data give no data.
+
+The collectives answer what a real world of identical ranks gives rank 0: every rank is taken to hold
+rank 0's value (only rank 0's is known). ``broadcast`` leaves rank 0's tensor as it is (rank 0 is the
+usual source); ``all_reduce`` applies its op over `world` equal values (SUM multiplies by the group
+size, MAX/MIN/AVG/BAND/BOR keep the value, PRODUCT raises it to the power); ``all_gather`` and
+``all_gather_into_tensor`` fill every rank's slot with rank 0's value (right for the local world size,
+the world size, a flag; a value each rank derives from its own rank, such as its local rank, is noted
+as rank 0's in every slot); ``reduce_scatter_tensor`` gives the reduction of equal chunks. A tensor with
+no data (meta) is left as it is.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+HOST_NUMEL = 1 << 16          # elements: a rank grid, a byte string, a schedule -- never a weight
+
+_FACTORY_NAMES = ("tensor", "as_tensor", "asarray", "arange", "range", "linspace", "logspace", "zeros", "ones",
+                  "empty", "full", "eye", "rand", "randn", "randint", "randperm", "scalar_tensor",
+                  "tril_indices", "triu_indices", "empty_strided")
+_factories: Optional[frozenset] = None
+
+
+def factories() -> frozenset:
+    global _factories
+    if _factories is None:
+        import torch
+
+        _factories = frozenset(getattr(torch, n) for n in _FACTORY_NAMES if hasattr(torch, n))
+    return _factories
+
+
+def in_module_construction() -> bool:
+    """Whether a module's ``__init__`` is running (a frame of one on the stack)."""
+    import torch.nn as nn
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "__init__" and frame.f_code.co_argcount:
+            owner = frame.f_locals.get(frame.f_code.co_varnames[0])
+            if isinstance(owner, nn.Module):
+                return True
+        frame = frame.f_back
+    return False
+
+
+def make_on_host(func, args, kwargs):
+    """The factory call `func` on the CPU, or None when its tensor belongs on meta (large, or made
+    while a module is built). Called by the replay's device mode, which passes the call on otherwise."""
+    import torch
+
+    out = func(*args, **kwargs)          # on the target device (meta): cheap, and gives the size
+    if not isinstance(out, torch.Tensor) or not out.is_meta or out.numel() > HOST_NUMEL \
+            or in_module_construction():
+        return out
+    host = dict(kwargs)
+    host["device"] = "cpu"
+    try:
+        return func(*args, **host)
+    except Exception:  # noqa: BLE001 - a call the CPU refuses keeps its meta result
+        return out
+
+
+def is_device_mix(exc: BaseException) -> bool:
+    text = str(exc)
+    return "meta" in text and ("device" in text or "cpu" in text)
+
+
+def to_meta_args(args, kwargs):
+    """`args`/`kwargs` with every CPU tensor of more than one element on meta (a 0-d CPU tensor mixes
+    with any device)."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def move(x):
+        if isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dim() > 0:
+            with torch._C.DisableTorchFunction():
+                return x.to("meta")
+        return x
+    return tree_map(move, args), tree_map(move, kwargs)
+
+
+def on_meta(tensor):
+    """A parameter or buffer registered with a host tensor, moved to meta (None: leave it)."""
+    import torch
+    import torch.nn as nn
+
+    if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or _is_fake(tensor):
+        return None
+    with torch._C.DisableTorchFunction():
+        data = tensor.detach().to("meta")
+    if isinstance(tensor, nn.Parameter):
+        return nn.Parameter(data, requires_grad=tensor.requires_grad)
+    return data
+
+
+# --------------------------------------------------------------------------------------------
+# collectives of a world of identical ranks
+# --------------------------------------------------------------------------------------------
+def _group_size(group, world: int) -> int:
+    if group is None:
+        return world
+    try:
+        import torch.distributed as dist
+
+        return dist.get_world_size(group)
+    except Exception:  # noqa: BLE001
+        return world
+
+
+def _has_values(tensor) -> bool:
+    import torch
+
+    return isinstance(tensor, torch.Tensor) and tensor.device.type != "meta" and not _is_fake(tensor)
+
+
+def _is_fake(tensor) -> bool:
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(tensor, FakeTensor)
+
+
+def _reduce_equal(tensor, op, n: int):
+    """The reduction `op` of `n` ranks that each hold `tensor` (in place)."""
+    import torch
+
+    name = str(getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]).upper()
+    with torch.no_grad():
+        if tensor.dtype == torch.bool:
+            return tensor       # SUM/MAX of flags is their OR, PRODUCT/MIN their AND: equal flags stay
+        if name == "SUM":
+            tensor.mul_(n)
+        elif name == "PRODUCT":
+            tensor.pow_(n)
+        elif name == "BXOR" and n % 2 == 0:
+            tensor.zero_()
+        # MAX, MIN, AVG, BAND, BOR of equal values are the value
+    return tensor
+
+
+def install(rec, patch, dist) -> None:
+    """The collectives of `dist` for rank 0 of `rec.world_size` identical ranks (see the module)."""
+    import torch
+
+    world = rec.world_size
+
+    def work(async_op):
+        if not async_op:
+            return None
+
+        class _Done:
+            def wait(self, *a, **k):
+                return True
+
+            def is_completed(self):
+                return True
+        return _Done()
+
+    def broadcast(tensor, src=None, group=None, async_op=False, **kwargs):
+        if src not in (None, 0) and _has_values(tensor):
+            _note(rec, f"broadcast from rank {src} kept rank 0's values")
+        return work(async_op)
+
+    def all_reduce(tensor, op=None, group=None, async_op=False, **kwargs):
+        if _has_values(tensor):
+            _reduce_equal(tensor, op if op is not None else dist.ReduceOp.SUM, _group_size(group, world))
+        return work(async_op)
+
+    def reduce(tensor, dst=None, op=None, group=None, async_op=False, **kwargs):
+        if _has_values(tensor) and dst in (None, 0):
+            _reduce_equal(tensor, op if op is not None else dist.ReduceOp.SUM, _group_size(group, world))
+        return work(async_op)
+
+    def all_gather(tensor_list, tensor, group=None, async_op=False, **kwargs):
+        if _has_values(tensor):
+            with torch.no_grad():
+                for slot in tensor_list:
+                    if _has_values(slot):
+                        slot.copy_(tensor)
+            _note_gather(rec, tensor)
+        return work(async_op)
+
+    def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, **kwargs):
+        if _has_values(output_tensor) and _has_values(input_tensor):
+            n = _group_size(group, world)
+            with torch.no_grad():
+                flat = output_tensor.view(-1) if output_tensor.is_contiguous() else None
+                if flat is not None and flat.numel() == n * input_tensor.numel():
+                    flat.copy_(input_tensor.reshape(-1).repeat(n))
+            _note_gather(rec, input_tensor)
+        return work(async_op)
+
+    def all_gather_object(object_list, obj, group=None, **kwargs):
+        for i in range(len(object_list)):
+            object_list[i] = obj
+        return None
+
+    def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False, **kwargs):
+        if _has_values(output) and _has_values(input):
+            n = _group_size(group, world)
+            with torch.no_grad():
+                chunk = input.reshape(-1)[: output.numel()].reshape(output.shape)
+                output.copy_(chunk)
+                _reduce_equal(output, op if op is not None else dist.ReduceOp.SUM, n)
+        return work(async_op)
+
+    for name, fn in (("broadcast", broadcast), ("all_reduce", all_reduce), ("reduce", reduce),
+                     ("all_gather", all_gather), ("all_gather_into_tensor", all_gather_into_tensor),
+                     ("_all_gather_base", all_gather_into_tensor), ("all_gather_object", all_gather_object),
+                     ("reduce_scatter_tensor", reduce_scatter_tensor)):
+        if hasattr(dist, name):
+            patch(dist, name, fn)
+
+
+def _note_gather(rec, tensor) -> None:
+    _note(rec, "all_gather filled every rank's slot with rank 0's value (a value each rank derives from its "
+               "own rank, such as its local rank, would differ)")
+
+
+def _note(rec, what: str) -> None:
+    pos = rec.position()
+    where = f"{os.path.basename(pos.path)}:{pos.line}" if pos.line else os.path.basename(pos.path)
+    seen = rec.__dict__.setdefault("_host_value_lines", set())
+    if (pos.path, pos.line) in seen:
+        return
+    seen.add((pos.path, pos.line))
+    rec.__dict__.setdefault("framework_notes", []).append(f"{where}: {what}")
