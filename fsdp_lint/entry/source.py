@@ -12,6 +12,7 @@ takes a second.
 from __future__ import annotations
 
 from fsdp_lint.entry.noqa import _noqa_lines, file_noqa_lines
+from fsdp_lint.entry.reading import SourceError, read_text  # noqa: F401 - the names callers import from here
 
 import ast
 from dataclasses import dataclass, field
@@ -35,10 +36,6 @@ HF_FACTORIES = {"from_config", "from_pretrained", "_from_config"}
 FRAMEWORK_MODULES = {"lightning", "pytorch_lightning", "lightning_fabric", "accelerate"}
 FRAMEWORK_NAMES = {"TrainingArguments", "Seq2SeqTrainingArguments", "FullyShardedDataParallelPlugin",
                    "FSDPStrategy", "ModelParallelStrategy"}
-
-
-class SourceError(Exception):
-    """The file cannot be read or parsed (message is one line)."""
 
 
 @dataclass
@@ -147,30 +144,6 @@ class SourceFacts:
     loop_calls: Dict[int, Set[str]] = field(default_factory=dict)     # loop line -> names called inside it
     # of the dropped loops, those that step: they call backward()/step()/zero_grad() (training itself)
     stepping_loop_lines: Set[int] = field(default_factory=set)
-
-
-def read_text(path: str) -> str:
-    """A Python file's text as Python reads it: UTF-8 (a byte-order mark is not part of the code), or
-    the encoding its ``# -*- coding: ... -*-`` line declares."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as exc:
-        raise SourceError(f"cannot read {path}: {exc}") from None
-    # the common case, decoded as tokenize.open decodes it (UTF-8, universal newlines): no byte-order
-    # mark, no ``coding`` in the first two lines (where a coding line may be), valid UTF-8
-    if not data.startswith(b"\xef\xbb\xbf") and b"coding" not in b"\n".join(data.split(b"\n", 2)[:2]):
-        try:
-            return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
-        except UnicodeDecodeError:
-            pass                      # tokenize.open says what is wrong, as before
-    import tokenize
-
-    try:
-        with tokenize.open(path) as fh:
-            return fh.read()
-    except (OSError, UnicodeDecodeError, SyntaxError) as exc:   # SyntaxError: an unknown encoding
-        raise SourceError(f"cannot read {path}: {exc}") from None
 
 
 def read_source(path: str) -> SourceFacts:
