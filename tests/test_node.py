@@ -211,5 +211,8 @@ def test_every_public_torch_cuda_function_answers_on_the_simulated_node(monkeypa
             failed[name] = f"{type(exc).__name__}: {exc}"
     assert not failed, failed
     assert torch.cuda.can_device_access_peer(0, 7) is True and torch.cuda.can_device_access_peer(3, 3) is False
+    # the device as scripts name it: an index, "cuda", "cuda:N", a torch.device
+    for device in (0, "cuda", "cuda:1", torch.device("cuda", 2), None):
+        assert torch.cuda.get_device_properties(device).total_memory == gpus.profile("h100").memory_bytes
     with pytest.raises(AssertionError):          # torch's own check of the device ids, as on a node
         torch.cuda.can_device_access_peer(0, 8)

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 Patch = Callable[[Any, str, Any], None]
 
-def _device_index(device, default: int = 0) -> int:
+def device_index(device, default: int = 0) -> int:
     if device is None:
         return default
     if isinstance(device, int):
@@ -53,7 +53,7 @@ def answer(profile, patch: Patch, world_size: int, current_index: Callable[[], i
         return 0
 
     def can_device_access_peer(device, peer_device) -> bool:
-        a, b = _device_index(device, current_index()), _device_index(peer_device, current_index())
+        a, b = device_index(device, current_index()), device_index(peer_device, current_index())
         if not (0 <= a < world_size and 0 <= b < world_size):
             raise AssertionError("Invalid peer device id")     # torch's own check on a node
         return bool(profile.peer_access) and a != b
@@ -64,7 +64,7 @@ def answer(profile, patch: Patch, world_size: int, current_index: Callable[[], i
         real_stats = memory.memory_stats
         memory.memory_stats = lambda *a, **k: collections.defaultdict(int, num_ooms=0, num_alloc_retries=0)
         try:
-            return memory.memory_summary(_device_index(device, current_index()), abbreviated)
+            return memory.memory_summary(device_index(device, current_index()), abbreviated)
         finally:
             memory.memory_stats = real_stats
 

@@ -170,9 +170,8 @@ def _answer_as(profile: gpus.GpuProfile, patch: Patch) -> None:
 
 
 def _index(device) -> int:
-    if isinstance(device, int):
-        return device
-    return getattr(device, "index", None) or 0
+    # an int, "cuda" / "cuda:1" (a str's `index` is a method, not the device's), a torch.device, None
+    return cuda_probes.device_index(device)
 
 
 # --------------------------------------------------------------------------------------------
