@@ -1,0 +1,52 @@
+"""Smaller classes of setup code met on real launch commands (benchmarks/realworld.md): Hydra hiding the
+error, module-level registrations (OmegaConf resolvers) the config reads later.
+
+Oracles: the plan real torch builds for the same module (`torch.nn` parameter counts), Hydra's and
+OmegaConf's own exceptions."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import REPO  # noqa: E402
+
+HYDRA_SPAWN = os.path.join(REPO, "fixtures", "repos", "hydra_spawn")
+
+
+def test_hydra_does_not_hide_the_real_cause(cli):
+    # a stale override (`datasets=` where the config has `train_datasets`): Hydra's own handler prints
+    # "Set the environment variable HYDRA_FULL_ERROR=1" and exits 1; the line names Hydra's exception
+    res = cli("train.py", "--world-size", "4", "--", "exp_name=sft", "datasets=[hh]", cwd=HYDRA_SPAWN)
+    assert res.code == 2
+    [line] = res.err.strip().splitlines()[:1]
+    assert "ConfigCompositionException: Could not override 'datasets'" in line
+    assert "HYDRA_FULL_ERROR" not in line
+
+
+def test_a_config_interpolation_through_a_module_level_resolver_reaches_the_spawned_worker(cli):
+    # `${make_run_dir:...}` needs the resolver registered at import; mp.spawn's worker reads it and
+    # hands it to the trainer that wraps: the plan is the FSDP1 one the trainer builds
+    res = cli("train.py", "--world-size", "4", "--format", "json", "--", "exp_name=sft", cwd=HYDRA_SPAWN)
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["plan"]["api"] == "fsdp1" and f["replay"]["skipped_statements"] == []
+    assert [u["modules"] for u in f["plan"]["units"]] == [["blocks.0"], ["blocks.1"], ["blocks.2"], [""]]
+
+
+def test_a_registration_the_plan_reads_through_the_config_is_not_left_out(cli, tmp_path):
+    import torch.nn as nn
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "helpers.py").write_text("def width_of(n):\n    return int(n) * 16\n")
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom omegaconf import OmegaConf\nfrom torch.distributed.fsdp import fully_shard\n\n"
+        "from helpers import width_of\n\n"
+        "OmegaConf.register_new_resolver('width', width_of)\n"
+        "cfg = OmegaConf.create({'width': '${width:4}'})\n"
+        "model = nn.Sequential(nn.Linear(cfg.width, 8), nn.Linear(8, 8))\nfully_shard(model)\n")
+    res = cli("train.py", "--world-size", "2", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    expected = sum(p.numel() for p in nn.Sequential(nn.Linear(64, 8), nn.Linear(8, 8)).parameters())
+    assert sum(u["numel"] for u in json.loads(res.out)["files"][0]["plan"]["units"]) == expected
