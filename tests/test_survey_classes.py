@@ -50,3 +50,28 @@ def test_a_registration_the_plan_reads_through_the_config_is_not_left_out(cli, t
     assert res.code in (0, 1), res.err
     expected = sum(p.numel() for p in nn.Sequential(nn.Linear(64, 8), nn.Linear(8, 8)).parameters())
     assert sum(u["numel"] for u in json.loads(res.out)["files"][0]["plan"]["units"]) == expected
+
+
+FABRIC_JOINT = os.path.join(REPO, "fixtures", "repos", "fabric_joint")
+
+
+def test_fabric_joint_setup_of_a_model_built_under_fabric_device_plans_as_lightning_builds(monkeypatch):
+    # `with fabric.device:` is cuda:0 on a node, so Lightning's check finds no meta parameters in the
+    # optimizer of a joint `fabric.setup(model, optimizer)`; the plan is the one real Lightning builds
+    from test_frameworks import assert_framework_plan_matches
+
+    from fsdp_lint.config import Settings
+
+    monkeypatch.chdir(FABRIC_JOINT)
+    res = assert_framework_plan_matches(os.path.join(FABRIC_JOINT, "pretrain", "redpajama.py"),
+                                        Settings(world_size=4), ["--devices", "4"])
+    assert res.plan.framework == "lightning"
+    assert [u.modules for u in res.plan.units] == [["h.0"], ["h.1"], ["h.2"], [""]]
+
+
+def test_fabric_joint_setup_of_an_empty_init_model_is_refused_as_lightning_refuses_it(cli):
+    # built under `fabric.init_module(empty_init=True)` the parameters are meta on a node too: Lightning
+    # refuses the joint set-up there, and so does the lint
+    res = cli("pretrain/redpajama.py", "--world-size", "4", "--", "--devices", "4", "--empty_init", cwd=FABRIC_JOINT)
+    assert res.code == 2
+    assert "The optimizer has references to the model's meta-device parameters" in res.err

@@ -12,8 +12,9 @@ patched, for the replay only:
   loop, Fabric at the first forward of a model it set up;
 * what only a real FlatParameter satisfies: FSDP1 with ``use_orig_params=False`` checks that the
   optimizer holds flat parameters (they do not exist in a recorded plan);
-* Fabric's check that an optimizer holds no meta-device parameters: what Fabric set up counts as
-  materialised (a real run materialises it there), an optimizer built before the set-up still fails;
+* Fabric's check that an optimizer holds no meta-device parameters answers as on a node: only
+  parameters built under ``init_module(empty_init=True)`` are meta there (not those built under
+  ``with fabric.device:``), and what Fabric set up counts as materialised;
 * ``prepare_data()`` (downloads) is tolerant: a data set that cannot be fetched here does not stop the lint;
 * ``fabric.rank_zero_first()`` waits on nothing (its gloo barrier group is not built).
 
@@ -84,18 +85,42 @@ def _fabric(hooks, module) -> None:
     for name in ("setup", "setup_module"):
         hooks.wrap(Fabric, name, make)
 
+    # parameters that are on the meta device on a real node too: built under
+    # `fabric.init_module(empty_init=True)` (Lightning's FSDP strategies build them there); everything
+    # else here is meta only because the whole replay is (`with fabric.device:` is cuda:0 on a node)
+    really_meta: set = set()
+
+    def make_init_module(fn):
+        import contextlib
+
+        @contextlib.contextmanager
+        def init_module(self, empty_init=None, *args, **kwargs):
+            first = len(hooks.rec.constructed)
+            with fn(self, empty_init, *args, **kwargs) as value:
+                try:
+                    yield value
+                finally:
+                    if empty_init:
+                        for built, _ in hooks.rec.constructed[first:]:
+                            really_meta.update(id(p) for p in built.parameters(recurse=False))
+        return init_module
+
+    if hasattr(Fabric, "init_module"):
+        hooks.wrap(Fabric, "init_module", make_init_module)
+
     real_check = getattr(module, "_has_meta_device_parameters_or_buffers", None)
     if real_check is None:
         return
 
     def has_meta(obj, recurse=True):
-        # a real run materialises what Fabric sets up (FSDP's param_init_fn, ModelParallelStrategy's
-        # to_empty + reset_parameters); here every parameter stays on meta, so an optimizer counts as
-        # holding meta parameters only for those Fabric has not set up (an optimizer built before
-        # `setup_module`, which Lightning refuses for real)
+        # an optimizer holds meta parameters as on a real node: those built under
+        # `init_module(empty_init=True)` that Fabric has not set up yet (a real run materialises what it
+        # sets up: FSDP's param_init_fn, ModelParallelStrategy's to_empty + reset_parameters) -- an
+        # optimizer over them before `setup_module`, or in a joint `setup(model, optimizer)`, is refused
+        # for real; parameters built under `with fabric.device:` are on the GPU there, never refused
         if isinstance(obj, torch.optim.Optimizer):
-            return any(isinstance(t, torch.nn.Parameter) and t.is_meta and id(t) not in set_up
-                       for group in obj.param_groups for t in group["params"])
+            return any(isinstance(t, torch.nn.Parameter) and t.is_meta and id(t) in really_meta
+                       and id(t) not in set_up for group in obj.param_groups for t in group["params"])
         return real_check(obj, recurse)
 
     hooks.patch(module, "_has_meta_device_parameters_or_buffers", has_meta)
