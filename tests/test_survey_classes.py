@@ -75,3 +75,19 @@ def test_fabric_joint_setup_of_an_empty_init_model_is_refused_as_lightning_refus
     res = cli("pretrain/redpajama.py", "--world-size", "4", "--", "--devices", "4", "--empty_init", cwd=FABRIC_JOINT)
     assert res.code == 2
     assert "The optimizer has references to the model's meta-device parameters" in res.err
+
+
+def test_a_fabric_script_that_never_launches_is_linted_as_lightnings_cli_launches_it(monkeypatch):
+    # `lightning run model --devices=8 ... FILE`: the CLI sets LT_CLI_USED and Fabric counts as launched;
+    # a plain `python FILE` would stop at "you must call .launch() or use the CLI". The plan is the one
+    # real Lightning builds on the same (simulated) launch
+    from test_frameworks import assert_framework_plan_matches
+
+    from fsdp_lint.config import Settings
+
+    monkeypatch.chdir(FABRIC_JOINT)
+    res = assert_framework_plan_matches(os.path.join(FABRIC_JOINT, "pretrain", "tinyllama_like.py"),
+                                        Settings(world_size=8), ["--devices", "8"])
+    assert res.plan.framework == "lightning" and res.plan.world_size == 8
+    assert any("never calls `fabric.launch()`" in n and "lightning run model --devices=8" in n for n in res.notes)
+    assert os.environ.get("LT_CLI_USED") is None          # the launcher's environment ends with the replay

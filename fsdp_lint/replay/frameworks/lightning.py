@@ -23,6 +23,7 @@ Both the unified package (``lightning.fabric``/``lightning.pytorch``) and the st
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List
 
 FRAMEWORK = "lightning"
@@ -126,6 +127,39 @@ def _fabric(hooks, module) -> None:
     hooks.patch(module, "_has_meta_device_parameters_or_buffers", has_meta)
 
 
+def _cli_launch(hooks, module) -> None:
+    """A multi-device Fabric used without ``fabric.launch()`` runs only under Lightning's launcher
+    (``lightning run model --devices=D --num-nodes=N FILE`` / ``fabric run``): that CLI sets
+    ``LT_CLI_USED=1`` (and ``LT_DEVICES``/``LT_NUM_NODES``) for the processes it starts, and Fabric then
+    sets up its environment in ``__init__`` and counts as launched. Where the script reaches a set-up
+    without having launched, the replay is that launch (noted), where a plain ``python FILE`` would
+    stop: the script cannot run any other way."""
+    Fabric = module.Fabric
+
+    def make(validate):
+        def _validate_launched(self):
+            if getattr(self, "_launched", True):
+                return validate(self)
+            try:
+                return validate(self)
+            except RuntimeError as exc:
+                if "launch()" not in str(exc):
+                    raise
+            devices, nodes = _fit_devices(hooks, None, getattr(self._strategy, "num_nodes", 1))
+            os.environ.update({"LT_CLI_USED": "1", "LT_DEVICES": str(devices), "LT_NUM_NODES": str(nodes)})
+            self._strategy.setup_environment()
+            self._launched = True
+            notes = hooks.rec.__dict__.setdefault("framework_notes", [])
+            text = (f"the script never calls `fabric.launch()`: linted as launched by Lightning's CLI "
+                    f"(`lightning run model --devices={devices} --num-nodes={nodes} ...`)")
+            if text not in notes:
+                notes.append(text)
+        return _validate_launched
+
+    if hasattr(Fabric, "_validate_launched"):
+        hooks.wrap(Fabric, "_validate_launched", make)
+
+
 def _fabric_wrappers(hooks, module) -> None:
     hooks.wrap(module._FabricModule, "forward",
                hooks.boundary("the first forward of the model set up by Fabric: training starts"))
@@ -193,7 +227,7 @@ def hook_table() -> Dict[str, List[Any]]:
     table: Dict[str, List[Any]] = {}
     for f in _FABRIC:
         table[f"{f}.connector"] = [_connector]
-        table[f"{f}.fabric"] = [_fabric]
+        table[f"{f}.fabric"] = [_fabric, _cli_launch]
         table[f"{f}.wrappers"] = [_fabric_wrappers]
         table[f"{f}.strategies.fsdp"] = [_flat_params_check]
         table[f"{f}.utilities.distributed"] = [_infinite_barrier]
