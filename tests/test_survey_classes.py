@@ -91,3 +91,13 @@ def test_a_fabric_script_that_never_launches_is_linted_as_lightnings_cli_launche
     assert res.plan.framework == "lightning" and res.plan.world_size == 8
     assert any("never calls `fabric.launch()`" in n and "lightning run model --devices=8" in n for n in res.notes)
     assert os.environ.get("LT_CLI_USED") is None          # the launcher's environment ends with the replay
+
+
+def test_fabric_devices_per_node_on_a_larger_world_are_nodes_of_that_many(cli):
+    # `--devices 8` on a world of 16: Lightning's launcher runs 8 processes on each of 2 nodes
+    res = cli("pretrain/tinyllama_like.py", "--world-size", "16", "--format", "json", "--", "--devices", "8",
+              cwd=FABRIC_JOINT)
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["plan"]["world_size"] == 16
+    assert any("--devices=8 --num-nodes=2" in n for n in f["notes"]), f["notes"]

@@ -40,6 +40,11 @@ def _fit_devices(hooks, devices, num_nodes):
         nodes = 1
     if nodes < 1 or ws % nodes:
         nodes = 1
+    if nodes == 1 and isinstance(devices, int) and not isinstance(devices, bool) and 0 < devices < ws \
+            and ws % devices == 0:
+        # `devices=8` on a world of 16: a launcher starts 8 processes on each of 2 nodes
+        # (`lightning run model --devices=8 --num-nodes=2`, torchrun --nnodes=2)
+        nodes = ws // devices
     return ws // nodes, nodes
 
 
