@@ -31,6 +31,10 @@ class GpuProfile:
     toolkit_version: str                       # torch.version.cuda / torch.version.hip
     gcn_arch_name: str = ""                    # ROCm: gcnArchName
     aliases: Tuple[str, ...] = field(default=())
+    # torch.cuda.can_device_access_peer between two GPUs of the node: the NVLink / Infinity Fabric
+    # boards (SXM, OAM) connect every pair; the PCIe cards of cloud nodes (T4, A10G, L4, L40S) offer no
+    # peer access between them
+    peer_access: bool = True
 
     @property
     def cuda_version(self) -> Optional[str]:
@@ -51,10 +55,10 @@ _CUDA = "12.8"       # the CUDA of torch's default wheels for the torch versions
 PROFILES: Dict[str, GpuProfile] = {p.key: p for p in (
     GpuProfile("v100", "Tesla V100-SXM2-32GB", "nvidia", (7, 0), 32 * GiB, 80, 6 * MiB, False, False,
                _CUDA_ARCHS, _CUDA, aliases=("v100-32gb",)),
-    GpuProfile("t4", "Tesla T4", "nvidia", (7, 5), 16 * GiB, 40, 4 * MiB, False, False, _CUDA_ARCHS, _CUDA),
-    GpuProfile("a10g", "NVIDIA A10G", "nvidia", (8, 6), 24 * GiB, 80, 6 * MiB, True, True, _CUDA_ARCHS, _CUDA),
-    GpuProfile("l4", "NVIDIA L4", "nvidia", (8, 9), 24 * GiB, 58, 48 * MiB, True, True, _CUDA_ARCHS, _CUDA),
-    GpuProfile("l40s", "NVIDIA L40S", "nvidia", (8, 9), 48 * GiB, 142, 96 * MiB, True, True, _CUDA_ARCHS, _CUDA),
+    GpuProfile("t4", "Tesla T4", "nvidia", (7, 5), 16 * GiB, 40, 4 * MiB, False, False, _CUDA_ARCHS, _CUDA, peer_access=False),
+    GpuProfile("a10g", "NVIDIA A10G", "nvidia", (8, 6), 24 * GiB, 80, 6 * MiB, True, True, _CUDA_ARCHS, _CUDA, peer_access=False),
+    GpuProfile("l4", "NVIDIA L4", "nvidia", (8, 9), 24 * GiB, 58, 48 * MiB, True, True, _CUDA_ARCHS, _CUDA, peer_access=False),
+    GpuProfile("l40s", "NVIDIA L40S", "nvidia", (8, 9), 48 * GiB, 142, 96 * MiB, True, True, _CUDA_ARCHS, _CUDA, peer_access=False),
     GpuProfile("a100-40gb", "NVIDIA A100-SXM4-40GB", "nvidia", (8, 0), 40 * GiB, 108, 40 * MiB, True, True,
                _CUDA_ARCHS, _CUDA, aliases=("a100-40",)),
     GpuProfile("a100-80gb", "NVIDIA A100-SXM4-80GB", "nvidia", (8, 0), 80 * GiB, 108, 40 * MiB, True, True,

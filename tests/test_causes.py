@@ -95,3 +95,35 @@ def test_push_to_hub_creates_no_repository_and_says_so(cli, tmp_path):
     assert res.code == 0, res.err
     assert "note: push_to_hub: the hub repository me/run-42 is not created by a lint" in res.out
     assert "144 params" in res.out
+
+
+DICT_CFG = os.path.join(REPOS, "dict_cfg_cli")
+
+
+def test_a_config_class_built_on_a_missing_package_names_the_package(cli):
+    # `class DefaultingDict(addict.Dict)` with addict not installed: the stand-in base is an empty class,
+    # so the first attribute read of a config key fails; the cause is the missing package, not the
+    # subclass (under plain python the import itself fails: the script needs `pip install addict`)
+    res = cli("src/dictcfg/cli/train.py", "--world-size", "4", "--", "examples/tiny.yaml", cwd=DICT_CFG)
+    assert res.code == 2 and "Traceback" not in res.err
+    [line] = res.err.strip().splitlines()[:1]
+    assert "'DefaultingDict' object has no attribute" in line
+    assert "`addict` is not installed here (pip install addict)" in line
+
+
+def test_a_name_an_installed_package_lacks_is_a_version_mismatch_never_not_installed(cli, tmp_path):
+    # `from torch.nn import FusedBlockNorm` (a name this torch does not have) as the base of a config
+    # mix-in: torch is installed, so the cause is its version, named
+    import torch
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n"
+        "from torch.nn import FusedBlockNorm\n\n\n"
+        "class Settings(FusedBlockNorm):\n    pass\n\n\n"
+        "cfg = Settings()\nmodel = nn.Sequential(*[nn.Linear(cfg.width, 8) for _ in range(2)])\n"
+        "fully_shard(model)\n")
+    res = cli("train.py", "--world-size", "4", cwd=str(tmp_path))
+    assert res.code == 2
+    assert f"the installed torch {torch.__version__} does not have it" in res.err
+    assert "not installed here" not in res.err

@@ -164,3 +164,55 @@ def test_a_run_rank_on_a_real_gpu_asks_the_real_cuda_and_a_cpu_rank_the_profile(
     probes = {"get_device_name", "get_device_capability", "get_device_properties", "is_available", "cuda"}
     assert not probes & patched(torch.device("cuda", 1))
     assert probes <= patched(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("gpu", ["h100", "mi300x", "l4", "a10g"])
+def test_peer_access_between_the_nodes_gpus_answers_as_the_board_does(gpu):
+    # a script asks before its first collective whether the GPUs reach each other directly (NCCL hangs
+    # where they do not): NVLink / Infinity Fabric boards do, the PCIe cards of cloud nodes do not; a
+    # device and itself is no peer, as CUDA answers
+    node = _node(gpu)
+    assert node["p2p"] is gpus.profile(gpu).peer_access
+    assert node["self_peer"] is False
+    assert "PyTorch CUDA memory summary" in node["memory_report"] and node["busy"] == 0
+
+
+def _public_cuda_functions():
+    import inspect
+
+    return sorted(n for n in dir(torch.cuda) if not n.startswith("_") and callable(getattr(torch.cuda, n))
+                  and not inspect.isclass(getattr(torch.cuda, n)) and not inspect.ismodule(getattr(torch.cuda, n)))
+
+
+def test_every_public_torch_cuda_function_answers_on_the_simulated_node(monkeypatch):
+    # the CPU build has no torch._C._cuda_* bindings: each public function of the installed torch.cuda
+    # (a new torch adds some) must answer as a node's GPU does, never raise AttributeError/RuntimeError
+    from fsdp_lint.replay import node
+    from fsdp_lint.replay.recorders import Recorder
+
+    rec = Recorder("train.py", 8)
+    node.simulate_cuda(rec, monkeypatch.setattr, gpus.profile("h100"))
+    args = {"can_device_access_peer": (0, 1), "caching_allocator_alloc": (1024,), "caching_allocator_delete": (0,),
+            "check_error": (0,), "set_rng_state": (torch.get_rng_state(),),
+            "set_rng_state_all": ([torch.get_rng_state()] * 8,), "set_stream": (torch.cuda.current_stream(),),
+            "set_sync_debug_mode": (0,), "get_stream_from_external": (0,), "device_of": (torch.zeros(1),),
+            "caching_allocator_enable": (True,), "make_graphed_callables": (torch.nn.Linear(2, 2), (torch.zeros(1, 2),)),
+            "change_current_allocator": (None,), "use_mem_pool": (None,)}
+    failed = {}
+    for name in _public_cuda_functions():
+        if name in {"Optional", "cast", "classproperty", "lru_cache"}:
+            continue                 # typing / decorator helpers torch.cuda re-exports
+        try:
+            value = getattr(torch.cuda, name)(*args.get(name, ()))
+            if name in {"caching_allocator_disabled", "use_mem_pool", "device", "stream"}:
+                with value:
+                    pass
+        except Exception as exc:  # noqa: BLE001  every failure is listed
+            failed[name] = f"{type(exc).__name__}: {exc}"
+    assert not failed, failed
+    assert torch.cuda.can_device_access_peer(0, 7) is True and torch.cuda.can_device_access_peer(3, 3) is False
+    # the device as scripts name it: an index, "cuda", "cuda:N", a torch.device
+    for device in (0, "cuda", "cuda:1", torch.device("cuda", 2), None):
+        assert torch.cuda.get_device_properties(device).total_memory == gpus.profile("h100").memory_bytes
+    with pytest.raises(AssertionError):          # torch's own check of the device ids, as on a node
+        torch.cuda.can_device_access_peer(0, 8)

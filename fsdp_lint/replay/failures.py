@@ -275,10 +275,13 @@ class Failures:
         return None
 
     def _stub_hint(self, msg: str) -> str:
-        if "not installed here" in msg and self.imports:
-            return ""
+        if ("not installed here" in msg or "does not have it" in msg) and self.imports:
+            return ""           # the message names the cause already (a stand-in's own message)
         for imp in self.imports:
             if imp.missing and imp.missing.split(".")[0] in msg:
+                if imp.absent_names:      # the package is installed: its version lacks the name
+                    return (f" ({imp.message}: the installed {installed_version(imp.module)} does not have it; "
+                            f"the training repository needs another version)")
                 return f" (`{imp.missing}` is not installed here: pip install {distribution_of(imp.missing)})"
         return ""
 

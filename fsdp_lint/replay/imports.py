@@ -59,6 +59,20 @@ def installed_version(module: str) -> str:
         return top
 
 
+def not_importable(module: str, absent_names: bool = False) -> str:
+    """Why import `module` failed, said as a cause: the installed version lacks the names (that version
+    is named, never "not installed"), or the package is not installed."""
+    top = module.lstrip(".").split(".")[0]
+    if not absent_names:
+        try:
+            absent_names = bool(top) and importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            absent_names = False
+    if absent_names:
+        return f"the installed {installed_version(top)} does not have it (the code needs another version)"
+    return f"`{top}` is not installed here (pip install {distribution_of(top)})"
+
+
 # --------------------------------------------------------------------------------------------
 # stand-ins for what is not installed
 # --------------------------------------------------------------------------------------------
@@ -88,11 +102,13 @@ class Missing:
     recorded; it is falsy, iterates as empty and contains whatever it is asked for (a data set that
     does not exist here has the splits and columns the script checks for)."""
 
-    __slots__ = ("_fsdp_lint_name", "_fsdp_lint_on_use")
+    __slots__ = ("_fsdp_lint_name", "_fsdp_lint_on_use", "_fsdp_lint_why")
 
-    def __init__(self, name: str, on_use: Callable[[str], None]):
+    def __init__(self, name: str, on_use: Callable[[str], None], why: Optional[str] = None):
         object.__setattr__(self, "_fsdp_lint_name", name)
         object.__setattr__(self, "_fsdp_lint_on_use", on_use)
+        # why the import failed, said as the cause: "`addict` is not installed here (pip install addict)"
+        object.__setattr__(self, "_fsdp_lint_why", why)
 
     def __getattr__(self, item):
         if item.startswith("__") and item.endswith("__"):
@@ -100,7 +116,7 @@ class Missing:
         name = f"{self._fsdp_lint_name}.{item}"
         # naming an attribute is no use of it (`-> pa.Table`, `x: wandb.Run`): what is done with it is
         self._fsdp_lint_on_use(name, access=True)
-        return Missing(name, self._fsdp_lint_on_use)
+        return Missing(name, self._fsdp_lint_on_use, self._fsdp_lint_why)
 
     def __call__(self, *args, **kwargs):
         if len(args) == 1 and not kwargs and isinstance(args[0], (type, types.FunctionType)):
@@ -112,7 +128,7 @@ class Missing:
             self._fsdp_lint_on_use(self._fsdp_lint_name + "()", model=True)
         else:
             self._fsdp_lint_on_use(self._fsdp_lint_name + "()")
-        return Missing(self._fsdp_lint_name + "()", self._fsdp_lint_on_use)
+        return Missing(self._fsdp_lint_name + "()", self._fsdp_lint_on_use, self._fsdp_lint_why)
 
     def __iter__(self):
         self._fsdp_lint_on_use(self._fsdp_lint_name)
@@ -132,7 +148,7 @@ class Missing:
     def __getitem__(self, item):
         name = f"{self._fsdp_lint_name}[]"
         self._fsdp_lint_on_use(name)
-        return Missing(name, self._fsdp_lint_on_use)
+        return Missing(name, self._fsdp_lint_on_use, self._fsdp_lint_why)
 
     def __mro_entries__(self, bases):
         # a base class that is not installed (a checkpoint client's `boto3` session, a config mix-in):
@@ -141,9 +157,19 @@ class Missing:
         # instance while a model is built is (`class FusedNorm(apex.FusedLayerNorm)` in a block)
         on_use, name = self._fsdp_lint_on_use, self._fsdp_lint_name
         on_use(name, access=True)
+        why = self._fsdp_lint_why or not_importable(name)
 
         def __init__(inner, *args, **kwargs):
             on_use(name + "()")
+
+        def __getattr__(inner, item):
+            # what the missing base provides (addict's `Dict` answers every attribute from its items):
+            # the failure names the package, not only the subclass that lacks it
+            own = type(inner).__name__
+            if item.startswith("__") and item.endswith("__"):
+                raise AttributeError(f"'{own}' object has no attribute '{item}'")
+            raise AttributeError(f"'{own}' object has no attribute '{item}' (`{own}` is built on `{name}`, "
+                                 f"which could not be imported: {why}; fsdp-lint stands in for it with an empty class)")
 
         # the missing base's class attributes (`@Config.register("name")`) are stand-ins too; with the
         # metaclasses of the other bases (ABCMeta) mixed in, so that one class can have both
@@ -153,7 +179,8 @@ class Missing:
         others = tuple(dict.fromkeys(type(b) for b in bases if isinstance(b, type) and type(b) is not type))
         others = others if any(issubclass(m, abc.ABCMeta) for m in others) else others + (abc.ABCMeta,)
         meta = type("StandInMeta", (_StandInMeta, *others), {})
-        cls = meta(name.rsplit(".", 1)[-1], (), {"__init__": __init__, "__module__": "fsdp_lint.stand_in",
+        cls = meta(name.rsplit(".", 1)[-1], (), {"__init__": __init__, "__getattr__": __getattr__,
+                                                 "__module__": "fsdp_lint.stand_in",
                                                  "_fsdp_lint_stand_in": name, "_fsdp_lint_missing": self})
         return (cls,)
 

@@ -11,7 +11,8 @@ torch.cuda.is_bf16_supported()`` picks bf16, ``TrainingArguments(tf32=True)`` as
 * ``torch.cuda``: ``is_available``, ``device_count`` (the world), ``get_device_name``,
   ``get_device_capability``, ``get_device_properties`` (name, capability, memory, multiprocessors,
   L2, ``gcnArchName`` on ROCm), ``get_arch_list``, ``mem_get_info``, memory counters (0), streams
-  and events (no-ops), ``nccl.version``. ``is_bf16_supported`` and ``is_tf32_supported`` are torch's
+  and events (no-ops), ``nccl.version``; every other public function (peer access from the
+  profile, allocator, graphs, telemetry) in `fsdp_lint.replay.cuda_probes`. ``is_bf16_supported`` and ``is_tf32_supported`` are torch's
   own functions reading those answers, so they say what torch says on that GPU -- including the
   emulated bf16 torch reports on a V100 or T4 (``including_emulation=True``, the default);
 * ``torch.backends.cudnn.is_available``/``version``, ``torch.backends.cuda.is_built``,
@@ -31,6 +32,7 @@ import types
 from typing import Any, Callable, Optional
 
 from fsdp_lint import gpus
+from fsdp_lint.replay import cuda_probes
 
 Patch = Callable[[Any, str, Any], None]
 
@@ -129,6 +131,8 @@ def simulate_cuda(rec, patch: Patch, profile: gpus.GpuProfile) -> None:
         patch(torch.cuda, name, value)
     if not real_cuda(rec):
         _answer_as(profile, patch)
+        # every other public torch.cuda function (peer access, allocator, graphs, telemetry)
+        cuda_probes.answer(profile, patch, ws, lambda: current_cuda_index(rec))
         patch(torch, "Generator", _generator_class(torch))
 
 
@@ -183,9 +187,8 @@ def _answer_as(profile: gpus.GpuProfile, patch: Patch) -> None:
 
 
 def _index(device) -> int:
-    if isinstance(device, int):
-        return device
-    return getattr(device, "index", None) or 0
+    # an int, "cuda" / "cuda:1" (a str's `index` is a method, not the device's), a torch.device, None
+    return cuda_probes.device_index(device)
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from fsdp_lint.model import modwalk  # issue 10
 from fsdp_lint.entry.project import is_local
 from fsdp_lint.replay.records import OptimizerCall, ParamEvent, Position, WrapCall
+from fsdp_lint.replay import fsdp1_wrapper
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,6 +318,8 @@ def _install_recorders(rec: Recorder, patch) -> None:
                     module, policy, kwargs.get("ignored_modules"), kwargs.get("ignored_states"))
             rec.undo.clear()
             rec.record_wrap(call)
+            # what torch's wrapper exposes (``model.module``, ``no_sync()``, ``clip_grad_norm_``)
+            fsdp1_wrapper.expose(module, kwargs, rec.world_size)
             return module
 
     RecordingFSDP.__name__ = "FullyShardedDataParallel"

@@ -30,6 +30,7 @@ from fsdp_lint.replay.import_errors import (_import_message, _innermost_project_
                                            _own_project_modules)
 from fsdp_lint.replay.imports import (
     Missing,
+    not_importable,
     MissingImport,
     ProjectImporter,
     StubUse,
@@ -242,8 +243,9 @@ class _Run:
             self.failures.stub_uses.append(StubUse(name=name, path=use_frame.f_code.co_filename,
                                                    line=use_frame.f_lineno, in_model=in_model))
 
+        why = not_importable(missing if not absent else module, absent_names=bool(absent)) if not local else None
         for name in names:
-            globs.setdefault(name, Missing(name, on_use))
+            globs.setdefault(name, Missing(name, on_use, why))
         return True
 
     def _wrap_stand_in(self, call) -> None:

@@ -298,6 +298,10 @@ def _hydra_without_outputs(patch: Patch) -> Callable[[], None]:
     except ImportError:
         return lambda: None
     tmp = tempfile.mkdtemp(prefix="fsdp-lint-hydra-")
+    # Hydra catches the task's exception, prints "Set the environment variable HYDRA_FULL_ERROR=1 for a
+    # complete stack trace" and exits 1: with it set, the exception itself reaches the replay, which
+    # names its cause and line (the environment is restored after the replay)
+    os.environ["HYDRA_FULL_ERROR"] = "1"
     extra = [f"hydra.run.dir={tmp}", f"hydra.sweep.dir={tmp}", "hydra.output_subdir=null",
              "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
     real_main = hydra.main

@@ -2,8 +2,7 @@
 
 It never changes what valid code means beyond these points, and it keeps line numbers:
 
-* ``from __future__`` imports stay first; every other top-level import that fails binds a stand-in
-  (a package that is not installed here: wandb, deepspeed, flash_attn) whose use is tracked;
+* ``from __future__`` imports stay first; any other failing top-level import binds a tracked stand-in;
 * training/data loops (``for batch in loader``, loops that call ``.backward()``/``.step()``) end the
   replay where they start: reaching one means training starts (the static second line behind the
   boundaries the sandbox detects while running);
@@ -13,8 +12,8 @@ It never changes what valid code means beyond these points, and it keeps line nu
   exist here does not stop the replay. The runtime decides at the failure whether it may be skipped
   (never when it comes from model construction, a wrap call, a policy, a freeze, a cast or an
   optimizer), and which skipped statement a later failure goes back to;
-* in the entry file, statements before the last one that matters for the plan and that nothing later needs
-  (data sets, loaders, output folders, logging) never run; nor does anything after it (issue 18).
+* in the entry file, statements before the last one that matters for the plan that nothing later needs (data
+  sets, loaders, logging; not registrations, `replay.registrations`) never run, nor anything after it.
 """
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from fsdp_lint.entry.source import SourceFacts
 from fsdp_lint.replay.kept_calls import changes_parts, root_name as _root_name, sets_library_state
+from fsdp_lint.replay.registrations import registers
 
 SKIP = "__fsdp_lint_skip__"
 STUB_IMPORT = "__fsdp_lint_stub_import__"
@@ -399,8 +399,8 @@ class _Transformer:
         for node in ast.walk(stmt):
             if isinstance(node, ast.Call):
                 root = _root_name(node.func)
-                if bare and (root in self.torch_names or root == "sys"):
-                    return True                  # torch.manual_seed(0), torch.set_default_dtype(...)
+                if bare and (root in self.torch_names or root == "sys" or registers(node.func)):
+                    return True                  # torch.manual_seed(0), OmegaConf.register_new_resolver(...)
                 if bare and sets_library_state(self.import_package, self.trainers, root, needed):
                     return True                  # fs_init.initialize_model_parallel(1), then fs_init.get_...()
                 if isinstance(node.func, ast.Attribute) and root in objects:

@@ -12,8 +12,9 @@ patched, for the replay only:
   loop, Fabric at the first forward of a model it set up;
 * what only a real FlatParameter satisfies: FSDP1 with ``use_orig_params=False`` checks that the
   optimizer holds flat parameters (they do not exist in a recorded plan);
-* Fabric's check that an optimizer holds no meta-device parameters: what Fabric set up counts as
-  materialised (a real run materialises it there), an optimizer built before the set-up still fails;
+* Fabric's check that an optimizer holds no meta-device parameters answers as on a node: only
+  parameters built under ``init_module(empty_init=True)`` are meta there (not those built under
+  ``with fabric.device:``), and what Fabric set up counts as materialised;
 * ``prepare_data()`` (downloads) is tolerant: a data set that cannot be fetched here does not stop the lint;
 * ``fabric.rank_zero_first()`` waits on nothing (its gloo barrier group is not built).
 
@@ -22,6 +23,7 @@ Both the unified package (``lightning.fabric``/``lightning.pytorch``) and the st
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List
 
 FRAMEWORK = "lightning"
@@ -38,6 +40,11 @@ def _fit_devices(hooks, devices, num_nodes):
         nodes = 1
     if nodes < 1 or ws % nodes:
         nodes = 1
+    if nodes == 1 and isinstance(devices, int) and not isinstance(devices, bool) and 0 < devices < ws \
+            and ws % devices == 0:
+        # `devices=8` on a world of 16: a launcher starts 8 processes on each of 2 nodes
+        # (`lightning run model --devices=8 --num-nodes=2`, torchrun --nnodes=2)
+        nodes = ws // devices
     return ws // nodes, nodes
 
 
@@ -84,21 +91,78 @@ def _fabric(hooks, module) -> None:
     for name in ("setup", "setup_module"):
         hooks.wrap(Fabric, name, make)
 
+    # parameters that are on the meta device on a real node too: built under
+    # `fabric.init_module(empty_init=True)` (Lightning's FSDP strategies build them there); everything
+    # else here is meta only because the whole replay is (`with fabric.device:` is cuda:0 on a node)
+    really_meta: set = set()
+
+    def make_init_module(fn):
+        import contextlib
+
+        @contextlib.contextmanager
+        def init_module(self, empty_init=None, *args, **kwargs):
+            first = len(hooks.rec.constructed)
+            with fn(self, empty_init, *args, **kwargs) as value:
+                try:
+                    yield value
+                finally:
+                    if empty_init:
+                        for built, _ in hooks.rec.constructed[first:]:
+                            really_meta.update(id(p) for p in built.parameters(recurse=False))
+        return init_module
+
+    if hasattr(Fabric, "init_module"):
+        hooks.wrap(Fabric, "init_module", make_init_module)
+
     real_check = getattr(module, "_has_meta_device_parameters_or_buffers", None)
     if real_check is None:
         return
 
     def has_meta(obj, recurse=True):
-        # a real run materialises what Fabric sets up (FSDP's param_init_fn, ModelParallelStrategy's
-        # to_empty + reset_parameters); here every parameter stays on meta, so an optimizer counts as
-        # holding meta parameters only for those Fabric has not set up (an optimizer built before
-        # `setup_module`, which Lightning refuses for real)
+        # an optimizer holds meta parameters as on a real node: those built under
+        # `init_module(empty_init=True)` that Fabric has not set up yet (a real run materialises what it
+        # sets up: FSDP's param_init_fn, ModelParallelStrategy's to_empty + reset_parameters) -- an
+        # optimizer over them before `setup_module`, or in a joint `setup(model, optimizer)`, is refused
+        # for real; parameters built under `with fabric.device:` are on the GPU there, never refused
         if isinstance(obj, torch.optim.Optimizer):
-            return any(isinstance(t, torch.nn.Parameter) and t.is_meta and id(t) not in set_up
-                       for group in obj.param_groups for t in group["params"])
+            return any(isinstance(t, torch.nn.Parameter) and t.is_meta and id(t) in really_meta
+                       and id(t) not in set_up for group in obj.param_groups for t in group["params"])
         return real_check(obj, recurse)
 
     hooks.patch(module, "_has_meta_device_parameters_or_buffers", has_meta)
+
+
+def _cli_launch(hooks, module) -> None:
+    """A multi-device Fabric used without ``fabric.launch()`` runs only under Lightning's launcher
+    (``lightning run model --devices=D --num-nodes=N FILE`` / ``fabric run``): that CLI sets
+    ``LT_CLI_USED=1`` (and ``LT_DEVICES``/``LT_NUM_NODES``) for the processes it starts, and Fabric then
+    sets up its environment in ``__init__`` and counts as launched. Where the script reaches a set-up
+    without having launched, the replay is that launch (noted), where a plain ``python FILE`` would
+    stop: the script cannot run any other way."""
+    Fabric = module.Fabric
+
+    def make(validate):
+        def _validate_launched(self):
+            if getattr(self, "_launched", True):
+                return validate(self)
+            try:
+                return validate(self)
+            except RuntimeError as exc:
+                if "launch()" not in str(exc):
+                    raise
+            devices, nodes = _fit_devices(hooks, None, getattr(self._strategy, "num_nodes", 1))
+            os.environ.update({"LT_CLI_USED": "1", "LT_DEVICES": str(devices), "LT_NUM_NODES": str(nodes)})
+            self._strategy.setup_environment()
+            self._launched = True
+            notes = hooks.rec.__dict__.setdefault("framework_notes", [])
+            text = (f"the script never calls `fabric.launch()`: linted as launched by Lightning's CLI "
+                    f"(`lightning run model --devices={devices} --num-nodes={nodes} ...`)")
+            if text not in notes:
+                notes.append(text)
+        return _validate_launched
+
+    if hasattr(Fabric, "_validate_launched"):
+        hooks.wrap(Fabric, "_validate_launched", make)
 
 
 def _fabric_wrappers(hooks, module) -> None:
@@ -168,7 +232,7 @@ def hook_table() -> Dict[str, List[Any]]:
     table: Dict[str, List[Any]] = {}
     for f in _FABRIC:
         table[f"{f}.connector"] = [_connector]
-        table[f"{f}.fabric"] = [_fabric]
+        table[f"{f}.fabric"] = [_fabric, _cli_launch]
         table[f"{f}.wrappers"] = [_fabric_wrappers]
         table[f"{f}.strategies.fsdp"] = [_flat_params_check]
         table[f"{f}.utilities.distributed"] = [_infinite_barrier]
