@@ -33,9 +33,6 @@ def simulate(results, settings, opts: RunOptions, progress=None) -> dict:
 
     t0 = time.monotonic()
     check_options(opts)
-    missing = torch_lacks()
-    if missing:
-        raise RunError(missing, summary={"files": 0, "simulated": 0, "wall_time_s": 0.0})
     deadline = t0 + opts.timeout
     runnable = [r for r in results if not r.skipped and r.plan is not None and r.tree is not None]
     failed: List[str] = []
@@ -44,6 +41,9 @@ def simulate(results, settings, opts: RunOptions, progress=None) -> dict:
         started = time.monotonic()
         spec = simulation_spec(res, settings, opts)
         try:
+            missing = torch_lacks(res.plan.api)
+            if missing:
+                raise RunError(missing)
             if time.monotonic() >= deadline:
                 raise RunError(f"no time left for this file within --run-timeout {opts.timeout:g} s")
             with _heartbeat(progress, res.path, started):
@@ -66,23 +66,25 @@ def simulate(results, settings, opts: RunOptions, progress=None) -> dict:
     return summary
 
 
-def torch_lacks() -> str:
-    """What the installed torch lacks for a simulation (empty: nothing). torch 2.6 has neither: FSDP2
-    records a CPU ``torch.Stream`` event per collective, and FSDP1's buffers are labelled through
-    ``torch.distributed._tools.common_utils``."""
-    import importlib.util
+# the oldest torch that simulates an FSDP1 plan, of those benchmarks/torch_versions.sh checked (2.6.0
+# cannot; 2.7 and 2.8 were not checked)
+FSDP1_MIN_TORCH = "2.9"
 
+
+def torch_lacks(api) -> str:
+    """Why the installed torch cannot simulate a plan of `api` (empty: it can). torch 2.6 has no fake
+    kernels for c10d's collectives: FSDP2 runs all the same (its memory tracker answers its
+    collectives under fake tensors; ``run.compat`` adds the CPU stream events 2.6 lacks), FSDP1's
+    all-gathers reach the dispatcher and cannot run on fake tensors."""
     import torch
 
-    gaps = []
-    if not hasattr(getattr(torch, "Stream", None), "record_event"):
-        gaps.append("torch.Stream.record_event (FSDP2's collectives on CPU)")
-    if importlib.util.find_spec("torch.distributed._tools.common_utils") is None:
-        gaps.append("torch.distributed._tools.common_utils (the memory trackers' storage walk)")
-    if not gaps:
-        return ""
-    return (f"this torch ({torch.__version__}) lacks {' and '.join(gaps)}; --simulate needs a newer torch "
-            f"(tested with 2.13.0)")
+    from fsdp_lint.run.collectives import fake_collectives_registered
+
+    if api == "fsdp1" and not fake_collectives_registered():
+        return (f"simulating an FSDP1 plan needs torch {FSDP1_MIN_TORCH} or later: this torch "
+                f"({torch.__version__}) has no fake kernels for c10d's collectives "
+                f"(torch.distributed._tools.fake_collectives), which FSDP1's all-gathers need on fake tensors")
+    return ""
 
 
 class _heartbeat:
