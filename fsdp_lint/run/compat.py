@@ -2,8 +2,9 @@
 torch 2.6 and later; ``benchmarks/torch_versions.sh`` runs the checks on each version).
 
 * torch 2.6's ``torch.cpu.Stream`` has no ``record_event``/``wait_event``: FSDP2 records an event on
-  its all-gather stream after every collective, so its first forward on CPU raises. Since 2.7 both
-  are no-ops on CPU (there is one CPU stream and nothing to wait for); here they are the same.
+  its all-gather stream after every collective, so its first forward on CPU raises. Later torch
+  (2.9.1 has them) makes both no-ops on CPU (there is one CPU stream and nothing to wait for); here
+  they are the same.
 * torch 2.6 has no ``torch.distributed._tools.common_utils``: the storage walk the memory tracker
   labels buffers with was ``_WeakRefInfo.get_untyped_storages`` of ``mem_tracker``.
 """
