@@ -81,6 +81,7 @@ else:
   warned=$(cat "$WORK"/sim-*-"$v".err | grep -c "NumPy")
   numpy=$("$venv/bin/python" -c "import importlib.util; print('absent' if importlib.util.find_spec('numpy') is None else 'installed')")
   ROWS+=("$v|$build|$tests|${sims[0]}|${sims[1]}|numpy $numpy, $warned NumPy warnings")
+  echo "row: ${ROWS[-1]}" >&2          # each version as it ends (a long run can be read while it goes)
 done
 printf '\n| torch | build | layout-vs-torch + multidim tests | --simulate article FSDP2 (4 ranks) | --simulate article FSDP1 (4 ranks) | numpy |\n|---|---|---|---|---|---|\n'
 for row in "${ROWS[@]}"; do
