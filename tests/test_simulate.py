@@ -363,6 +363,6 @@ def test_on_a_torch_shaped_like_2_6_fsdp2_simulates_the_same_and_fsdp1_names_the
     res = cli(os.path.join(FIXTURES, "article_fsdp1.py"), "--world-size", "4", "--simulate", "--format", "json")
     assert res.code == 2
     line = [x for x in res.err.splitlines() if x.strip()]
-    assert len(line) == 1 and "simulating an FSDP1 plan needs torch 2.9 or later" in line[0], res.err
+    assert len(line) == 1 and "simulating an FSDP1 plan needs torch 2.13 or later" in line[0], res.err
     (f,) = json.loads(res.out)["files"]
-    assert "needs torch 2.9 or later" in f["memory"]["simulated"]["error"]
+    assert "needs torch 2.13 or later" in f["memory"]["simulated"]["error"]

@@ -66,24 +66,30 @@ def simulate(results, settings, opts: RunOptions, progress=None) -> dict:
     return summary
 
 
-# the oldest torch that simulates an FSDP1 plan, of those benchmarks/torch_versions.sh checked (2.6.0
-# cannot; 2.7 and 2.8 were not checked)
-FSDP1_MIN_TORCH = "2.9"
+# the oldest torch that simulates an FSDP1 plan, of those benchmarks/torch_versions.sh checked: 2.6.0
+# has no fake kernels for c10d's collectives; on 2.9.1 and 2.11.0 the memory tracker FSDP1's is built
+# on lacks what it reads (``MemTracker._fake_mode_on_entry``); 2.12 was not checked
+FSDP1_MIN_TORCH = (2, 13)
 
 
 def torch_lacks(api) -> str:
-    """Why the installed torch cannot simulate a plan of `api` (empty: it can). torch 2.6 has no fake
-    kernels for c10d's collectives: FSDP2 runs all the same (its memory tracker answers its
-    collectives under fake tensors; ``run.compat`` adds the CPU stream events 2.6 lacks), FSDP1's
-    all-gathers reach the dispatcher and cannot run on fake tensors."""
+    """Why the installed torch cannot simulate a plan of `api` (empty: it can). FSDP2 runs from 2.6
+    on (its memory tracker answers its collectives under fake tensors on 2.6; ``run.compat`` adds
+    the CPU stream events 2.6 lacks); FSDP1 needs FSDP1_MIN_TORCH."""
+    import re
+
     import torch
 
     from fsdp_lint.run.collectives import fake_collectives_registered
 
-    if api == "fsdp1" and not fake_collectives_registered():
-        return (f"simulating an FSDP1 plan needs torch {FSDP1_MIN_TORCH} or later: this torch "
-                f"({torch.__version__}) has no fake kernels for c10d's collectives "
-                f"(torch.distributed._tools.fake_collectives), which FSDP1's all-gathers need on fake tensors")
+    if api != "fsdp1":
+        return ""
+    numbers = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+    if numbers < FSDP1_MIN_TORCH or not fake_collectives_registered():
+        need = ".".join(map(str, FSDP1_MIN_TORCH))
+        return (f"simulating an FSDP1 plan needs torch {need} or later (this torch is {torch.__version__}: "
+                f"the fake kernels of c10d's collectives and the memory tracker the simulation builds on "
+                f"differ before); FSDP2 plans simulate from torch 2.6 on")
     return ""
 
 
