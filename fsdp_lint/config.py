@@ -262,6 +262,9 @@ _FRACTIONS = ("whole_model_fraction", "over_fine_fraction", "padding_fraction", 
 
 
 MAX_TIMEOUT = 86400.0          # seconds: a replay deadline above a day (inf, 1e308) cannot be kept by a timer
+# characters of a `model` target ([path.py:]NAME(arg, key=value, ...)): real ones are a line; a longer
+# one is refused before it is parsed (and never echoed whole)
+MAX_MODEL_TARGET = 4096
 
 
 def _not_a_hf_config(path: str) -> Optional[str]:
@@ -304,6 +307,9 @@ def validate(settings: Settings, origin: str = "command line") -> None:
     if settings.replay_timeout is not None and settings.replay_timeout > MAX_TIMEOUT:
         raise ConfigError(f"{origin}: replay-timeout must be at most {MAX_TIMEOUT:,.0f} seconds (a day), "
                           f"got {settings.replay_timeout!r}")
+    if isinstance(settings.model, str) and len(settings.model) > MAX_MODEL_TARGET:
+        raise ConfigError(f"{origin}: model must be at most {MAX_MODEL_TARGET:,} characters ([path.py:]NAME or "
+                          f"NAME(arg, key=value, ...)), got {len(settings.model):,}: {settings.model[:60]!r}...")
     if settings.hf_config:
         problem = _not_a_hf_config(settings.hf_config)
         if problem:

@@ -13,6 +13,39 @@ class LintError(Exception):
     """The file cannot be linted (bad input); message is one line, exit code 2."""
 
 
+# where the lint is: the file's code ("setup": the replay; "forward": the model's forward, traced for
+# the activations) or fsdp-lint's own "analysis" (tree, plan, layout, rules), with the model's size.
+# ``fsdp_lint.isolation`` keeps a deadline per phase from outside: replay-timeout for the file's code,
+# its own limit for the analysis, and a timeout names which one ran out.
+_phase_listener = None
+
+# a model nested deeper than this is refused as soon as its replay ends: fsdp-lint's analysis, as
+# torch's own module walks, names every module by its full path (``inner.inner...``), so its cost grows
+# with the square of the depth (a 3,000-deep chain: minutes; 9,000: over ten), and torch's walks
+# recurse once per level. Real models nest tens of levels.
+MAX_MODEL_DEPTH = 2_000
+
+
+def _phase(name: str, **info: int) -> None:
+    if _phase_listener is not None:
+        _phase_listener(name, info)
+
+
+def model_shape(model) -> "tuple[int, int]":
+    """(modules, depth) of a module tree, walked without recursion (each module once)."""
+    seen, deepest = set(), 0
+    stack = [(model, 1)]
+    while stack:
+        m, depth = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        deepest = max(deepest, depth)
+        children = getattr(m, "_modules", None) or {}
+        stack.extend((c, depth + 1) for c in children.values() if c is not None)
+    return len(seen), deepest
+
+
 @dataclass
 class FileResult:
     path: str
@@ -123,6 +156,12 @@ def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = 
         raise err from None
     except OptionError as exc:
         raise LintError(str(exc)) from None
+    modules, depth = model_shape(result.model)
+    _phase("analysis", modules=modules, depth=depth)
+    if depth > MAX_MODEL_DEPTH:
+        raise LintError(f"{os.path.basename(path)}: the model nests modules {depth:,} deep ({modules:,} modules); "
+                        f"fsdp-lint analyses models nested at most {MAX_MODEL_DEPTH:,} deep (its cost grows with "
+                        f"the square of the depth; real models nest tens of levels)")
     with frameworks.configured(options):
         tree, plan, layout = plan_replay(result, settings)
     from fsdp_lint.plan.budget import budget_for
@@ -155,6 +194,7 @@ def plan_replay(result, settings: Settings):
                                                 gpus_per_node=settings.gpus_per_node,
                                                 world_size_source=settings.world_size_source))
     annotate_plan(plan, result, tree, settings)
+    _phase("analysis", units=len(plan.units))
     blocking = [u for u in plan.unsupported if getattr(u, "blocks_partial", False)]
     if blocking or (plan.unsupported and not settings.allow_partial):
         raise LintError(unsupported_message(result.target or "", blocking or plan.unsupported))
@@ -184,9 +224,13 @@ def _trace(result, tree, plan, settings: Settings, example_fn, activations: bool
     from fsdp_lint.config import input_shape_dims
     from fsdp_lint.plan.trace import trace_forward
 
-    return trace_forward(result.model, tree, plan, input_shape=input_shape_dims(settings.input_shape),
-                         input_dtype=settings.input_dtype, example_fn=example_fn, timeout=settings.replay_timeout,
-                         activations=activations)
+    _phase("forward")             # the file's code again: the model's forward
+    try:
+        return trace_forward(result.model, tree, plan, input_shape=input_shape_dims(settings.input_shape),
+                             input_dtype=settings.input_dtype, example_fn=example_fn,
+                             timeout=settings.replay_timeout, activations=activations)
+    finally:
+        _phase("analysis")
 
 
 def unsupported_message(path: str, unsupported) -> str:

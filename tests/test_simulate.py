@@ -368,3 +368,30 @@ def test_an_exception_in_a_step_keeps_its_type_message_and_phase_and_quiet_shows
     assert "over the limit of this cache" in sim["cause"]["message"]
     assert "ValueError" in sim["error"] and "forward (step 2)" in sim["error"]
     assert "still running" not in res.err
+
+
+# --------------------------------------------------------------------------------------------
+# torch 2.6 (the oldest torch the package supports): its CPU stream has no record_event/wait_event
+# and it has no fake kernels for c10d's collectives. Here the installed torch is made to look like
+# it; benchmarks/torch_versions.sh runs the same simulations on a real 2.6.0 (README table).
+# --------------------------------------------------------------------------------------------
+def test_on_a_torch_shaped_like_2_6_fsdp2_simulates_the_same_and_fsdp1_names_the_minimum(cli, monkeypatch):
+    import fsdp_lint.run.collectives as collectives
+
+    path = os.path.join(FIXTURES, "article_fsdp2.py")
+    args = ("--world-size", "4", "--model", f"{path}:{ARTICLE_SMALL}", "--input-shape", "2,16,512")
+    _, measured = _simulate(cli, path, *args)
+    # the ranks are forked from this process: they see the same torch
+    monkeypatch.delattr(torch.cpu.Stream, "record_event")
+    monkeypatch.delattr(torch.cpu.Stream, "wait_event")
+    monkeypatch.setattr(collectives, "fake_collectives_registered", lambda: False)
+    _, on_old = _simulate(cli, path, *args)
+    assert on_old["collectives"] == measured["collectives"] and measured["collectives"]["all_gathers_per_step"] > 0
+    assert on_old["peak_bytes"] == measured["peak_bytes"]
+    # FSDP1's all-gathers reach the dispatcher and have no fake kernel there: refused in one line
+    res = cli(os.path.join(FIXTURES, "article_fsdp1.py"), "--world-size", "4", "--simulate", "--format", "json")
+    assert res.code == 2
+    line = [x for x in res.err.splitlines() if x.strip()]
+    assert len(line) == 1 and "simulating an FSDP1 plan needs torch 2.13 or later" in line[0], res.err
+    (f,) = json.loads(res.out)["files"]
+    assert "needs torch 2.13 or later" in f["memory"]["simulated"]["error"]

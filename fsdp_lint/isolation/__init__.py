@@ -54,6 +54,10 @@ from fsdp_lint.isolation.wire import _recv_msg, _send_msg
 _START_TIMEOUT_S = 300.0      # the server's start (importing torch on a loaded machine)
 _CLEANUP_TIMEOUT_S = 30.0     # a killed child's cleanup
 _MAX_JOBS = 8
+# fsdp-lint's own analysis of one file (tree, plan, layout, rules, once the file's code has run):
+# an internal limit, far above what a 10,000-unit model takes on a loaded machine, so that a bug of
+# fsdp-lint (a loop that never ends) cannot hang a lint. replay-timeout bounds the file's own code.
+ANALYSIS_TIMEOUT_S = 900.0
 
 class IsolatedInternalError(Exception):
     """A bug in fsdp-lint met in the child: the exception's class, its first line and the child's
@@ -284,6 +288,27 @@ class _Job:
         self.deadline: Optional[float] = None
         self.killed = False
         self.outcome: Optional[Callable[[], FileResult]] = None
+        # where the lint is (engine._phase): "setup" (the file's code), "forward" (its model's
+        # forward) or "analysis" (fsdp-lint's own); each has its own deadline
+        self.phase: Optional[str] = None
+        self.phase_started = 0.0
+        self.code_s = 0.0                   # time spent in the file's code so far
+        self.analysis_s = 0.0               # and in fsdp-lint's analysis
+        self.shape: Dict[str, int] = {}     # the model's modules, depth and units, as they become known
+
+    def enter(self, phase: str, now: float) -> None:
+        if self.phase is not None:
+            spent = now - self.phase_started
+            if self.phase == "analysis":
+                self.analysis_s += spent
+            else:
+                self.code_s += spent
+        self.phase, self.phase_started = phase, now
+        if phase == "analysis":
+            self.deadline = now + max(0.0, ANALYSIS_TIMEOUT_S - self.analysis_s)
+        else:
+            timeout = self.settings.replay_timeout
+            self.deadline = now + timeout if timeout else None
 
 
 class _Jobs:
@@ -355,6 +380,7 @@ class _Jobs:
                         self._server_lost(srv, "could not stop a child")
                         return
                     srv.send(("kill", j.id))
+                    j.enter(j.phase or "setup", now)          # its time so far, for the message
                     j.killed, j.deadline = True, now + _CLEANUP_TIMEOUT_S
             return
         except OSError:
@@ -373,8 +399,11 @@ class _Jobs:
         if job is None or job.outcome is not None:
             return
         if kind == "started" and not job.killed:
-            timeout = job.settings.replay_timeout
-            job.deadline = time.monotonic() + timeout if timeout else None
+            job.enter("setup", time.monotonic())
+        elif kind == "phase" and not job.killed and job.phase is not None:
+            job.shape.update(msg[3])
+            if msg[2] != job.phase:
+                job.enter(msg[2], time.monotonic())
         elif kind == "done":
             job.outcome = _outcome(job, msg[2], msg[3])
         elif kind == "requeue":
@@ -405,10 +434,7 @@ class _Jobs:
 def _outcome(job: _Job, status: int, payload: bytes) -> Callable[[], FileResult]:
     name = job.name
     if job.killed:
-        timeout = job.settings.replay_timeout
-        return _raiser(LintError(
-            f"{name}: linting did not finish within replay-timeout = {timeout:g} s (the setup code may wait for "
-            f"something: a data set, a network, a lock); it was stopped with every process it started"))
+        return _raiser(LintError(_timeout_message(job)))
     if payload:
         enabled = gc.isenabled()
         gc.disable()       # unpickling a large result creates many objects: no collections meanwhile
@@ -438,6 +464,26 @@ def _outcome(job: _Job, status: int, payload: bytes) -> Callable[[], FileResult]
     code = os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else status
     return _raiser(LintError(f"{name}: the file's code ended the process linting it (exit code {code}: "
                              f"os._exit or similar) before the lint finished"))
+
+def _timeout_message(job: _Job) -> str:
+    """Which deadline ran out: the file's code (replay-timeout) or fsdp-lint's analysis (its own)."""
+    name, timeout = job.name, job.settings.replay_timeout
+    if job.phase == "analysis":
+        shape = job.shape
+        size = ", ".join(f"{shape[k]:,} {what}" for k, what in (("modules", "modules"), ("units", "FSDP units"))
+                         if k in shape)
+        if "depth" in shape:
+            size += f", nested {shape['depth']:,} deep"
+        return (f"{name}: fsdp-lint's analysis of the model ({size or 'its size unknown'}) took longer than its "
+                f"internal limit of {ANALYSIS_TIMEOUT_S:g} s; the file's code had finished (in {job.code_s:.1f} s): "
+                f"a limit of fsdp-lint, not a fault of the file. It was stopped with every process the file started")
+    if job.phase == "forward":
+        return (f"{name}: the model's forward (run once on the meta device, for the activations) did not finish "
+                f"within replay-timeout = {timeout:g} s (it may wait for something: a lock, a network); it was "
+                f"stopped with every process the file started")
+    return (f"{name}: the setup code did not finish within replay-timeout = {timeout:g} s (it may wait for "
+            f"something: a data set, a network, a lock); it was stopped with every process it started")
+
 
 def _cpus() -> int:
     """How many files are linted at once: ``FSDP_LINT_JOBS``, else one per CPU this process may use."""

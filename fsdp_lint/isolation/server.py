@@ -65,10 +65,12 @@ _WARM_UP_WRAPS = (
 
 
 class _Child:
-    def __init__(self, job: dict, pid: int, r: int):
+    def __init__(self, job: dict, pid: int, r: int, phases: int):
         self.job, self.pid, self.r = job, pid, r
+        self.phases = phases                # where the lint is (engine._phase), a line per change
         self.pidfd = _pidfd(pid)
         self.chunks: List[bytes] = []
+        self.partial = b""
 
 
 def serve(fd: int, avoid: List[str] = ()) -> None:
@@ -141,6 +143,7 @@ class _Server:
             watch: List[Any] = [self.sock] + ([self.parent] if self.parent is not None else [])
             for child in self.running.values():
                 watch += [child.r] if child.r >= 0 else []
+                watch += [child.phases] if child.phases >= 0 else []
                 watch += [child.pidfd] if child.pidfd is not None else []
             polling = any(c.pidfd is None for c in self.running.values())
             ready = select.select(watch, [], [], 0.05 if polling else None)[0]
@@ -152,6 +155,8 @@ class _Server:
                     return
                 self._handle(msg)
             for child in list(self.running.values()):
+                if child.phases >= 0 and child.phases in ready:
+                    self._forward_phases(child)
                 if child.r >= 0 and child.r in ready:
                     data = os.read(child.r, 1 << 20)
                     if data:
@@ -184,25 +189,54 @@ class _Server:
                 _send_msg(self.sock, ("requeue", job["id"], sorted(self.learned)))
                 continue
             r, w = os.pipe()
+            phases_r, phases_w = os.pipe()
             pid = os.fork()
             if pid == 0:                            # the child
                 os.close(r)
+                os.close(phases_r)
                 for fd in [self.sock.fileno(), self.parent] + [c.r for c in self.running.values()] + \
-                        [c.pidfd for c in self.running.values()]:
+                        [c.phases for c in self.running.values()] + [c.pidfd for c in self.running.values()]:
                     with contextlib.suppress(Exception):
                         if fd is not None and fd >= 0:
                             os.close(fd)
-                _child(job, w)                      # never returns
+                _child(job, w, phases_w)            # never returns
             os.close(w)
+            os.close(phases_w)
             with contextlib.suppress(OSError):
                 os.setpgid(pid, pid)                # as the child does: no window without its own group
-            self.running[pid] = _Child(job, pid, r)
+            self.running[pid] = _Child(job, pid, r, phases_r)
             _send_msg(self.sock, ("started", job["id"], pid))
+
+    def _forward_phases(self, child: _Child, final: bool = False) -> None:
+        """The child's phase lines (``name key=value ...``), to fsdp-lint: each changes the deadline.
+        `final`: the child has ended; what is left, without waiting for a writer a grandchild holds."""
+        if final:
+            os.set_blocking(child.phases, False)
+        while child.phases >= 0:
+            try:
+                data = os.read(child.phases, 1 << 16)
+            except BlockingIOError:
+                data = None
+            except OSError:
+                data = b""
+            if data:
+                *lines, child.partial = (child.partial + data).split(b"\n")
+                for line in lines:
+                    phase = _parse_phase(line)
+                    if phase is not None:
+                        _send_msg(self.sock, ("phase", child.job["id"], phase[0], phase[1]))
+            if not data or not final:
+                if data == b"" or final:
+                    os.close(child.phases)
+                    child.phases = -1
+                return
 
     def _finish(self, child: _Child) -> None:
         # the group is killed while the child is a zombie: its number cannot be reused yet
         _kill_group(child.pid)
         status = os.waitpid(child.pid, 0)[1]
+        if child.phases >= 0:
+            self._forward_phases(child, final=True)
         if child.r >= 0:
             child.chunks += _drain(child.r)
             os.close(child.r)
@@ -241,6 +275,24 @@ def _drain(fd: int) -> List[bytes]:
                 break
             out.append(data)
     return out
+
+
+_PHASES = ("setup", "forward", "analysis")
+
+
+def _parse_phase(line: bytes):
+    """``b"analysis modules=3 depth=2"`` -> ("analysis", {"modules": 3, "depth": 2}); None if garbled
+    (the file's code can write to any descriptor)."""
+    words = line.decode("ascii", "replace").split()
+    if not words or words[0] not in _PHASES or len(words) > 8:
+        return None
+    info = {}
+    for word in words[1:]:
+        key, _, value = word.partition("=")
+        if key not in ("modules", "depth", "units") or not value.isdigit() or len(value) > 12:
+            return None
+        info[key] = int(value)
+    return words[0], info
 
 
 def _pidfd(pid: int) -> Optional[int]:
@@ -288,10 +340,20 @@ def _kill_descendants() -> int:
 # ============================================================================================
 # the child
 # ============================================================================================
-def _child(job: dict, w: int) -> None:
+def _child(job: dict, w: int, phases: int) -> None:
     me = _getpid()
     code = 0
     try:
+        from fsdp_lint import engine
+
+        def tell(name: str, info: dict) -> None:
+            # one short line (atomic in a pipe); never fails the lint
+            line = " ".join([name] + [f"{k}={int(v)}" for k, v in info.items()]) + "\n"
+            with contextlib.suppress(Exception):
+                if _getpid() == me:
+                    _write(phases, line.encode())
+
+        engine._phase_listener = tell
         os.setpgid(0, 0)
         reaper.prctl(reaper._PR_SET_PDEATHSIG, signal.SIGKILL)
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -66,17 +66,20 @@ class ModelTarget:
             refs[key] = (m.group("src"), m.group("name"))
             return key
 
-        expr = _REF.sub(placeholder, raw, count=0)
+        expr = _REF.sub(placeholder, raw, count=0) if ":" in raw else raw
         try:
             node = ast.parse(expr, mode="eval").body
         except SyntaxError:
-            raise ReplayError(f"invalid --model target {text!r}: expected [path.py:]NAME or NAME(arg, key=value, ...)"
-                              ) from None
+            raise ReplayError(f"invalid --model target {_shown(text)}: expected [path.py:]NAME or "
+                              f"NAME(arg, key=value, ...)") from None
+        except (RecursionError, MemoryError):
+            raise ReplayError(f"invalid --model target {_shown(text)}: its expression nests too deeply "
+                              f"(literals, names and calls are evaluated)") from None
         call = node if isinstance(node, ast.Call) else None
         head = node.func if call is not None else node
         dotted = _dotted(head)
         if dotted is None:
-            raise ReplayError(f"invalid --model target {text!r}: {ast.unparse(head)!r} is not a name")
+            raise ReplayError(f"invalid --model target {_shown(text)}: {_unparsed(head)!r} is not a name")
         source = None
         first = dotted.split(".")[0]
         if first in refs:
@@ -88,7 +91,7 @@ class ModelTarget:
             for arg in list(call.args) + [k.value for k in call.keywords]:
                 _check_safe(arg, text)
             if any(k.arg is None for k in call.keywords):
-                raise ReplayError(f"invalid --model target {text!r}: **kwargs are not supported")
+                raise ReplayError(f"invalid --model target {_shown(text)}: **kwargs are not supported")
         return cls(source=source, name=dotted, text=raw, call=call, refs=refs)
 
     def arguments(self, resolve: Callable[[str], Any]) -> Tuple[List[Any], Dict[str, Any]]:
@@ -123,17 +126,30 @@ _SAFE_BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "int", "float", "
                   "complex", "bytes", "None", "True", "False"}
 
 
+def _shown(text: str) -> str:
+    """The target in a message: whole if short, else its start (a message is one readable line)."""
+    return repr(text) if len(text) <= 200 else f"{text[:120]!r}... ({len(text):,} characters)"
+
+
+def _unparsed(node: ast.AST) -> str:
+    try:
+        text = ast.unparse(node)
+    except RecursionError:
+        return type(node).__name__
+    return text if len(text) <= 120 else text[:100] + "..."
+
+
 def _check_safe(node: ast.AST, text: str) -> None:
     for n in ast.walk(node):
         name = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None
         if name is not None and name.startswith("__") and not name.startswith("__fsdp_lint_ref"):
-            raise ReplayError(f"invalid --model target {text!r}: {name!r} is not allowed (only literals, names and "
+            raise ReplayError(f"invalid --model target {_shown(text)}: {name!r} is not allowed (only literals, names and "
                               f"calls of named callables are evaluated)")
         if not isinstance(n, _SAFE):
-            raise ReplayError(f"invalid --model target {text!r}: only literals, names and calls of named callables "
-                              f"are evaluated, not {ast.unparse(n) if isinstance(n, ast.expr) else type(n).__name__}")
+            raise ReplayError(f"invalid --model target {_shown(text)}: only literals, names and calls of named callables "
+                              f"are evaluated, not {_unparsed(n) if isinstance(n, ast.expr) else type(n).__name__}")
         if isinstance(n, ast.Call) and _dotted(n.func) is None:
-            raise ReplayError(f"invalid --model target {text!r}: {ast.unparse(n.func)!r} is not a named callable")
+            raise ReplayError(f"invalid --model target {_shown(text)}: {_unparsed(n.func)!r} is not a named callable")
 
 
 def _evaluate(node: ast.AST, lookup: Callable[[str], Any], text: str) -> Any:
@@ -154,11 +170,11 @@ def _evaluate(node: ast.AST, lookup: Callable[[str], Any], text: str) -> Any:
     if isinstance(node, ast.Call):
         fn = _evaluate(node.func, lookup, text)
         if not callable(fn):
-            raise ReplayError(f"--model {text}: {ast.unparse(node.func)} is not callable")
+            raise ReplayError(f"--model {text}: {_unparsed(node.func)} is not callable")
         args = [_evaluate(a, lookup, text) for a in node.args]
         kwargs = {k.arg: _evaluate(k.value, lookup, text) for k in node.keywords}
         return fn(*args, **kwargs)
-    raise ReplayError(f"invalid --model target {text!r}")  # pragma: no cover - _check_safe rejects it
+    raise ReplayError(f"invalid --model target {_shown(text)}")  # pragma: no cover - _check_safe rejects it
 
 
 def load_object(source: str, dotted: str, *, text: str) -> Any:

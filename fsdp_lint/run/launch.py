@@ -331,6 +331,9 @@ def _child_entry(rank, ranks, spec, conn, backend, device, wall_deadline, debug,
             # run a parallel CPU op, the first parallel op in the child deadlocks (as in DataLoader
             # workers). One intra-op thread per rank avoids the pool and shares the cores fairly.
             torch.set_num_threads(1)
+            from fsdp_lint.run.compat import cpu_streams
+
+            cpu_streams()              # FSDP2's stream events on a CPU rank (torch 2.6 lacks them)
         if os.path.exists("/sys/class/net/lo"):
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")   # all ranks are on this host
         if dist.is_initialized():      # a process group the parent had (fork): not ours to use

@@ -82,6 +82,8 @@ def _fsdp1_tracker_class():
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils._pytree import tree_map_only
 
+    from fsdp_lint.run.compat import untyped_storages
+
     c10d = torch.ops.c10d
     gathers = {getattr(c10d, n).default for n in ("_allgather_base_", "allgather_", "allgather_into_tensor_coalesced_")
                if hasattr(c10d, n)}
@@ -104,9 +106,7 @@ def _fsdp1_tracker_class():
                 return
             if not isinstance(t, torch.Tensor):
                 return
-            from torch.distributed._tools.common_utils import get_untyped_storages
-
-            for st in get_untyped_storages(t):
+            for st in untyped_storages()(t):
                 winfo, _ = self._WINFO.get(st, (None, None))
                 if winfo is not None and only_from is not None and winfo.reftype not in only_from:
                     continue

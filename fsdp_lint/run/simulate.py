@@ -33,9 +33,6 @@ def simulate(results, settings, opts: RunOptions, progress=None) -> dict:
 
     t0 = time.monotonic()
     check_options(opts)
-    missing = torch_lacks()
-    if missing:
-        raise RunError(missing, summary={"files": 0, "simulated": 0, "wall_time_s": 0.0})
     deadline = t0 + opts.timeout
     runnable = [r for r in results if not r.skipped and r.plan is not None and r.tree is not None]
     failed: List[str] = []
@@ -44,6 +41,9 @@ def simulate(results, settings, opts: RunOptions, progress=None) -> dict:
         started = time.monotonic()
         spec = simulation_spec(res, settings, opts)
         try:
+            missing = torch_lacks(res.plan.api)
+            if missing:
+                raise RunError(missing)
             if time.monotonic() >= deadline:
                 raise RunError(f"no time left for this file within --run-timeout {opts.timeout:g} s")
             with _heartbeat(progress, res.path, started):
@@ -129,23 +129,31 @@ def _cause_of(message: str) -> dict:
     return {"type": kind, "message": message, "phase": phase}
 
 
-def torch_lacks() -> str:
-    """What the installed torch lacks for a simulation (empty: nothing). torch 2.6 has neither: FSDP2
-    records a CPU ``torch.Stream`` event per collective, and FSDP1's buffers are labelled through
-    ``torch.distributed._tools.common_utils``."""
-    import importlib.util
+# the oldest torch that simulates an FSDP1 plan, of those benchmarks/torch_versions.sh checked: 2.6.0
+# has no fake kernels for c10d's collectives; on 2.9.1 and 2.11.0 the memory tracker FSDP1's is built
+# on lacks what it reads (``MemTracker._fake_mode_on_entry``); 2.12 was not checked
+FSDP1_MIN_TORCH = (2, 13)
+
+
+def torch_lacks(api) -> str:
+    """Why the installed torch cannot simulate a plan of `api` (empty: it can). FSDP2 runs from 2.6
+    on (its memory tracker answers its collectives under fake tensors on 2.6; ``run.compat`` adds
+    the CPU stream events 2.6 lacks); FSDP1 needs FSDP1_MIN_TORCH."""
+    import re
 
     import torch
 
-    gaps = []
-    if not hasattr(getattr(torch, "Stream", None), "record_event"):
-        gaps.append("torch.Stream.record_event (FSDP2's collectives on CPU)")
-    if importlib.util.find_spec("torch.distributed._tools.common_utils") is None:
-        gaps.append("torch.distributed._tools.common_utils (the memory trackers' storage walk)")
-    if not gaps:
+    from fsdp_lint.run.collectives import fake_collectives_registered
+
+    if api != "fsdp1":
         return ""
-    return (f"this torch ({torch.__version__}) lacks {' and '.join(gaps)}; --simulate needs a newer torch "
-            f"(tested with 2.13.0)")
+    numbers = tuple(int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+    if numbers < FSDP1_MIN_TORCH or not fake_collectives_registered():
+        need = ".".join(map(str, FSDP1_MIN_TORCH))
+        return (f"simulating an FSDP1 plan needs torch {need} or later (this torch is {torch.__version__}: "
+                f"the fake kernels of c10d's collectives and the memory tracker the simulation builds on "
+                f"differ before); FSDP2 plans simulate from torch 2.6 on")
+    return ""
 
 
 class _heartbeat:
