@@ -8,6 +8,7 @@ or an inline JSON object); it refuses `--fsdp_transformer_layer_cls_to_wrap` ("S
 are not used by the HfArgumentParser"). transformers 4 has `--fsdp "full_shard auto_wrap"` and the
 deprecated `--fsdp_transformer_layer_cls_to_wrap` flag beside `fsdp_config`."""
 import json
+import re
 import os
 from typing import Optional
 
@@ -53,3 +54,9 @@ def hf_wrap_blocks_text(ctx, block: str) -> Optional[str]:
                 f"{os.path.basename(front['args_file'])}")
     fsdp = "True" if major >= 5 else "\"full_shard auto_wrap\""
     return f"`TrainingArguments(fsdp={fsdp}, fsdp_config={{{policy}\"transformer_layer_cls_to_wrap\": {names}}})`"
+
+
+def lightning_policy_text(desc: str) -> str:
+    """Lightning's ModuleWrapPolicy as the user wrote it: `FSDPStrategy(auto_wrap_policy={...})`."""
+    m = re.search(r"\{[^{}]*\}", desc)
+    return f"FSDPStrategy(auto_wrap_policy={m.group()})" if m else desc

@@ -2,7 +2,7 @@
 
 import re
 from fsdp_lint.check.rule import Example, Rule
-from fsdp_lint.rules._frontend import hf_wrap_blocks_text
+from fsdp_lint.rules._frontend import hf_wrap_blocks_text, lightning_policy_text
 from fsdp_lint.rules._granularity import (
     _MODEL, block_label, block_wrap_fix, largest_submodule, managed_numel, pct, per_block_layout, where,
 )
@@ -210,6 +210,7 @@ fully_shard(model)
                 return (f"`FSDP(...)` has no `auto_wrap_policy`; the units wrapped before it hold only "
                         f"{pct(other_numel, managed)} of the parameters")
             pol = pols[0]
+            desc = lightning_policy_text(pol.desc) if getattr(plan, "framework", None) == "lightning" else pol.desc
             if pol.matched == 0:
                 m = re.search(r"min_num_params=(\d+)", pol.desc)
                 if pol.desc.startswith("size_based_auto_wrap_policy") and m:
@@ -219,8 +220,8 @@ fully_shard(model)
                     big, n = largest_submodule(tree)
                     return (f"`size_based_auto_wrap_policy` with `min_num_params={threshold:,}`{default} wraps "
                             f"nothing: the largest sub-module, `{big}`, holds {human_count(n)} parameters")
-                return f"the auto-wrap policy `{pol.desc}` wraps nothing"
-            return (f"the auto-wrap policy `{pol.desc}` wraps {pol.matched} module(s) holding only "
+                return f"the auto-wrap policy `{desc}` wraps nothing"
+            return (f"the auto-wrap policy `{desc}` wraps {pol.matched} module(s) holding only "
                     f"{pct(other_numel, managed)} of the parameters")
         call = f"fully_shard({tree.expr(unit.module)})" if len(unit.modules) == 1 else "fully_shard([...])"
         if not others:

@@ -5,6 +5,7 @@ from typing import Dict, List
 
 from fsdp_lint.check.rule import Example, Rule
 from fsdp_lint.rules._granularity import _MODEL, where
+from fsdp_lint.rules._frontend import lightning_policy_text as _lightning_desc
 
 _CONTAINERS = ("torch.nn.modules.container.",)
 
@@ -53,12 +54,6 @@ def class_inventory(tree) -> List[tuple]:
     out = [(c, k, sum(sizes[f] for f in tree.instances_of(c))) for c, k in counts.items()]
     out.sort(key=lambda t: (-t[2], -t[1], t[0]))
     return out
-
-
-def _lightning_desc(desc: str) -> str:
-    """Lightning's ModuleWrapPolicy as the user wrote it: `FSDPStrategy(auto_wrap_policy={...})`."""
-    m = re.search(r"\{[^{}]*\}", desc)
-    return f"FSDPStrategy(auto_wrap_policy={m.group()})" if m else desc
 
 
 def _setting_words(pol, setting: str) -> str:

@@ -96,9 +96,14 @@ def test_fsd103_under_lightning_names_the_strategy_argument_and_the_fix_edits_it
         "        auto_wrap_policy={Block},\n",
         "        auto_wrap_policy={nn.TransformerDecoderLayer},   # copied from a tutorial\n")
     path.write_text(before)
-    (f,) = [f for f in _findings(cli, str(path)) if f["code"] == "FSD103"]
+    found = _findings(cli, str(path))
+    (f,) = [f for f in found if f["code"] == "FSD103"]
     assert "auto_wrap_policy={nn.TransformerDecoderLayer}" in before.splitlines()[f["line"] - 1]
-    assert "`FSDPStrategy(auto_wrap_policy={TransformerDecoderLayer})`" in f["message"]
+    assert "`FSDPStrategy(auto_wrap_policy={TransformerDecoderLayer})`" in f["detail"]
+    # the whole-model unit it leaves speaks the strategy argument too, never torch's policy object
+    (whole,) = [f for f in found if f["code"] == "FSD101"]
+    said = " ".join(str(whole[k]) for k in ("message", "detail", "fix"))
+    assert "FSDPStrategy(auto_wrap_policy={TransformerDecoderLayer})" in said and "ModuleWrapPolicy" not in said
     assert f["fix"] == "name the model's class: `FSDPStrategy(auto_wrap_policy={Block})`"
     cli(str(path), "--fix", "--unsafe-fixes", "--world-size", "4")
     assert path.read_text() == before.replace("={nn.TransformerDecoderLayer},   # copied", "={Block},   # copied")
