@@ -309,3 +309,29 @@ def test_setup_that_never_reaches_the_model_names_the_failure_that_started_it(cl
     assert len(res.err.strip().splitlines()) == 1, res.err
     assert ("the setup never reached a model or its wrap code: litlm/utils.py:13: ModuleNotFoundError: "
             "No module named 'aim_tracker_for_litlm' (the statement at litlm/pretrain.py:30 was skipped") in res.err
+
+
+def test_packages_installed_with_pip_target_on_pythonpath_are_libraries_not_project_code(tmp_path, monkeypatch):
+    """`pip install --target deps ...; PYTHONPATH=deps python train.py`: the packages in deps/ (pip
+    wrote their `*.dist-info` next to them) are installed libraries, imported as they are; the
+    replay's transform (failing statements skipped) is for the project's own code only. A project
+    folder on sys.path without distribution metadata (src/) stays the project's."""
+    from fsdp_lint.entry import project
+
+    deps, src = tmp_path / "deps", tmp_path / "src"
+    (deps / "cfgstore").mkdir(parents=True)
+    (deps / "cfgstore" / "__init__.py").write_text("def width():\n    return 64\n")
+    info = deps / "cfgstore-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cfgstore\nVersion: 1.0\n")
+    (info / "RECORD").write_text("cfgstore/__init__.py,,\ncfgstore-1.0.dist-info/METADATA,,\n")
+    (info / "top_level.txt").write_text("cfgstore\n")
+    (src / "mypkg").mkdir(parents=True)
+    (src / "mypkg" / "model.py").write_text("import torch\n")
+    (tmp_path / "train.py").write_text("import cfgstore\nimport mypkg.model\n")
+    monkeypatch.setattr(sys, "path", [str(deps), str(src)] + sys.path)
+    monkeypatch.setattr(project, "_LIB_DIRS", None)
+    monkeypatch.setattr(project, "_IS_LOCAL", {})
+    assert not project.is_local(str(deps / "cfgstore" / "__init__.py"))
+    assert project.is_local(str(src / "mypkg" / "model.py"))
+    assert project.is_local(str(tmp_path / "train.py"))

@@ -113,11 +113,22 @@ def _library_dirs() -> Tuple[str, ...]:
             if p:
                 dirs.add(os.path.realpath(p))
         for p in sys.path:
-            if p and ("site-packages" in p or "dist-packages" in p):
+            if p and ("site-packages" in p or "dist-packages" in p or _holds_distributions(p)):
                 dirs.add(os.path.realpath(p))
         dirs.add(os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))   # fsdp_lint itself
         _LIB_DIRS = tuple(sorted(dirs))
     return _LIB_DIRS
+
+
+def _holds_distributions(folder: str) -> bool:
+    """A folder on sys.path that pip installed packages into (``pip install --target DIR``, then
+    ``PYTHONPATH=DIR``): it holds their ``*.dist-info`` metadata, so its modules are installed
+    libraries, not the project's. A project's own folder holds none (an editable install keeps its
+    metadata in site-packages; ``setup.py develop`` writes ``.egg-info``)."""
+    try:
+        return any(name.endswith(".dist-info") for name in os.listdir(folder))
+    except OSError:
+        return False
 
 
 def is_local(path: Optional[str]) -> bool:

@@ -411,7 +411,12 @@ def _display(path: str, entry_path: str, entry_display: str) -> str:
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:
     text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    if first.endswith(":") and len(lines) > 1:
+        # a wrapper's header ("Failed to import transformers.trainer because of the following error
+        # (look up to see its traceback):"): the cause is the next line
+        first = f"{first} {lines[1]}"
     return f"{type(exc).__name__}: {first[:limit]}" if first else type(exc).__name__
 
 

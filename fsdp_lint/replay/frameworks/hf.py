@@ -75,6 +75,8 @@ def _resolve_dtype(config, kwargs):
 
 
 def _modeling(hooks, module) -> None:
+    import transformers
+
     options = hooks.options
 
     def make(from_pretrained):
@@ -94,7 +96,9 @@ def _modeling(hooks, module) -> None:
                 _note(hooks.rec, f"attn_implementation={impl!r} needs `{kernel}`, which is not installed here: "
                                  f"the model was built with the default attention (kernels hold no parameters; "
                                  f"the plan is the same)")
-            return cls._from_config(config, dtype=dtype, **extra)
+            # transformers 4 names the argument `torch_dtype` (5 renamed it `dtype`)
+            key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+            return cls._from_config(config, **{key: dtype}, **extra)
         return wrapped
 
     hooks.wrap(module.PreTrainedModel, "from_pretrained", make)
@@ -193,7 +197,18 @@ def _trainer(hooks, module) -> None:
             raise TrainingBoundary("Trainer.train: the first batch")
         return _prepare_for_training
 
-    hooks.wrap(Trainer, "_prepare_for_training", make_prepare)
+    if hasattr(Trainer, "_prepare_for_training"):
+        hooks.wrap(Trainer, "_prepare_for_training", make_prepare)
+    else:
+        # transformers 4 has no `_prepare_for_training`: `_inner_training_loop` wraps the model and
+        # builds the optimizer inline, then tells the callbacks `on_train_begin` before the first batch
+        def make_begin(on_train_begin):
+            def wrapped(self, *args, **kwargs):
+                on_train_begin(self, *args, **kwargs)
+                raise TrainingBoundary("Trainer.train: the first batch")
+            return wrapped
+
+        hooks.wrap(module.CallbackHandler, "on_train_begin", make_begin)
 
     def make_loader(get_train_dataloader):
         def wrapped(self, *args, **kwargs):
