@@ -579,3 +579,26 @@ def test_torchtitan_shaped_entry_equals_torch(cli):
     call_line = next(i for i, ln in enumerate((FIXTURES / "train_titan.py").read_text().splitlines(), 1)
                      if "parallelize_llama(model" in ln)
     assert {u.call_site[1] for u in res.plan.units if u.call_site} == {call_line}
+
+
+def test_dtensor_caches_are_emptied_between_files():
+    """A TP op fills DTensor's sharding and redistribution caches, keyed by meshes that compare by
+    value; the replay empties every one of them after a file (on torch 2.6 and 2.9 they have other
+    names and no ``cache_clear``: clearing used to stop at the first AttributeError, silently)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from oracle import fake_pg
+
+    from fsdp_lint.replay.parallel import clear_dtensor_caches, dtensor_caches
+
+    with fake_pg(4, 0):
+        mesh = init_device_mesh("cpu", (4,))
+        x = distribute_tensor(torch.ones(8, 4), mesh, [Shard(0)])
+        (x * 2).redistribute(mesh, [Replicate()]).sum()
+        caches = dtensor_caches()
+        assert len(caches) == 3
+        assert sum(c.cache_info().currsize for c in caches) > 0     # the op filled them
+        clear_dtensor_caches()
+        assert [c.cache_info().currsize for c in caches] == [0, 0, 0]

@@ -483,22 +483,32 @@ def uninstall(rec) -> None:
 def clear_dtensor_caches() -> None:
     """DTensor caches sharding decisions and redistribution plans keyed by meshes that compare by
     value: after the process group is gone, a later file's equal mesh would reuse groups that no
-    longer exist."""
-    with contextlib.suppress(Exception):
-        import torch
+    longer exist. Each cache is cleared on its own, under the name the installed torch gives it."""
+    import torch
 
+    with contextlib.suppress(Exception):
         torch._C._clear_DTensor_sharding_propagator_cache()   # the C++ fast path's cache (torch >= 2.9)
-    with contextlib.suppress(Exception):
-        from torch.distributed.tensor import DTensor
-
-        prop = DTensor._op_dispatcher.sharding_propagator
-        prop.propagate_op_sharding.cache_clear()
-        prop._propagate_tensor_meta_cached.cache_clear()
+    for cache in dtensor_caches():
+        with contextlib.suppress(Exception):
+            # torch 2.6/2.9: propagate_op_sharding is a LocalLRUCache without cache_clear, its .cache has
+            (cache.cache_clear if hasattr(cache, "cache_clear") else cache.cache.cache_clear)()
     with contextlib.suppress(Exception):
         from torch.distributed.tensor import _redistribute
 
-        _redistribute.clear_redistribute_planner_cache()
-        _redistribute._gen_transform_infos.cache_clear()
+        _redistribute.clear_redistribute_planner_cache()       # absent on torch 2.6/2.9
+
+
+def dtensor_caches() -> list:
+    """DTensor's Python caches: sharding propagation, tensor meta (``_propagate_tensor_meta_cached``,
+    ``_propagate_tensor_meta`` on torch 2.6/2.9) and ``_gen_transform_infos``."""
+    caches: list = []
+    with contextlib.suppress(Exception):
+        from torch.distributed.tensor import DTensor, _redistribute
+
+        prop = DTensor._op_dispatcher.sharding_propagator
+        meta = getattr(prop, "_propagate_tensor_meta_cached", None) or prop._propagate_tensor_meta
+        caches += [prop.propagate_op_sharding, meta, _redistribute._gen_transform_infos]
+    return caches
 
 
 def _off_meta(fn):
