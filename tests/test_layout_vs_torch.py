@@ -707,7 +707,9 @@ def _count_collectives():
     log: List[Tuple[str, int]] = []
     saved = {}
     for name, arg in _COLLECTIVE_ARG.items():
-        orig = getattr(dist, name)
+        orig = getattr(dist, name, None)
+        if orig is None:            # all_gather_single / reduce_scatter_single: absent on torch 2.11 and earlier
+            continue
         saved[name] = orig
         sig = inspect.signature(orig)
         kind = "all_gather" if name.startswith("all_gather") else \
