@@ -302,9 +302,9 @@ class ParallelState:
         """What torch says when FSDP2 combines its mesh with a DTensor parameter's (``FSDPParam``'s
         ``_init_sharding_spec_tp``: the two meshes are concatenated into one SPMD mesh)."""
         tp_mesh = param.device_mesh
-        key = (id(dp_mesh), id(tp_mesh))
+        key = (id(dp_mesh), id(tp_mesh), tuple(param.shape), tuple(map(repr, param.placements)))
         if key not in self._checked:
-            self._checked[key] = _concatenate_error(dp_mesh, tp_mesh, len(param.placements))
+            self._checked[key] = _concatenate_error(dp_mesh, tp_mesh, len(param.placements), param)
         message = self._checked[key]
         if message and not any(p.kind == "tp-mesh" and p.line == pos.line and p.path == pos.path and
                                p.message == message for p in self.problems):

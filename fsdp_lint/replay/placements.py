@@ -107,7 +107,20 @@ def _torch_message(fn, fallback: str) -> str:
     return fallback
 
 
-def _concatenate_error(dp_mesh, tp_mesh, n_placements: int) -> Optional[str]:
+def _uneven_fsdp_tp_error(dp_mesh, param) -> Optional[str]:
+    """torch < 2.9 (no ``DeviceMesh._concatenate``): FSDP's dim-0 shard on a TP ``Shard(0)``
+    parameter must split dim 0 evenly over DP x TP shards, else ``NotImplementedError``."""
+    split = param._spec.num_shards_map[0]
+    if split <= 1:
+        return None
+    num_shards = split * (dp_mesh.size(dp_mesh.ndim - 1) if dp_mesh.ndim else 1)
+    if param.shape[0] % num_shards == 0:
+        return None
+    return (f"NotImplementedError: FSDP+TP sharding does not support uneven sharding for now: tensor dim 0 has size "
+            f"{param.shape[0]} which cannot be evenly sharded into {num_shards} shards.")
+
+
+def _concatenate_error(dp_mesh, tp_mesh, n_placements: int, param=None) -> Optional[str]:
     """The error FSDP2 raises when it combines its data-parallel mesh with a TP/EP parameter's mesh,
     or None. torch >= 2.9 concatenates the two meshes (``DeviceMesh._concatenate``); before, it
     compared their root meshes."""
@@ -134,7 +147,7 @@ def _concatenate_error(dp_mesh, tp_mesh, n_placements: int) -> Optional[str]:
         if _root_mesh(dp_mesh) is not _root_mesh(tp_mesh):
             return ("AssertionError: FSDP requires the DP and TP mesh to have the same parent mesh but got: \n"
                     f"DP's global mesh: {_root_mesh(dp_mesh)}\nTP's global mesh: {_root_mesh(tp_mesh)}").splitlines()[0]
-        return None
+        return _uneven_fsdp_tp_error(dp_mesh, param) if param is not None else None
 
 
 # --------------------------------------------------------------------------------------------
