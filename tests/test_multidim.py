@@ -437,7 +437,7 @@ def test_mesh_messages_are_torchs():
     from torch.distributed.fsdp import fully_shard
 
     from fsdp_lint.plan.multidim import MESH_TOO_BIG, MESH_TOO_SMALL
-    from fsdp_lint.replay.parallel import RESHARD_INT_DTENSOR
+    from fsdp_lint.replay.placements import reshard_int_dtensor_error
     from oracle import fake_pg, raises
 
     with fake_pg(8, 0):
@@ -462,7 +462,7 @@ def test_mesh_messages_are_torchs():
 
     e = raises(lambda: step_collectives(_model_fn(), wrap, lambda: torch.randint(0, 203, (2, 8)), world_size=8,
                                         rank=0, mesh_shape=(4, 2), mesh_dim_names=("dp", "tp")))
-    assert f"{type(e).__name__}: {e}" == RESHARD_INT_DTENSOR
+    assert f"{type(e).__name__}: {e}" == reshard_int_dtensor_error()
 
 
 def test_what_is_not_modelled_is_said_and_exits_2_unless_allow_partial(cli, tmp_path):

@@ -19,7 +19,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_lint.model import modwalk  # issue 10
 from fsdp_lint.replay.placements import (_concatenate_error, _describe_style, _group_ranks, _is_dtensor, _placement,
-                                         _root_mesh, _torch_message, _validate_fsdp2_mesh, spmd_error)
+                                         _root_mesh, _torch_message, _validate_fsdp2_mesh, reshard_int_dtensor_error,
+                                         spmd_error)
 from fsdp_lint.model.mesh import (
     HYBRID,
     MeshDim,
@@ -34,7 +35,6 @@ from fsdp_lint.model.mesh import (
 )
 # what torch raises at the first forward for reshard_after_forward=<int> on DTensor (TP/EP) parameters
 # (FSDPParam.to_sharded_post_forward, torch 2.13; the tests check it against torch)
-RESHARD_INT_DTENSOR = "NotImplementedError: Resharding to smaller mesh is not supported for DTensor parameters yet"
 
 
 class ParallelState:
@@ -201,7 +201,7 @@ class ParallelState:
                     self._check_meshes(dp_mesh, p, pos, m, name)
         if dtensors and isinstance(raf, int) and not isinstance(raf, bool) and 1 < raf < shard_size:
             self.problems.append(MeshProblem("reshard-int-dtensor", pos.path, pos.line, pos.col,
-                                             RESHARD_INT_DTENSOR))
+                                             reshard_int_dtensor_error()))
         for m in call.modules:
             self._claimed.update(id(p) for p in modwalk.parameters(m, earlier))   # issue 10
         self._wrapped_before.update(id(m) for m in call.modules)
