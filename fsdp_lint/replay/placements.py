@@ -177,6 +177,12 @@ def _concatenate_error(dp_mesh, tp_mesh, n_placements: int, param=None) -> Optio
             meshes = "DP and TP mesh" if "DP and TP mesh" in fsdp_param_source() else "DP and model parallel TP/EP mesh"
             return (f"AssertionError: FSDP requires the {meshes} to have the same parent mesh but got: \n"
                     f"DP's global mesh: {_root_mesh(dp_mesh)}\nTP's global mesh: {_root_mesh(tp_mesh)}").splitlines()[0]
+        names = (dp_mesh.mesh_dim_names or ()) + (tp_mesh.mesh_dim_names or ())
+        if dp_mesh.mesh_dim_names and tp_mesh.mesh_dim_names:
+            try:        # torch 2.6/2.9 slice the SPMD mesh out of the root by the two meshes' names
+                _root_mesh(dp_mesh)[names]
+            except Exception as exc:   # noqa: BLE001 - torch's own error is the finding
+                return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
         return _uneven_fsdp_tp_error(dp_mesh, param) if param is not None else None
 
 
