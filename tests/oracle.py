@@ -272,7 +272,7 @@ def fsdp2_groups(
         groups = []
         for st in states:
             params = []
-            for pg in st._fsdp_param_groups:
+            for pg in param_groups(st):
                 for fp in pg.fsdp_params:
                     sp = fp.sharded_param
                     fqn = param_name.get(id(sp))
@@ -291,6 +291,15 @@ def fsdp2_groups(
                     )
             groups.append({"modules": [mod_name.get(id(m), "?") for m in st._modules], "params": params})
     return groups
+
+
+def param_groups(state) -> list:
+    """The FSDPParamGroups of a fully_shard state: a list ``_fsdp_param_groups`` on torch 2.13+, one
+    optional ``_fsdp_param_group`` on 2.11 and earlier."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    return [state._fsdp_param_group] if state._fsdp_param_group is not None else []
 
 
 def _join(prefix: str, name: str) -> str:

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from oracle import _record_calls, fake_pg
+from oracle import _record_calls, fake_pg, param_groups
 
 
 def _clear_dtensor_caches() -> None:
@@ -41,9 +41,13 @@ def _clear_dtensor_caches() -> None:
     if hasattr(torch._C, "_clear_DTensor_sharding_propagator_cache"):
         torch._C._clear_DTensor_sharding_propagator_cache()
     prop = DTensor._op_dispatcher.sharding_propagator
-    prop.propagate_op_sharding.cache_clear()
-    prop._propagate_tensor_meta_cached.cache_clear()
-    _redistribute.clear_redistribute_planner_cache()
+    # torch 2.6/2.9: a LocalLRUCache without cache_clear (its lru_cache is .cache) and the meta cache
+    # named _propagate_tensor_meta; no redistribute planner cache
+    op_cache = prop.propagate_op_sharding
+    (op_cache.cache_clear if hasattr(op_cache, "cache_clear") else op_cache.cache.cache_clear)()
+    (getattr(prop, "_propagate_tensor_meta_cached", None) or prop._propagate_tensor_meta).cache_clear()
+    if hasattr(_redistribute, "clear_redistribute_planner_cache"):
+        _redistribute.clear_redistribute_planner_cache()
     _redistribute._gen_transform_infos.cache_clear()
 
 
@@ -72,7 +76,7 @@ def fsdp2_nd(model_fn: Callable[[], Any], wrap: Callable[[Any, Any], Any], *, wo
         groups = []
         for st in states:
             params = []
-            for pg in st._fsdp_param_groups:
+            for pg in param_groups(st):
                 for fp in pg.fsdp_params:
                     sp = fp.sharded_param
                     params.append({

@@ -34,7 +34,7 @@ from fsdp_lint.replay import replay
 from fsdp_lint.entry.source import read_source
 
 sys.path.insert(0, os.path.dirname(__file__))
-from oracle import _record_calls, dtype_name  # noqa: E402
+from oracle import _record_calls, dtype_name, param_groups  # noqa: E402
 
 
 def strip_wrapper_prefixes(fqn: str) -> str:
@@ -108,7 +108,7 @@ def torch_units(path: str, world_size: int, argv=None) -> tuple[list[dict], obje
             unit = {"modules": [mod_name[id(m)] for m in st._modules], "params": [], "dtypes": set(),
                     "requires_grad": {}, "reshard_after_forward": None, "param_dtype": None,
                     "shard_size": None}
-            for pg in st._fsdp_param_groups:
+            for pg in param_groups(st):
                 for fp in pg.fsdp_params:
                     sp = fp.sharded_param
                     name = param_name[id(sp)]

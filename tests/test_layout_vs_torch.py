@@ -707,7 +707,9 @@ def _count_collectives():
     log: List[Tuple[str, int]] = []
     saved = {}
     for name, arg in _COLLECTIVE_ARG.items():
-        orig = getattr(dist, name)
+        orig = getattr(dist, name, None)
+        if orig is None:            # all_gather_single / reduce_scatter_single: absent on torch 2.11 and earlier
+            continue
         saved[name] = orig
         sig = inspect.signature(orig)
         kind = "all_gather" if name.startswith("all_gather") else \
@@ -868,3 +870,91 @@ def test_units_without_a_root_wrap_run_as_roots(api, uop):
     assert not res.plan.root_wrapped
     assert [u.all_gathers_per_step for u in res.layout.units] == [1] * len(res.layout.units)
     assert _layout_collectives(res.layout) == _torch_step_collectives("tied", api, code, 2)
+
+
+# ----------------------------------------------------------------------------- options of this torch
+_OPTION_MODEL = '''\
+import torch
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(2))
+        self.gain = nn.Parameter(torch.ones(32))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x * self.gain
+'''
+
+_OPTION_TRAIN = '''\
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import fully_shard
+
+from net import Net
+
+
+def main() -> None:
+    dist.init_process_group("nccl")
+    mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+    model = Net()
+{wrap}
+    torch.optim.AdamW(model.parameters())
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+_OPTION_WRAPS = {
+    # an option torch 2.6 does not have (2.9+ do)
+    "ignored_params": "    fully_shard(model.layers[0], mesh=mesh)\n"
+                      "    fully_shard(model, mesh=mesh, ignored_params={model.gain})",
+    "fsdp2-unknown": "    fully_shard(model, mesh=mesh, prefetch_depth=2)",
+    "fsdp1-unknown": "    model = FSDP(model, device_id=torch.device('cpu'), prefetch_depth=2)",
+}
+
+
+@pytest.mark.parametrize("case", list(_OPTION_WRAPS))
+def test_wrap_options_are_bound_as_the_installed_torch_binds_them(cli, tmp_path, case):
+    """A wrap option the installed torch does not have fails as the real call does, with torch's
+    TypeError and the line (exit 2); one it has is recorded."""
+    wrap = _OPTION_WRAPS[case]
+    (tmp_path / "net.py").write_text(_OPTION_MODEL)
+    (tmp_path / "train.py").write_text(_OPTION_TRAIN.format(wrap=wrap))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from net import Net
+
+        def real():
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: F401
+            from torch.distributed.fsdp import fully_shard  # noqa: F401
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                mesh = init_device_mesh("cpu", (4,))  # noqa: F841
+                model = Net()  # noqa: F841
+                exec(compile(textwrap.dedent(wrap), "<wrap>", "exec"))
+
+        with fake_pg(4, 0):
+            error = raises(real)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("net", None)
+    res = cli("train.py", "--world-size", "4", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    if error is None:
+        assert res.code in (0, 1), res.err
+    else:
+        assert isinstance(error, TypeError)
+        assert res.code == 2
+        assert f"train.py:{16 + wrap.count(chr(10))}: " in res.err
+        assert f"TypeError: {error}" in res.err

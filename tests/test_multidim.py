@@ -437,7 +437,7 @@ def test_mesh_messages_are_torchs():
     from torch.distributed.fsdp import fully_shard
 
     from fsdp_lint.plan.multidim import MESH_TOO_BIG, MESH_TOO_SMALL
-    from fsdp_lint.replay.parallel import RESHARD_INT_DTENSOR
+    from fsdp_lint.replay.placements import reshard_int_dtensor_error
     from oracle import fake_pg, raises
 
     with fake_pg(8, 0):
@@ -462,7 +462,7 @@ def test_mesh_messages_are_torchs():
 
     e = raises(lambda: step_collectives(_model_fn(), wrap, lambda: torch.randint(0, 203, (2, 8)), world_size=8,
                                         rank=0, mesh_shape=(4, 2), mesh_dim_names=("dp", "tp")))
-    assert f"{type(e).__name__}: {e}" == RESHARD_INT_DTENSOR
+    assert f"{type(e).__name__}: {e}" == reshard_int_dtensor_error()
 
 
 def test_what_is_not_modelled_is_said_and_exits_2_unless_allow_partial(cli, tmp_path):
@@ -579,3 +579,26 @@ def test_torchtitan_shaped_entry_equals_torch(cli):
     call_line = next(i for i, ln in enumerate((FIXTURES / "train_titan.py").read_text().splitlines(), 1)
                      if "parallelize_llama(model" in ln)
     assert {u.call_site[1] for u in res.plan.units if u.call_site} == {call_line}
+
+
+def test_dtensor_caches_are_emptied_between_files():
+    """A TP op fills DTensor's sharding and redistribution caches, keyed by meshes that compare by
+    value; the replay empties every one of them after a file (on torch 2.6 and 2.9 they have other
+    names and no ``cache_clear``: clearing used to stop at the first AttributeError, silently)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from oracle import fake_pg
+
+    from fsdp_lint.replay.parallel import clear_dtensor_caches, dtensor_caches
+
+    with fake_pg(4, 0):
+        mesh = init_device_mesh("cpu", (4,))
+        x = distribute_tensor(torch.ones(8, 4), mesh, [Shard(0)])
+        (x * 2).redistribute(mesh, [Replicate()]).sum()
+        caches = dtensor_caches()
+        assert len(caches) == 3
+        assert sum(c.cache_info().currsize for c in caches) > 0     # the op filled them
+        clear_dtensor_caches()
+        assert [c.cache_info().currsize for c in caches] == [0, 0, 0]

@@ -96,7 +96,19 @@ def answer(profile, patch: Patch, world_size: int, current_index: Callable[[], i
     }
     for name, value in table.items():
         if hasattr(torch.cuda, name):
+            wrapped = getattr(getattr(torch.cuda, name), "__wrapped__", None)
+            if wrapped is not None:
+                # torch 2.14's torch._dynamo reads torch.cuda.use_mem_pool.__wrapped__ when imported
+                value = _keeping_wrapped(value, wrapped)
             patch(torch.cuda, name, value)
+
+
+def _keeping_wrapped(value, wrapped):
+    def stand_in(*args, **kwargs):
+        return value(*args, **kwargs)
+
+    stand_in.__wrapped__ = wrapped
+    return stand_in
 
 
 class _Cudart:

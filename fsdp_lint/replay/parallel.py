@@ -19,7 +19,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_lint.model import modwalk  # issue 10
 from fsdp_lint.replay.placements import (_concatenate_error, _describe_style, _group_ranks, _is_dtensor, _placement,
-                                         _root_mesh, _torch_message, _validate_fsdp2_mesh, spmd_error)
+                                         _root_mesh, _torch_message, _validate_fsdp2_mesh, reshard_int_dtensor_error,
+                                         spmd_error)
 from fsdp_lint.model.mesh import (
     HYBRID,
     MeshDim,
@@ -34,7 +35,6 @@ from fsdp_lint.model.mesh import (
 )
 # what torch raises at the first forward for reshard_after_forward=<int> on DTensor (TP/EP) parameters
 # (FSDPParam.to_sharded_post_forward, torch 2.13; the tests check it against torch)
-RESHARD_INT_DTENSOR = "NotImplementedError: Resharding to smaller mesh is not supported for DTensor parameters yet"
 
 
 class ParallelState:
@@ -201,7 +201,7 @@ class ParallelState:
                     self._check_meshes(dp_mesh, p, pos, m, name)
         if dtensors and isinstance(raf, int) and not isinstance(raf, bool) and 1 < raf < shard_size:
             self.problems.append(MeshProblem("reshard-int-dtensor", pos.path, pos.line, pos.col,
-                                             RESHARD_INT_DTENSOR))
+                                             reshard_int_dtensor_error()))
         for m in call.modules:
             self._claimed.update(id(p) for p in modwalk.parameters(m, earlier))   # issue 10
         self._wrapped_before.update(id(m) for m in call.modules)
@@ -302,9 +302,9 @@ class ParallelState:
         """What torch says when FSDP2 combines its mesh with a DTensor parameter's (``FSDPParam``'s
         ``_init_sharding_spec_tp``: the two meshes are concatenated into one SPMD mesh)."""
         tp_mesh = param.device_mesh
-        key = (id(dp_mesh), id(tp_mesh))
+        key = (id(dp_mesh), id(tp_mesh), tuple(param.shape), tuple(map(repr, param.placements)))
         if key not in self._checked:
-            self._checked[key] = _concatenate_error(dp_mesh, tp_mesh, len(param.placements))
+            self._checked[key] = _concatenate_error(dp_mesh, tp_mesh, len(param.placements), param)
         message = self._checked[key]
         if message and not any(p.kind == "tp-mesh" and p.line == pos.line and p.path == pos.path and
                                p.message == message for p in self.problems):
@@ -483,22 +483,32 @@ def uninstall(rec) -> None:
 def clear_dtensor_caches() -> None:
     """DTensor caches sharding decisions and redistribution plans keyed by meshes that compare by
     value: after the process group is gone, a later file's equal mesh would reuse groups that no
-    longer exist."""
-    with contextlib.suppress(Exception):
-        import torch
+    longer exist. Each cache is cleared on its own, under the name the installed torch gives it."""
+    import torch
 
+    with contextlib.suppress(Exception):
         torch._C._clear_DTensor_sharding_propagator_cache()   # the C++ fast path's cache (torch >= 2.9)
-    with contextlib.suppress(Exception):
-        from torch.distributed.tensor import DTensor
-
-        prop = DTensor._op_dispatcher.sharding_propagator
-        prop.propagate_op_sharding.cache_clear()
-        prop._propagate_tensor_meta_cached.cache_clear()
+    for cache in dtensor_caches():
+        with contextlib.suppress(Exception):
+            # torch 2.6/2.9: propagate_op_sharding is a LocalLRUCache without cache_clear, its .cache has
+            (cache.cache_clear if hasattr(cache, "cache_clear") else cache.cache.cache_clear)()
     with contextlib.suppress(Exception):
         from torch.distributed.tensor import _redistribute
 
-        _redistribute.clear_redistribute_planner_cache()
-        _redistribute._gen_transform_infos.cache_clear()
+        _redistribute.clear_redistribute_planner_cache()       # absent on torch 2.6/2.9
+
+
+def dtensor_caches() -> list:
+    """DTensor's Python caches: sharding propagation, tensor meta (``_propagate_tensor_meta_cached``,
+    ``_propagate_tensor_meta`` on torch 2.6/2.9) and ``_gen_transform_infos``."""
+    caches: list = []
+    with contextlib.suppress(Exception):
+        from torch.distributed.tensor import DTensor, _redistribute
+
+        prop = DTensor._op_dispatcher.sharding_propagator
+        meta = getattr(prop, "_propagate_tensor_meta_cached", None) or prop._propagate_tensor_meta
+        caches += [prop.propagate_op_sharding, meta, _redistribute._gen_transform_infos]
+    return caches
 
 
 def _off_meta(fn):

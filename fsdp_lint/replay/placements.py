@@ -107,7 +107,49 @@ def _torch_message(fn, fallback: str) -> str:
     return fallback
 
 
-def _concatenate_error(dp_mesh, tp_mesh, n_placements: int) -> Optional[str]:
+def fsdp_param_source() -> str:
+    """The installed torch's ``FSDPParam`` source: which checks it makes on TP parameters and the
+    words of their messages differ between versions (read once, so the replay follows that torch)."""
+    global _FSDP_PARAM_SOURCE
+    if _FSDP_PARAM_SOURCE is None:
+        try:
+            import inspect
+
+            from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+            _FSDP_PARAM_SOURCE = inspect.getsource(_fsdp_param)
+        except Exception:   # noqa: BLE001 - no source: the newest torch's behaviour
+            _FSDP_PARAM_SOURCE = ""
+    return _FSDP_PARAM_SOURCE
+
+
+_FSDP_PARAM_SOURCE: Optional[str] = None
+
+
+def reshard_int_dtensor_error() -> str:
+    """What ``reshard_after_forward=<int>`` on DTensor parameters raises (torch 2.13: "... for
+    DTensor parameters yet"; 2.6-2.11: "... with TP is not supported yet")."""
+    if "Resharding to smaller mesh with TP is not supported yet" in fsdp_param_source():
+        return "NotImplementedError: Resharding to smaller mesh with TP is not supported yet"
+    return "NotImplementedError: Resharding to smaller mesh is not supported for DTensor parameters yet"
+
+
+def _uneven_fsdp_tp_error(dp_mesh, param) -> Optional[str]:
+    """torch 2.6 (no ``DeviceMesh._concatenate``, its check in FSDPParam): FSDP's dim-0 shard on a TP ``Shard(0)``
+    parameter must split dim 0 evenly over DP x TP shards, else ``NotImplementedError``."""
+    if "does not support uneven sharding for now" not in fsdp_param_source():    # torch 2.6, not 2.9
+        return None
+    split = param._spec.num_shards_map[0]
+    if split <= 1:
+        return None
+    num_shards = split * (dp_mesh.size(dp_mesh.ndim - 1) if dp_mesh.ndim else 1)
+    if param.shape[0] % num_shards == 0:
+        return None
+    return (f"NotImplementedError: FSDP+TP sharding does not support uneven sharding for now: tensor dim 0 has size "
+            f"{param.shape[0]} which cannot be evenly sharded into {num_shards} shards.")
+
+
+def _concatenate_error(dp_mesh, tp_mesh, n_placements: int, param=None) -> Optional[str]:
     """The error FSDP2 raises when it combines its data-parallel mesh with a TP/EP parameter's mesh,
     or None. torch >= 2.9 concatenates the two meshes (``DeviceMesh._concatenate``); before, it
     compared their root meshes."""
@@ -132,9 +174,16 @@ def _concatenate_error(dp_mesh, tp_mesh, n_placements: int) -> Optional[str]:
                         f"or 4 (HSDP+EP+TP) but got {spmd.ndim}.")
             return None
         if _root_mesh(dp_mesh) is not _root_mesh(tp_mesh):
-            return ("AssertionError: FSDP requires the DP and TP mesh to have the same parent mesh but got: \n"
+            meshes = "DP and TP mesh" if "DP and TP mesh" in fsdp_param_source() else "DP and model parallel TP/EP mesh"
+            return (f"AssertionError: FSDP requires the {meshes} to have the same parent mesh but got: \n"
                     f"DP's global mesh: {_root_mesh(dp_mesh)}\nTP's global mesh: {_root_mesh(tp_mesh)}").splitlines()[0]
-        return None
+        names = (dp_mesh.mesh_dim_names or ()) + (tp_mesh.mesh_dim_names or ())
+        if dp_mesh.mesh_dim_names and tp_mesh.mesh_dim_names:
+            try:        # torch 2.6/2.9 slice the SPMD mesh out of the root by the two meshes' names
+                _root_mesh(dp_mesh)[names]
+            except Exception as exc:   # noqa: BLE001 - torch's own error is the finding
+                return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+        return _uneven_fsdp_tp_error(dp_mesh, param) if param is not None else None
 
 
 # --------------------------------------------------------------------------------------------

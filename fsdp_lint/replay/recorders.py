@@ -1,6 +1,7 @@
 """Recorders that stand in for FSDP1/FSDP2 (or wrap the real APIs) and the simulated mesh."""
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 import sys
@@ -268,16 +269,46 @@ def _column(frame) -> int:
     return 1
 
 
+def _signature(fn):
+    """The installed torch's signature of a wrap function (its options differ between versions:
+    ``ignored_params`` is not on 2.6, ``dp_mesh_dims`` not before 2.13); None where it cannot be read."""
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _bind(signature, name: str, args: tuple, kwargs: dict, *, skip: int) -> dict:
+    """The wrap call's options by name, bound as the installed torch binds them: an option this torch
+    does not have raises torch's own TypeError, as the real call does."""
+    if signature is None:
+        return dict(kwargs)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"{name} {e}") from None
+    params = list(signature.parameters)
+    options: dict = {}
+    for key, value in bound.arguments.items():
+        if params.index(key) < skip:
+            continue
+        if signature.parameters[key].kind is inspect.Parameter.VAR_KEYWORD:
+            options.update(value)
+        else:
+            options[key] = value
+    return options
+
+
 def _install_recorders(rec: Recorder, patch) -> None:
     import torch.distributed.fsdp as fsdp_mod
     from torch.distributed.fsdp import FullyShardedDataParallel as RealFSDP
 
+    fully_shard_signature = _signature(fsdp_mod.fully_shard)
+    fsdp1_signature = _signature(RealFSDP.__init__)
+
     def fully_shard(module, *args, **kwargs):
         mods = list(module) if isinstance(module, (list, tuple)) else [module]
-        names = ["mesh", "reshard_after_forward", "shard_placement_fn", "mp_policy", "offload_policy", "ignored_params",
-                 "dp_mesh_dims"]
-        for name, value in zip(names, args):
-            kwargs[name] = value
+        kwargs = _bind(fully_shard_signature, "fully_shard()", (module, *args), kwargs, skip=1)
         rec.undo.clear()
         call = WrapCall("fsdp2", next(rec.seq), mods, kwargs, rec.position(), state=rec.snapshot(mods))
         if rec.on_wrap_stand_in is not None:
@@ -306,11 +337,8 @@ def _install_recorders(rec: Recorder, patch) -> None:
         def __new__(cls, module, *args, **kwargs):
             from fsdp_lint.model.policy import resolve_fsdp1_auto_wrap
 
-            names = ["process_group", "sharding_strategy", "cpu_offload", "auto_wrap_policy", "backward_prefetch",
-                     "mixed_precision", "ignored_modules", "param_init_fn", "device_id", "sync_module_states",
-                     "forward_prefetch", "limit_all_gathers", "use_orig_params", "ignored_states", "device_mesh"]
-            for name, value in zip(names, args):
-                kwargs[name] = value
+            kwargs = _bind(fsdp1_signature, "FullyShardedDataParallel.__init__()", (None, module, *args), kwargs,
+                           skip=2)
             call = WrapCall("fsdp1", next(rec.seq), [module], kwargs, rec.position(), state=rec.snapshot([module]))
             policy = kwargs.get("auto_wrap_policy")
             if policy is not None:
