@@ -61,8 +61,16 @@ def test_torchs_own_check_fails_the_lint_at_its_line(cli, tmp_path, statement, e
 
 
 def test_what_the_simulated_node_lacks_is_still_skipped(cli, tmp_path):
-    statement = 'model.load_state_dict(torch.load("checkpoints/last.pt"))'
+    statement = 'model.vocab = open("data/vocab.txt").read().split()'
     (tmp_path / "train.py").write_text(SCRIPT.format(statement=statement))
     res = cli("train.py", "--world-size", "4", "--format", "json", cwd=str(tmp_path))
     assert res.code == 0, res.err
     assert "FileNotFoundError" in res.out and '"layers.0"' in res.out
+
+
+def test_a_missing_checkpoint_stands_in_as_the_models_own_state_dict(cli, tmp_path):
+    statement = 'model.load_state_dict(torch.load("checkpoints/last.pt"))'
+    (tmp_path / "train.py").write_text(SCRIPT.format(statement=statement))
+    res = cli("train.py", "--world-size", "4", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    assert "checkpoints/last.pt" in res.out and "not on this machine" in res.out and '"layers.0"' in res.out
