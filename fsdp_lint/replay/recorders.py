@@ -331,7 +331,10 @@ def _install_recorders(rec: Recorder, patch) -> None:
             return getattr(RealFSDP, item)
 
         def __instancecheck__(cls, instance):
-            return False
+            # a module this replay wrapped is one, as torch's wrapper is: a framework that prepares the
+            # model again (transformers 4's Trainer calls ``accelerator.prepare`` twice) skips it as
+            # torch's code does, instead of wrapping it a second time
+            return "_fsdp_wrapped_module" in getattr(instance, "__dict__", {})
 
     class RecordingFSDP(metaclass=_FSDPMeta):
         def __new__(cls, module, *args, **kwargs):
