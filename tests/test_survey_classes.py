@@ -101,3 +101,70 @@ def test_fabric_devices_per_node_on_a_larger_world_are_nodes_of_that_many(cli):
     f = json.loads(res.out)["files"][0]
     assert f["plan"]["world_size"] == 16
     assert any("--devices=8 --num-nodes=2" in n for n in f["notes"]), f["notes"]
+
+
+PREPARED_TWICE = '''
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([Block() for _ in range(4)])
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def prepare(model):
+    # a framework's prepare step: a model that is already FSDP is handed back as it is
+    if isinstance(model, FSDP):
+        return model
+    return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.cuda.current_device())
+
+
+def main():
+    model = prepare(Net())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model = prepare(model)          # prepared again with the optimizer (transformers 4's Trainer)
+    return model, optimizer
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_model_the_script_wrapped_is_fsdp_to_a_prepare_step_that_asks(cli, tmp_path):
+    """transformers 4's Trainer prepares the model twice and accelerate skips a model that is already
+    FSDP: the recorded wrap must answer isinstance as torch's wrapper does, or the plan doubles."""
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from oracle import fsdp1_units
+
+    ns: dict = {}
+    exec(compile(PREPARED_TWICE, "train.py", "exec"), ns)
+    real = fsdp1_units(ns["Net"], world_size=4, auto_wrap_policy=ModuleWrapPolicy({ns["Block"]}))
+    (tmp_path / "train.py").write_text(PREPARED_TWICE)
+    res = cli("train.py", "--world-size", "4", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    (f,) = json.loads(res.out)["files"]
+    assert len(f["plan"]["units"]) == len(real) == 5
+    assert sorted(u["module"] for u in f["plan"]["units"]) == sorted(u["module"] for u in real)
