@@ -91,6 +91,29 @@ def test_analysis_past_its_limit_is_fsdp_lints_and_names_the_model_size(cli, tmp
     assert "replay-timeout" not in line and "a data set" not in line
 
 
+def test_without_fork_the_analysis_keeps_its_limit_and_message(cli, tmp_path, monkeypatch):
+    """Where os.fork does not exist (Windows) the lint runs in this process: its analysis has the same
+    limit (0 s here) and ends with the same one line; with the limit not reached it reports the plan,
+    and nothing of the watchdog is left to interrupt what this process does next."""
+    import fsdp_lint.isolation as isolation
+
+    monkeypatch.setattr(isolation, "available", lambda: False)
+    _repo(tmp_path, n_blocks=300)
+    namespace: dict = {}
+    exec(compile(BLOCKS, "model.py", "exec"), namespace)
+    modules = len(list(namespace["Stack"](300).modules()))
+    monkeypatch.setattr(isolation, "ANALYSIS_TIMEOUT_S", 0.0)
+    line = _one_error(cli("train.py", "--world-size", "8", cwd=str(tmp_path)))
+    assert f"fsdp-lint's analysis of the model ({modules:,} modules" in line, line
+    assert "nested 4 deep" in line and "internal limit of 0 s" in line and "not a fault of the file" in line
+    assert "replay-timeout" not in line and "a data set" not in line
+    monkeypatch.setattr(isolation, "ANALYSIS_TIMEOUT_S", 900.0)
+    res = cli("train.py", "--world-size", "8", "--format", "json", "--no-cache", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    assert '"units"' in res.out
+    time.sleep(1.5)          # past the watchdog's re-raise period: no exception arrives in this thread
+
+
 def test_replay_timeout_does_not_count_the_analysis(cli, tmp_path, monkeypatch):
     """replay-timeout = 4 s; the file's code takes well under it, and the analysis is held here for
     longer than it (this process answers no message for 5 s once the analysis starts): the lint

@@ -29,7 +29,8 @@ How:
   the next files do not pay for them again, as they did not when everything ran in one process. Not
   the repository's own modules: those run in children only.
 
-Where ``os.fork`` does not exist (Windows) the lint runs in this process, as before.
+Where ``os.fork`` does not exist (Windows) the lint runs in this process, as before; its analysis keeps
+the same limit and message (``isolation.inprocess``).
 """
 from __future__ import annotations
 
@@ -94,13 +95,20 @@ def lint_call(target: str, settings, label: str) -> FileResult:
         import importlib
 
         module, _, func = target.partition(":")
-        return getattr(importlib.import_module(module), func)(settings)
+        return _in_process(lambda: getattr(importlib.import_module(module), func)(settings), settings, label)
     pool = _Jobs()
     try:
         pool.submit(0, None, settings, None, True, None, call=target, label=label)
         return pool.result(0)
     finally:
         pool.cancel()
+
+
+def _in_process(lint: Callable[[], FileResult], settings, name: str) -> FileResult:
+    """`lint()` in this process (no fork), its analysis limited and timed out as a child's."""
+    from fsdp_lint.isolation.inprocess import run_limited
+
+    return run_limited(lint, _Job(None, None, settings, None, True, None, label=name), _timeout_message)
 
 
 def lint_runs(runs, cache=None, record=None) -> Iterator[Callable[[], FileResult]]:
@@ -117,7 +125,6 @@ def lint_runs(runs, cache=None, record=None) -> Iterator[Callable[[], FileResult
     is cached or was just stored, ``("skip", reason)`` for a file the screen skipped."""
     from fsdp_lint import engine
     from fsdp_lint.entry import project
-
     project.forget()     # import resolution is remembered for this run's files only
     pool = _Jobs()
     screened: List[Any] = []
@@ -142,9 +149,11 @@ def lint_runs(runs, cache=None, record=None) -> Iterator[Callable[[], FileResult
                 yield _raiser(item)
             elif isinstance(item, FileResult):
                 yield (lambda item=item: item)
-            elif not available():
+            elif not available():      # no fork: in this process, the analysis limited as in a child
                 yield _storing(cache, keys.get(i), lambda item=item, settings=settings, argv=argv, explicit=explicit,
-                               cwd=cwd: engine.lint_facts(item, settings, argv=argv, explicit=explicit, cwd=cwd),
+                               cwd=cwd: _in_process(lambda: engine.lint_facts(item, settings, argv=argv,
+                                                                              explicit=explicit, cwd=cwd),
+                                                    settings, os.path.basename(item.facts.path)),
                                record, i)
             else:
                 yield _storing(cache, keys.get(i), lambda i=i: pool.result(i), record, i)
