@@ -8,6 +8,7 @@ from fsdp_lint.rules._flat_params import (
 )
 from fsdp_lint.rules._peft import dtype_fix
 from fsdp_lint.model.tree import describe_params, param_patterns
+from fsdp_lint.replay.fsdp2_torch import uniform_dtype_includes_frozen
 
 _FSDP2 = '''
 from torch.distributed.fsdp import fully_shard
@@ -29,7 +30,8 @@ class MixedDtypeUnit(Rule):
 
     ## What it does
     Flags FSDP1 units whose floating-point parameters do not all have one dtype, and FSDP2
-    `fully_shard` groups whose *trainable* parameters do not, and points at the statement that
+    `fully_shard` groups whose *trainable* parameters do not (on torch 2.6, whose FSDP2 checks every
+    parameter of the group, frozen ones too: any parameters), and points at the statement that
     cast part of the model (`model.layers[0].to(torch.bfloat16)`, `model.norm.float()`) and at
     the wrap call.
 
@@ -83,7 +85,7 @@ for layer in model.layers:
 fully_shard(model.head)
 fully_shard(model)
 '''),
-        # FSDP2: mixed dtypes among frozen parameters only are fine
+        # FSDP2: mixed dtypes among frozen parameters only are fine (torch 2.7 and later; 2.6 raises)
         Example(_MODEL + _FSDP2 + '''
 model = Net()
 model.embed.to(torch.bfloat16)
@@ -125,8 +127,7 @@ fully_shard(model)
             return
         bad = []
         for u in plan.units:
-            params = u.params if plan.api == "fsdp1" else [p for p in u.params if tree.params[p].requires_grad]
-            if len(_dtype_groups(tree, params)) > 1:
+            if len(_dtype_groups(tree, self._considered(ctx, u))) > 1:
                 bad.append(u)
 
         def sig(u):
@@ -139,8 +140,10 @@ fully_shard(model)
             yield self._finding(ctx, units)
 
     def _considered(self, ctx, u) -> List[str]:
+        """The parameters that must share one dtype: FSDP1's unit, all of them; FSDP2's group, the
+        trainable ones -- all of them, frozen ones too, on a torch that checks those (2.6)."""
         tree = ctx.tree
-        if ctx.plan.api == "fsdp1":
+        if ctx.plan.api == "fsdp1" or uniform_dtype_includes_frozen():
             return list(u.params)
         return [p for p in u.params if tree.params[p].requires_grad]
 
@@ -182,8 +185,9 @@ fully_shard(model)
         else:
             label = units_label(units, "FSDP2 group")
             how = wrapped_how(ctx, u).replace("wrapped at", "fully_shard at")
-            msg = (f"{units_brief(units, 'FSDP2 group')} {mixes} dtypes {dtypes_set} among trainable parameters: "
-                   f"the first forward fails")
+            among = ("parameters (this torch checks frozen ones too)" if uniform_dtype_includes_frozen()
+                     else "trainable parameters")
+            msg = f"{units_brief(units, 'FSDP2 group')} {mixes} dtypes {dtypes_set} among {among}: the first forward fails"
             detail = (f"{label} ({how}): {'; '.join(parts)} ({cast}). fully_shard accepts it, but the first forward "
                       f"fails: `AssertionError: FSDP expects uniform original parameter dtype but got {dtypes_set}`")
             exc, torch_error = "AssertionError", f"FSDP expects uniform original parameter dtype but got {dtypes_set}"

@@ -16,6 +16,9 @@ API
     one dict per ``fully_shard`` call, in call order.
 ``raises(fn)``
     run ``fn()``; return the exception it raised, or ``None``.
+``cpu_stream_events()``
+    context manager: on a torch whose CPU stream lacks ``record_event``/``wait_event`` (2.6),
+    those two as the no-ops later torch has, so that a real FSDP2 step runs on CPU.
 
 Everything torch-internal that is read here (``FlatParameter`` metadata, FSDP2
 ``FSDPState``/``FSDPParamGroup``) is private API; it is pinned to torch 2.13 and
@@ -39,6 +42,7 @@ __all__ = [
     "fsdp1_units",
     "fsdp2_groups",
     "raises",
+    "cpu_stream_events",
     "strip_wrapper_prefixes",
     "dtype_name",
 ]
@@ -71,6 +75,29 @@ def raises(fn: Callable[[], Any]) -> BaseException | None:
 
 
 @contextlib.contextmanager
+def cpu_stream_events() -> Iterator[None]:
+    """FSDP2 records an event on its all-gather stream after each collective. On a GPU node that is a
+    CUDA stream event; on CPU, torch 2.9 and later make ``torch.cpu.Stream.record_event``/``wait_event``
+    no-ops (one stream, nothing to wait for), torch 2.6 has neither and its first forward raises
+    ``'Stream' object has no attribute 'record_event'``. Added here as the same no-ops (nothing else
+    of torch changes), removed on exit; on a torch that has them, nothing is done. Yields whether it
+    added them."""
+    import torch.cpu
+
+    def record_event(self, event=None):          # a CUDA stream returns the event (2.6's HSDP asserts one)
+        return event if event is not None else torch.cpu.Event()
+
+    added = [name for name in ("record_event", "wait_event") if not hasattr(torch.cpu.Stream, name)]
+    for name in added:
+        setattr(torch.cpu.Stream, name, record_event if name == "record_event" else lambda self, event: None)
+    try:
+        yield bool(added)
+    finally:
+        for name in added:
+            delattr(torch.cpu.Stream, name)
+
+
+@contextlib.contextmanager
 def fake_pg(world_size: int, rank: int = 0) -> Iterator[dist.ProcessGroup]:
     """A fake default process group of ``world_size`` ranks, as ``rank``.
 
@@ -79,11 +106,28 @@ def fake_pg(world_size: int, rank: int = 0) -> Iterator[dist.ProcessGroup]:
     """
     if dist.is_initialized():
         raise RuntimeError("a default process group is already initialized")
+    _forget_meshes()          # also those of an fsdp-lint replay in this process
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield dist.group.WORLD
     finally:
         dist.destroy_process_group()
+        _forget_meshes()
+
+
+def _forget_meshes() -> None:
+    """torch 2.6-2.9 keep each root mesh's sub-meshes and flattened meshes in a global
+    (``device_mesh._mesh_resources``), keyed by meshes that compare by value: a mesh of the next fake
+    process group equal to one of this group found this group's sub-meshes, whose process groups are
+    gone (``Invariant encountered``, ``Could not resolve the process group``). Emptied with the group;
+    later torch keeps them on the mesh itself."""
+    from torch.distributed import device_mesh
+
+    env = getattr(device_mesh, "_mesh_resources", None)
+    for name in ("child_to_root_mapping", "root_to_flatten_mapping", "flatten_name_to_root_dims"):
+        mapping = getattr(env, name, None)
+        if isinstance(mapping, dict):
+            mapping.clear()
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from oracle import _record_calls, fake_pg, param_groups
+from oracle import _record_calls, cpu_stream_events, fake_pg, param_groups
 
 
 def _clear_dtensor_caches() -> None:
@@ -173,7 +173,7 @@ def step_collectives(model_fn, wrap, input_fn, *, world_size: int, rank: int, me
         model = wrap(model, mesh) or model
         inputs = input_fn()
         counter = _Collectives()
-        with counter:
+        with counter, cpu_stream_events():
             out = model(inputs)
             out.float().sum().backward()
     return counter.log

@@ -239,6 +239,32 @@ def torch_collectives(name: str):
     return _oracle_cache[key]
 
 
+UNEVEN_TP = "FSDP+TP sharding does not support uneven sharding"
+
+
+def _or_refusal(findings, build):
+    """What torch builds (``build()``); or None where torch refuses the plan while building it, and
+    then fsdp-lint reports that refusal as FSD701, quoting torch's exception. torch 2.6 refuses FSDP
+    over a TP ``Shard(0)`` parameter whose dim 0 does not split evenly over DP x TP (the fixture's
+    203-token vocabulary, 250-wide FFN); later torch builds it. `findings`: (code, text) pairs."""
+    try:
+        want = build()
+    except NotImplementedError as exc:      # torch's own refusal
+        if UNEVEN_TP not in str(exc):
+            raise
+        said = f"NotImplementedError: {str(exc).splitlines()[0]}"
+        assert any(code == "FSD701" and said in text for code, text in findings), (said, findings)
+        return None
+    assert not [text for code, text in findings if code == "FSD701" and UNEVEN_TP in text]
+    return want
+
+
+def _findings(res):
+    from fsdp_lint.engine import check_rules
+
+    return [(f.code, f.text) for f in check_rules(res, Settings(world_size=WORLD, gpus_per_node=NODE))]
+
+
 RANKS = (0, 3, WORLD - 1)      # first, a middle one ((1, 1) on a 4x2 mesh), last
 FSDP2_CASES = [n for n, c in CASES.items() if c[0] == "fsdp2"]
 FSDP1_CASES = [n for n, c in CASES.items() if c[0] == "fsdp1"]
@@ -254,7 +280,9 @@ def _local_shape_at(res, ul, p, rank):
 def test_fsdp2_local_shapes_placements_and_padding(repo, name):
     res = _lint(str(repo), name)
     for rank in RANKS:
-        want = torch_fsdp2(name, rank)
+        want = _or_refusal(_findings(res), lambda: torch_fsdp2(name, rank))
+        if want is None:
+            return
         assert [u.unit.modules for u in res.layout.units] == [g["modules"] for g in want]
         for ul, g in zip(res.layout.units, want):
             assert [p.fqn for p in ul.params] == [t["fqn"] for t in g["params"]], ul.unit.module
@@ -321,7 +349,10 @@ def _layout_counter(layout):
 @pytest.mark.parametrize("name", [n for n in CASES if n != "ep-distribute"])  # no forward without input_fn
 def test_fsdp_collectives_of_one_step_match_torch(repo, name):
     res = _lint(str(repo), name)
-    assert _layout_counter(res.layout) == _torch_counter(torch_collectives(name))
+    log = _or_refusal(_findings(res), lambda: torch_collectives(name))
+    if log is None:
+        return
+    assert _layout_counter(res.layout) == _torch_counter(log)
     lay = res.layout
     assert lay.step_bytes == sum(u.all_gather_bytes_per_step + u.reduce_scatter_bytes_per_step
                                  + u.all_reduce_bytes_per_step for u in lay.units)
@@ -335,10 +366,13 @@ def test_tp_collectives_of_one_step_match_torch(repo, name):
     """Every DTensor collective of a forward + backward (tensor parallelism): kind, group size and the
     elements moved (activations: elements per token x tokens; SequenceParallel weights: their numel)."""
     res = _lint(str(repo), name)
+    log = _or_refusal(_findings(res), lambda: torch_collectives(name))
+    if log is None:
+        return
     ours = collections.Counter(
         (c.kind, c.group_size, c.numel if c.numel is not None else c.elements_per_token * TOKENS)
         for c in res.layout.tp_collectives)
-    theirs = collections.Counter((kind, size, full) for kind, size, _, source, full in torch_collectives(name)
+    theirs = collections.Counter((kind, size, full) for kind, size, _, source, full in log
                                  if source == "functional")
     assert ours == theirs
     assert {c.mesh_dim for c in res.layout.tp_collectives} == {"tp"}
@@ -356,12 +390,16 @@ def test_tp_entry_point_reports_the_mesh_it_builds_and_tp_shapes(cli, repo):
     """train_tp.py derives its (dp_shard, tp) mesh from WORLD_SIZE: the header, the JSON and the
     shapes follow the mesh; the shards are those torch builds for the same plan (case tp-sp)."""
     res, doc = _json(cli, "fixtures/multidim/train_tp.py", "--world-size", "8")
+    findings = [(f["code"], f"{f['message']}: {f['detail']}") for f in doc["files"][0]["findings"]]
+    want = _or_refusal(findings, lambda: torch_fsdp2("tp-sp", 0))   # the same TP plan and FSDP wrap
+    if want is None:
+        assert res.code == 1, res.err
+        return
     assert res.code == 0, res.err
     plan = doc["files"][0]["plan"]
     assert plan["mesh"]["shape"] == [4, 2] and plan["mesh"]["dim_names"] == ["dp_shard", "tp"]
     assert plan["world_size"] == 8 and plan["world_size_source"] == "mesh" and plan["mesh"]["line"] == 26
     assert plan["unsupported"] == []
-    want = torch_fsdp2("tp-sp", 0)      # the same TP plan and FSDP wrap, mesh dims named (dp, tp)
     for unit, g in zip(plan["units"], want):
         assert unit["shard_numel"] == sum(math.prod(t["padded_local_shape"]) for t in g["params"])
         assert [p["local_shape"] for p in unit["params"]] == [t["local_shape"] for t in g["params"]]
@@ -460,7 +498,9 @@ def test_mesh_messages_are_torchs():
         exec(compile(snippet, "<raf>", "exec"), g)
         return model
 
-    e = raises(lambda: step_collectives(_model_fn(), wrap, lambda: torch.randint(0, 203, (2, 8)), world_size=8,
+    # dims that split evenly over dp x tp (torch 2.6 refuses the fixture's uneven ones before this check)
+    even = lambda: _namespace()["Transformer"](_namespace()["ModelArgs"](vocab_size=208, ffn_hidden=256))  # noqa: E731
+    e = raises(lambda: step_collectives(even, wrap, lambda: torch.randint(0, 208, (2, 8)), world_size=8,
                                         rank=0, mesh_shape=(4, 2), mesh_dim_names=("dp", "tp")))
     assert f"{type(e).__name__}: {e}" == reshard_int_dtensor_error()
 
@@ -561,8 +601,14 @@ def test_torchtitan_shaped_entry_equals_torch(cli):
 
     shape, names = (2, 4, 2), ("dp_replicate", "dp_shard", "tp")
     model_fn = lambda: ns["Transformer"](ns["ModelArgs"]())  # noqa: E731
+    from fsdp_lint.engine import check_rules
+
+    findings = [(f.code, f.text) for f in check_rules(res, Settings(world_size=16))]
     for rank in (0, 5, 15):
-        want = fsdp2_nd(model_fn, wrap, world_size=16, rank=rank, mesh_shape=shape, mesh_dim_names=names)
+        want = _or_refusal(findings, lambda: fsdp2_nd(model_fn, wrap, world_size=16, rank=rank, mesh_shape=shape,
+                                                       mesh_dim_names=names))
+        if want is None:        # torch refuses the fixture's uneven dims (2.6): fsdp-lint reports it
+            return
         assert [u.unit.modules for u in res.layout.units] == [g["modules"] for g in want]
         for ul, g in zip(res.layout.units, want):
             assert ul.replicate_size == 2 and ul.world_size == 4

@@ -269,10 +269,17 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
         rs_bytes = (ws - 1) * rs_elems_bytes
         has_params = bool(infos)
         # the root does not reshard after forward unless the file asks for it explicitly
-        reshards = unit.reshard_after_forward and not (as_root and not unit.reshard_after_forward_explicit)
-        # on a 1-rank mesh FSDP2 skips both collectives (FSDPParamGroup.unshard, foreach_reduce)
-        ags = (1 + (1 if reshards else 0)) if has_params and ws > 1 else 0
-        rss = 1 if (has_params and any_trainable and ws > 1) else 0
+        # (torch 2.6: not even then; fsdp2_torch reads which)
+        from fsdp_lint.replay.fsdp2_torch import root_reshards_when_explicit
+
+        explicit = unit.reshard_after_forward_explicit and root_reshards_when_explicit()
+        reshards = unit.reshard_after_forward and not (as_root and not explicit)
+        # on a 1-rank mesh torch >= 2.11 skips both collectives (FSDPParamGroup.unshard, foreach_reduce);
+        # 2.9 still issues the reduce-scatter, 2.6 both (0 bytes to other ranks): as the installed torch
+        from fsdp_lint.replay.fsdp2_torch import one_rank_all_gather, one_rank_reduce_scatter
+
+        ags = (1 + (1 if reshards else 0)) if has_params and (ws > 1 or one_rank_all_gather()) else 0
+        rss = 1 if (has_params and any_trainable and (ws > 1 or one_rank_reduce_scatter())) else 0
         # HSDP: the reduce-scattered gradients are all-reduced across the replicate dimension
         ars = 1 if (has_params and any_trainable and unit.replicate_size > 1) else 0
         ar_bytes = ring_all_reduce_bytes(rs_elems_bytes, unit.replicate_size) if ars else 0

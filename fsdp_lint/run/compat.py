@@ -11,7 +11,15 @@ torch 2.6 and later; ``benchmarks/torch_versions.sh`` runs the checks on each ve
 from __future__ import annotations
 
 
-def _no_event(self, *args, **kwargs) -> None:
+def _record_event(self, event=None):
+    """A CPU event (its methods do nothing), as a CUDA stream returns its recorded event: torch 2.6's
+    HSDP asserts the all-reduce's event is not None."""
+    import torch.cpu
+
+    return event if event is not None else torch.cpu.Event()
+
+
+def _wait_event(self, event) -> None:
     return None
 
 
@@ -19,9 +27,9 @@ def cpu_streams() -> None:
     """``torch.cpu.Stream.record_event``/``wait_event`` where this torch lacks them (2.6)."""
     import torch.cpu
 
-    for name in ("record_event", "wait_event"):
+    for name, fn in (("record_event", _record_event), ("wait_event", _wait_event)):
         if not hasattr(torch.cpu.Stream, name):
-            setattr(torch.cpu.Stream, name, _no_event)
+            setattr(torch.cpu.Stream, name, fn)
 
 
 def untyped_storages():
