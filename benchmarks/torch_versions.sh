@@ -4,7 +4,7 @@
 # FSDP1/FSDP2 under the fake process group are the oracle) and `--simulate` on the article's FSDP2 and
 # FSDP1 scripts; a table at the end (README "torch versions").
 #
-#   benchmarks/torch_versions.sh                 # 2.6.0 2.9.1 2.11.0 2.14.1 and the newest allowed
+#   benchmarks/torch_versions.sh                 # 2.6.0 2.7.1 2.8.0 2.9.1 2.11.0 2.12.1 2.14.1 and the newest allowed
 #   benchmarks/torch_versions.sh 2.6.0 2.13.0    # the versions given
 #   WORK=/path/to/venvs benchmarks/torch_versions.sh   # keep the venvs: a venv holding that torch is reused
 #
@@ -33,7 +33,7 @@ else
   # the newest torch pip would install here (after any constraint), from a dry run
   NEWEST=$($PY -m pip install --dry-run --ignore-installed --no-deps -q --report - "${INDEX[@]}" torch 2>/dev/null |
            $PY -c 'import json,sys; print(json.load(sys.stdin)["install"][0]["metadata"]["version"].split("+")[0])' 2>/dev/null)
-  VERSIONS=(2.6.0 2.9.1 2.11.0 2.14.1)
+  VERSIONS=(2.6.0 2.7.1 2.8.0 2.9.1 2.11.0 2.12.1 2.14.1)
   case " ${VERSIONS[*]} " in *" $NEWEST "*) ;; *) [ -n "$NEWEST" ] && VERSIONS+=("$NEWEST");; esac
 fi
 ROWS=()
@@ -60,7 +60,9 @@ for v in "${VERSIONS[@]}"; do
   "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$ROOT" >>"$log" 2>&1
   build=$("$venv/bin/python" -W ignore -c 'import torch; print("CUDA " + torch.version.cuda if torch.version.cuda else "CPU")' 2>/dev/null)
   t0=$(date +%s)
-  tests=$("$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_layout_vs_torch.py tests/test_multidim.py 2>&1 | tail -1)
+  "$venv/bin/python" -m pytest -q -rfs -p no:cacheprovider tests/test_layout_vs_torch.py tests/test_multidim.py \
+    >"$WORK/tests-$v.log" 2>&1          # the failures and skips with their reasons
+  tests=$(tail -1 "$WORK/tests-$v.log")
   tests="$tests ($(( $(date +%s) - t0 )) s)"
   sims=()
   for api in fsdp2 fsdp1; do

@@ -30,8 +30,8 @@ class MixedDtypeUnit(Rule):
 
     ## What it does
     Flags FSDP1 units whose floating-point parameters do not all have one dtype, and FSDP2
-    `fully_shard` groups whose *trainable* parameters do not (on torch 2.6, whose FSDP2 checks every
-    parameter of the group, frozen ones too: any parameters), and points at the statement that
+    `fully_shard` groups whose *trainable* parameters do not (on torch 2.6 and 2.7, whose FSDP2 checks
+    every parameter of the group, frozen ones too: any parameters), and points at the statement that
     cast part of the model (`model.layers[0].to(torch.bfloat16)`, `model.norm.float()`) and at
     the wrap call.
 
@@ -85,7 +85,7 @@ for layer in model.layers:
 fully_shard(model.head)
 fully_shard(model)
 '''),
-        # FSDP2: mixed dtypes among frozen parameters only are fine (torch 2.7 and later; 2.6 raises)
+        # FSDP2: mixed dtypes among frozen parameters only are fine (torch 2.8 and later; 2.6/2.7 raise)
         Example(_MODEL + _FSDP2 + '''
 model = Net()
 model.embed.to(torch.bfloat16)
@@ -141,7 +141,7 @@ fully_shard(model)
 
     def _considered(self, ctx, u) -> List[str]:
         """The parameters that must share one dtype: FSDP1's unit, all of them; FSDP2's group, the
-        trainable ones -- all of them, frozen ones too, on a torch that checks those (2.6)."""
+        trainable ones -- all of them, frozen ones too, on a torch that checks those (2.6, 2.7)."""
         tree = ctx.tree
         if ctx.plan.api == "fsdp1" or uniform_dtype_includes_frozen():
             return list(u.params)

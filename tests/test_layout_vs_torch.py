@@ -821,7 +821,7 @@ def _dtype_refusals(res, ws) -> list:
 
 def _torch_step_or_refusal(res, model, api, code, ws):
     """torch's collectives of one step; or None where torch refuses the plan at the first forward
-    (torch 2.6 asserts one original dtype over every parameter of an FSDP2 group, frozen ones too;
+    (torch 2.6 and 2.7 assert one original dtype over every parameter of an FSDP2 group, frozen ones too;
     later torch over the trainable ones), and then fsdp-lint reports that refusal, with torch's dtypes."""
     import re
 

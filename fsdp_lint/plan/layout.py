@@ -269,13 +269,13 @@ def _unit_layout(unit: Unit, plan: WrapPlan, tree: ModuleTree) -> UnitLayout:
         rs_bytes = (ws - 1) * rs_elems_bytes
         has_params = bool(infos)
         # the root does not reshard after forward unless the file asks for it explicitly
-        # (torch 2.6: not even then; fsdp2_torch reads which)
+        # (torch 2.6/2.7: not even then; fsdp2_torch reads which)
         from fsdp_lint.replay.fsdp2_torch import root_reshards_when_explicit
 
         explicit = unit.reshard_after_forward_explicit and root_reshards_when_explicit()
         reshards = unit.reshard_after_forward and not (as_root and not explicit)
-        # on a 1-rank mesh torch >= 2.11 skips both collectives (FSDPParamGroup.unshard, foreach_reduce);
-        # 2.9 still issues the reduce-scatter, 2.6 both (0 bytes to other ranks): as the installed torch
+        # on a 1-rank mesh torch >= 2.12 skips both collectives (FSDPParamGroup.unshard, foreach_reduce);
+        # 2.9 still issues the reduce-scatter, 2.6-2.8 both (0 bytes to other ranks): as the installed torch
         from fsdp_lint.replay.fsdp2_torch import one_rank_all_gather, one_rank_reduce_scatter
 
         ags = (1 + (1 if reshards else 0)) if has_params and (ws > 1 or one_rank_all_gather()) else 0

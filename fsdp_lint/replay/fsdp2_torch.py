@@ -2,14 +2,15 @@
 source (``benchmarks/torch_versions.sh`` runs the oracle tests on each version):
 
 * which parameters of a group must share one original dtype at the first forward
-  (``FSDPParamGroup._init_mp_dtypes``): the trainable ones (torch 2.7 and later), or every parameter,
-  frozen ones too (torch 2.6: a frozen bf16 base weight beside fp32 adapters fails there);
+  (``FSDPParamGroup._init_mp_dtypes``): every parameter, frozen ones too (torch 2.6, 2.7: a frozen
+  bf16 base weight beside fp32 adapters fails there), or the trainable ones only (2.8 and later);
 * whether the root group reshards after forward when ``reshard_after_forward=True`` was given
-  explicitly (``FSDPState._lazy_init``): torch 2.9 and later keep the explicit setting; 2.6 never
-  reshards the root;
-* whether a group on a 1-rank mesh skips its all-gather (``FSDPParamGroup.unshard``) and its gradient
-  reduce-scatter (``foreach_reduce``): torch 2.11 and later skip both; 2.9 skips the all-gather and
-  still issues the reduce-scatter (0 bytes to other ranks); 2.6 issues both.
+  explicitly (``FSDPState._lazy_init``): 2.8 and later keep the explicit setting; 2.6 and 2.7 never
+  reshard the root;
+* whether a group on a 1-rank mesh issues its all-gather (``FSDPParamGroup.unshard``) and its
+  gradient reduce-scatter (``foreach_reduce``), 0 bytes to other ranks: 2.6-2.8 issue both, 2.9
+  the reduce-scatter only, 2.12 and later neither (read on 2.6.0, 2.7.1, 2.8.0, 2.9.1, 2.12.1,
+  2.13.0, 2.14.1).
 
 Without a readable source (a frozen application) the newest torch's behaviour is assumed.
 """
