@@ -33,6 +33,10 @@ def expressible(plan, tree):
         return sorted(everywhere) == sorted(extra)
 
     def fn(axis: str, value, modules=(), blocks=()) -> bool:
+        if axis == "granularity" and value == "tied-group":
+            # several modules as one unit: FSDP2's ``fully_shard([emb, head])``; FSDP1 and the
+            # frameworks' class policies cannot write it (a tied pair then stays in the root)
+            return plan.api == "fsdp2" and (fe == "fsdp2" or fe == "lightning")
         if fe in ("fsdp1", "fsdp2") or (fe == "lightning" and plan.api == "fsdp2"):
             return True     # torch code (Lightning's ModelParallelStrategy: in configure_model)
         if axis == "granularity":
@@ -92,10 +96,13 @@ class _Context:
         parents = {b.rpartition(".")[0] for b in blocks}
         self.stack = tree.expr(parents.pop()) if len(parents) == 1 else None
         self.extra = details.get("extra") or []
-        self.extra_classes = sorted({tree.modules[m].cls for m in self.extra})
+        self.extra_classes = sorted({tree.modules[m].cls for e in self.extra for m in _modules(e)})
 
-    def expr(self, fqn: str) -> str:
-        return self.tree.expr(fqn)
+    def expr(self, fqn) -> str:
+        """`model.a` for a module, `[model.a, model.b]` for modules sharded as one group."""
+        if isinstance(fqn, str):
+            return self.tree.expr(fqn)
+        return "[" + ", ".join(self.tree.expr(m) for m in fqn) + "]"
 
     def for_blocks(self, call: str) -> str:
         if self.stack:
@@ -104,6 +111,10 @@ class _Context:
 
     def classes(self, with_extra: bool) -> List[str]:
         return self.block_classes + (self.extra_classes if with_extra else [])
+
+
+def _modules(entry) -> tuple:
+    return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def _selective(ctx: _Context) -> str:
