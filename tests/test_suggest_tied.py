@@ -63,7 +63,8 @@ def _applied(cands):
 
 def _fsdp2_steps(cand, build, ws, inputs, loss_fn, tied):
     """`cand` applied with torch's API (fsdp_lint.run.candidate) on the meta device, two AdamW steps
-    under FSDPMemTracker; asserts that `tied(model)` (the two modules' parameters) stays one tensor."""
+    under FSDPMemTracker; asserts that `tied(model)` (the two modules' parameters, if given) stays one
+    tensor. Rank 0's peak."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
@@ -77,12 +78,12 @@ def _fsdp2_steps(cand, build, ws, inputs, loss_fn, tied):
         model = apply_candidate(cand["plan"], model, ws, torch.device("cpu"))     # the mesh outside fake mode
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
-            a, b = tied(model)
+            a, b = tied(model) if tied else (None, None)
             assert a is b, cand["kinds"]
             assert sum(p.numel() for p in model.parameters()) == unique
             optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
             dev = _tracked_steps(model, optimizer, inputs, loss_fn, FSDPMemTracker(model, optimizer))
-            a, b = tied(model)
+            a, b = tied(model) if tied else (None, None)
             assert a is b, cand["kinds"]
     return int(next(v for k, v in dev.items() if str(getattr(k, "value", k)) == "Total"))
 
