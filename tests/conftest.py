@@ -86,6 +86,9 @@ SLOW_MODULES = {
     "test_idioms",
     "test_suggest_applied",  # --suggest candidates applied under FSDPMemTracker / MemTracker, one --simulate
     "test_suggest",          # the --suggest search on real plans, one --simulate of candidates
+    "test_suggest_tied",     # tied embedding/head candidates applied under FSDPMemTracker / MemTracker
+    "test_suggest_grouped_experts",  # grouped experts: a candidate applied under FSDPMemTracker, collectives
+    "test_suggest_frontends_ac",  # --suggest checkpointing texts taken by Lightning, accelerate, the HF Trainer
     "test_frontend_texts",   # fix texts launched through the real HF Trainer, accelerate and Fabric
     "test_memory_ac_frameworks",  # Lightning / accelerate checkpointing against the memory trackers
     "test_deadlines",        # fork servers held past their deadlines

@@ -100,3 +100,32 @@ def test_checkpointing_lowers_the_estimate_as_it_lowers_the_peak(cli):
     full = _static(cli, path, "--world-size", "4", "--input-shape", "4,256", "--", "--ac", "full")
     assert none["checkpointed_regions"] == 0 and full["checkpointed_regions"] == 4
     assert full["breakdown"]["activations"] < none["breakdown"]["activations"] / 2
+
+
+@pytest.mark.parametrize("ws", [4])
+def test_torch_utils_checkpoint_with_a_policy_in_forward_within_a_quarter_of_fsdpmemtracker(cli, ws):
+    """Selective checkpointing written in the block's own forward -- ``torch.utils.checkpoint.checkpoint``
+    with ``context_fn=create_selective_checkpoint_contexts(policy)``, a policy that keeps the attention
+    outputs and every second matmul (fixtures/memory/sac_policy_fsdp2.py, a model not used for tuning):
+    the static estimate is within a quarter of torch's tracker, and below the same model without it."""
+    path = os.path.join(REPO, "fixtures", "memory", "sac_policy_fsdp2.py")
+    mem = _static(cli, path, "--world-size", str(ws), "--input-shape", "4,256")
+    assert mem["checkpointed_regions"] == 4
+    sys.path.insert(0, os.path.dirname(path))
+    try:
+        import sac_policy_fsdp2 as sac
+    finally:
+        sys.path.remove(os.path.dirname(path))
+        sys.modules.pop("sac_policy_fsdp2", None)
+    inputs = lambda: (torch.randint(0, 8192, (4, 256)),)  # noqa: E731
+    snap = fsdp2_oracle(sac.Decoder, _per_block(lambda m: m.blocks, False), ws, inputs, _float_mean)
+    assert abs(mem["per_rank_bytes"] - snap["Total"]) <= 0.25 * snap["Total"], (mem["per_rank_bytes"], snap["Total"])
+
+    def plain():
+        model = sac.Decoder()
+        for block in model.blocks:
+            block.forward = block._forward            # the same blocks, nothing checkpointed
+        return model
+
+    without = fsdp2_oracle(plain, _per_block(lambda m: m.blocks, False), ws, inputs, _float_mean)
+    assert snap["Total"] < without["Total"]

@@ -402,3 +402,40 @@ def test_accelerate_plugin_in_code_changes_name_the_plugins_arguments(tmp_path):
                  entry="train_gpt2.py")
     assert g.plan.sharding_strategy == "_HYBRID_SHARD_ZERO2"
     assert _collectives(g.layout) == _figures(c)
+
+
+def test_simulate_of_an_fsdp1_hybrid_shard_candidate(tmp_path):
+    """``--suggest --simulate`` of FSDP1's HYBRID_SHARD candidate (8 ranks, nodes of 4 GPUs): the
+    candidate applied in the simulated rank (``run.candidate``: ``FullyShardedDataParallel`` with
+    ``sharding_strategy=HYBRID_SHARD`` and a (2, 4) device mesh) simulates without error, and its
+    simulated peak is that of MemTracker on the same plan applied by hand (within 10 %, as
+    ``--simulate`` is held to torch's tracker), within a quarter of the reported peak, and above the
+    FULL_SHARD plan's (the shards are of 4 ranks, not 8)."""
+    import time
+
+    from fsdp_lint.config import Settings
+    from fsdp_lint.engine import lint_file
+    from fsdp_lint.run import simulate
+    from fsdp_lint.run.spec import RunOptions
+    from torch.distributed.fsdp import ShardingStrategy
+
+    settings = Settings(world_size=8, gpus_per_node=4, input_shape="4,256", suggest=True,
+                        activations_for_inferred_inputs=True, gpu_memory="80GiB")
+    try:
+        res = lint_file(os.path.join(MOE, "train_fsdp1.py"), settings, argv=list(MOE_ARGV))
+    finally:
+        for n in ("model", "train", "train_fsdp1"):
+            sys.modules.pop(n, None)
+    own = next(c for c in res.suggestions if not c["kinds"])
+    c = next(c for c in res.suggestions if c["kinds"] == ["hsdp"])
+    assert c["plan"]["sharding_strategy"] == "HYBRID_SHARD" and c["plan"]["mesh"] == [2, 4]
+    res.suggestions = [own, c]
+    res.simulated = {"peak_bytes": own["peak_bytes"]}
+    simulate.simulate_candidates(res, settings, RunOptions(input_shape="4,256", timeout=600),
+                                 time.monotonic() + 600)
+    assert not c.get("simulated_error"), c.get("simulated_error")
+    sim = c["simulated_peak_bytes"]
+    measured = _fsdp1_measured(_blocks, (2, 4), sharding_strategy=ShardingStrategy.HYBRID_SHARD)
+    assert abs(sim - measured) <= 0.10 * measured, (sim, measured)
+    assert abs(c["peak_bytes"] - sim) <= TOLERANCE * sim, (c["peak_bytes"], sim)
+    assert sim > _fsdp1_measured(_blocks)

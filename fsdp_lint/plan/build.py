@@ -561,8 +561,9 @@ def per_block_plan(tree: ModuleTree, plan: WrapPlan, block=None) -> Optional[Wra
     return alternative_plan(tree, plan, instances, "per-block")
 
 
-def alternative_plan(tree: ModuleTree, plan: WrapPlan, modules: List[str], origin: str) -> WrapPlan:
-    """`plan` with other units: one per module in `modules` (children first), then the root; the
+def alternative_plan(tree: ModuleTree, plan: WrapPlan, modules: List, origin: str) -> WrapPlan:
+    """`plan` with other units: one per module in `modules` (children first; a tuple of modules is
+    one unit of them all, FSDP2's ``fully_shard([a, b])``, placed as its first), then the root; the
     API, world size and options as in ``per_block_plan`` (``modules=[]``: the whole model as one
     unit)."""
     template = plan.root_unit or (plan.units[-1] if plan.units else None)
@@ -573,8 +574,10 @@ def alternative_plan(tree: ModuleTree, plan: WrapPlan, modules: List[str], origi
                    mesh=plan.mesh, param_sharding=plan.param_sharding,
                    param_shard_dims=dict(plan.param_shard_dims))
 
+    groups = {m[0]: list(m) for m in modules if not isinstance(m, str)}
+
     def unit(fqn: str, seq: int) -> Unit:
-        return Unit(module=fqn, modules=[fqn], cls=tree.modules[fqn].cls,
+        return Unit(module=fqn, modules=groups.get(fqn, [fqn]), cls=tree.modules[fqn].cls,
                     path=template.path if template else f"<{origin}>", line=template.line if template else 0,
                     col=template.col if template else 0, seq=seq, origin=origin,
                     param_dtype=template.param_dtype if template else None,
@@ -583,7 +586,7 @@ def alternative_plan(tree: ModuleTree, plan: WrapPlan, modules: List[str], origi
                     replicate_size=template.replicate_size if template else 1,
                     mesh=template.mesh if template else None)
 
-    for seq, fqn in enumerate(_post_order(tree, modules)):
+    for seq, fqn in enumerate(_post_order(tree, [m if isinstance(m, str) else m[0] for m in modules])):
         alt.units.append(unit(fqn, seq))
     alt.units.append(unit("", len(alt.units)))
     _assign_params(alt, tree)

@@ -33,6 +33,10 @@ def expressible(plan, tree):
         return sorted(everywhere) == sorted(extra)
 
     def fn(axis: str, value, modules=(), blocks=()) -> bool:
+        if axis == "granularity" and value == "tied-group":
+            # several modules as one unit: FSDP2's ``fully_shard([emb, head])``; FSDP1 and the
+            # frameworks' class policies cannot write it (a tied pair then stays in the root)
+            return plan.api == "fsdp2" and (fe == "fsdp2" or fe == "lightning")
         if fe in ("fsdp1", "fsdp2") or (fe == "lightning" and plan.api == "fsdp2"):
             return True     # torch code (Lightning's ModelParallelStrategy: in configure_model)
         if axis == "granularity":
@@ -40,7 +44,10 @@ def expressible(plan, tree):
                 return True
             return bool(modules) and by_class(list(modules), list(blocks))
         if axis == "ac":
-            return value == "full"
+            # the HF Trainer checkpoints every n-th decoder layer where the installed transformers has
+            # ``activation_checkpointing_kwargs={"every_n_layers": n}`` (layers 0, n, 2n, ...);
+            # Lightning's set and accelerate's bool checkpoint every block of the class
+            return value == "full" or (fe == "transformers" and _hf_every_n_layers())
         if axis == "precision":
             return value == "bf16" or (fe == "lightning" and plan.api == "fsdp1")
         if axis == "reshard":
@@ -49,6 +56,24 @@ def expressible(plan, tree):
             return plan.api == "fsdp1"
         return True   # offload
     return fn
+
+
+def _hf_every_n_layers() -> bool:
+    """Whether the installed transformers' Trainer takes ``activation_checkpointing_kwargs`` with
+    ``every_n_layers`` (its ``activation_checkpointing_enable(every_n_layers=...)``)."""
+    import inspect
+    import sys
+
+    if "transformers" not in sys.modules:
+        return False
+    try:
+        from transformers import PreTrainedModel, TrainingArguments
+    except Exception:
+        return False
+    enable = getattr(PreTrainedModel, "activation_checkpointing_enable", None)
+    fields = getattr(TrainingArguments, "__dataclass_fields__", {})
+    return enable is not None and "every_n_layers" in inspect.signature(enable).parameters and \
+        "activation_checkpointing_kwargs" in fields
 
 
 def describe(kinds: List[str], plan, tree, details: dict) -> str:
@@ -92,10 +117,13 @@ class _Context:
         parents = {b.rpartition(".")[0] for b in blocks}
         self.stack = tree.expr(parents.pop()) if len(parents) == 1 else None
         self.extra = details.get("extra") or []
-        self.extra_classes = sorted({tree.modules[m].cls for m in self.extra})
+        self.extra_classes = sorted({tree.modules[m].cls for e in self.extra for m in _modules(e)})
 
-    def expr(self, fqn: str) -> str:
-        return self.tree.expr(fqn)
+    def expr(self, fqn) -> str:
+        """`model.a` for a module, `[model.a, model.b]` for modules sharded as one group."""
+        if isinstance(fqn, str):
+            return self.tree.expr(fqn)
+        return "[" + ", ".join(self.tree.expr(m) for m in fqn) + "]"
 
     def for_blocks(self, call: str) -> str:
         if self.stack:
@@ -104,6 +132,10 @@ class _Context:
 
     def classes(self, with_extra: bool) -> List[str]:
         return self.block_classes + (self.extra_classes if with_extra else [])
+
+
+def _modules(entry) -> tuple:
+    return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def _selective(ctx: _Context) -> str:
@@ -223,6 +255,13 @@ def _accelerate_plugin(kind: str, ctx: _Context) -> str:
     return arg("cpu_offload=True")
 
 
+def _literal(ctx: _Context, value: bool) -> str:
+    """A boolean inside ``fsdp_config``: Python's in ``TrainingArguments(...)``, JSON's in a file or
+    on the command line (``plan.hf_frontend``)."""
+    how = (getattr(ctx.plan, "hf_frontend", None) or {}).get("how", "python")
+    return ("True" if value else "False") if how == "python" else ("true" if value else "false")
+
+
 def _transformers(kind: str, ctx: _Context) -> str:
     if kind == "wrap-blocks":
         return "`fsdp_config={\"transformer_layer_cls_to_wrap\": [" + ", ".join(
@@ -231,11 +270,16 @@ def _transformers(kind: str, ctx: _Context) -> str:
         return "`fsdp_config={\"transformer_layer_cls_to_wrap\": [" + ", ".join(
             f'"{c}"' for c in ctx.classes(True)) + "]}`"
     if kind == "ac-full":
-        return "`TrainingArguments(gradient_checkpointing=True)` (or `fsdp_config={\"activation_checkpointing\": true}`)"
+        flag = "activation_checkpointing" if _hf_every_n_layers() else "gradient_checkpointing"
+        return (f"`TrainingArguments({flag}=True)` (or `fsdp_config={{\"activation_checkpointing\": "
+                + _literal(ctx, True) + "}`)")
+    if kind == "ac-selective":
+        return ("checkpoint every second decoder layer: `TrainingArguments(activation_checkpointing=True, "
+                "activation_checkpointing_kwargs={\"every_n_layers\": 2})`")
     if kind == "bf16":
         return "`TrainingArguments(bf16=True)`"
     if kind == "no-reshard":
-        return "`fsdp_config={\"reshard_after_forward\": false}`" if ctx.plan.api == "fsdp2" else \
+        return "`fsdp_config={\"reshard_after_forward\": " + _literal(ctx, False) + "}`" if ctx.plan.api == "fsdp2" else \
             "`TrainingArguments(fsdp=\"shard_grad_op auto_wrap\")`"
     if kind in ("hsdp", "hsdp-zero2"):
         return "`TrainingArguments(fsdp=\"{} auto_wrap\")`".format("hybrid_shard" if kind == "hsdp" else "hybrid_shard_zero2")

@@ -56,7 +56,10 @@ def candidates(model, tree, plan, layout, settings, retrace: Callable[[object], 
 
     file_per_block = sorted(u.module for u in plan.units if not u.is_root) == sorted(space.blocks)
     out = []
+    splits = {g: splits_a_tie(granular_plan(tree, plan, space, g), tree) for g in space.granularity}
     for g, ac, prec in itertools.product(space.granularity, space.ac, space.precision):
+        if splits[g] and (g, ac, prec) != ("file", "file", "file"):
+            continue          # torch raises at the first forward (FSDP2) or unties them (FSDP1): not offered
         base = with_precision(granular_plan(tree, plan, space, g), prec)
         trace = trace_for(g, ac, prec, base)
         if trace is None:
@@ -69,6 +72,8 @@ def candidates(model, tree, plan, layout, settings, retrace: Callable[[object], 
                 compute_layout(cand, tree, trace=trace, activations=activations)
             for offload in space.offload:
                 choice = Choice(granularity=g, ac=ac, precision=prec, reshard=reshard, hsdp=hsdp, offload=offload)
+                if splits[g] and choice.kinds:
+                    continue      # only the file's own plan keeps a split tie (FSD401 says so)
                 out.append(_candidate(choice, cand, lay, plan, tree, space, settings, file_per_block))
     return out
 
@@ -112,6 +117,19 @@ def _as_data(cand, choice: Choice, ckpt: List[str], space, plan) -> Dict:
         "offload": choice.offload,
         "optimizer": plan.optimizers[-1].cls if plan.optimizers else "AdamW",
     }
+
+
+def splits_a_tie(plan, tree) -> bool:
+    """Whether the modules sharing a (tied) parameter fall in different units of `plan` (FSD401)."""
+    ignored = set(plan.ignored_params)
+    for info in tree.params.values():
+        if not info.aliases or info.fqn in ignored:
+            continue
+        owners = {n.rpartition(".")[0] for n in info.all_fqns} & set(tree.modules)
+        units = {id(plan.unit_of_module(m)) for m in owners}
+        if len(units) > 1:
+            return True
+    return False
 
 
 def communication(c: Dict) -> int:

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple, Union
 
 from fsdp_lint.plan.build import WrapPlan, alternative_plan
 
+Unit = Union[str, Tuple[str, ...]]      # a granularity entry: a module, or modules sharded as one group
 GRANULARITIES = ("file", "blocks", "blocks+embeddings", "experts")
 AC_MODES = ("file", "none", "selective", "full")
 PRECISIONS = ("file", "bf16", "bf16-fp32-reduce")
@@ -63,7 +64,7 @@ class Choice:
 @dataclass
 class Space:
     """What each axis can take for this plan (the file's value first)."""
-    granularity: Dict[str, List[str]]       # name -> the non-root unit modules (children first)
+    granularity: Dict[str, List[Unit]]      # name -> the non-root units (a module, or a tuple: one group)
     blocks: List[str]                       # the repeated blocks' outermost instances
     ac: List[str]
     precision: List[str]
@@ -81,7 +82,7 @@ def search_space(tree, plan: WrapPlan, trace, settings, expressible) -> Space:
     gran: Dict[str, List[str]] = {"file": []}
     if blocks and sorted(own) != sorted(blocks) and expressible("granularity", "blocks"):
         gran["blocks"] = list(blocks)
-    extra = _embeddings_and_head(tree, blocks)
+    extra = _embeddings_and_head(tree, blocks, group_ties=expressible("granularity", "tied-group"))
     if blocks and extra and expressible("granularity", "blocks+embeddings", extra, blocks):
         gran["blocks+embeddings"] = list(blocks) + extra
     experts = _experts(tree, blocks)
@@ -120,25 +121,67 @@ def search_space(tree, plan: WrapPlan, trace, settings, expressible) -> Space:
                  offload=offload, node=node)
 
 
-def _embeddings_and_head(tree, blocks: List[str]) -> List[str]:
+def _embeddings_and_head(tree, blocks: List[str], group_ties: bool = False) -> List[Unit]:
     """Modules outside the blocks that hold parameters and that a unit of their own can take: the
-    outermost ``Embedding`` and ``Linear`` layers, unless one of their parameters is tied (a tied
-    embedding and head must stay in one unit)."""
-    out: List[str] = []
+    outermost ``Embedding`` and ``Linear`` layers. A tied embedding and head (one parameter
+    registered on both) must stay in one unit: with `group_ties` (FSDP2 code: ``fully_shard([emb,
+    head])``) they are one entry, a tuple of the modules sharing it; otherwise they stay in the root."""
+    out: List[Unit] = []
+    tied: List[str] = []
     for fqn, info in tree.modules.items():
         if not fqn or any(fqn == b or tree.is_ancestor(b, fqn) for b in blocks):
             continue
-        if any(tree.is_ancestor(o, fqn) for o in out):
+        if any(tree.is_ancestor(o, fqn) for o in _flat(out) + tied):
             continue
         if not ({"Embedding", "Linear"} & set(info.mro)):
             continue
-        params = tree.params_under(fqn)
-        if not params or any(tree.params[p].aliases for p in params if p in tree.params):
+        names = tree.aliases_under(fqn)
+        if not names:
             continue
-        if any(tree.alias_to_canonical.get(a) != a for a in tree.aliases_under(fqn)):
+        if any(tree.params[tree.alias_to_canonical[a]].aliases for a in names):
+            tied.append(fqn)
             continue
         out.append(fqn)
+    if group_ties and tied:
+        out += _tie_groups(tree, tied)
     return out
+
+
+def _tie_groups(tree, tied: List[str]) -> List[Unit]:
+    """The tied modules joined by the parameters they share, in the model's order; a group is
+    offered only when every module registering its parameters is in it (a tie that reaches into a
+    block or another module stays in the root)."""
+    order = {f: i for i, f in enumerate(tree.modules)}
+
+    def owner(name: str) -> Optional[str]:
+        return next((m for m in tied if name == m or name.startswith(m + ".")), None)
+
+    out: List[Unit] = []
+    done: List[str] = []
+    for m in tied:
+        if m in done:
+            continue
+        group, todo, whole = [], [m], True
+        while todo:
+            cur = todo.pop()
+            if cur in group:
+                continue
+            group.append(cur)
+            for a in tree.aliases_under(cur):
+                for other in tree.params[tree.alias_to_canonical[a]].all_fqns:
+                    o = owner(other)
+                    whole = whole and o is not None
+                    if o is not None and o not in group:
+                        todo.append(o)
+        done += group
+        if whole and len(group) > 1:
+            out.append(tuple(sorted(group, key=lambda f: order.get(f, -1))))
+    return out
+
+
+def _flat(entries: List[Unit]) -> List[str]:
+    """The module FQNs of granularity entries (a tuple: one unit of several modules)."""
+    return [m for e in entries for m in ((e,) if isinstance(e, str) else e)]
 
 
 def _experts(tree, blocks: List[str]) -> List[str]:
