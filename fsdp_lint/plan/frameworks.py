@@ -138,8 +138,34 @@ def hf_frontend(argv, path: Optional[str]) -> dict:
         major = int(version("transformers").split(".")[0])
     except Exception:  # noqa: BLE001 - not installed, or a version without a number
         major = 5
+    config_file = config if isinstance(config, str) and os.path.isfile(config) else None
+    inline = _json_object(config) if isinstance(config, str) and config.lstrip().startswith("{") else None
     return {"how": how, "args_file": args_file, "fsdp_flag": value("--fsdp"), "transformers_major": major,
-            "fsdp_config_file": config if isinstance(config, str) and os.path.isfile(config) else None}
+            "fsdp_config_file": config_file, "fsdp_config_inline": inline,
+            # the settings the config holds (inline or the file's), e.g. `min_num_params`, which transformers 4
+            # refuses beside `transformer_layer_cls_to_wrap` ("mutually exclusive")
+            "fsdp_config_values": inline if inline is not None else _json_file(config_file),
+            "min_num_params_flag": value("--fsdp_min_num_params")}
+
+
+def _json_object(text: str) -> Optional[dict]:
+    import json
+
+    try:
+        out = json.loads(text)
+    except ValueError:
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def _json_file(path: Optional[str]) -> Optional[dict]:
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return _json_object(fh.read())
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _written(plan, argv, name: str, path: str, options) -> Optional[str]:
