@@ -13,6 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 SEVERITIES = ("info", "warning", "error")
+# a finding's message is one line of `concise` (`path:line:col: CODE [severity] message`): rules keep it
+# to this many characters and put what names from the linted code make longer in `detail`
+MESSAGE_LIMIT = 160
+
+
+def fitting(*messages: str) -> str:
+    """The first message that is at most MESSAGE_LIMIT characters (the last one in any case): the
+    fullest wording whose names from the linted code (mesh dimensions, modules) leave it one line."""
+    return next((m for m in messages if len(m) <= MESSAGE_LIMIT), messages[-1])
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 

@@ -120,7 +120,9 @@ def _check_world_size(plan, world: MeshInfo, options) -> None:
     plan.mesh_problems.append(MeshProblem(
         "world-size", world.path or "", world.line, 1, message,
         detail=f"the file builds a mesh {world.label()} of {world.size} ranks, launched on {options.world_size} "
-               f"({options.world_size_source}): {detail}"))
+               f"({options.world_size_source}): {detail}",
+        summary=f"the file builds a mesh of {world.size} ranks, launched on {options.world_size} "
+                f"({options.world_size_source}): {detail}"))
 
 
 def _normalise_reshard(plan) -> None:

@@ -326,7 +326,7 @@ def _paint(text: str, what: str, color: bool) -> str:
 
 # concise shows at most this many characters of a message (the rules keep theirs shorter; a message
 # made long by names from the linted code is cut, and `full` shows it whole)
-MESSAGE_LIMIT = 160
+from fsdp_lint.check.rule import MESSAGE_LIMIT  # noqa: E402,F401 - the rules' limit, kept by concise
 
 
 def short_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
