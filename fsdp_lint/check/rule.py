@@ -89,6 +89,7 @@ class LintContext:
     # rules that ran on the file, and the noqa entries (file, comment line, code) that suppressed a finding
     rules_run: set = field(default_factory=set)
     noqa_used: set = field(default_factory=set)
+    finding_paths: set = field(default_factory=set)   # absolute paths the rules' findings point into
 
 
 class Rule:
