@@ -87,6 +87,7 @@ SLOW_MODULES = {
     "test_suggest_applied",  # --suggest candidates applied under FSDPMemTracker / MemTracker, one --simulate
     "test_suggest",          # the --suggest search on real plans, one --simulate of candidates
     "test_frontend_texts",   # fix texts launched through the real HF Trainer, accelerate and Fabric
+    "test_shell_launch",     # launch scripts linted through the real HF Trainer
     "test_memory_ac_frameworks",  # Lightning / accelerate checkpointing against the memory trackers
     "test_deadlines",        # fork servers held past their deadlines
     "test_host_values",      # collective values against two real gloo processes

@@ -68,8 +68,9 @@ def annotate_plan(plan, result, tree, settings=None) -> None:
             if flag is not None and not _spelled_in_arguments(argv, name):
                 # the name is in an argument itself (`--fsdp_config '{"transformer_layer_cls_to_wrap": [...]}'`):
                 # the launch command in the configuration, or the line that parses the command line
-                written = f"`{flag}` on the command line"
-                entry = _entry_line(settings, name)
+                script = getattr(settings, "launch_script", None)
+                written = f"`{flag}` in {os.path.basename(script)}" if script else f"`{flag}` on the command line"
+                entry = _script_line(script, name) or _entry_line(settings, name)
                 path, line = entry if entry else (path, _parse_line(path) or line)
             desc = f"{setting}: {', '.join(err['names'])}"
             plan.policies.append(PolicyInfo(path, line, desc, [name], 0, setting=setting,
@@ -196,6 +197,14 @@ def _flag_naming(argv, name: str) -> Optional[str]:
         if a.startswith("--") and "=" not in a and i + 1 < len(argv) and pattern.search(argv[i + 1]):
             return a
     return None
+
+
+def _script_line(script: Optional[str], name: str):
+    """(script, line) where the launch script sets `name` (the flag's line, or the `VAR=...` it expands)."""
+    from fsdp_lint.replay.frameworks.options import find_literal
+
+    spot = find_literal(script, name) if script else None
+    return (script, spot[0]) if spot else None
 
 
 def _entry_line(settings, name: str):

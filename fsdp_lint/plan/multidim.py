@@ -108,7 +108,7 @@ def _node_groups(plan, unit, options) -> UnitMesh:
 
 def _check_world_size(plan, world: MeshInfo, options) -> None:
     """The mesh the file builds against the ranks it is launched on (``--world-size``)."""
-    if options.world_size_source not in ("--world-size", "config") or world.size == options.world_size:
+    if options.world_size_source not in ("--world-size", "config", "launch script") or world.size == options.world_size:
         return
     if world.size > options.world_size:
         message = MESH_TOO_BIG.format(world=options.world_size, mesh=world.size)
