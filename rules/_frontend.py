@@ -38,6 +38,16 @@ def _without_size_policy(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in drop}
 
 
+def _in_script(front, *flags: str) -> str:
+    """` in run.sh, line 14`: where the launch script writes the first of `flags` (empty: no script)."""
+    script = front.get("launch_script")
+    lines = front.get("flag_lines") or {}
+    line = next((lines[f] for f in flags if f in lines), None)
+    if not script:
+        return ""
+    return f" in {os.path.basename(script)}" + (f", line {line}" if line else "")
+
+
 def _fsdp4(front) -> str:
     """transformers 4's `--fsdp` value with `auto_wrap` (without it no policy is set: nothing is wrapped)."""
     given = front.get("fsdp_flag")
@@ -55,9 +65,11 @@ def hf_config_text(ctx, key: str, value) -> Optional[str]:
         return f"set `\"{key}\": {js}` in {os.path.basename(front['fsdp_config_file'])} (the `fsdp_config` file)"
     if front["how"] == "flags":
         inline = _inline(front)
+        where = _in_script(front, "--fsdp_config", "--fsdp")
         if inline is not None:     # the user's own object with the key set: passing a new one replaces it
-            return f"pass `--fsdp_config '{json.dumps({**inline, key: value})}'` in place of the `--fsdp_config` given"
-        return f"pass `--fsdp_config '{{\"{key}\": {js}}}'` (or a JSON file with that key)"
+            return (f"pass `--fsdp_config '{json.dumps({**inline, key: value})}'` in place of the `--fsdp_config` "
+                    f"given{where}")
+        return f"pass `--fsdp_config '{{\"{key}\": {js}}}'` (or a JSON file with that key){where}"
     if front["how"] == "args_file":
         return f"set `\"fsdp_config\": {{\"{key}\": {js}}}` in {os.path.basename(front['args_file'])}"
     return f"pass `fsdp_config={{\"{key}\": {py}}}` to `TrainingArguments`"
@@ -89,14 +101,17 @@ def hf_wrap_blocks_text(ctx, block: str) -> Optional[str]:
         return text + drop_flag
     if front["how"] == "flags":
         inline = _inline(front)
+        drop_flag += _in_script(front, "--fsdp_config", "--fsdp", "--fsdp_min_num_params")
         if inline is not None:
-            config = {**_without_size_policy(inline), **({"auto_wrap_policy": "TRANSFORMER_BASED_WRAP"} if major >= 5 else {}),
-                      "transformer_layer_cls_to_wrap": [block]}
+            policy5 = {"auto_wrap_policy": "TRANSFORMER_BASED_WRAP"} if major >= 5 else {}
+            config = {**_without_size_policy(inline), **policy5, "transformer_layer_cls_to_wrap": [block]}
             fsdp = "--fsdp" if major >= 5 else f"--fsdp \"{_fsdp4(front)}\""
             said = " (transformers 5)" if major >= 5 else ""
-            return f"pass `{fsdp} --fsdp_config '{json.dumps(config)}'` in place of the `--fsdp_config` given{said}{drop_flag}"
+            return (f"pass `{fsdp} --fsdp_config '{json.dumps(config)}'` in place of the `--fsdp_config` "
+                    f"given{said}{drop_flag}")
         if major >= 5:
-            return f"pass `--fsdp --fsdp_config '{{{policy}\"transformer_layer_cls_to_wrap\": {names}}}'` (transformers 5)"
+            return (f"pass `--fsdp --fsdp_config '{{{policy}\"transformer_layer_cls_to_wrap\": {names}}}'` "
+                    f"(transformers 5){drop_flag}")
         return f"pass `--fsdp \"{_fsdp4(front)}\" --fsdp_transformer_layer_cls_to_wrap {block}`{drop_flag}"
     fsdp = "true" if major >= 5 else "\"full_shard auto_wrap\""
     if front["how"] == "args_file":

@@ -209,3 +209,17 @@ def test_the_recorded_front_end_is_what_the_transformers_4_texts_read(tmp_path):
     assert front["min_num_params_flag"] == "7" and front["fsdp_config_inline"] is None
     front = hf_frontend([*BASE, "--fsdp_config", json.dumps(SIZE)], os.devnull)
     assert front["fsdp_config_inline"] == SIZE == front["fsdp_config_values"] and front["how"] == "flags"
+
+
+@pytest.mark.parametrize("major", [4, 5])
+def test_flag_texts_name_the_launch_script_line_that_sets_the_flag(tmp_path, major):
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/bash\n# --fsdp_config in a comment\ntorchrun --nproc_per_node 8 train.py \\\n"
+                      "    --fsdp 'full_shard auto_wrap' \\\n    --fsdp_config '" + json.dumps(SIZE) + "'\n")
+    argv = [*BASE, "--fsdp", "full_shard auto_wrap", "--fsdp_config", json.dumps(SIZE)]
+    front = hf_frontend(argv, None, str(script))
+    front["transformers_major"] = major
+    ctx = SimpleNamespace(plan=SimpleNamespace(framework="transformers", hf_frontend=front))
+    for fix in (hf_wrap_blocks_text(ctx, "T5Block"), hf_config_text(ctx, "use_orig_params", True)):
+        assert fix.endswith(" in run.sh, line 5"), fix
+        assert tf4_policy(apply_flags(argv, fix))[0] if major == 4 else True

@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 
+import pytest
+
 from fsdp_lint.config import Settings
 from fsdp_lint.entry.shell import shell_launches
 from test_frameworks import CFG, F, assert_framework_plan_matches
@@ -83,4 +85,59 @@ def test_fsd103_for_a_flag_in_the_launch_script_points_at_its_line_and_the_fix_e
     (launch,) = shell_launches("scripts/run.sh")
     res = assert_framework_plan_matches(launch.path, Settings(world_size=launch.world_size), launch.args)
     assert "FSD103" not in {x.code for x in res.findings}
+    assert [u.cls for u in res.plan.units].count("LlamaDecoderLayer") == 4
+
+
+def test_fsd101_text_for_flags_in_the_launch_script_names_its_line_and_the_trainer_accepts_it(cli, tmp_path,
+                                                                                              monkeypatch):
+    """A size policy in the script's `--fsdp_config` that wraps nothing (FSDP1): FSD101's fix says which flags to
+    pass in place of the one at which line of run.sh; the real Trainer launched with them makes one unit
+    per LlamaDecoderLayer."""
+    from test_frontend_texts import apply_flags_text
+
+    repo = _copy(tmp_path)
+    script = repo / "scripts" / "run.sh"
+    text = script.read_text()
+    start = text.index('    --fsdp_config "')
+    size = '{"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 100000000, "version": 1}'
+    text = text[:start] + f"    --fsdp_config '{size}'\n"
+    script.write_text(text)
+    res = cli("scripts/run.sh", "--output-format", "json", cwd=str(repo))
+    (f,) = [f for f in json.loads(res.out)["files"][0]["findings"] if f["code"] == "FSD101"]
+    line = text.splitlines().index(text.splitlines()[-1]) + 1
+    assert f["fix"].endswith(f"in place of the `--fsdp_config` given (transformers 5) in run.sh, line {line}"), f["fix"]
+    monkeypatch.chdir(repo)
+    (launch,) = shell_launches("scripts/run.sh")
+    fixed = apply_flags_text(launch.args, f["fix"].split(": ", 1)[1])
+    res = assert_framework_plan_matches(launch.path, Settings(world_size=8), fixed)
+    assert "FSD101" not in {x.code for x in res.findings} and res.plan.api == "fsdp1"     # the user's version kept
+    assert [u.cls for u in res.plan.units].count("LlamaDecoderLayer") == 4
+
+
+def _transformers_major() -> int:
+    from importlib.metadata import version
+
+    return int(version("transformers").split(".")[0])
+
+
+@pytest.mark.skipif(_transformers_major() != 4, reason="transformers 4 is not what is installed (CI has 5, which "
+                    "refuses --fsdp_transformer_layer_cls_to_wrap; the 5.x flags are tested above)")
+def test_fsd103_for_the_transformers_4_class_flag_in_the_launch_script(cli, tmp_path, monkeypatch):
+    """The Alpaca-era launch line, `--fsdp_transformer_layer_cls_to_wrap ${LAYER_CLS}` on transformers 4:
+    FSD103 at the `LAYER_CLS=` line of run.sh, and the real 4.x Trainer launched with the fixed script
+    wraps every LlamaDecoderLayer."""
+    repo = _copy(tmp_path)
+    script = repo / "scripts" / "run.sh"
+    text = script.read_text()
+    text = text[:text.index('    --fsdp_config "')] + "    --fsdp_transformer_layer_cls_to_wrap ${LAYER_CLS}\n"
+    script.write_text(text)
+    res = cli("scripts/run.sh", "--output-format", "json", cwd=str(repo))
+    (f,) = [f for f in json.loads(res.out)["files"][0]["findings"] if f["code"] == "FSD103"]
+    assert f["path"] == "scripts/run.sh" and f["line"] == text.splitlines().index("LAYER_CLS=LLaMADecoderLayer") + 1
+    assert f["message"].startswith("`--fsdp_transformer_layer_cls_to_wrap` in run.sh names `LLaMADecoderLayer`")
+    cli("scripts/run.sh", "--fix", "--unsafe-fixes", cwd=str(repo))
+    monkeypatch.chdir(repo)
+    (launch,) = shell_launches("scripts/run.sh")
+    assert launch.args[-1] == "LlamaDecoderLayer"
+    res = assert_framework_plan_matches(launch.path, Settings(world_size=8), launch.args)
     assert [u.cls for u in res.plan.units].count("LlamaDecoderLayer") == 4

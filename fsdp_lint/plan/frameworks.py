@@ -38,7 +38,8 @@ def annotate_plan(plan, result, tree, settings=None) -> None:
         stopped = getattr(result, "stopped", None)
         user_file = next((e["path"] for e in framework_errors(result.wrap_calls)), None) \
             or (stopped[1].path if stopped else None)
-        plan.hf_frontend = hf_frontend(getattr(result, "argv", None) or [], user_file)
+        plan.hf_frontend = hf_frontend(getattr(result, "argv", None) or [], user_file,
+                                       getattr(settings, "launch_script", None))
     # where the framework's configuration is written (accelerate: the plugin in code, else the YAML)
     plan.framework_config = "plugin" if plan.framework == "accelerate" and plugin_in_code(result) else None
     argv = list(getattr(result, "argv", None) or [])
@@ -94,7 +95,7 @@ def _spelled_in_arguments(argv, name: str):
     return None
 
 
-def hf_frontend(argv, path: Optional[str]) -> dict:
+def hf_frontend(argv, path: Optional[str], launch_script: Optional[str] = None) -> dict:
     """How the HF Trainer's FSDP settings are written: `how` is "flags" (`--fsdp ...` parsed by
     HfArgumentParser), "args_file" (a JSON/YAML file of arguments, `python train.py args.json`) or
     "python" (`TrainingArguments(fsdp=..., fsdp_config=...)`); `fsdp_config_file` the JSON file that
@@ -146,7 +147,27 @@ def hf_frontend(argv, path: Optional[str]) -> dict:
             # the settings the config holds (inline or the file's), e.g. `min_num_params`, which transformers 4
             # refuses beside `transformer_layer_cls_to_wrap` ("mutually exclusive")
             "fsdp_config_values": inline if inline is not None else _json_file(config_file),
-            "min_num_params_flag": value("--fsdp_min_num_params")}
+            "min_num_params_flag": value("--fsdp_min_num_params"),
+            # the launch script the flags are written in, and the line of each FSDP flag there
+            "launch_script": launch_script, "flag_lines": _flag_lines(launch_script) if launch_script else {}}
+
+
+def _flag_lines(script: str) -> dict:
+    """{flag: line} of the `--fsdp...` flags a launch script writes (the first line of each)."""
+    import re
+
+    try:
+        with open(script, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    out: dict = {}
+    for no, text in enumerate(lines, start=1):
+        if text.lstrip().startswith("#"):
+            continue
+        for flag in re.findall(r"(?<![\w-])(--fsdp[\w-]*)", text):
+            out.setdefault(flag, no)
+    return out
 
 
 def _json_object(text: str) -> Optional[dict]:

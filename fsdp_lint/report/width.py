@@ -83,7 +83,8 @@ def fit_table(rows: Sequence[Sequence], headers: Sequence[str], width: Optional[
               last_resort: Sequence[str] = ()) -> Tuple[str, List[str], int]:
     """The table rendered (tabulate "simple") within `width` columns: the columns named in `drop`
     are left out one by one, in that order, until it fits; then the columns in `wrap` are wrapped
-    (widest first, down to `min_wrap` characters, or its entry for the column when a dict); when that is not enough, the columns in `last_resort`
+    (widest first, down to `min_wrap` characters, or its entry for the column when a dict); when that is
+    not enough, the columns in `last_resort`
     are left out one by one and the wrapping done again. Returns the text, the headers left out and the
     width the whole table needs."""
     width = width or output_width()
