@@ -52,6 +52,32 @@ def plan_runs(files: List[Tuple[str, bool]], settings, script_args: Optional[Lis
     return runs
 
 
+def _shell_runs(scripts, settings, script_args, cli_world_size):
+    """The launch lines of shell scripts named on the command line, as runs of the files they launch with
+    their arguments, world size and accelerate config (fsdp_lint.entry.shell)."""
+    from fsdp_lint.entry.shell import ShellError, shell_launches
+
+    runs = []
+    for script, explicit in scripts:
+        if script_args is not None:
+            raise BadInput(f"{script}: a launch script gives the arguments itself; drop the `-- ARGS`")
+        try:
+            launches = shell_launches(script)
+        except ShellError as exc:
+            raise BadInput(f"{script}: {exc}") from None
+        if not launches:
+            raise BadInput(f"{script}: no launch of a Python file in it (torchrun, python -m torch.distributed.run, "
+                           f"accelerate launch, deepspeed or python FILE.py)")
+        for launch in launches:
+            overrides = {"launch_script": os.path.abspath(script)}
+            if launch.world_size and cli_world_size is None:
+                overrides.update(world_size=launch.world_size, world_size_source="launch script")
+            if launch.accelerate_config and not settings.accelerate_config:
+                overrides["accelerate_config"] = launch.accelerate_config
+            runs.append((launch.path, list(launch.args), settings.with_overrides(**overrides), explicit, launch.cwd))
+    return runs
+
+
 def _print_rules() -> None:
     from fsdp_lint.check.rule import all_rules
     from fsdp_lint.report.width import fitted
@@ -252,7 +278,9 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
     for path in missing:   # reported, and the other paths are still linted (exit code 2 at the end)
         failures.append((path, missing_message(path)))
         click.echo(f"fsdp-lint: error: {missing_message(path)}", err=True)
-    runs = list(plan_runs(files, settings, script_args))
+    shell = [(p, e) for p, e in files if e and p.endswith((".sh", ".bash"))]
+    files = [(p, e) for p, e in files if (p, e) not in shell]
+    runs = list(plan_runs(files, settings, script_args)) + _shell_runs(shell, settings, script_args, world_size)
     cache = None
     if not (no_cache or run_ or simulate):   # --run and --simulate are there to run
         from fsdp_lint.cache import Cache, default_dir

@@ -60,6 +60,9 @@ class Settings:
     input_shape: Optional[str] = None        # "8,2048"
     input_dtype: Optional[str] = None        # "float" | "long" | "bfloat16" | "half"
     config_path: Optional[str] = None
+    # the shell script whose launch line this run is (`fsdp-lint scripts/train.sh`): findings about a flag
+    # point at the script line that sets it
+    launch_script: Optional[str] = None
     # --simulate: activations enter the static estimate even for inputs inferred from the first layer
     # (the simulation runs on the same ones, so the two figures compare)
     activations_for_inferred_inputs: bool = False
@@ -75,7 +78,7 @@ class Settings:
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(Settings)}
 _KEYS.pop("entries")
 _KEYS["entry"] = "entries"
-_INTERNAL = {"config_path", "cli_selection", "world_size_source", "activations_for_inferred_inputs", "suggest"}
+_INTERNAL = {"config_path", "launch_script", "cli_selection", "world_size_source", "activations_for_inferred_inputs", "suggest"}
 # what an [[tool.fsdp-lint.entry]] table may set besides `path` and `args`
 _ENTRY_SETTINGS = ("world_size", "api", "wrap", "use_orig_params", "model", "replay_timeout")
 

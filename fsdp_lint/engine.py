@@ -342,6 +342,7 @@ def check_rules(res: FileResult, settings: Settings) -> List[Finding]:
                 f.call_site = res.plan.call_sites.get((os.path.abspath(f.path), f.line))
             used = suppressions(f, res.facts)
             ctx.noqa_used.update(used)
+            ctx.finding_paths.add(os.path.abspath(f.path))
             if not used:
                 findings.append(f)
     for rule in late:

@@ -65,11 +65,13 @@ def command_key(own: List[str], script_args: Optional[List[str]]) -> str:
 
 
 def _reads(runs) -> List[Tuple[str, Any]]:
-    """(file, digest) of the config files the runs' settings were read from or name."""
+    """(file, digest) of the config files the runs' settings were read from or name (and the launch script
+    a run's arguments were read from: edited, the stored output is stale)."""
     from fsdp_lint.cache.key import dir_digest, file_digest
 
     paths = sorted({os.path.abspath(p) for _, settings, *_ in runs
-                    for p in (settings.config_path, settings.accelerate_config, settings.hf_config) if p})
+                    for p in (settings.config_path, settings.accelerate_config, settings.hf_config,
+                              getattr(settings, "launch_script", None)) if p})
     return [(p, dir_digest(p) if os.path.isdir(p) else file_digest(p)) for p in paths]
 
 

@@ -21,7 +21,8 @@ class UnusedNoqa(Rule):
     `# fsdp-lint: noqa: ...` -- that suppressed no finding, and each `FSD` code that matches no rule.
     Codes of other tools (`E501`, `F401`, `BLE001`) and bare `# noqa` comments (shared with
     other linters) are left alone, as are codes whose rules did not run on the file (deselected, or
-    for the other FSDP API).
+    for the other FSDP API). The project's helper modules where the plan's calls and findings are
+    (a `shard(model)` helper the entry calls) are judged with the entry.
 
     ## Why is this bad?
     A `# noqa` that suppresses nothing is left from a finding that was fixed, or sits on a line other
@@ -83,10 +84,13 @@ fully_shard(model)
         from fsdp_lint.check.rule import all_rules
         from fsdp_lint.entry.noqa import noqa_comments
 
-        facts = ctx.facts
-        if facts is None or not getattr(facts, "text", None):
+        if ctx.facts is None or not getattr(ctx.facts, "text", None):
             return
         known = [r.code for r in all_rules()]
+        for facts in [ctx.facts] + _helper_facts(ctx):
+            yield from self._judge(ctx, facts, known, noqa_comments)
+
+    def _judge(self, ctx, facts, known, noqa_comments):
         path = os.path.abspath(facts.path)
         for comment in noqa_comments(facts.text):
             codes = comment["codes"]
@@ -107,6 +111,34 @@ fully_shard(model)
                 yield self.finding(ctx, msg, line=comment["line"], col=col, path=facts.path,
                                    fix=f"remove `{code}` from the comment", code_in_noqa=code,
                                    fix_edits=_remove_code(facts, comment, i))
+
+
+def _helper_facts(ctx) -> list:
+    """The project's other Python modules where this plan's findings are attributed: the files of its
+    units, policies, optimizers and wrap calls (a helper's `fully_shard(...)`), and of the findings the
+    rules made; the noqa comments there are judged as the entry's are. Installed libraries are not."""
+    from fsdp_lint.entry.project import facts_for, is_local
+    from fsdp_lint.entry.source import SourceError
+
+    plan = ctx.plan
+    paths = set(ctx.finding_paths)
+    for items in (getattr(plan, "units", None) or [], getattr(plan, "policies", None) or [],
+                  getattr(plan, "optimizers", None) or []):
+        paths.update(getattr(x, "path", None) or "" for x in items)
+    for (site, _), (via, _) in (getattr(plan, "call_sites", None) or {}).items():
+        paths.update((site, via))
+    entry = os.path.abspath(ctx.facts.path)
+    out = []
+    for p in sorted({os.path.abspath(p) for p in paths if p and p.endswith(".py")} - {entry}):
+        if not os.path.isfile(p) or not is_local(p):
+            continue
+        try:
+            facts = facts_for(p)
+        except (OSError, SourceError):
+            continue
+        if getattr(facts, "text", None):
+            out.append(facts)
+    return out
 
 
 def _remove_code(facts, comment, i: int):

@@ -1,5 +1,5 @@
 """FSD703 mesh-world-size-mismatch."""
-from fsdp_lint.check.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule, fitting
 from fsdp_lint.rules._mesh_examples import MODEL
 
 
@@ -59,8 +59,10 @@ fully_shard(model, mesh=mesh)
         for prob in ctx.plan.mesh_problems:
             if prob.kind != "world-size":
                 continue
-            msg = f"{prob.detail}: torch raises"
+            msg = fitting(f"{prob.detail}: torch raises", f"{prob.summary or prob.detail}: torch raises")
             detail = f"torch raises `{prob.message}`"
+            if prob.detail not in msg:      # the mesh's dimensions, by name, are in the detail
+                detail = f"{prob.detail}; {detail}"
             fix = ("build the mesh from the launch: `init_device_mesh(\"cuda\", (dist.get_world_size() // tp, tp), "
                    "...)`, or lint with the world size the job really uses")
             yield self.finding(ctx, msg, line=prob.line or 1, col=prob.col, path=prob.path or ctx.path, fix=fix,

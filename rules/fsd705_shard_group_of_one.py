@@ -1,5 +1,5 @@
 """FSD705 shard-group-of-one."""
-from fsdp_lint.check.rule import Example, Rule
+from fsdp_lint.check.rule import Example, Rule, fitting
 from fsdp_lint.rules._mesh_examples import MODEL
 
 
@@ -80,11 +80,14 @@ fully_shard(model, mesh=mesh)
             numel = sum(u.numel for u in units)
             shard = f"`{m.shard.name}`" if m.shard.name else "dimension 1"
             rep = f"`{m.replicate.name}`" if m.replicate.name else "dimension 0"
-            msg = (f"{len(units)} unit(s) are hybrid-sharded over a 2-D mesh whose shard dimension {shard} has 1 rank: "
-                   f"nothing is sharded")
-            detail = (f"every rank keeps all {numel:,} of their parameters with their gradients "
-                   f"and optimizer state, and all-reduces the gradients over {rep} ({m.replicate.size} ranks), as DDP "
-                   f"would; `fully_shard` replicates over dimension 0 of a 2-D mesh and shards over dimension 1")
+            msg = fitting(f"{len(units)} unit(s) are hybrid-sharded over a 2-D mesh whose shard dimension {shard} has "
+                          f"1 rank: nothing is sharded",
+                          f"{len(units)} unit(s) are hybrid-sharded over a 2-D mesh whose shard dimension (dimension 1) "
+                          f"has 1 rank: nothing is sharded")
+            named = "" if shard in msg else f"the shard dimension is {shard}; "
+            detail = (f"{named}every rank keeps all {numel:,} of their parameters with their gradients "
+                      f"and optimizer state, and all-reduces the gradients over {rep} ({m.replicate.size} ranks), as DDP "
+                      f"would; `fully_shard` replicates over dimension 0 of a 2-D mesh and shards over dimension 1")
             if m.replicate.name:
                 fix = f"shard over the data-parallel dimension: `fully_shard(..., mesh=mesh[\"{m.replicate.name}\"])`"
             else:

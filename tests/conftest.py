@@ -90,6 +90,7 @@ SLOW_MODULES = {
     "test_suggest_grouped_experts",  # grouped experts: a candidate applied under FSDPMemTracker, collectives
     "test_suggest_frontends_ac",  # --suggest checkpointing texts taken by Lightning, accelerate, the HF Trainer
     "test_frontend_texts",   # fix texts launched through the real HF Trainer, accelerate and Fabric
+    "test_shell_launch",     # launch scripts linted through the real HF Trainer
     "test_memory_ac_frameworks",  # Lightning / accelerate checkpointing against the memory trackers
     "test_deadlines",        # fork servers held past their deadlines
     "test_host_values",      # collective values against two real gloo processes

@@ -10,6 +10,8 @@ import os
 import shlex
 import shutil
 
+import pytest
+
 from fsdp_lint.config import Settings
 from test_frameworks import CFG, F, assert_framework_plan_matches
 
@@ -109,3 +111,49 @@ def test_fsd103_under_lightning_names_the_strategy_argument_and_the_fix_edits_it
     assert path.read_text() == before.replace("={nn.TransformerDecoderLayer},   # copied", "={Block},   # copied")
     res = assert_framework_plan_matches(str(path), Settings(world_size=4))     # Fabric wraps every Block
     assert not {"FSD101", "FSD103"} & {x.code for x in res.findings}
+
+
+def apply_flags_text(argv, fix: str):
+    """The launch a user gets who does what the fix says: the suggested flags added (argparse keeps the
+    last of a repeated flag), a flag the text says to replace or drop taken out first."""
+    drop = {flag for flag in ("--fsdp_config", "--fsdp_min_num_params")
+            if f"in place of the `{flag}` given" in fix or f"drop `{flag}`" in fix}
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in drop:
+            skip = True
+        else:
+            out.append(a)
+    return out + shlex.split(fix.split("`")[1])
+
+
+def _transformers_major() -> int:
+    from importlib.metadata import version
+
+    return int(version("transformers").split(".")[0])
+
+
+ON_TF4 = pytest.mark.skipif(_transformers_major() != 4, reason="transformers 4 is not what is installed (CI has 5; "
+                            "the transformers-4 texts are unit-tested in test_frontend_texts_tf4.py)")
+SIZE_CONFIG = '{"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 100000000, "version": 1}'
+
+
+@ON_TF4
+@pytest.mark.parametrize("given", [
+    # the size policy in an inline config: `--fsdp_transformer_layer_cls_to_wrap` beside it raises in 4.x
+    ["--fsdp_config", SIZE_CONFIG],
+    # the legacy size flag (Alpaca-era launch lines)
+    ["--fsdp_min_num_params", "100000000"],
+], ids=["inline-size-config", "min-num-params-flag"])
+def test_fsd101_text_on_transformers_4_is_a_command_line_its_trainer_accepts(cli, given):
+    """transformers 4.x: launched with the suggested flags (in place of the ones given) the real 4.x
+    Trainer wraps every T5Block and FSD101 is gone."""
+    argv = [*LAUNCH[:-1], "--fsdp", "full_shard auto_wrap", *given]
+    (f,) = [f for f in _findings(cli, T5, "--", *argv) if f["code"] == "FSD101"]
+    assert shlex.split(f["fix"].split("`")[1])[:2] == ["--fsdp", "full_shard auto_wrap"]
+    assert "(transformers 5)" not in f["fix"]
+    fixed = apply_flags_text(argv, f["fix"])
+    res = assert_framework_plan_matches(T5, Settings(world_size=4), fixed)
+    assert "FSD101" not in {x.code for x in res.findings} and "T5Block" in {u.cls for u in res.plan.units}

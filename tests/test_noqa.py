@@ -4,6 +4,7 @@ has (other tools' codes and bare `# noqa` are left alone), and `--fix` removes t
 from __future__ import annotations
 
 import json
+import os
 
 from fsdp_lint.entry.noqa import _noqa_lines, file_noqa_lines
 
@@ -88,3 +89,70 @@ def test_noqa_of_a_rule_that_did_not_run_or_of_other_tools_is_not_judged(cli, tm
     assert _findings(cli, tmp_path, text, "--ignore", "FSD105") == []
     assert _findings(cli, tmp_path, MODEL + ROOT.replace("\n", "  # noqa\n")) == []    # bare: shared with ruff
     assert [c for c, _, _ in _findings(cli, tmp_path, text, "--ignore", "FSD001")] == []
+
+
+HELPER_MODEL = MODEL.split("\n\nmodel = Net()")[0] + "\n"
+HELPER = '''"""Sharding for the trainer."""
+from torch.distributed.fsdp import fully_shard
+
+
+def shard(model, wrap_root=True):
+    for layer in model.layers:
+        fully_shard(layer)
+    if wrap_root:
+        fully_shard(model)  # noqa: FSD301
+    return model
+'''
+ENTRY = '''import argparse
+
+from mypkg.model import Net
+from mypkg.parallel import shard
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--no-root", action="store_true")
+args = parser.parse_args()
+model = shard(Net(), wrap_root=not args.no_root)  # noqa: FSD105
+'''
+
+
+def _repo(tmp_path):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "model.py").write_text(HELPER_MODEL)
+    (pkg / "parallel.py").write_text(HELPER)
+    (tmp_path / "train.py").write_text(ENTRY)
+    return tmp_path
+
+
+def test_noqa_in_a_helper_module_is_judged_by_fsd001_and_fixed(cli, tmp_path):
+    """A repository whose entry calls `mypkg.parallel.shard`: the `# noqa: FSD301` on the helper's root
+    wrap suppresses nothing (the root is wrapped), so FSD001 reports it there, at the helper's line;
+    the entry's own unused noqa is reported too, and `--fix` removes both."""
+    repo = _repo(tmp_path)
+    res = cli("train.py", "--output-format", "json", "--world-size", "2", cwd=str(repo))
+    found = [(f["code"], os.path.basename(f["path"]), f["line"]) for f in json.loads(res.out)["files"][0]["findings"]]
+    helper_line = HELPER.splitlines().index("        fully_shard(model)  # noqa: FSD301") + 1
+    assert sorted(found) == [("FSD001", "parallel.py", helper_line), ("FSD001", "train.py", 9)], found
+    res = cli("train.py", "--fix", "--world-size", "2", cwd=str(repo))
+    assert res.code == 0, res.out + res.err
+    assert (repo / "mypkg" / "parallel.py").read_text() == HELPER.replace("  # noqa: FSD301", "")
+    # launched without the root wrap, FSD301 is at the helper's first wrap call: a noqa there suppresses it
+    # and is used; the one left on the root wrap's line is not
+    (repo / "mypkg" / "parallel.py").write_text(HELPER.replace("fully_shard(layer)", "fully_shard(layer)  # noqa: FSD301"))
+    (repo / "train.py").write_text(ENTRY.replace("  # noqa: FSD105", ""))
+    res = cli("train.py", "--output-format", "json", "--world-size", "2", "--", "--no-root", cwd=str(repo))
+    found = [(f["code"], os.path.basename(f["path"]), f["line"]) for f in json.loads(res.out)["files"][0]["findings"]]
+    assert found == [("FSD001", "parallel.py", helper_line)], found
+
+
+def test_noqa_in_a_module_the_plan_does_not_touch_is_not_judged(cli, tmp_path):
+    """A project module that holds none of the plan's calls (the model's file here) is another entry's
+    business: its noqa comments are left alone."""
+    repo = _repo(tmp_path)
+    (repo / "mypkg" / "model.py").write_text(HELPER_MODEL.replace("class Net(nn.Module):",
+                                                                  "class Net(nn.Module):  # noqa: FSD104"))
+    (repo / "train.py").write_text(ENTRY.replace("  # noqa: FSD105", ""))
+    (repo / "mypkg" / "parallel.py").write_text(HELPER.replace("  # noqa: FSD301", ""))
+    res = cli("train.py", "--output-format", "json", "--world-size", "2", cwd=str(repo))
+    assert json.loads(res.out)["files"][0]["findings"] == [], res.out

@@ -125,7 +125,8 @@ def test_concise_is_one_line_per_finding(cli):
     assert body[2] == "[*] 1 fixable with the `--fix` option."
 
 
-def test_layout_ranks_fsdp1_matches_the_article(cli):
+def test_layout_ranks_fsdp1_matches_the_article(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")                  # one line per rank
     res = cli(ARTICLE1, "--world-size", "4", "--layout", "ranks")
     assert res.code == 0
     lines = res.out.splitlines()
@@ -139,7 +140,8 @@ def test_layout_ranks_fsdp1_matches_the_article(cli):
     assert rank1[4] == "self_attn.in_proj_bias[640:1536],"
 
 
-def test_layout_params_fsdp2_local_shapes(cli):
+def test_layout_params_fsdp2_local_shapes(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")                  # every column, whole FQNs
     res = cli(ARTICLE2, "--world-size", "3", "--layout", "params")
     lines = res.out.splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["unit", "parameter"])
@@ -149,6 +151,42 @@ def test_layout_params_fsdp2_local_shapes(cli):
     assert "[2048, 512]" in ffn and "[683, 512]" in ffn and "[682, 512]" in ffn and "512 (1 row)" in ffn
     inproj = next(ln for ln in lines[start + 2:] if "layers.0.self_attn.in_proj_weight" in ln)
     assert inproj.split()[-4:] == ["[512,", "512]", "[512,", "512]"]  # 1536 rows split evenly, no padding
+
+
+def _layout_table(out: str, first: str):
+    lines = out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["unit", first])
+    end = lines.index("", start) if "" in lines[start:] else len(lines)
+    return lines[start:end]
+
+
+@pytest.mark.parametrize("path,ws,layout", [
+    (ARTICLE1, "4", "ranks"), (ARTICLE1, "4", "params"), (ARTICLE2, "3", "ranks"), (ARTICLE2, "3", "params"),
+    ("fixtures/multidim/train_tp.py", "8", "params"),      # TP placements: the widest cells
+])
+def test_layout_tables_fit_80_columns(cli, monkeypatch, path, ws, layout):
+    """`--layout params`/`ranks` in a CI log (80 columns): every line fits, no parameter name is split
+    over two lines, and the columns left out are named with the `COLUMNS` that shows them all."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    doc = json.loads(cli(path, "--world-size", ws, "--format", "json").out)
+    fqns = [p["fqn"] for u in doc["files"][0]["plan"]["units"] for p in u["params"]]
+    first = "rank" if layout == "ranks" else "parameter"
+    narrow = cli(path, "--world-size", ws, "--layout", layout).out
+    table = _layout_table(narrow, first)
+    assert max(len(ln) for ln in table) <= 80, "\n".join(table)
+    body = "\n".join(table)
+    for fqn in fqns:        # whole, on one line: the FQN or its name within the unit
+        assert re.search(rf"(^|[\s,]){re.escape(fqn.split('.', 2)[-1] if fqn.startswith('layers.') else fqn)}", body,
+                         re.M), fqn
+    m = re.search(r"not shown in 80 columns: (.+?); COLUMNS=(\d+) shows", " ".join(table[-3:]))
+    if m:
+        monkeypatch.setenv("COLUMNS", m.group(2))
+        wide = _layout_table(cli(path, "--world-size", ws, "--layout", layout).out, first)
+        assert not any(ln.startswith("(not shown") for ln in wide)
+        for name in m.group(1).split(", "):
+            assert name.split()[0] in wide[0], (name, wide[0])
+    else:
+        assert layout == "ranks"         # the ranks tables wrap their `holds` lists and keep every column
 
 
 # ------------------------------------------------------------------------------------------------

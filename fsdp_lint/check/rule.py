@@ -13,6 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 SEVERITIES = ("info", "warning", "error")
+# a finding's message is one line of `concise` (`path:line:col: CODE [severity] message`): rules keep it
+# to this many characters and put what names from the linted code make longer in `detail`
+MESSAGE_LIMIT = 160
+
+
+def fitting(*messages: str) -> str:
+    """The first message that is at most MESSAGE_LIMIT characters (the last one in any case): the
+    fullest wording whose names from the linted code (mesh dimensions, modules) leave it one line."""
+    return next((m for m in messages if len(m) <= MESSAGE_LIMIT), messages[-1])
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 
@@ -80,6 +89,7 @@ class LintContext:
     # rules that ran on the file, and the noqa entries (file, comment line, code) that suppressed a finding
     rules_run: set = field(default_factory=set)
     noqa_used: set = field(default_factory=set)
+    finding_paths: set = field(default_factory=set)   # absolute paths the rules' findings point into
 
 
 class Rule:

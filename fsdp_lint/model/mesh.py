@@ -158,6 +158,7 @@ class MeshProblem:
     message: str              # torch's own message
     module: str = ""
     detail: str = ""
+    summary: str = ""         # the detail without the names from the linted code (a short message)
 
 
 @dataclass

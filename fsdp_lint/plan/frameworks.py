@@ -38,7 +38,8 @@ def annotate_plan(plan, result, tree, settings=None) -> None:
         stopped = getattr(result, "stopped", None)
         user_file = next((e["path"] for e in framework_errors(result.wrap_calls)), None) \
             or (stopped[1].path if stopped else None)
-        plan.hf_frontend = hf_frontend(getattr(result, "argv", None) or [], user_file)
+        plan.hf_frontend = hf_frontend(getattr(result, "argv", None) or [], user_file,
+                                       getattr(settings, "launch_script", None))
     # where the framework's configuration is written (accelerate: the plugin in code, else the YAML)
     plan.framework_config = "plugin" if plan.framework == "accelerate" and plugin_in_code(result) else None
     argv = list(getattr(result, "argv", None) or [])
@@ -68,8 +69,9 @@ def annotate_plan(plan, result, tree, settings=None) -> None:
             if flag is not None and not _spelled_in_arguments(argv, name):
                 # the name is in an argument itself (`--fsdp_config '{"transformer_layer_cls_to_wrap": [...]}'`):
                 # the launch command in the configuration, or the line that parses the command line
-                written = f"`{flag}` on the command line"
-                entry = _entry_line(settings, name)
+                script = getattr(settings, "launch_script", None)
+                written = f"`{flag}` in {os.path.basename(script)}" if script else f"`{flag}` on the command line"
+                entry = _script_line(script, name) or _entry_line(settings, name)
                 path, line = entry if entry else (path, _parse_line(path) or line)
             desc = f"{setting}: {', '.join(err['names'])}"
             plan.policies.append(PolicyInfo(path, line, desc, [name], 0, setting=setting,
@@ -93,7 +95,7 @@ def _spelled_in_arguments(argv, name: str):
     return None
 
 
-def hf_frontend(argv, path: Optional[str]) -> dict:
+def hf_frontend(argv, path: Optional[str], launch_script: Optional[str] = None) -> dict:
     """How the HF Trainer's FSDP settings are written: `how` is "flags" (`--fsdp ...` parsed by
     HfArgumentParser), "args_file" (a JSON/YAML file of arguments, `python train.py args.json`) or
     "python" (`TrainingArguments(fsdp=..., fsdp_config=...)`); `fsdp_config_file` the JSON file that
@@ -138,8 +140,54 @@ def hf_frontend(argv, path: Optional[str]) -> dict:
         major = int(version("transformers").split(".")[0])
     except Exception:  # noqa: BLE001 - not installed, or a version without a number
         major = 5
+    config_file = config if isinstance(config, str) and os.path.isfile(config) else None
+    inline = _json_object(config) if isinstance(config, str) and config.lstrip().startswith("{") else None
     return {"how": how, "args_file": args_file, "fsdp_flag": value("--fsdp"), "transformers_major": major,
-            "fsdp_config_file": config if isinstance(config, str) and os.path.isfile(config) else None}
+            "fsdp_config_file": config_file, "fsdp_config_inline": inline,
+            # the settings the config holds (inline or the file's), e.g. `min_num_params`, which transformers 4
+            # refuses beside `transformer_layer_cls_to_wrap` ("mutually exclusive")
+            "fsdp_config_values": inline if inline is not None else _json_file(config_file),
+            "min_num_params_flag": value("--fsdp_min_num_params"),
+            # the launch script the flags are written in, and the line of each FSDP flag there
+            "launch_script": launch_script, "flag_lines": _flag_lines(launch_script) if launch_script else {}}
+
+
+def _flag_lines(script: str) -> dict:
+    """{flag: line} of the `--fsdp...` flags a launch script writes (the first line of each)."""
+    import re
+
+    try:
+        with open(script, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    out: dict = {}
+    for no, text in enumerate(lines, start=1):
+        if text.lstrip().startswith("#"):
+            continue
+        for flag in re.findall(r"(?<![\w-])(--fsdp[\w-]*)", text):
+            out.setdefault(flag, no)
+    return out
+
+
+def _json_object(text: str) -> Optional[dict]:
+    import json
+
+    try:
+        out = json.loads(text)
+    except ValueError:
+        return None
+    return out if isinstance(out, dict) else None
+
+
+def _json_file(path: Optional[str]) -> Optional[dict]:
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return _json_object(fh.read())
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _written(plan, argv, name: str, path: str, options) -> Optional[str]:
@@ -170,6 +218,14 @@ def _flag_naming(argv, name: str) -> Optional[str]:
         if a.startswith("--") and "=" not in a and i + 1 < len(argv) and pattern.search(argv[i + 1]):
             return a
     return None
+
+
+def _script_line(script: Optional[str], name: str):
+    """(script, line) where the launch script sets `name` (the flag's line, or the `VAR=...` it expands)."""
+    from fsdp_lint.replay.frameworks.options import find_literal
+
+    spot = find_literal(script, name) if script else None
+    return (script, spot[0]) if spot else None
 
 
 def _entry_line(settings, name: str):

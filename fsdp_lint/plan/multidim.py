@@ -108,7 +108,7 @@ def _node_groups(plan, unit, options) -> UnitMesh:
 
 def _check_world_size(plan, world: MeshInfo, options) -> None:
     """The mesh the file builds against the ranks it is launched on (``--world-size``)."""
-    if options.world_size_source not in ("--world-size", "config") or world.size == options.world_size:
+    if options.world_size_source not in ("--world-size", "config", "launch script") or world.size == options.world_size:
         return
     if world.size > options.world_size:
         message = MESH_TOO_BIG.format(world=options.world_size, mesh=world.size)
@@ -120,7 +120,9 @@ def _check_world_size(plan, world: MeshInfo, options) -> None:
     plan.mesh_problems.append(MeshProblem(
         "world-size", world.path or "", world.line, 1, message,
         detail=f"the file builds a mesh {world.label()} of {world.size} ranks, launched on {options.world_size} "
-               f"({options.world_size_source}): {detail}"))
+               f"({options.world_size_source}): {detail}",
+        summary=f"the file builds a mesh of {world.size} ranks, launched on {options.world_size} "
+                f"({options.world_size_source}): {detail}"))
 
 
 def _normalise_reshard(plan) -> None:

@@ -79,12 +79,14 @@ def _col_widths(text: str) -> List[int]:
 
 
 def fit_table(rows: Sequence[Sequence], headers: Sequence[str], width: Optional[int] = None,
-              drop: Sequence[str] = (), wrap: Sequence[str] = (), min_wrap: int = MIN_WRAP
-              ) -> Tuple[str, List[str], int]:
+              drop: Sequence[str] = (), wrap: Sequence[str] = (), min_wrap: int = MIN_WRAP,
+              last_resort: Sequence[str] = ()) -> Tuple[str, List[str], int]:
     """The table rendered (tabulate "simple") within `width` columns: the columns named in `drop`
     are left out one by one, in that order, until it fits; then the columns in `wrap` are wrapped
-    (widest first, down to `min_wrap` characters). Returns the text, the headers left out and the width the whole
-    table needs."""
+    (widest first, down to `min_wrap` characters, or its entry for the column when a dict); when that is
+    not enough, the columns in `last_resort`
+    are left out one by one and the wrapping done again. Returns the text, the headers left out and the
+    width the whole table needs."""
     width = width or output_width()
     rows = [list(r) for r in rows]
     headers = list(headers)
@@ -103,20 +105,34 @@ def fit_table(rows: Sequence[Sequence], headers: Sequence[str], width: Optional[
             cols.remove(names.index(name))
             left_out.append(name)
             text = _render(rows, headers, cols, None)
+    text = _wrap_to(rows, headers, names, cols, text, width, wrap, min_wrap)
+    for name in last_resort:
+        if _widest(text) <= width:
+            break
+        if name in names and names.index(name) in cols:
+            cols.remove(names.index(name))
+            left_out.append(name)
+            text = _wrap_to(rows, headers, names, cols, _render(rows, headers, cols, None), width, wrap, min_wrap)
+    return text, left_out, full
+
+
+def _wrap_to(rows, headers, names, cols, text, width, wrap, min_wrap) -> str:
+    """`text` with the `wrap` columns wrapped (widest first, down to `min_wrap`) until it fits `width`."""
     maxw = {}
     for _ in range(4 * max(1, len(wrap))):
         excess = _widest(text) - width
         if excess <= 0:
             break
         widths = dict(zip(cols, _col_widths(text)))
+        floor = {n: min_wrap.get(n, MIN_WRAP) if isinstance(min_wrap, dict) else min_wrap for n in wrap}
         can = [names.index(n) for n in wrap if n in names and names.index(n) in cols
-               and widths.get(names.index(n), 0) > min_wrap]
+               and widths.get(names.index(n), 0) > floor[n]]
         if not can:
             break
         i = max(can, key=lambda c: widths[c])
-        maxw[i] = max(min_wrap, widths[i] - excess)
+        maxw[i] = max(floor[names[i]], widths[i] - excess)
         text = _render(rows, headers, cols, maxw)
-    return text, left_out, full
+    return text
 
 
 def left_out_note(left_out: Sequence[str], full: int, width: Optional[int] = None) -> str:
@@ -130,8 +146,8 @@ def left_out_note(left_out: Sequence[str], full: int, width: Optional[int] = Non
                                    f"shows them)", max(40, width)))
 
 
-def fitted(rows, headers, drop=(), wrap=(), min_wrap: int = 8) -> str:
+def fitted(rows, headers, drop=(), wrap=(), min_wrap: int = 8, last_resort=()) -> str:
     """A table within the output width (`report.width`), with a line naming the columns it left out."""
-    text, left_out, full = fit_table(rows, headers, drop=drop, wrap=wrap, min_wrap=min_wrap)
+    text, left_out, full = fit_table(rows, headers, drop=drop, wrap=wrap, min_wrap=min_wrap, last_resort=last_resort)
     note = left_out_note(left_out, full)
     return text + ("\n" + note if note else "")

@@ -1,0 +1,204 @@
+"""Launch lines of a shell script (``fsdp-lint scripts/train.sh``), read without running it.
+
+Real repositories launch through a script: ``torchrun --nproc_per_node 8 train.py --fsdp ... \\`` over
+several lines, with ``VAR=...`` assignments above it. Each line that runs ``torchrun``,
+``python -m torch.distributed.run``/``.launch``, ``accelerate launch``, ``deepspeed`` or ``python`` on
+a ``.py`` file is one launch: the file, the script's arguments after it, the world size the launcher
+asks for (``--nproc_per_node`` x ``--nnodes``, ``--num_processes``, ``--num_gpus`` x ``--num_nodes``),
+accelerate's ``--config_file``, and the script line each argument is written on. ``$VAR``, ``${VAR}``
+and ``${VAR:-default}`` of simple assignments (and of the environment) are expanded; anything else a
+shell would compute (``$(...)``, arithmetic) is left as written, and a launch whose file cannot be
+found says so.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+_ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+_LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3")
+
+
+class ShellError(Exception):
+    pass
+
+
+@dataclass
+class ShellLaunch:
+    script: str                     # the shell script (as given)
+    line: int                       # the line the command starts on
+    path: str                       # the launched Python file (absolute)
+    args: List[str]                 # its own arguments
+    cwd: str                        # the folder the command's relative paths are read from
+    world_size: Optional[int] = None
+    accelerate_config: Optional[str] = None
+    arg_lines: List[int] = field(default_factory=list)   # the script line of each of `args`
+
+
+def _logical_lines(text: str) -> List[Tuple[int, List[Tuple[int, str]]]]:
+    """(first line, [(line, text)] of its physical lines): a command with its `\\` continuations."""
+    out, pieces = [], []
+    for no, raw in enumerate(text.splitlines(), start=1):
+        line = raw.rstrip()
+        cont = line.endswith("\\") and not line.endswith("\\\\")
+        pieces.append((no, line[:-1] if cont else line))
+        if not cont:
+            out.append((pieces[0][0], pieces))
+            pieces = []
+    if pieces:
+        out.append((pieces[0][0], pieces))
+    return out
+
+
+def _expand(text: str, env: Dict[str, str]) -> str:
+    def sub(m):
+        name = m.group(1) or m.group(3)
+        if name in env:
+            return env[name]
+        if m.group(2) is not None:
+            return m.group(2)
+        return os.environ.get(name, m.group(0))
+    return _VAR.sub(sub, text)
+
+
+def _split(text: str) -> List[str]:
+    """Shell words, with `$VAR` kept for expansion after the split (as the shell does, words first)."""
+    return shlex.split(text, comments=True)
+
+
+def _tokens(pieces, env: Dict[str, str]) -> List[Tuple[str, int]]:
+    """The command's words after expansion, each with the script line it is written on (a quoted word
+    over several lines: the command's first line)."""
+    out: List[Tuple[str, int]] = []
+    try:
+        for no, text in pieces:
+            out += [(_expand(w, env), no) for w in _split(text)]
+        return out
+    except ValueError:
+        pass
+    try:
+        return [(_expand(w, env), pieces[0][0]) for w in _split(" ".join(t for _, t in pieces))]
+    except ValueError as exc:
+        raise ShellError(f"line {pieces[0][0]}: cannot read the command: {exc}") from None
+
+
+
+def _value(tokens, i) -> Tuple[Optional[str], int]:
+    word = tokens[i][0]
+    if "=" in word:
+        return word.split("=", 1)[1], i + 1
+    return (tokens[i + 1][0] if i + 1 < len(tokens) else None), i + 2
+
+
+def _int(text) -> Optional[int]:
+    return int(text) if isinstance(text, str) and text.isdigit() else None
+
+
+def _launch(tokens, env) -> Optional[dict]:
+    """The launched file, its arguments (from `tokens` index) and the launcher's settings, or None."""
+    i = 0
+    while i < len(tokens) and _ASSIGN.match(tokens[i][0]):      # `CUDA_VISIBLE_DEVICES=0,1 torchrun ...`
+        i += 1
+    while i < len(tokens) and os.path.basename(tokens[i][0]) in ("exec", "env", "time", "nohup", "srun"):
+        i += 1
+    if i >= len(tokens):
+        return None
+    head = os.path.basename(tokens[i][0])
+    words = [t[0] for t in tokens]
+    if not (head in _LAUNCHERS or re.fullmatch(r"python3(\.\d+)?", head)):
+        return None
+    if head == "accelerate" and (i + 1 >= len(words) or words[i + 1] != "launch"):
+        return None
+    opts: Dict[str, Optional[str]] = {}
+    j = i + (2 if head == "accelerate" else 1)
+    while j < len(words):
+        w = words[j]
+        if w.endswith(".py") and not w.startswith("-"):
+            break
+        if w in ("-m",) and head.startswith("python") and j + 1 < len(words) and \
+                words[j + 1] in ("torch.distributed.run", "torch.distributed.launch"):
+            j += 2
+            continue
+        if w.startswith("--"):
+            name = w[2:].split("=", 1)[0].replace("-", "_")
+            if "=" in w or j + 1 < len(words) and not words[j + 1].startswith("-") and not words[j + 1].endswith(".py"):
+                opts[name], j = _value(tokens, j)
+                continue
+            opts[name] = None
+        j += 1
+    if j >= len(words):
+        return None
+    nproc = _int(opts.get("nproc_per_node") or opts.get("num_processes") or opts.get("num_gpus"))
+    nodes = _int(opts.get("nnodes") or opts.get("num_nodes") or opts.get("num_machines")) or 1
+    if "num_processes" in opts:      # accelerate: the total over all machines
+        nodes = 1
+    return {"file": words[j], "first_arg": j + 1, "world_size": nproc * nodes if nproc else None,
+            "accelerate_config": opts.get("config_file") if head == "accelerate" else None}
+
+
+def _resolve(name: str, script: str, cd: Optional[str]) -> Tuple[Optional[str], str]:
+    """The launched file: from the folder the script `cd`s to, the current folder, the script's folder, or
+    a folder above it (a script in scripts/ run from the repository root)."""
+    here = os.path.dirname(os.path.abspath(script))
+    bases = ([cd] if cd else []) + [os.getcwd(), here]
+    up = here
+    for _ in range(3):
+        up = os.path.dirname(up)
+        bases.append(up)
+    for base in bases:
+        cand = os.path.join(base, name) if not os.path.isabs(name) else name
+        if os.path.isfile(cand):
+            return os.path.abspath(cand), os.path.abspath(base)
+    return None, os.getcwd()
+
+
+def shell_launches(script: str) -> List[ShellLaunch]:
+    """Every launch of a Python file in the shell script, in order."""
+    try:
+        with open(script, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ShellError(f"cannot read it: {exc}") from None
+    env: Dict[str, str] = {}
+    cd: Optional[str] = None
+    out: List[ShellLaunch] = []
+    for start, pieces in _logical_lines(text):
+        stripped = " ".join(t for _, t in pieces).strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        try:
+            words = _split(stripped)
+        except ValueError:
+            words = []
+        if words and words[0] in ("export", "local", "readonly"):
+            words = words[1:]
+        if words and all(_ASSIGN.match(w) for w in words):     # `MODEL=...`, `export NPROC=8`
+            for w in words:
+                name, _, value = w.partition("=")
+                env[name] = _expand(value, env)
+            continue
+        if stripped.startswith("cd "):
+            target = _expand(stripped[3:].strip().strip("\"'"), env)
+            if "$" not in target and "`" not in target:
+                base = cd or os.path.dirname(os.path.abspath(script))
+                cd = os.path.normpath(os.path.join(base, target))
+            continue
+        tokens = _tokens(pieces, env)
+        found = _launch(tokens, env)
+        if found is None:
+            continue
+        path, base = _resolve(found["file"], script, cd)
+        if path is None:
+            raise ShellError(f"line {start} launches {found['file']}, which is not there (from the current folder, "
+                             f"the script's folder or the folders above it)")
+        args = [t[0] for t in tokens[found["first_arg"]:]]
+        lines = [t[1] for t in tokens[found["first_arg"]:]]
+        acc = found["accelerate_config"]
+        if acc and not os.path.isabs(acc):
+            acc = os.path.join(base, acc)
+        out.append(ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines))
+    return out

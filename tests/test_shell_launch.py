@@ -1,0 +1,143 @@
+"""`fsdp-lint scripts/run.sh`: the launch lines of a shell script (torchrun / accelerate launch / python,
+`\\` continuations, `VAR=...` assignments) are linted as the launched file with those arguments and that
+world size, and a finding about a flag points at the script line that sets it. The oracle is the real
+HF Trainer (transformers + accelerate under the fake process group, tests/test_frameworks.py)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from fsdp_lint.config import Settings
+from fsdp_lint.entry.shell import shell_launches
+from test_frameworks import CFG, F, assert_framework_plan_matches
+
+REPO_FIXTURE = os.path.join(F, "hf_launch")
+
+
+def test_launch_lines_are_read_as_the_shell_would(tmp_path, monkeypatch):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "pretrain.py").write_text("")
+    (tmp_path / "finetune.py").write_text("")
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "launch.sh"
+    script.write_text('''#!/bin/bash
+export NNODES=2
+GPUS=${GPUS_PER_NODE:-4}
+CFG="configs/fsdp.yaml"   # accelerate's
+# torchrun --nproc_per_node 1 finetune.py  (a comment, not a launch)
+CUDA_VISIBLE_DEVICES=0,1,2,3 torchrun --nnodes=$NNODES --nproc-per-node ${GPUS} \\
+    --rdzv_backend c10d src/pretrain.py \\
+    --lr 3e-4 \\
+    --name "run one"
+accelerate launch --config_file $CFG --num_processes 16 finetune.py --epochs 1
+python -m torch.distributed.run --standalone --nproc_per_node=2 finetune.py
+python finetune.py --debug
+''')
+    monkeypatch.chdir(tmp_path)
+    first, acc, dist_run, plain = shell_launches(str(script))
+    assert (first.path, first.args, first.world_size, first.line) == (
+        str(tmp_path / "src" / "pretrain.py"), ["--lr", "3e-4", "--name", "run one"], 8, 6)
+    assert first.arg_lines == [8, 8, 9, 9] and first.cwd == str(tmp_path)
+    assert (acc.world_size, acc.accelerate_config, acc.args) == (16, str(tmp_path / "configs" / "fsdp.yaml"),
+                                                                ["--epochs", "1"])
+    assert (dist_run.world_size, dist_run.path) == (2, str(tmp_path / "finetune.py"))
+    assert (plain.world_size, plain.args) == (None, ["--debug"])
+
+
+def test_a_script_without_a_launch_is_one_line_and_exit_2(cli, tmp_path):
+    script = tmp_path / "setup.sh"
+    script.write_text("pip install -r requirements.txt\n")
+    res = cli(str(script))
+    assert res.code == 2 and "no launch of a Python file in it" in res.err and len(res.err.splitlines()) == 1
+    script.write_text("torchrun --nproc_per_node 8 missing_train.py --lr 1\n")
+    res = cli(str(script))
+    assert res.code == 2 and "line 1 launches missing_train.py, which is not there" in res.err
+
+
+def _copy(tmp_path):
+    repo = tmp_path / "hf_launch"
+    shutil.copytree(REPO_FIXTURE, repo)
+    shutil.copytree(CFG, tmp_path / "configs")
+    return repo
+
+
+def test_fsd103_for_a_flag_in_the_launch_script_points_at_its_line_and_the_fix_edits_it(cli, tmp_path, monkeypatch):
+    """torchrun on 8 ranks with `--fsdp_config` naming `${LAYER_CLS}`: FSD103 is at the script's
+    `LAYER_CLS=...` line, in the script's words, on 8 ranks; `--fix --unsafe-fixes` edits that line, and the
+    real Trainer launched with the fixed script's arguments wraps every LlamaDecoderLayer."""
+    repo = _copy(tmp_path)
+    script = repo / "scripts" / "run.sh"
+    before = script.read_text()
+    res = cli("scripts/run.sh", "--output-format", "json", cwd=str(repo))
+    assert res.code == 1, res.err
+    (doc,) = json.loads(res.out)["files"]
+    assert doc["plan"]["world_size"] == 8 and os.path.basename(doc["path"]) == "train.py"
+    (f,) = [f for f in doc["findings"] if f["code"] == "FSD103"]
+    assert f["path"] == "scripts/run.sh" and f["line"] == before.splitlines().index("LAYER_CLS=LLaMADecoderLayer") + 1
+    assert f["message"].startswith("`--fsdp_config` in run.sh names `LLaMADecoderLayer`")
+    assert f["fix"] == "write `LlamaDecoderLayer` instead of `LLaMADecoderLayer` in `--fsdp_config` in run.sh"
+    res = cli("scripts/run.sh", "--fix", "--unsafe-fixes", cwd=str(repo))
+    assert script.read_text() == before.replace("LAYER_CLS=LLaMADecoderLayer", "LAYER_CLS=LlamaDecoderLayer")
+    monkeypatch.chdir(repo)
+    (launch,) = shell_launches("scripts/run.sh")
+    res = assert_framework_plan_matches(launch.path, Settings(world_size=launch.world_size), launch.args)
+    assert "FSD103" not in {x.code for x in res.findings}
+    assert [u.cls for u in res.plan.units].count("LlamaDecoderLayer") == 4
+
+
+def test_fsd101_text_for_flags_in_the_launch_script_names_its_line_and_the_trainer_accepts_it(cli, tmp_path,
+                                                                                              monkeypatch):
+    """A size policy in the script's `--fsdp_config` that wraps nothing (FSDP1): FSD101's fix says which flags to
+    pass in place of the one at which line of run.sh; the real Trainer launched with them makes one unit
+    per LlamaDecoderLayer."""
+    from test_frontend_texts import apply_flags_text
+
+    repo = _copy(tmp_path)
+    script = repo / "scripts" / "run.sh"
+    text = script.read_text()
+    start = text.index('    --fsdp_config "')
+    size = '{"auto_wrap_policy": "SIZE_BASED_WRAP", "min_num_params": 100000000, "version": 1}'
+    text = text[:start] + f"    --fsdp_config '{size}'\n"
+    script.write_text(text)
+    res = cli("scripts/run.sh", "--output-format", "json", cwd=str(repo))
+    (f,) = [f for f in json.loads(res.out)["files"][0]["findings"] if f["code"] == "FSD101"]
+    line = text.splitlines().index(text.splitlines()[-1]) + 1
+    assert f["fix"].endswith(f"in place of the `--fsdp_config` given (transformers 5) in run.sh, line {line}"), f["fix"]
+    monkeypatch.chdir(repo)
+    (launch,) = shell_launches("scripts/run.sh")
+    fixed = apply_flags_text(launch.args, f["fix"].split(": ", 1)[1])
+    res = assert_framework_plan_matches(launch.path, Settings(world_size=8), fixed)
+    assert "FSD101" not in {x.code for x in res.findings} and res.plan.api == "fsdp1"     # the user's version kept
+    assert [u.cls for u in res.plan.units].count("LlamaDecoderLayer") == 4
+
+
+def _transformers_major() -> int:
+    from importlib.metadata import version
+
+    return int(version("transformers").split(".")[0])
+
+
+@pytest.mark.skipif(_transformers_major() != 4, reason="transformers 4 is not what is installed (CI has 5, which "
+                    "refuses --fsdp_transformer_layer_cls_to_wrap; the 5.x flags are tested above)")
+def test_fsd103_for_the_transformers_4_class_flag_in_the_launch_script(cli, tmp_path, monkeypatch):
+    """The Alpaca-era launch line, `--fsdp_transformer_layer_cls_to_wrap ${LAYER_CLS}` on transformers 4:
+    FSD103 at the `LAYER_CLS=` line of run.sh, and the real 4.x Trainer launched with the fixed script
+    wraps every LlamaDecoderLayer."""
+    repo = _copy(tmp_path)
+    script = repo / "scripts" / "run.sh"
+    text = script.read_text()
+    text = text[:text.index('    --fsdp_config "')] + "    --fsdp_transformer_layer_cls_to_wrap ${LAYER_CLS}\n"
+    script.write_text(text)
+    res = cli("scripts/run.sh", "--output-format", "json", cwd=str(repo))
+    (f,) = [f for f in json.loads(res.out)["files"][0]["findings"] if f["code"] == "FSD103"]
+    assert f["path"] == "scripts/run.sh" and f["line"] == text.splitlines().index("LAYER_CLS=LLaMADecoderLayer") + 1
+    assert f["message"].startswith("`--fsdp_transformer_layer_cls_to_wrap` in run.sh names `LLaMADecoderLayer`")
+    cli("scripts/run.sh", "--fix", "--unsafe-fixes", cwd=str(repo))
+    monkeypatch.chdir(repo)
+    (launch,) = shell_launches("scripts/run.sh")
+    assert launch.args[-1] == "LlamaDecoderLayer"
+    res = assert_framework_plan_matches(launch.path, Settings(world_size=8), launch.args)
+    assert [u.cls for u in res.plan.units].count("LlamaDecoderLayer") == 4
