@@ -8,7 +8,8 @@ from typing import List, Optional, Tuple
 import click
 
 from fsdp_lint.cli_paths import (_SKIP_DIRS, BadInput, collect_files, missing_message,  # noqa: F401 - also cli.*
-                                 not_python, split_script_args)
+                                 not_python, skipped_note, split_script_args, use_color as _use_color,
+                                 with_path as _with_path)
 from fsdp_lint.version import __version__
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
@@ -303,8 +304,7 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
             res = next(linted)()
             results.append(res)
             if res.skipped and explicit and not quiet:
-                note = (f"fsdp-lint: {_with_path(path, 'not linted: ' + res.skipped)} "
-                        f"(to lint a model built elsewhere, pass --model path.py:Class or path.py:factory)")
+                note = skipped_note(path, res.skipped)
                 click.echo(note, err=True)
                 err_notes.append(note + "\n")
         except LintError as exc:
@@ -451,35 +451,9 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
     return code
 
 
-def _use_color(output) -> bool:
-    """Colour on a terminal; NO_COLOR (no-color.org) turns it off, FORCE_COLOR on (a CI log)."""
-    if os.environ.get("NO_COLOR"):
-        return False
-    if os.environ.get("FORCE_COLOR"):
-        return True
-    return output is None and sys.stdout.isatty()
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
-
-
-def _with_path(path: str, msg: str) -> str:
-    """`msg` prefixed with the file as the user named it (engine messages may start with the basename)."""
-    from fsdp_lint.humanize import display_path
-
-    shown = display_path(path)
-    msg = msg.strip().splitlines()[0] if msg.strip() else "unknown error"
-    for prefix in (path, os.path.abspath(path), shown):
-        if msg.startswith(prefix + ":"):
-            return shown + msg[len(prefix):]
-    base = os.path.basename(path)
-    if msg.startswith(base + ":"):
-        return shown + msg[len(base):]
-    if msg.startswith("--model"):
-        return msg
-    return f"{shown}: {msg}"
 
 
 def _configured_entries(config_path: Optional[str]) -> bool:

@@ -1,6 +1,7 @@
 """The files a command line names and its two halves (fsdp-lint's own arguments, the script's after
-``--``), without click: shared by the command line (``cli``) and the re-run that prints a stored
-output (``fastpath``), so that both see the same files."""
+``--``), and the lines it prints about them, without click: shared by the command line (``cli``) and
+the fast paths that print before click is imported (``fastpath``), so that both see the same files
+and say the same."""
 from __future__ import annotations
 
 import os
@@ -70,3 +71,37 @@ def not_python(path: str) -> bool:
     except OSError:
         return True
     return not (head.startswith(b"#!") and b"python" in head.split(b"\n", 1)[0])
+
+
+def with_path(path: str, msg: str) -> str:
+    """`msg` prefixed with the file as the user named it (engine messages may start with the basename)."""
+    from fsdp_lint.humanize import display_path
+
+    shown = display_path(path)
+    msg = msg.strip().splitlines()[0] if msg.strip() else "unknown error"
+    for prefix in (path, os.path.abspath(path), shown):
+        if msg.startswith(prefix + ":"):
+            return shown + msg[len(prefix):]
+    base = os.path.basename(path)
+    if msg.startswith(base + ":"):
+        return shown + msg[len(base):]
+    if msg.startswith("--model"):
+        return msg
+    return f"{shown}: {msg}"
+
+
+def skipped_note(path: str, reason: str) -> str:
+    """The line on stderr for a file named on the command line that is not linted."""
+    return (f"fsdp-lint: {with_path(path, 'not linted: ' + reason)} "
+            f"(to lint a model built elsewhere, pass --model path.py:Class or path.py:factory)")
+
+
+def use_color(output) -> bool:
+    """Colour on a terminal; NO_COLOR (no-color.org) turns it off, FORCE_COLOR on (a CI log)."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    import sys
+
+    return output is None and sys.stdout.isatty()

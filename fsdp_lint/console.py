@@ -2,16 +2,19 @@
 (the first few tenths of a second) ends with "interrupted" and exit code 130, as it does later.
 
 A re-run of a command whose inputs are all unchanged prints its stored output before click or the
-pipeline is imported (``fastpath``); anything else goes to the command line (``cli``)."""
+pipeline is imported (``fastpath``), and so does a command whose files are all skipped by the screen
+(its report is one line); anything else goes to the command line (``cli``)."""
 import sys
 
 
 def main() -> None:
     try:
         try:
-            from fsdp_lint.fastpath import stored_output
+            from fsdp_lint.fastpath import plain_output, stored_output
 
             stored = stored_output(sys.argv[1:])
+            if stored is None:
+                stored = plain_output(sys.argv[1:])
         except KeyboardInterrupt:
             raise
         except Exception:  # noqa: BLE001 - the full command line decides (and reports) instead
@@ -28,4 +31,9 @@ def main() -> None:
         sys.stdout.write(stdout)
         sys.stdout.flush()
         sys.exit(code)
-    cli_main()
+    try:
+        cli_main()
+    finally:
+        engine = sys.modules.get("fsdp_lint.engine")
+        if engine is not None:
+            engine.SCREENED = None      # the fast path's screens were for this command only

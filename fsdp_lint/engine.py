@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_lint.config import Settings
 from fsdp_lint.check.rule import Finding
@@ -90,21 +90,30 @@ def analyse(path: str, settings: Settings, *, keep_model: bool = False, argv: Op
     return analyse_facts(screened, settings, keep_model=keep_model, argv=argv, explicit=explicit, cwd=cwd)
 
 
+# the files a command's fast path (``fastpath.plain_output``) screened and skipped before it handed the
+# command over to the full command line: (path, explicit) -> its FileResult, taken from here once
+# instead of being screened again (None outside such a command; a screen depends on the settings only
+# through ``model``, which that path leaves unset)
+SCREENED: Optional[Dict[Tuple[str, bool], "FileResult"]] = None
+
+
 def screen(path: str, settings: Settings, *, explicit: bool = True):
     """The file's source and the project modules it imports, read, never run (no torch): a skipped
     FileResult, or what `analyse_facts` replays. Raises LintError."""
-    from fsdp_lint.entry.project import Project, entry_for, reach
-    from fsdp_lint.entry.quick import ImportsOnly, may_matter
+    if SCREENED and not settings.model:
+        done = SCREENED.pop((path, explicit), None)
+        if done is not None:
+            return done
+    from fsdp_lint.entry.project import reach
+    from fsdp_lint.entry.quick import may_matter, skips
     from fsdp_lint.entry.source import SourceError, parse_source, read_text
 
     try:
         text = read_text(path)
-        if not settings.model and not may_matter(text):
+        if not settings.model and not may_matter(text) and skips(path, text):
             # the quick screen (entry.quick): no word a model, wrap or framework needs, and no import
             # of a project module -- the full screen would skip it for this reason too
-            imports_only = ImportsOnly(path, text)
-            if not Project(entry_for(path)).imports_of(os.path.abspath(path), imports_only):
-                return FileResult(path=path, skipped=NOTHING_TO_LINT)
+            return FileResult(path=path, skipped=NOTHING_TO_LINT)
         facts = parse_source(path, text)
     except SourceError as exc:
         raise LintError(str(exc)) from None

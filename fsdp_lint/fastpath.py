@@ -28,7 +28,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-from fsdp_lint.cli_paths import collect_files, not_python, split_script_args
+from fsdp_lint.cli_paths import BadInput, collect_files, not_python, skipped_note, split_script_args
 
 FORMAT = 1          # the layout of a stored output; a change makes older entries misses
 _PREFIX = "out-"    # beside the results' keys in the cache folder (``Cache._path``: folder/ou/out-<key>)
@@ -202,3 +202,120 @@ def _valid(entry) -> bool:
     except Exception:  # noqa: BLE001 - an entry of another shape: the full command line decides
         return False
     return True
+
+
+# --- a command whose files are all plain ------------------------------------------------------------
+#
+# ``fsdp-lint DIR`` on a folder of utilities, or pre-commit's ``fsdp-lint a.py b.py`` on a commit that
+# touched no model, screens files and skips them all: the report is one line. ``plain_output`` does
+# what the command line does for such a command -- the same walk, settings, checks of them, screen
+# (``engine.screen``), notes and report (``report.text``) -- without importing click or the
+# command line, and gives up (None: the full command line decides) at the first thing that is not
+# that case: an option it does not read here, a file that is linted or cannot be, a setting that is
+# wrong, a message it would have to print otherwise than as given. The screens it made go to the full
+# command line (``engine.SCREENED``), which does not make them again. It does not write the result
+# cache (nothing it does would be served from there any faster).
+
+_FLAGS = {"--quiet": "quiet", "-q": "quiet", "--no-cache": None, "--exit-zero": None}
+_VALUED = {"--format": "fmt", "--output-format": "fmt", "--world-size": "world_size", "-n": "world_size",
+           "--fail-on": "fail_on"}
+_CHOICES = {"fmt": ("full", "concise"), "fail_on": ("info", "warning", "error")}
+# what click reads as true and false in FSDP_LINT_NO_CACHE (``--no-cache``'s variable); anything else
+# is click's error to report
+_BOOL_WORDS = {"", "0", "1", "f", "false", "n", "no", "off", "on", "t", "true", "y", "yes"}
+
+
+def _plain_options(own: List[str]) -> Optional[Dict[str, Any]]:
+    """The options of a command line that ``plain_output`` reads, or None."""
+    opts: Dict[str, Any] = {"paths": [], "quiet": False, "fmt": "full", "world_size": None, "fail_on": None}
+    it = iter(own)
+    for arg in it:
+        name, eq, value = arg.partition("=")
+        if arg in _FLAGS:
+            if _FLAGS[arg]:
+                opts[_FLAGS[arg]] = True
+        elif arg in _VALUED or (eq and name.startswith("--") and name in _VALUED):
+            key = _VALUED[name if eq else arg]
+            value = value if eq else next(it, None)
+            if value is None:
+                return None
+            if key == "world_size":
+                try:
+                    value = int(value)        # as click's INT reads it
+                except ValueError:
+                    return None
+                if not 1 <= value <= (1 << 20):
+                    return None
+            elif value not in _CHOICES[key]:
+                return None
+            opts[key] = value
+        elif arg.startswith("-") or not arg:
+            return None
+        else:
+            opts["paths"].append(arg)
+    return opts
+
+
+def plain_output(argv: List[str]) -> Optional[Tuple[str, str, int]]:
+    """The stdout, stderr and exit code of a command line whose files are all skipped by the screen,
+    as the full command line prints them; None for any other command."""
+    own, script_args = split_script_args(argv)
+    opts = _plain_options(own) if script_args is None else None
+    if opts is None or os.environ.get("FSDP_LINT_NO_CACHE", "").strip().lower() not in _BOOL_WORDS:
+        return None
+    from fsdp_lint.config import ConfigError, load_settings, validate
+
+    paths = opts["paths"]
+    try:
+        if not paths:
+            if load_settings(os.getcwd()).entries:
+                return None
+            paths = ["."]               # ruff's default: the current directory
+        missing: List[str] = []
+        files = collect_files(paths, missing)
+        if missing or not files:
+            return None
+        base = load_settings(files[0][0])
+        if base.entries:
+            return None
+        settings = base.with_overrides(world_size=opts["world_size"], fail_on=opts["fail_on"],
+                                       world_size_source="--world-size" if opts["world_size"] is not None else None)
+        from fsdp_lint.check.selection import check_all_selectors
+
+        validate(settings)
+        check_all_selectors(settings)
+    except (ConfigError, BadInput):
+        return None
+    if settings.model or any(explicit and not_python(path) for path, explicit in files):
+        return None
+    from fsdp_lint import engine
+    from fsdp_lint.entry import project
+
+    project.forget()     # as lint_runs
+    engine.SCREENED = screened = {}
+    results, notes = [], []
+    for path, explicit in files:
+        try:
+            res = engine.screen(path, settings, explicit=explicit)
+        except Exception:  # noqa: BLE001 - reported by the full command line
+            return None
+        if not isinstance(res, engine.FileResult):
+            return None               # to be linted
+        screened[(path, explicit)] = res
+        results.append(res)
+        if explicit and not opts["quiet"]:
+            notes.append(skipped_note(path, res.skipped) + "\n")
+    from fsdp_lint.cli_paths import use_color
+    from fsdp_lint.humanize import use_size_units
+    from fsdp_lint.report.text import render_text
+
+    use_size_units(settings)
+    color = use_color(None)
+    text = render_text(results, full=opts["fmt"] == "full", color=color, fixes={"unsafe": False})
+    err = "".join(notes)
+    # click.echo would strip escape codes off a stream that is no terminal, and re-encode a stream
+    # that cannot take UTF-8: none of that here
+    if not (text + err).isascii() or "\x1b" in text + err:
+        return None
+    engine.SCREENED = None
+    return text, err, 0

@@ -18,7 +18,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
-from fsdp_lint.entry.source import SourceError, SourceFacts, mark_relevance, read_source
+from fsdp_lint.entry.source import SourceError, SourceFacts, mark_relevance, read_source, read_text
 
 _REPO_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg", ".hg")
 
@@ -38,8 +38,9 @@ class Entry:
         return self.package is not None
 
 
-def entry_for(path: str) -> Entry:
-    """How ``python`` runs `path`: a file inside a package runs as its dotted module name."""
+def entry_for(path: str, text: Optional[str] = None) -> Entry:
+    """How ``python`` runs `path`: a file inside a package runs as its dotted module name. (`text`: the
+    file's, when the caller has read it.)"""
     path = os.path.abspath(path)
     folder, name = os.path.split(path)
     stem = os.path.splitext(name)[0]
@@ -52,7 +53,7 @@ def entry_for(path: str) -> Entry:
             break
         root = parent
     if not parts:
-        return _namespace_module(path) or Entry(path=path, module=stem, package=None, root=folder)
+        return _namespace_module(path, text) or Entry(path=path, module=stem, package=None, root=folder)
     if not all(p.isidentifier() for p in parts):
         return Entry(path=path, module=stem, package=None, root=folder)
     package = ".".join(parts)
@@ -60,7 +61,7 @@ def entry_for(path: str) -> Entry:
     return Entry(path=path, module=module, package=package, root=root)
 
 
-def _namespace_module(path: str) -> Optional[Entry]:
+def _namespace_module(path: str, text: Optional[str] = None) -> Optional[Entry]:
     """`path` as ``python -m`` runs it from the repository root when it is a module of a namespace
     package there (no ``__init__.py`` in its folder, dotted folders) that imports its own folder by its
     dotted name or relatively; else None."""
@@ -79,11 +80,25 @@ def _namespace_module(path: str) -> Optional[Entry]:
     if not all(p.isidentifier() for p in parts):
         return None
     package = ".".join(parts)
+
+    def own(imports) -> bool:
+        return any(i.level or i.module == package or (i.module or "").startswith(package + ".") for i in imports)
+
+    from fsdp_lint.entry.scan import import_candidates
+
+    try:
+        # the imports read from the text, when that is certain, say "none of its folder" without the
+        # syntax tree (a plain module of a namespace folder, the common case)
+        found = import_candidates(text if text is not None else read_text(path))
+    except Exception:  # noqa: BLE001 - unreadable: facts_for says so below
+        found = None
+    if found is not None and not own(found):
+        return None
     try:
         imports = facts_for(path).imports
     except Exception:  # noqa: BLE001 - unreadable: the script launch reports it
         return None
-    if not any(i.level or i.module == package or (i.module or "").startswith(package + ".") for i in imports):
+    if not own(imports):
         return None
     stem = os.path.splitext(os.path.basename(path))[0]
     return Entry(path=path, module=f"{package}.{stem}", package=package, root=repo, namespace=True)

@@ -7,12 +7,15 @@ that ``source._Collector`` records needs one of the words below in the file's te
 base ends in ``Module``, ``fully_shard``, ``FSDP``, ``build_model``, ``from_pretrained``,
 ``lightning``, ...; aliases are made only from those names). So a file whose text holds none of
 them, and whose imports resolve to no project module, is skipped for the same reason, with the same
-message, as the full screen would give -- after ``ast.parse`` (its syntax errors are reported just
-the same) and a walk over its import statements. Anything else goes through the full screen.
+message, as the full screen would give (``skips``) -- its syntax errors reported just the same. Its
+imports and its syntax are first read from the text alone (``entry.scan``), where that is certain:
+``ast.parse`` and a walk over the import statements decide the rest. Anything else goes through the
+full screen.
 """
 from __future__ import annotations
 
 import ast
+import os
 from typing import List
 
 from fsdp_lint.entry.detect import FRAMEWORK_PACKAGES
@@ -61,3 +64,18 @@ _BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
 # the simple statements: none holds a statement
 _SIMPLE = frozenset({ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Pass, ast.Break,
                      ast.Continue, ast.Delete, ast.Raise, ast.Assert, ast.Global, ast.Nonlocal})
+
+
+def skips(path: str, text: str) -> bool:
+    """The quick screen's verdict on a file whose text holds no trigger word (``may_matter``): True when
+    none of its imports resolves to a project module, and the full screen would skip it for "no
+    nn.Module and no FSDP use". Raises SourceError where ``ast.parse`` fails, as the full screen does."""
+    from fsdp_lint.entry.project import Project, entry_for
+    from fsdp_lint.entry.scan import Imports, import_candidates, parses
+
+    absolute = os.path.abspath(path)
+    project = Project(entry_for(path, text))
+    found = import_candidates(text)
+    if found is not None and not project.imports_of(absolute, Imports(found)) and parses(path, text):
+        return True
+    return not project.imports_of(absolute, ImportsOnly(path, text))
