@@ -32,9 +32,38 @@ def _defaults() -> Dict[str, Any]:
             "limit_all_gathers": True, "use_orig_params": False}
 
 
-def expose(module, kwargs: Dict[str, Any], world_size: int, root: bool = True) -> None:
+def owned_params(root, units) -> Dict[int, list]:
+    """id(instance) -> the parameters its FlatParameter would hold: those of its module that no unit
+    nested in it holds (`units` post-order, children first; `root` last), each once."""
+    claimed: set = set()
+    out: Dict[int, list] = {}
+    for m in list(units) + [root]:
+        mine = []
+        for p in m.parameters():
+            if id(p) not in claimed:
+                claimed.add(id(p))
+                mine.append(p)
+        out[id(m)] = mine
+    return out
+
+
+def _flat_param(params):
+    """A stand-in for the instance's FlatParameter, on meta as the recorded model is (code after the
+    wrap that reads ``_flat_param`` -- accelerate's fp32 upcast -- skips meta parameters)."""
+    import torch
+    import torch.nn as nn
+
+    if not params:
+        return None
+    with torch._C.DisableTorchFunction():
+        data = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device="meta")
+    flat = nn.Parameter(data, requires_grad=any(p.requires_grad for p in params))
+    return flat
+
+
+def expose(module, kwargs: Dict[str, Any], world_size: int, root: bool = True, params=None) -> None:
     """Give `module` (the recorded wrap's result, or with ``root=False`` a unit its auto-wrap policy
-    made) the attributes torch's FSDP1 wrapper has."""
+    made) the attributes torch's FSDP1 wrapper has; `params`: those its FlatParameter would hold."""
     import torch
     from torch.distributed.fsdp import CPUOffload, MixedPrecision
 
@@ -59,6 +88,8 @@ def expose(module, kwargs: Dict[str, Any], world_size: int, root: bool = True) -
         "summon_full_params": lambda *a, **k: contextlib.nullcontext(),
         "state_dict_type": lambda *a, **k: contextlib.nullcontext(),
         "set_state_dict_type": lambda *a, **k: None,
+        "_has_params": bool(params) if params is not None else True,
+        "_flat_param": _flat_param(params) if params is not None else None,
         "rank": 0, "world_size": world_size,
         "compute_device": torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0),
         "_use_orig_params": options.pop("use_orig_params"), **options,
