@@ -62,14 +62,20 @@ def _value_for(feature) -> Any:
     return None
 
 
+# the keys an earlier attempt of this replay read from stand-in rows (`fsdp_lint.replay.asked_keys`)
+ASKED: Dict[str, None] = {}
+
+
 def standin_dataset(features=None):
-    """`ROWS` placeholder rows: the columns of `features`, else ``text``."""
+    """`ROWS` placeholder rows: the columns of `features`, else ``text`` and the keys asked (`ASKED`)."""
     from datasets import Dataset, DatasetInfo
 
     if features:
         data = {name: [_value_for(f)] * ROWS for name, f in features.items()}
         return Dataset.from_dict(data, features=features, info=DatasetInfo(description=MARK, features=features))
-    return Dataset.from_dict({"text": [TEXT] * ROWS}, info=DatasetInfo(description=MARK))
+    data = {"text": [TEXT] * ROWS}
+    data.update({name: [placeholder(name)] * ROWS for name in ASKED if name != "text"})
+    return Dataset.from_dict(data, info=DatasetInfo(description=MARK))
 
 
 def _splits_class():
