@@ -108,3 +108,30 @@ def test_hybrid_groups_from_gathered_host_names_plan_as_torch_builds_them():
     assert sorted(u.shard_size for u in res.plan.units) == sorted(w for w, _ in real) == [8] * 4
     assert res.plan.sharding_strategy == "HYBRID_SHARD"
     assert {r for _, r in real} == {2}
+
+
+def _config():
+    import socket
+
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"rank": dist.get_rank(), "host": socket.gethostname()})
+
+
+def test_a_rank_stored_in_a_config_is_the_plain_int():
+    """Code that exchanges nothing gets the plain rank and host name (OmegaConf and PyYAML take exact
+    types only), as on the node: a config built from them works."""
+    import pytest
+
+    pytest.importorskip("omegaconf")
+    import socket
+
+    import yaml
+
+    from fsdp_lint.api import record
+
+    with record(world_size=2):
+        cfg = _config()
+    assert type(cfg.rank) is int and cfg.rank == 0 and cfg.host == socket.gethostname()
+    assert yaml.safe_load(yaml.safe_dump({"rank": cfg.rank})) == {"rank": 0}

@@ -5,7 +5,10 @@ job -- ``all_gather(slots, torch.tensor([dist.get_rank()]))``, ``all_gather_obje
 socket.gethostname())``, ``all_reduce(torch.tensor([local_rank]), MAX)`` -- must give rank i's value in
 rank i's slot, or the code that builds node-local groups from the result puts every rank on one node.
 
-So the node's own answers are tagged with the value of every rank (``at(r)``, `r` a global rank):
+So the node's own answers are tagged with the value of every rank (``at(r)``, `r` a global rank), where
+the code asking for them exchanges values with the other ranks (its function calls a collective:
+`exchanges`; elsewhere they are plain, since configs that store them -- OmegaConf, PyYAML -- take exact
+types only):
 
 * ``dist.get_rank()`` is `r` (of a group: `r`'s index among the group's ranks, -1 outside it);
 * ``dist.get_node_local_rank()`` / ``dist.get_local_rank()``: ``r % gpus_per_node``;
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import operator
 import os
+import sys
 from typing import Any, Callable, List, Optional
 
 _ATTR = "_fsdp_lint_at_rank"          # on a host tensor: r -> the tensor rank r would hold
@@ -161,6 +165,18 @@ def tensor_values(tensor, ranks: List[int]):
 # --------------------------------------------------------------------------------------------
 # the node's answers
 # --------------------------------------------------------------------------------------------
+# what code that exchanges values with the other ranks calls (names in its code object)
+_COLLECTIVES = frozenset({"all_gather", "all_gather_object", "all_gather_into_tensor", "_all_gather_base",
+                          "gather_object", "all_reduce", "reduce", "broadcast", "broadcast_object_list"})
+
+
+def exchanges(frame) -> bool:
+    """Whether the code that asks for its rank (or host) exchanges values with the other ranks: its own
+    function (or module) calls a collective. Only there the answer carries every rank's value; elsewhere
+    it is the plain int / str (a config stores it: OmegaConf and PyYAML take exact types only)."""
+    return frame is not None and bool(_COLLECTIVES.intersection(frame.f_code.co_names))
+
+
 def gpus_per_node(rec) -> int:
     ws = rec.world_size
     try:
@@ -185,18 +201,24 @@ def install(rec, patch, dist, groups_of: Callable[[Any], Optional[List[int]]]) -
     answer = dist.get_rank          # the sandbox's: rank 0, of the world or of a group
 
     def get_rank(group=None, *args, **kwargs):
+        mine = answer(group, *args, **kwargs)
+        if not exchanges(sys._getframe(1)):
+            return mine
         if group is None:
             return RankInt(0, lambda r: r)
         ranks = groups_of(group)
-        mine = answer(group, *args, **kwargs)
         if ranks is None or not isinstance(mine, int):
             return mine
         return RankInt(mine, lambda r: ranks.index(r) if r in ranks else -1)
 
     def local_rank(*args, **kwargs):
+        if not exchanges(sys._getframe(1)):
+            return 0
         return RankInt(0, lambda r: r % gpus_per_node(rec))
 
     def hostname():
+        if not exchanges(sys._getframe(1)):
+            return base
         return RankStr(base, lambda r: host_name(base, r // gpus_per_node(rec)))
 
     patch(dist, "get_rank", get_rank)
@@ -205,3 +227,4 @@ def install(rec, patch, dist, groups_of: Callable[[Any], Optional[List[int]]]) -
             patch(dist, name, local_rank)
     patch(socket, "gethostname", hostname)
     patch(platform, "node", hostname)
+
