@@ -94,9 +94,10 @@ def expose(module, kwargs: Dict[str, Any], world_size: int, root: bool = True, p
         "compute_device": torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0),
         "_use_orig_params": options.pop("use_orig_params"), **options,
     }
+    registered = set(own.get("_modules", ())) | set(own.get("_parameters", ())) | set(own.get("_buffers", ()))
     for name, value in entries.items():
-        if name in own or any(name in vars(k) for k in cls.__mro__ if k is not object):
-            continue            # the user's class has its own
+        if name in own or name in registered or any(name in vars(k) for k in cls.__mro__ if k is not object):
+            continue            # the user's class has its own (a child named `module` stays the child)
         own[name] = value
 
 
