@@ -94,6 +94,8 @@ SLOW_MODULES = {
     "test_memory_ac_frameworks",  # Lightning / accelerate checkpointing against the memory trackers
     "test_deadlines",        # fork servers held past their deadlines
     "test_host_values",      # collective values against two real gloo processes
+    "test_rank_values",      # per-rank values against two real gloo processes
+    "test_asked_keys",       # a replay in rounds, against real FSDP1
 }
 
 

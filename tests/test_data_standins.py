@@ -178,3 +178,33 @@ fully_shard(model, reshard_after_forward=bool(model.out.bias.sum() == 0) and ini
     assert f["plan"]["units"][1]["reshard_after_forward"] is False
     lines = {":".join(n.split(":")[:2]) for n in f["notes"] if "no data here" in n}
     assert {"model.py:10", "train.py:8", "train.py:12"} <= lines, f["notes"]
+
+
+def test_a_chat_column_asked_for_holds_messages_as_trl_reads_real_chat_data(tmp_path):
+    """``select_columns(["messages"])`` on a stood-in hub chat corpus: the rows are a user/assistant
+    exchange, which TRL's SFTTrainer prepares as it prepares a real chat data set (same columns out).
+    Before, the column held a string: TRL took it for plain text and its preparation dropped every column."""
+    trl = pytest.importorskip("trl")
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from trl.data_utils import is_conversational
+
+    tok = AutoTokenizer.from_pretrained(TINY_LLAMA)
+    tok.pad_token = tok.eos_token
+    tok.chat_template = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY_LLAMA))
+    real = datasets.Dataset.from_dict({"messages": [[{"role": "user", "content": "What is FSDP?"},
+                                                     {"role": "assistant", "content": "Sharded data parallel."}]] * 4})
+
+    def prepared(ds):
+        config = trl.SFTConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False)
+        return trl.SFTTrainer(model=model, args=config, train_dataset=ds, processing_class=tok).train_dataset
+
+    with columns_on_demand():
+        stood_in = standin("org/ultrachat", split="train_sft").select_columns(["messages"])
+        for name in ("chosen", "rejected"):
+            assert is_conversational({"prompt": [{"role": "user", "content": "q"}],
+                                      name: standin("org/prefs", split="train")[name][0]})
+        assert is_conversational(stood_in[0]) and is_conversational(real[0])
+        ours = prepared(stood_in)
+    assert ours.column_names == prepared(real).column_names
+    assert "input_ids" in ours.column_names and len(ours) > 0

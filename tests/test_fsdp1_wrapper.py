@@ -14,6 +14,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from conftest import REPO  # noqa: E402
 from test_idioms import assert_plan_matches_torch  # noqa: E402
 
+from fsdp_lint.config import Settings  # noqa: E402
+from fsdp_lint.engine import analyse  # noqa: E402
+
 MM = os.path.join(REPO, "fixtures", "repos", "mm_fsdp1")
 
 
@@ -72,3 +75,97 @@ def test_the_recorded_wrap_answers_what_torchs_wrapper_has():
     assert list(net.modules()) == [net, net.proj]            # no submodule registered
     net.proj.weight.grad = torch.ones_like(net.proj.weight)
     assert float(net.clip_grad_norm_(1e9)) == pytest.approx(4.0)   # torch's norm over the parameters' grads
+
+
+# --------------------------------------------------------------------------------------------
+# the units an auto-wrap policy makes are FSDP instances too
+# --------------------------------------------------------------------------------------------
+UNITS = os.path.join(REPO, "fixtures", "repos", "unit_ckpt")
+
+
+@pytest.fixture
+def in_units_repo(monkeypatch):
+    monkeypatch.chdir(UNITS)
+    yield
+    for name in [n for n in sys.modules if n == "blocktrain" or n.startswith("blocktrain.")]:
+        sys.modules.pop(name, None)
+
+
+def test_a_script_acting_on_its_fsdp_units_finds_as_many_as_torch_builds(in_units_repo):
+    # blocktrain.distributed counts `isinstance(m, FSDP)` over model.modules() (raising when it is not the
+    # block count + 1) and checkpoints every nested unit with `check_fn=isinstance(m, FSDP)`. Before, only
+    # the root answered: the count raised (skipped) and no unit was checkpointed.
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from fsdp_lint.replay.model_root import CHECKPOINTED_AFTER_WRAP
+
+    from test_idioms import strip_wrapper_prefixes, torch_units
+
+    train = os.path.join(UNITS, "train.py")
+    # the count runs without checkpointing too: the plan is torch's
+    res, _ = assert_plan_matches_torch(train, 8)
+    assert not res.skipped_statements, [str(s) for s in res.skipped_statements]
+    res = analyse(train, Settings(world_size=8), argv=["--act_ckpt"], keep_model=True)
+    _, torch_res = torch_units(train, 8, ["--act_ckpt"])
+    torch_count = len(FSDP.fsdp_modules(torch_res.model))
+    torch_ckpt = sorted(strip_wrapper_prefixes(n) for n, m in torch_res.model.named_modules()
+                        if isinstance(m, CheckpointWrapper))
+    assert torch_count == 5 and torch_ckpt == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]   # the oracle
+    assert len(res.plan.units) == torch_count
+    assert not res.skipped_statements, [str(s) for s in res.skipped_statements]
+    marked = sorted(n for n, m in res.replay.model.named_modules() if CHECKPOINTED_AFTER_WRAP in m.__dict__)
+    assert marked == torch_ckpt
+
+
+def test_the_checkpointed_units_enter_the_memory_estimate(in_units_repo, cli):
+    import json
+
+    res = cli("train.py", "--world-size", "8", "--format", "json", "--", "--act_ckpt", cwd=UNITS)
+    assert res.code in (0, 1), res.err
+    (f,) = json.loads(res.out)["files"]
+    assert f["memory"]["checkpointed_regions"] == 4      # the 4 CheckpointWrappers torch's model holds (above)
+    assert not any("skipped" in n for n in f["notes"]), f["notes"]
+
+
+def test_fsdp_modules_and_isinstance_answer_for_the_units_of_a_recorded_wrap():
+    """``FSDP.fsdp_modules(model)`` (and ``root_only``), ``isinstance`` and ``check_is_root`` of each unit,
+    compared with real FSDP1 on the same model under the fake process group."""
+    import torch
+    import torch.nn as nn
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from fsdp_lint.api import record
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+    def build():
+        return nn.Sequential(nn.Linear(8, 8), Layer(), nn.Sequential(Layer(), Layer()), nn.Linear(8, 2))
+
+    from oracle import fake_pg
+
+    with fake_pg(4):
+        real = FSDP(build(), auto_wrap_policy=ModuleWrapPolicy({Layer}), device_id=torch.device("cpu"))
+        real_units = FSDP.fsdp_modules(real)
+        real_roots = FSDP.fsdp_modules(real, root_only=True)
+        real_is = [isinstance(m, FSDP) for m in real.modules()].count(True)
+
+    def inner(m):
+        return m._fsdp_wrapped_module if isinstance(m, FSDP) else m
+
+    with record(world_size=4):
+        from torch.distributed.fsdp import FullyShardedDataParallel as RecFSDP
+
+        model = RecFSDP(build(), auto_wrap_policy=ModuleWrapPolicy({Layer}))
+        units = RecFSDP.fsdp_modules(model)
+        roots = RecFSDP.fsdp_modules(model, root_only=True)
+        count = [isinstance(m, RecFSDP) for m in model.modules()].count(True)
+        root_flags = [u.check_is_root() for u in units]
+    assert count == real_is == len(real_units) == 4
+    assert [type(u).__name__ for u in units] == [type(inner(u)).__name__ for u in real_units]
+    assert len(roots) == len(real_roots) == 1 and roots[0] is model
+    assert root_flags == [True, False, False, False]

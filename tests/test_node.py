@@ -191,7 +191,8 @@ def test_every_public_torch_cuda_function_answers_on_the_simulated_node(monkeypa
     from fsdp_lint.replay.recorders import Recorder
 
     rec = Recorder("train.py", 8)
-    node.simulate_cuda(rec, monkeypatch.setattr, gpus.profile("h100"))
+    # (raising=False: the node adds the private bindings a CPU build lacks)
+    node.simulate_cuda(rec, functools.partial(monkeypatch.setattr, raising=False), gpus.profile("h100"))
     args = {"can_device_access_peer": (0, 1), "caching_allocator_alloc": (1024,), "caching_allocator_delete": (0,),
             "check_error": (0,), "set_rng_state": (torch.get_rng_state(),),
             "set_rng_state_all": ([torch.get_rng_state()] * 8,), "set_stream": (torch.cuda.current_stream(),),
@@ -216,3 +217,36 @@ def test_every_public_torch_cuda_function_answers_on_the_simulated_node(monkeypa
         assert torch.cuda.get_device_properties(device).total_memory == gpus.profile("h100").memory_bytes
     with pytest.raises(AssertionError):          # torch's own check of the device ids, as on a node
         torch.cuda.can_device_access_peer(0, 8)
+
+
+def test_a_cuda_extension_that_binds_torchs_private_cuda_functions_at_import_loads(cli, tmp_path):
+    """An extension binding ``torch._C._cuda_getCurrentRawStream`` at import (bitsandbytes' CUDA backend:
+    ``_get_raw_stream = torch._C._cuda_getCurrentRawStream``) imports on the node, where the CPU build
+    raised AttributeError and the file could not be linted. The raw handle of the current stream is the
+    default stream's, NULL; the device and the count are the node's; nothing outlives the replay."""
+    (tmp_path / "quantkit").mkdir()
+    (tmp_path / "quantkit" / "__init__.py").write_text('''
+import torch
+
+_get_raw_stream = torch._C._cuda_getCurrentRawStream
+STREAM = _get_raw_stream(torch.cuda.current_device())
+DEVICES = (torch._C._cuda_getDevice(), torch._C._cuda_getDeviceCount())
+''')
+    (tmp_path / "train.py").write_text('''
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+import quantkit
+
+assert quantkit.STREAM == 0 and quantkit.DEVICES == (0, 4), (quantkit.STREAM, quantkit.DEVICES)
+model = FSDP(nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16)))
+''')
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    res = cli("train.py", "--world-size", "4", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    import json
+
+    f = json.loads(res.out)["files"][0]
+    assert f["model"]["numel"] == 2 * (16 * 16 + 16) and not f.get("skipped_statements")
+    assert not hasattr(torch._C, "_cuda_getCurrentRawStream") or torch.cuda.is_available()

@@ -103,6 +103,20 @@ def answer(profile, patch: Patch, world_size: int, current_index: Callable[[], i
             patch(torch.cuda, name, value)
 
 
+def answer_private(patch: Patch, world_size: int, current_index: Callable[[], int]) -> None:
+    """The ``torch._C._cuda_*`` bindings CUDA extensions bind at import (bitsandbytes'
+    ``_get_raw_stream = torch._C._cuda_getCurrentRawStream``), missing from a CPU-only torch: the current
+    stream's raw handle is the default stream's, NULL (0) as on a device where no stream was set; the
+    device and the count are the node's."""
+    import torch
+
+    table = {"_cuda_getCurrentRawStream": lambda *a, **k: 0, "_cuda_getDevice": lambda: current_index(),
+             "_cuda_getDeviceCount": lambda: world_size}
+    for name, value in table.items():
+        if not hasattr(torch._C, name):
+            patch(torch._C, name, value)
+
+
 def _keeping_wrapped(value, wrapped):
     def stand_in(*args, **kwargs):
         return value(*args, **kwargs)

@@ -12,7 +12,9 @@ returns, so all of that works as it does on the node:
   in which any other split the script asks for exists (``if "validation" in raw: ...``);
 * its columns are ``features``' when the call gives them, else ``text``; a column the script asks for
   (``ds["messages"]``, ``select_columns``, ``remove_columns``, ``rename_column``, a ``map``/``filter``
-  function reading ``example["prompt"]``) is added, with the placeholder text, where it is asked for;
+  function reading ``example["prompt"]``) is added, with the placeholder text, where it is asked for --
+  a chat column (``messages``, ``conversations``, ``chosen``/``rejected``, `CHAT_COLUMNS`) with a
+  user/assistant exchange of ``{"role", "content"}`` messages, as chat data sets and TRL hold them;
   a data set derived from a stand-in (mapped, shuffled, concatenated, split) keeps these answers;
 * ``select(indices)`` past its rows takes them modulo its length (``select(range(args.max_samples))``);
 * a ``map``/``filter`` function that fails on the placeholder rows (its tokenizer is not here either)
@@ -60,14 +62,20 @@ def _value_for(feature) -> Any:
     return None
 
 
+# the keys an earlier attempt of this replay read from stand-in rows (`fsdp_lint.replay.asked_keys`)
+ASKED: Dict[str, None] = {}
+
+
 def standin_dataset(features=None):
-    """`ROWS` placeholder rows: the columns of `features`, else ``text``."""
+    """`ROWS` placeholder rows: the columns of `features`, else ``text`` and the keys asked (`ASKED`)."""
     from datasets import Dataset, DatasetInfo
 
     if features:
         data = {name: [_value_for(f)] * ROWS for name, f in features.items()}
         return Dataset.from_dict(data, features=features, info=DatasetInfo(description=MARK, features=features))
-    return Dataset.from_dict({"text": [TEXT] * ROWS}, info=DatasetInfo(description=MARK))
+    data = {"text": [TEXT] * ROWS}
+    data.update({name: [placeholder(name)] * ROWS for name in ASKED if name != "text"})
+    return Dataset.from_dict(data, info=DatasetInfo(description=MARK))
 
 
 def _splits_class():
@@ -118,12 +126,25 @@ def _maybe_streamed(ds, streaming: bool):
 # --------------------------------------------------------------------------------------------
 # columns where they are asked for
 # --------------------------------------------------------------------------------------------
+# columns that hold a conversation in the chat formats libraries read (TRL's conversational data sets,
+# the hub's chat corpora): a list of messages, each a dict with a role and content
+CHAT_COLUMNS = frozenset({"messages", "conversations", "conversation", "chosen", "rejected", "dialog", "dialogue"})
+
+
+def placeholder(name: str) -> Any:
+    """The value of a column the script asks for, by its name: a user/assistant exchange for a chat
+    column (TRL's `is_conversational` reads it as one), else the placeholder text."""
+    if name in CHAT_COLUMNS:
+        return [{"role": "user", "content": TEXT}, {"role": "assistant", "content": TEXT}]
+    return TEXT
+
+
 def _with_columns(ds, names) -> Any:
     if isinstance(names, str):
         names = [names]
     for name in names or ():
         if isinstance(name, str) and name not in ds.column_names:
-            ds = ds.add_column(name, [TEXT] * len(ds))
+            ds = ds.add_column(name, [placeholder(name)] * len(ds))
             ds._info.description = MARK
     return ds
 
@@ -195,7 +216,7 @@ def install_columns_on_demand(patch, datasets_module, on_failure=None) -> None:
 
     def __getitem__(self, key):
         if isinstance(key, str) and is_standin(self) and key not in self.column_names:
-            return [TEXT] * len(self)
+            return [placeholder(key)] * len(self)
         return real_getitem(self, key)
 
     patch(Dataset, "__getitem__", __getitem__)

@@ -10,6 +10,12 @@ the ones the plan reads), the options are the call's (torch's defaults where the
 contexts do nothing, ``clip_grad_norm_`` is torch's over the module's parameters. A name the user's
 class defines itself is left alone. The entries live in the instance's ``__dict__`` (no submodule is
 registered: ``model.modules()`` is unchanged).
+
+The units the call's auto-wrap policy makes are FSDP instances in torch's model too (each replaces its
+module in the parent): ``model.modules()`` yields them, so ``isinstance(m, FullyShardedDataParallel)``,
+``FSDP.fsdp_modules(model)`` and a ``check_fn`` of ``apply_activation_checkpointing`` find them. Each gets
+the same attributes, as a nested (not root) instance. Their names stay the user's (torch's gain
+``_fsdp_wrapped_module.``): the plan reads the model as the file built it.
 """
 from __future__ import annotations
 
@@ -26,8 +32,38 @@ def _defaults() -> Dict[str, Any]:
             "limit_all_gathers": True, "use_orig_params": False}
 
 
-def expose(module, kwargs: Dict[str, Any], world_size: int) -> None:
-    """Give `module` (the recorded wrap's result) the attributes torch's FSDP1 wrapper has."""
+def owned_params(root, units) -> Dict[int, list]:
+    """id(instance) -> the parameters its FlatParameter would hold: those of its module that no unit
+    nested in it holds (`units` post-order, children first; `root` last), each once."""
+    claimed: set = set()
+    out: Dict[int, list] = {}
+    for m in list(units) + [root]:
+        mine = []
+        for p in m.parameters():
+            if id(p) not in claimed:
+                claimed.add(id(p))
+                mine.append(p)
+        out[id(m)] = mine
+    return out
+
+
+def _flat_param(params):
+    """A stand-in for the instance's FlatParameter, on meta as the recorded model is (code after the
+    wrap that reads ``_flat_param`` -- accelerate's fp32 upcast -- skips meta parameters)."""
+    import torch
+    import torch.nn as nn
+
+    if not params:
+        return None
+    with torch._C.DisableTorchFunction():
+        data = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device="meta")
+    flat = nn.Parameter(data, requires_grad=any(p.requires_grad for p in params))
+    return flat
+
+
+def expose(module, kwargs: Dict[str, Any], world_size: int, root: bool = True, params=None) -> None:
+    """Give `module` (the recorded wrap's result, or with ``root=False`` a unit its auto-wrap policy
+    made) the attributes torch's FSDP1 wrapper has; `params`: those its FlatParameter would hold."""
     import torch
     from torch.distributed.fsdp import CPUOffload, MixedPrecision
 
@@ -48,15 +84,39 @@ def expose(module, kwargs: Dict[str, Any], world_size: int) -> None:
     entries: Dict[str, Any] = {
         "module": module, "_fsdp_wrapped_module": module,
         "no_sync": lambda: contextlib.nullcontext(), "clip_grad_norm_": clip_grad_norm_,
-        "check_is_root": lambda: True, "register_comm_hook": lambda *a, **k: None,
+        "check_is_root": lambda: root, "register_comm_hook": lambda *a, **k: None,
         "summon_full_params": lambda *a, **k: contextlib.nullcontext(),
         "state_dict_type": lambda *a, **k: contextlib.nullcontext(),
         "set_state_dict_type": lambda *a, **k: None,
+        "_has_params": bool(params) if params is not None else True,
+        "_flat_param": _flat_param(params) if params is not None else None,
         "rank": 0, "world_size": world_size,
         "compute_device": torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0),
         "_use_orig_params": options.pop("use_orig_params"), **options,
     }
+    registered = set(own.get("_modules", ())) | set(own.get("_parameters", ())) | set(own.get("_buffers", ()))
     for name, value in entries.items():
-        if name in own or any(name in vars(k) for k in cls.__mro__ if k is not object):
-            continue            # the user's class has its own
+        if name in own or name in registered or any(name in vars(k) for k in cls.__mro__ if k is not object):
+            continue            # the user's class has its own (a child named `module` stays the child)
         own[name] = value
+
+
+def is_recorded(module) -> bool:
+    """`module` stands for an FSDP1 instance of this replay: a recorded wrap, or a unit of its policy."""
+    return "_fsdp_wrapped_module" in getattr(module, "__dict__", {})
+
+
+def fsdp_modules(module, root_only: bool = False):
+    """``FullyShardedDataParallel.fsdp_modules`` over the recorded instances: in ``module.modules()`` order
+    (torch walks depth-first in that order), each once; ``root_only``: those no recorded ancestor holds."""
+    found = []
+
+    def walk(m, inside):
+        here = is_recorded(m)
+        if here and not (root_only and inside):
+            found.append(m)
+        for child in m.children():
+            walk(child, inside or here)
+
+    walk(module, False)
+    return list(dict.fromkeys(found))

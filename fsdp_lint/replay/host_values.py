@@ -15,8 +15,9 @@ tables), and every large tensor, stays on meta. A parameter or buffer given such
 (``model.pos = nn.Parameter(torch.zeros(1, 16, 64))``) is moved to meta when it is registered, and an
 operation mixing one with a meta tensor runs on meta: values with no data give no data.
 
-The collectives answer what a real world of identical ranks gives rank 0: every rank is taken to hold
-rank 0's value (only rank 0's is known). ``broadcast`` leaves rank 0's tensor as it is (rank 0 is the
+The collectives answer what a real world gives rank 0. A value the node knows for every rank (its rank,
+local rank, host name, and small tensors made from them: `fsdp_lint.replay.rank_values`) is each rank's
+own; for any other value every rank is taken to hold rank 0's (only rank 0's is known). ``broadcast`` leaves rank 0's tensor as it is (rank 0 is the
 usual source); ``all_reduce`` applies its op over `world` equal values (SUM multiplies by the group
 size, MAX/MIN/AVG/BAND/BOR keep the value, PRODUCT raises it to the power); ``all_gather`` and
 ``all_gather_into_tensor`` fill every rank's slot with rank 0's value (right for the local world size,
@@ -28,7 +29,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from typing import List, Optional
+
+from fsdp_lint.replay import rank_values
 
 HOST_NUMEL = 1 << 16          # elements: a rank grid, a byte string, a schedule -- never a weight
 
@@ -73,9 +76,11 @@ def make_on_host(func, args, kwargs):
     host = dict(kwargs)
     host["device"] = "cpu"
     try:
-        return func(*args, **host)
+        made = func(*args, **host)
     except Exception:  # noqa: BLE001 - a call the CPU refuses keeps its meta result
         return out
+    rank_values.tag_factory_result(made, func, args, host)    # made from rank-dependent values
+    return made
 
 
 def is_device_mix(exc: BaseException) -> bool:
@@ -123,6 +128,44 @@ def _group_size(group, world: int) -> int:
         return dist.get_world_size(group)
     except Exception:  # noqa: BLE001
         return world
+
+
+def groups_of(group) -> Optional[List[int]]:
+    """The global ranks of `group` in group-rank order (None: not a group the replay made)."""
+    if group is None:
+        return None
+    try:
+        from torch.distributed import distributed_c10d as c10d   # torch's own (``dist``'s is simulated)
+
+        return [int(r) for r in c10d.get_process_group_ranks(group)]
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _ranks(group, world: int) -> List[int]:
+    return groups_of(group) or list(range(_group_size(group, world)))
+
+
+def _reduce_values(values, op):
+    """The reduction `op` of the ranks' `values` (tensors of one shape)."""
+    import functools
+
+    import torch
+
+    name = str(getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]).upper()
+    stacked = torch.stack([v.reshape(values[0].shape) for v in values])
+    if name == "SUM":
+        return stacked.sum(0).to(values[0].dtype)
+    if name == "AVG":
+        return stacked.to(torch.float64).mean(0).to(values[0].dtype)
+    if name == "PRODUCT":
+        return stacked.prod(0).to(values[0].dtype)
+    if name == "MAX":
+        return stacked.amax(0)
+    if name == "MIN":
+        return stacked.amin(0)
+    fold = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}.get(name)
+    return functools.reduce(fold, values) if fold is not None else values[0]
 
 
 def _has_values(tensor) -> bool:
@@ -176,42 +219,62 @@ def install(rec, patch, dist) -> None:
         return _Done()
 
     def broadcast(tensor, src=None, group=None, async_op=False, **kwargs):
-        if src not in (None, 0) and _has_values(tensor):
+        values = rank_values.tensor_values(tensor, [src]) if src not in (None, 0) else None
+        if values is not None:
+            with torch.no_grad():
+                tensor.copy_(values[0].reshape(tensor.shape))       # what rank `src` made
+        elif src not in (None, 0) and _has_values(tensor):
             _note(rec, f"broadcast from rank {src} kept rank 0's values")
         return work(async_op)
 
+    def _reduce(tensor, op, group) -> None:
+        op = op if op is not None else dist.ReduceOp.SUM
+        values = rank_values.tensor_values(tensor, _ranks(group, world))
+        if values is None:
+            _reduce_equal(tensor, op, _group_size(group, world))
+            return
+        with torch.no_grad():
+            tensor.copy_(_reduce_values(values, op).reshape(tensor.shape))
+
     def all_reduce(tensor, op=None, group=None, async_op=False, **kwargs):
         if _has_values(tensor):
-            _reduce_equal(tensor, op if op is not None else dist.ReduceOp.SUM, _group_size(group, world))
+            _reduce(tensor, op, group)
         return work(async_op)
 
     def reduce(tensor, dst=None, op=None, group=None, async_op=False, **kwargs):
         if _has_values(tensor) and dst in (None, 0):
-            _reduce_equal(tensor, op if op is not None else dist.ReduceOp.SUM, _group_size(group, world))
+            _reduce(tensor, op, group)
         return work(async_op)
 
     def all_gather(tensor_list, tensor, group=None, async_op=False, **kwargs):
         if _has_values(tensor):
+            values = rank_values.tensor_values(tensor, _ranks(group, world)[: len(tensor_list)])
             with torch.no_grad():
-                for slot in tensor_list:
+                for i, slot in enumerate(tensor_list):
                     if _has_values(slot):
-                        slot.copy_(tensor)
-            _note_gather(rec, tensor)
+                        slot.copy_(values[i].reshape(slot.shape) if values is not None else tensor)
+            if values is None:
+                _note_gather(rec, tensor)
         return work(async_op)
 
     def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, **kwargs):
         if _has_values(output_tensor) and _has_values(input_tensor):
-            n = _group_size(group, world)
+            ranks = _ranks(group, world)
+            values = rank_values.tensor_values(input_tensor, ranks)
             with torch.no_grad():
                 flat = output_tensor.view(-1) if output_tensor.is_contiguous() else None
-                if flat is not None and flat.numel() == n * input_tensor.numel():
-                    flat.copy_(input_tensor.reshape(-1).repeat(n))
-            _note_gather(rec, input_tensor)
+                if flat is not None and flat.numel() == len(ranks) * input_tensor.numel():
+                    flat.copy_(torch.cat([v.reshape(-1) for v in values]) if values is not None
+                               else input_tensor.reshape(-1).repeat(len(ranks)))
+            if values is None:
+                _note_gather(rec, input_tensor)
         return work(async_op)
 
     def all_gather_object(object_list, obj, group=None, **kwargs):
+        ranks = _ranks(group, world)
         for i in range(len(object_list)):
-            object_list[i] = obj
+            # rank i's own value where it is one the node knows (its rank, local rank, host name)
+            object_list[i] = rank_values.value_at(obj, ranks[i]) if i < len(ranks) else obj
         return None
 
     def reduce_scatter_tensor(output, input, op=None, group=None, async_op=False, **kwargs):

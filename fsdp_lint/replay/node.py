@@ -133,6 +133,7 @@ def simulate_cuda(rec, patch: Patch, profile: gpus.GpuProfile) -> None:
         _answer_as(profile, patch)
         # every other public torch.cuda function (peer access, allocator, graphs, telemetry)
         cuda_probes.answer(profile, patch, ws, lambda: current_cuda_index(rec))
+        cuda_probes.answer_private(patch, ws, lambda: current_cuda_index(rec))   # extensions' bindings
         patch(torch, "Generator", _generator_class(torch))
 
 

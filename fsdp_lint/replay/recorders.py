@@ -334,9 +334,12 @@ def _install_recorders(rec: Recorder, patch) -> None:
             # a module this replay wrapped is one, as torch's wrapper is: a framework that prepares the
             # model again (transformers 4's Trainer calls ``accelerator.prepare`` twice) skips it as
             # torch's code does, instead of wrapping it a second time
-            return "_fsdp_wrapped_module" in getattr(instance, "__dict__", {})
+            # and so is each unit its auto-wrap policy made (torch's model holds an FSDP instance there)
+            return fsdp1_wrapper.is_recorded(instance)
 
     class RecordingFSDP(metaclass=_FSDPMeta):
+        fsdp_modules = staticmethod(fsdp1_wrapper.fsdp_modules)
+
         def __new__(cls, module, *args, **kwargs):
             from fsdp_lint.model.policy import resolve_fsdp1_auto_wrap
 
@@ -350,7 +353,10 @@ def _install_recorders(rec: Recorder, patch) -> None:
             rec.undo.clear()
             rec.record_wrap(call)
             # what torch's wrapper exposes (``model.module``, ``no_sync()``, ``clip_grad_norm_``)
-            fsdp1_wrapper.expose(module, kwargs, rec.world_size)
+            owned = fsdp1_wrapper.owned_params(module, call.auto_wrapped)
+            fsdp1_wrapper.expose(module, kwargs, rec.world_size, params=owned[id(module)])
+            for unit in call.auto_wrapped:
+                fsdp1_wrapper.expose(unit, kwargs, rec.world_size, root=False, params=owned[id(unit)])
             return module
 
     RecordingFSDP.__name__ = "FullyShardedDataParallel"

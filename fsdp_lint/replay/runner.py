@@ -65,6 +65,7 @@ from fsdp_lint.replay.transform import (
     transform,
 )
 from fsdp_lint.entry.source import SourceFacts, relevant_lines_with
+from fsdp_lint.replay import asked_keys
 from fsdp_lint.replay.argv_hint import argv_hint
 from fsdp_lint.replay.roots import last_resort_roots
 from fsdp_lint.model.tree import user_class
@@ -84,13 +85,14 @@ def replay(facts: Union[SourceFacts, str], world_size: int, target: Optional[Mod
     (default: the current one). `wrap=False` (with `real`): the wrap calls are recorded and leave the
     model unwrapped (``--simulate`` of a ``--suggest`` candidate applies its own plan). Raises
     ReplayError (one line)."""
-    if isinstance(facts, str):
-        facts = facts_for(os.path.abspath(facts))
-    run = _Run(facts, world_size, target, real, device, list(argv or []), project)
-    run.cwd = cwd
-    run.rec.defer_wrap = real and not wrap
-    run.rec.gpus_per_node = gpus_per_node  # issue 11: LOCAL_WORLD_SIZE / device_count() (replay/parallel.py)
-    return run.execute(timeout)
+    facts = facts_for(os.path.abspath(facts)) if isinstance(facts, str) else facts
+
+    def make_run():
+        run = _Run(facts, world_size, target, real, device, list(argv or []), project)
+        run.cwd, run.rec.defer_wrap = cwd, real and not wrap
+        run.rec.gpus_per_node = gpus_per_node  # issue 11: LOCAL_WORLD_SIZE / device_count() (replay/parallel.py)
+        return run
+    return asked_keys.in_rounds(make_run, timeout)   # issue 15: again with the keys read from stood-in rows
 
 
 @dataclass

@@ -32,7 +32,7 @@ from fsdp_lint.replay.recorders import (
     _install_real_wrappers,
     _install_recorders,
 )
-from fsdp_lint.replay import checkpoints, data_values, host_values, node, parallel  # issue 11; issue 15: the node's GPU, data values
+from fsdp_lint.replay import checkpoints, data_values, host_values, node, parallel, rank_values  # issue 11; issue 15: the node's GPU, data values
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
 
 Patch = Callable[[Any, str, Any], None]
@@ -246,6 +246,7 @@ def _simulate_dist(rec: Recorder, patch: Patch) -> bool:
         if hasattr(dist, name):
             patch(dist, name, value)
     host_values.install(rec, patch, dist)   # collectives leave what a world of identical ranks would
+    rank_values.install(rec, patch, dist, host_values.groups_of)   # ... but each rank's own rank and host
     return False
 
 

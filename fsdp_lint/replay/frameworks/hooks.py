@@ -175,14 +175,23 @@ def simulate_object_collectives(rec, patch) -> None:
     def noop(*args, **kwargs):
         return None
 
+    from fsdp_lint.replay.host_values import groups_of
+    from fsdp_lint.replay.rank_values import value_at
+
+    def ranks(group):
+        return groups_of(group) or list(range(rec.world_size))
+
     def all_gather_object(object_list, obj, group=None):
+        # each rank's own value where the node knows it (its rank, local rank, host name: rank_values)
+        of = ranks(group)
         for i in range(len(object_list)):
-            object_list[i] = obj
+            object_list[i] = value_at(obj, of[i]) if i < len(of) else obj
 
     def gather_object(obj, object_gather_list=None, dst=0, group=None, **kwargs):
         if object_gather_list is not None:
+            of = ranks(group)
             for i in range(len(object_gather_list)):
-                object_gather_list[i] = obj
+                object_gather_list[i] = value_at(obj, of[i]) if i < len(of) else obj
 
     def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=0, group=None, **kwargs):
         if scatter_object_output_list:
@@ -191,7 +200,7 @@ def simulate_object_collectives(rec, patch) -> None:
     table = {
         "broadcast_object_list": noop, "all_gather_object": all_gather_object, "gather_object": gather_object,
         "scatter_object_list": scatter_object_list, "get_backend": lambda *a, **k: "nccl",
-        "get_process_group_ranks": lambda *a, **k: list(range(rec.world_size)),
+        "get_process_group_ranks": lambda group=None, *a, **k: ranks(group),
     }
     for name, value in table.items():
         if hasattr(dist, name):
