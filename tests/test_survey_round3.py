@@ -1,0 +1,87 @@
+"""Round 3 of the real-launch survey (benchmarks/realworld.md, "Round 3"): classes of setup code that a
+simulated node answered differently from a real one.
+
+Oracles: real torch (FSDP2 under the fake process group, via the replay with the real APIs), the real
+framework where one is named."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import REPO  # noqa: E402
+from test_idioms import assert_plan_matches_torch  # noqa: E402
+
+STAGE = os.path.join(REPO, "fixtures", "repos", "stage_engine")
+
+
+@pytest.fixture
+def in_stage(monkeypatch):
+    monkeypatch.chdir(STAGE)
+    yield
+    for name in [n for n in sys.modules if n == "stagelm" or n.startswith("stagelm.")]:
+        sys.modules.pop(name, None)
+
+
+def test_a_project_helper_that_builds_the_mesh_in_module_globals_runs_before_the_stages_are_read(in_stage):
+    # `init_distributed(...)` (from .utils) binds nothing, but the mesh it keeps in a module global is what
+    # `get_model_container` reads back (the pipeline stages of this rank): left out of the setup slice,
+    # the stage list was empty and the container's [0] failed (IndexError)
+    res, _ = assert_plan_matches_torch(os.path.join(STAGE, "stagelm", "pretrain.py"), 8)
+    assert [u.modules for u in res.plan.units] == [["blocks.0"], ["blocks.1"], ["blocks.2"], ["blocks.3"], [""]]
+    assert {u.shard_size for u in res.plan.units} == {8}
+    assert not res.plan.unsupported        # a pipeline dimension of size 1 is one stage: the whole model
+    assert not res.skipped_statements, res.skipped_statements
+
+
+def test_a_pipeline_dimension_of_more_than_one_stage_is_still_refused(in_stage, cli):
+    res = cli("stagelm/pretrain.py", "--world-size", "8", "--", "--pipeline-parallel-world-size", "2",
+              "--num-pipeline-stages", "2", cwd=STAGE)
+    assert res.code == 2
+    assert "pipeline parallelism (mesh dimension 'pp')" in res.err
+
+
+TELEMETRY = os.path.join(REPO, "fixtures", "repos", "telemetry_cli")
+
+
+def test_configuring_a_client_package_that_is_not_installed_works_as_on_a_module(cli):
+    # `usage_beacon.host = URL` in a telemetry manager (the client is an optional package, not installed):
+    # the stand-in takes the attribute as the module would, and reads it back; the statement is not
+    # skipped ('Missing' object has no attribute 'host') and the plan is the one torch builds
+    import json
+
+    import torch.nn as nn
+
+    res = cli("src/trainkit/cli/train.py", "--world-size", "4", "--format", "json", cwd=TELEMETRY)
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["replay"]["skipped_statements"] == []
+    assert any("usage_beacon" in n and "not used by the model" in n for n in f["notes"]), f["notes"]
+    assert [u["modules"] for u in f["plan"]["units"]] == [["blocks.0"], ["blocks.1"], ["blocks.2"], [""]]
+    sys.path.insert(0, os.path.join(TELEMETRY, "src"))
+    try:
+        from trainkit.model import Net
+    finally:
+        sys.path.remove(os.path.join(TELEMETRY, "src"))
+        for name in [n for n in sys.modules if n == "trainkit" or n.startswith("trainkit.")]:
+            sys.modules.pop(name, None)
+    assert f["model"]["numel"] == sum(p.numel() for p in Net(32).parameters())
+    assert isinstance(Net(32), nn.Module)
+
+
+def test_a_stand_in_module_keeps_the_attributes_set_on_it_as_a_module_does():
+    import types
+
+    from fsdp_lint.replay.imports import Missing
+
+    uses = []
+    real, stand_in = types.ModuleType("usage_beacon"), Missing("usage_beacon", lambda name, **kw: uses.append(name))
+    for mod in (real, stand_in):
+        mod.host = "https://beacon.example.com"
+        mod.api_key = "pk"
+        del mod.api_key
+    assert stand_in.host == real.host
+    assert isinstance(stand_in.api_key, Missing) and not hasattr(real, "api_key")
+    assert "usage_beacon.host" in uses
