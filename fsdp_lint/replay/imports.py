@@ -102,17 +102,29 @@ class Missing:
     recorded; it is falsy, iterates as empty and contains whatever it is asked for (a data set that
     does not exist here has the splits and columns the script checks for)."""
 
-    __slots__ = ("_fsdp_lint_name", "_fsdp_lint_on_use", "_fsdp_lint_why")
+    __slots__ = ("_fsdp_lint_name", "_fsdp_lint_on_use", "_fsdp_lint_why", "_fsdp_lint_set")
 
     def __init__(self, name: str, on_use: Callable[[str], None], why: Optional[str] = None):
         object.__setattr__(self, "_fsdp_lint_name", name)
         object.__setattr__(self, "_fsdp_lint_on_use", on_use)
         # why the import failed, said as the cause: "`addict` is not installed here (pip install addict)"
         object.__setattr__(self, "_fsdp_lint_why", why)
+        object.__setattr__(self, "_fsdp_lint_set", {})
+
+    def __setattr__(self, item, value):
+        # configuring a package that is not installed (`posthog.host = URL`, `openai.api_key = key`):
+        # a module takes any attribute, and reading it back gives what was set
+        self._fsdp_lint_on_use(f"{self._fsdp_lint_name}.{item}", access=True)
+        self._fsdp_lint_set[item] = value
+
+    def __delattr__(self, item):
+        self._fsdp_lint_set.pop(item, None)
 
     def __getattr__(self, item):
-        if item.startswith("__") and item.endswith("__"):
-            raise AttributeError(item)
+        if item.startswith("__") and item.endswith("__") or item.startswith("_fsdp_lint_"):
+            raise AttributeError(item)      # (an unset slot of a copy: no recursion)
+        if item in self._fsdp_lint_set:
+            return self._fsdp_lint_set[item]
         name = f"{self._fsdp_lint_name}.{item}"
         # naming an attribute is no use of it (`-> pa.Table`, `x: wandb.Run`): what is done with it is
         self._fsdp_lint_on_use(name, access=True)
