@@ -85,3 +85,39 @@ def test_a_stand_in_module_keeps_the_attributes_set_on_it_as_a_module_does():
     assert stand_in.host == real.host
     assert isinstance(stand_in.api_key, Missing) and not hasattr(real, "api_key")
     assert "usage_beacon.host" in uses
+
+
+STREAM_ARGS = os.path.join(REPO, "fixtures", "repos", "stream_args")
+
+
+def test_a_project_module_that_refuses_to_import_without_a_package_names_the_package(cli):
+    # training/trainer.py: `try: from shardstream import ... except ImportError: raise ImportError("needs the
+    # shard streaming package") from exc`; the statement is skipped, the Trainer then fails on the name it
+    # should have bound: the one line names the skipped statement and the package behind it (Python's own
+    # ModuleNotFoundError, the __cause__ of the project's ImportError), with its pip name
+    import importlib.util
+
+    assert importlib.util.find_spec("shardstream") is None
+    res = cli("training/train_lm.py", "--world-size", "8", "--", "--output_dir", "/tmp/stream_args_out",
+              cwd=STREAM_ARGS)
+    assert res.code == 2
+    line = res.err.strip().splitlines()[0]
+    assert "training/trainer.py:7" in line
+    assert "`shardstream` is not installed here: pip install shardstream" in line
+
+
+def test_the_package_behind_a_chain_of_import_errors_is_the_one_python_could_not_find():
+    from fsdp_lint.replay.imports import package_behind
+
+    def chained(missing):
+        try:
+            try:
+                __import__(missing)
+            except ImportError as exc:
+                raise ImportError("the project needs it") from exc
+        except ImportError as outer:
+            return outer
+
+    assert package_behind(chained("shardstream.loader")) == "shardstream"
+    assert package_behind(chained("json")) is None           # imported: nothing is missing
+    assert package_behind(ValueError("no import involved")) is None

@@ -35,6 +35,7 @@ _DISTRIBUTIONS = {
     "bitsandbytes": "bitsandbytes", "liger_kernel": "liger-kernel", "webdataset": "webdataset",
     "tiktoken": "tiktoken", "zmq": "pyzmq", "serial": "pyserial", "usb": "pyusb", "docx": "python-docx",
     "Levenshtein": "python-Levenshtein", "git": "GitPython", "pkg_resources": "setuptools",
+    "streaming": "mosaicml-streaming",
 }
 
 
@@ -349,6 +350,25 @@ def missing_module_of(exc: BaseException) -> Optional[str]:
     name = getattr(exc, "name", None)
     if isinstance(exc, ModuleNotFoundError) and name:
         return name
+    return None
+
+
+def package_behind(exc: BaseException) -> Optional[str]:
+    """The package not installed here behind `exc`: a ModuleNotFoundError in its chain of causes (a
+    project module's ``raise ImportError("needs the streaming package") from e``, a project module whose
+    import failed on a package and stands in for its names), or None."""
+    seen: set = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        top = (missing_module_of(exc) or "").split(".")[0]
+        if top:
+            try:
+                found = importlib.util.find_spec(top) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                return top
+        exc = exc.__cause__ or exc.__context__
     return None
 
 
