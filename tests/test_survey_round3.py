@@ -121,3 +121,40 @@ def test_the_package_behind_a_chain_of_import_errors_is_the_one_python_could_not
     assert package_behind(chained("shardstream.loader")) == "shardstream"
     assert package_behind(chained("json")) is None           # imported: nothing is missing
     assert package_behind(ValueError("no import involved")) is None
+
+
+SUBMIT_JOB = os.path.join(REPO, "fixtures", "repos", "submit_job")
+
+
+@pytest.fixture
+def in_submit_job(monkeypatch):
+    import submitit  # noqa: F401  the real launcher (the project's test extras install it)
+    monkeypatch.chdir(SUBMIT_JOB)
+    yield
+    for name in [n for n in sys.modules if n == "vitrun" or n.startswith("vitrun.")]:
+        sys.modules.pop(name, None)
+
+
+def test_a_training_function_submitted_as_a_slurm_job_is_linted_as_task_0_of_that_job(in_submit_job, tmp_path):
+    # `submitit.AutoExecutor(...).submit(Trainer(args))`: on the cluster the job's tasks run the pickled
+    # callable with SLURM's environment; here it runs in the replay as task 0 of 16 (2 nodes), and the
+    # worker's FSDP1 plan is the one real torch builds from the same file
+    res, _ = assert_plan_matches_torch(os.path.join(SUBMIT_JOB, "vitrun", "run", "train.py"), 16,
+                                       argv=["--nodes", "2", "--output-dir", str(tmp_path / "%j")])
+    assert [u.modules for u in res.plan.units] == [["blocks.0"], ["blocks.1"], ["blocks.2"], ["blocks.3"], [""]]
+    assert res.plan.world_size == 16
+    assert any("submits `Trainer` as a cluster job (submitit)" in n and "SLURM_NTASKS=16, 2 node(s)" in n
+               for n in res.notes), res.notes
+    assert "SLURM_PROCID" not in os.environ and "SUBMITIT_EXECUTOR" not in os.environ   # put back
+
+
+def test_submitit_reads_the_simulated_job_environment_as_slurm_sets_it(monkeypatch):
+    import submitit
+    from fsdp_lint.replay.job_submission import slurm_env
+
+    for key, value in slurm_env(32, 8, nodes=4).items():
+        monkeypatch.setenv(key, value)
+    env = submitit.JobEnvironment()
+    assert (env.cluster, env.job_id, env.global_rank, env.local_rank, env.num_tasks, env.num_nodes, env.node) == \
+        ("slurm", "1", 0, 0, 32, 4, 0)
+    assert env.hostnames == ["node0", "node1", "node2", "node3"]
