@@ -158,3 +158,45 @@ def test_submitit_reads_the_simulated_job_environment_as_slurm_sets_it(monkeypat
     assert (env.cluster, env.job_id, env.global_rank, env.local_rank, env.num_tasks, env.num_nodes, env.node) == \
         ("slurm", "1", 0, 0, 32, 4, 0)
     assert env.hostnames == ["node0", "node1", "node2", "node3"]
+
+
+def test_a_stand_in_copies_as_an_object_does():
+    # `copy.deepcopy(modality_transforms)` of a config holding stand-ins (torchvision not installed)
+    import copy
+
+    from fsdp_lint.replay.imports import Missing
+
+    stand_in = Missing("T.Compose()", lambda name, **kw: None)
+    stand_in.size = 224
+    copied = copy.deepcopy({"rgb": stand_in})["rgb"]
+    assert isinstance(copied, Missing) and copied.size == 224 and repr(copied) == repr(stand_in)
+
+
+REMOTE_DATA = os.path.join(REPO, "fixtures", "repos", "remote_data")
+
+
+def test_a_setup_that_waits_on_the_network_fails_at_once_naming_it(cli):
+    # a data set of remote shards asks each shard's size over HTTPS through a session that retries with
+    # back-off (urllib3's Retry): on a node without network every attempt waited on name resolution until
+    # the replay's deadline; now the first refusals fail at once and the replay ends, naming the request
+    res = cli("remotedata/train.py", "--world-size", "4", cwd=REMOTE_DATA)
+    assert res.code == 2
+    [line] = res.err.strip().splitlines()[:1]
+    assert "the setup code waits on the network: it asks for data.example.org:443 at remotedata/io.py:37" in line
+    assert "Traceback" not in res.err
+
+
+def test_a_network_request_with_an_offline_fallback_answers_as_an_offline_machine(cli):
+    # `requests.get(...)` in a try/except ConnectionError: refused at once (an ordinary error), the
+    # script's default is used (vocabulary 1024) and the note names the request; the plan is torch's
+    import json
+
+    import torch.nn as nn
+
+    res = cli("remotedata/train.py", "--world-size", "4", "--format", "json", "--", "--data", "none", cwd=REMOTE_DATA)
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert any("the setup asked for the network (hub.example.org:443, at remotedata/io.py:44)" in n for n in f["notes"])
+    layer = nn.TransformerEncoderLayer(64, 4, 256, batch_first=True)
+    assert f["model"]["numel"] == 1024 * 64 + 2 * sum(p.numel() for p in layer.parameters())
+    assert [u["modules"] for u in f["plan"]["units"]] == [["layers.0"], ["layers.1"], [""]]

@@ -113,6 +113,9 @@ class Missing:
         object.__setattr__(self, "_fsdp_lint_set", {})
 
     def __setattr__(self, item, value):
+        if item in Missing.__slots__:       # copy.deepcopy(cfg) of a stand-in restores its slots
+            object.__setattr__(self, item, value)
+            return
         # configuring a package that is not installed (`posthog.host = URL`, `openai.api_key = key`):
         # a module takes any attribute, and reading it back gives what was set
         self._fsdp_lint_on_use(f"{self._fsdp_lint_name}.{item}", access=True)

@@ -32,7 +32,7 @@ from fsdp_lint.replay.recorders import (
     _install_real_wrappers,
     _install_recorders,
 )
-from fsdp_lint.replay import checkpoints, data_values, host_values, job_submission, node, parallel  # issue 11; issue 15: the node's GPU, data values
+from fsdp_lint.replay import checkpoints, data_values, host_values, job_submission, network, node, parallel  # issue 11; issue 15: the node's GPU, data values
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
 
 Patch = Callable[[Any, str, Any], None]
@@ -284,6 +284,7 @@ def _simulate_launchers(rec: Recorder, patch: Patch) -> None:
 
     patch(tmp, "spawn", spawn)
     job_submission.install(rec, patch)     # submitit's executor.submit(fn): the job runs here, as task 0
+    network.install(rec, patch)            # no network: a connection fails at once, never waits
 
 
 def _hydra_without_outputs(patch: Patch) -> Callable[[], None]:
