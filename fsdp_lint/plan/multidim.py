@@ -57,7 +57,8 @@ def attach_parallel(plan, result, tree, options, fqn_of: Dict[int, str], param_f
                 f"placements it gives parameters are torch's, but its activation collectives are not counted"))
     if plan.mesh is not None:
         for d in plan.mesh.dims:
-            if d.name and d.name.lower() in ("pp", "pipeline", "pipe"):
+            # a pipeline dimension of size 1 is one stage holding the whole model (an engine's default)
+            if d.name and d.name.lower() in ("pp", "pipeline", "pipe") and d.size > 1:
                 par.unsupported.append(Unsupported(
                     "mesh", plan.mesh.path or "", plan.mesh.line,
                     f"pipeline parallelism (mesh dimension {d.name!r}): each stage holds a part of the model, "

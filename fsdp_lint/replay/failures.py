@@ -25,6 +25,7 @@ from fsdp_lint.replay.imports import (
     installed_version,
     is_circular,
     missing_module_of,
+    package_behind,
 )
 from fsdp_lint.replay.records import Skipped
 
@@ -223,6 +224,7 @@ class Failures:
                 # the skipped statement first: what failed here left the object half-set
                 at = f"{_display(earlier.skipped.path, self.entry_path, entry_display)}:{earlier.skipped.line}"
                 return (f"{at}: setup code failed {where_real}: {earlier.skipped.error}{_download_hint(earlier.skipped.error)}"
+                        f"{_package_hint(earlier.exc, earlier.skipped.error)}"
                         f" (skipped; what it would have set up was used later: {loc}: {_one_line(exc)})")
         if isinstance(exc, ImportError):
             text = self.describe_import_error(exc, importer)
@@ -235,7 +237,8 @@ class Failures:
         msg = _one_line(exc)
         if raised_by_model_validation(exc):
             return f"{loc}: {msg} (torch's own check of the model: the script fails on this line on a GPU node too)"
-        text = f"{loc}: setup code failed {where_real}: {msg}{_download_hint(msg)}{self._stub_hint(msg)}"
+        hint = _package_hint(exc, msg) or self._stub_hint(msg)
+        text = f"{loc}: setup code failed {where_real}: {msg}{_download_hint(msg)}{hint}"
         return text
 
     def _location(self, exc: BaseException, entry_display: str) -> str:
@@ -407,6 +410,15 @@ def _display(path: str, entry_path: str, entry_display: str) -> str:
     except ValueError:
         return path
     return path if rel.startswith("..") else rel
+
+
+def _package_hint(exc: BaseException, msg: str) -> str:
+    """`` (`streaming` is not installed here: pip install mosaicml-streaming)`` when a package that is not
+    installed is behind `exc` and `msg` does not name it already."""
+    top = package_behind(exc)
+    if not top or f"`{top}`" in msg or f"'{top}'" in msg:
+        return ""
+    return f" (`{top}` is not installed here: pip install {distribution_of(top)})"
 
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:

@@ -35,6 +35,7 @@ _DISTRIBUTIONS = {
     "bitsandbytes": "bitsandbytes", "liger_kernel": "liger-kernel", "webdataset": "webdataset",
     "tiktoken": "tiktoken", "zmq": "pyzmq", "serial": "pyserial", "usb": "pyusb", "docx": "python-docx",
     "Levenshtein": "python-Levenshtein", "git": "GitPython", "pkg_resources": "setuptools",
+    "streaming": "mosaicml-streaming",
 }
 
 
@@ -102,17 +103,32 @@ class Missing:
     recorded; it is falsy, iterates as empty and contains whatever it is asked for (a data set that
     does not exist here has the splits and columns the script checks for)."""
 
-    __slots__ = ("_fsdp_lint_name", "_fsdp_lint_on_use", "_fsdp_lint_why")
+    __slots__ = ("_fsdp_lint_name", "_fsdp_lint_on_use", "_fsdp_lint_why", "_fsdp_lint_set")
 
     def __init__(self, name: str, on_use: Callable[[str], None], why: Optional[str] = None):
         object.__setattr__(self, "_fsdp_lint_name", name)
         object.__setattr__(self, "_fsdp_lint_on_use", on_use)
         # why the import failed, said as the cause: "`addict` is not installed here (pip install addict)"
         object.__setattr__(self, "_fsdp_lint_why", why)
+        object.__setattr__(self, "_fsdp_lint_set", {})
+
+    def __setattr__(self, item, value):
+        if item in Missing.__slots__:       # copy.deepcopy(cfg) of a stand-in restores its slots
+            object.__setattr__(self, item, value)
+            return
+        # configuring a package that is not installed (`posthog.host = URL`, `openai.api_key = key`):
+        # a module takes any attribute, and reading it back gives what was set
+        self._fsdp_lint_on_use(f"{self._fsdp_lint_name}.{item}", access=True)
+        self._fsdp_lint_set[item] = value
+
+    def __delattr__(self, item):
+        self._fsdp_lint_set.pop(item, None)
 
     def __getattr__(self, item):
-        if item.startswith("__") and item.endswith("__"):
-            raise AttributeError(item)
+        if item.startswith("__") and item.endswith("__") or item.startswith("_fsdp_lint_"):
+            raise AttributeError(item)      # (an unset slot of a copy: no recursion)
+        if item in self._fsdp_lint_set:
+            return self._fsdp_lint_set[item]
         name = f"{self._fsdp_lint_name}.{item}"
         # naming an attribute is no use of it (`-> pa.Table`, `x: wandb.Run`): what is done with it is
         self._fsdp_lint_on_use(name, access=True)
@@ -337,6 +353,25 @@ def missing_module_of(exc: BaseException) -> Optional[str]:
     name = getattr(exc, "name", None)
     if isinstance(exc, ModuleNotFoundError) and name:
         return name
+    return None
+
+
+def package_behind(exc: BaseException) -> Optional[str]:
+    """The package not installed here behind `exc`: a ModuleNotFoundError in its chain of causes (a
+    project module's ``raise ImportError("needs the streaming package") from e``, a project module whose
+    import failed on a package and stands in for its names), or None."""
+    seen: set = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        top = (missing_module_of(exc) or "").split(".")[0]
+        if top:
+            try:
+                found = importlib.util.find_spec(top) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                return top
+        exc = exc.__cause__ or exc.__context__
     return None
 
 

@@ -18,8 +18,11 @@ def sets_library_state(import_package: Dict[str, str], trainers: Set[str], root:
     """A bare call into an installed library whose names later code reads: libraries keep process
     state in their modules (fairscale's and Megatron's ``initialize_model_parallel(n)`` build the
     groups that ``get_data_parallel_group()`` returns later), so the call is set-up the later code
-    depends on. The standard library's calls (``os.makedirs``, ``logging.basicConfig``) are not.
-    `import_package`: local name -> the top-level package it was imported from."""
+    depends on; so do the project's own packages (``from .utils import init_distributed`` builds the
+    mesh that ``from .model_wrapper import get_model_container`` reads back through module globals).
+    The standard library's calls (``os.makedirs``, ``logging.basicConfig``) are not.
+    `import_package`: local name -> the top-level package it was imported from ("." for a relative
+    import: the file's own package)."""
     package = import_package.get(root or "")
     if not package or package in sys.stdlib_module_names or root in trainers:
         return False

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from fsdp_lint.process.alarm import alarm
 from fsdp_lint.entry.project import Entry, Reach, facts_for, reach
-from fsdp_lint.replay import boundary
+from fsdp_lint.replay import boundary, network
 from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_line
 from fsdp_lint.replay.import_errors import (_import_message, _innermost_project_line, _names_absent_from_installed,
                                            _own_project_modules)
@@ -362,6 +362,8 @@ class _Run:
             pass
         except _ReplayTimeout:
             raise ReplayError(f"{self.display}: replaying the setup code took longer than {timeout:.0f} s") from None
+        except network.NetworkWait as exc:      # issue 15: never wait on a network the lint does not have
+            raise ReplayError(f"{self.display}: {exc}") from None
         except SystemExit as exc:
             if self.setup_done is not None and not self.rec.stopped:
                 self.ended_after_setup = f"sys.exit({exc.code!r})"

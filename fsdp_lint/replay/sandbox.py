@@ -32,7 +32,9 @@ from fsdp_lint.replay.recorders import (
     _install_real_wrappers,
     _install_recorders,
 )
-from fsdp_lint.replay import checkpoints, data_values, host_values, node, parallel, rank_values  # issue 11; issue 15: the node's GPU, data values
+from fsdp_lint.replay import (  # issue 11; issue 15: the node's GPU, data values, rank values, jobs, network
+    checkpoints, data_values, host_values, job_submission, network, node, parallel, rank_values,
+)
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
 
 Patch = Callable[[Any, str, Any], None]
@@ -284,6 +286,8 @@ def _simulate_launchers(rec: Recorder, patch: Patch) -> None:
         fn(0, *args)
 
     patch(tmp, "spawn", spawn)
+    job_submission.install(rec, patch)     # submitit's executor.submit(fn): the job runs here, as task 0
+    network.install(rec, patch)            # no network: a connection fails at once, never waits
 
 
 def _hydra_without_outputs(patch: Patch) -> Callable[[], None]:

@@ -141,8 +141,10 @@ class _Transformer:
                         continue
                     local = alias.asname or alias.name.split(".")[0]
                     self.imported.add(local)
-                    if not (isinstance(node, ast.ImportFrom) and node.level):
-                        self.import_package[local] = (base or alias.name).split(".")[0]
+                    # a relative import comes from the file's own package ("."): project modules keep
+                    # process state as libraries do (kept_calls.sets_library_state)
+                    self.import_package[local] = "." if isinstance(node, ast.ImportFrom) and node.level \
+                        else (base or alias.name).split(".")[0]
                     if (base or alias.name).split(".")[0] == "torch":
                         self.torch_names.add(local)
         self.trainers = {d.name for d in ast.walk(tree) if isinstance(d, _DEFS[:2]) and self.stepping & {

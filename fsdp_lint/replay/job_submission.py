@@ -1,0 +1,111 @@
+"""Launchers that submit the training function as a cluster job (submitit's ``executor.submit(fn, ...)``).
+
+On a cluster the callable is pickled, sent to SLURM and run by every task of the job with the
+job's environment (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ...). The simulated node is
+such a cluster: ``AutoExecutor`` finds SLURM there, and a submission runs the callable in this
+process as task 0 of a job of `world_size` tasks, with that environment while it runs. Nothing is
+pickled or queued; the report notes that the submitted job was linted."""
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any, Callable, Dict
+
+Patch = Callable[[Any, str, Any], None]
+
+
+def slurm_env(world_size: int, gpus_per_node: int, nodes: Any = None) -> Dict[str, str]:
+    """The environment SLURM gives task 0 of a job of `world_size` tasks (`nodes` of them, if the
+    executor's parameters say so and they divide the world; else nodes of `gpus_per_node` tasks)."""
+    if not (isinstance(nodes, int) and nodes > 0 and world_size % nodes == 0):
+        per = max(1, min(gpus_per_node, world_size))
+        nodes = -(-world_size // per)
+    per_node = max(1, world_size // nodes)
+    nodelist = "node0" if nodes == 1 else f"node[0-{nodes - 1}]"
+    return {
+        "SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "1", "SLURM_JOB_NAME": "fsdp-lint",
+        "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+        "SLURM_NTASKS": str(world_size), "SLURM_NPROCS": str(world_size),
+        "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_NNODES": str(nodes),
+        "SLURM_NTASKS_PER_NODE": str(per_node), "SLURM_TASKS_PER_NODE": f"{per_node}(x{nodes})",
+        "SLURM_GPUS_ON_NODE": str(per_node), "SLURM_JOB_NODELIST": nodelist, "SLURM_STEP_NODELIST": nodelist,
+        "SLURMD_NODENAME": "node0",
+    }
+
+
+class SubmittedJob:
+    """What ``executor.submit`` returns: the job that ran (its result, if it returned)."""
+
+    job_id = "1"
+
+    def __init__(self, result: Any = None):
+        self._result = result
+
+    def result(self) -> Any:
+        return self._result
+
+    def results(self) -> list:
+        return [self._result]
+
+    def done(self, force_check: bool = False) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+    def state(self) -> str:
+        return "COMPLETED"
+
+    def cancel(self, check: bool = True) -> None:
+        return None
+
+    @property
+    def paths(self):
+        return None
+
+
+def install(rec, patch: Patch) -> None:
+    """Patch submitit (when it is installed) so that a submission runs the job here."""
+    if importlib.util.find_spec("submitit") is None:
+        return
+    import submitit
+    from submitit.core import core
+
+    def run(executor, fn, args, kwargs):
+        params = getattr(getattr(executor, "_executor", executor), "parameters", None) or {}
+        env = slurm_env(rec.world_size, getattr(rec, "gpus_per_node", None) or 8, params.get("nodes"))
+        notes = rec.__dict__.setdefault("framework_notes", [])
+        name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+        text = (f"the script submits `{name}` as a cluster job (submitit): linted as task 0 of that SLURM job "
+                f"(SLURM_PROCID=0, SLURM_NTASKS={env['SLURM_NTASKS']}, {env['SLURM_JOB_NUM_NODES']} node(s)), "
+                f"run in this process")
+        if text not in notes:
+            notes.append(text)
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return SubmittedJob(fn(*args, **kwargs))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def submit(self, fn, *args, **kwargs):
+        return run(self, fn, args, kwargs)
+
+    def map_array(self, fn, *iterable):
+        # a job array: each job is a training of its own; the first is the one linted
+        first = next(zip(*iterable), None)
+        return [run(self, fn, tuple(first or ()), {})]
+
+    def submit_array(self, fns):
+        return [run(self, fns[0], (), {})] if fns else []
+
+    patch(core.Executor, "submit", submit)
+    patch(core.Executor, "map_array", map_array)
+    patch(core.Executor, "submit_array", submit_array)
+    # the simulated node is a SLURM cluster node: `srun` is there, so AutoExecutor picks the slurm
+    # executor and SlurmExecutor accepts the node (submitit's `affinity`: 2 with srun, -1 without)
+    patch(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))

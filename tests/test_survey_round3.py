@@ -1,0 +1,202 @@
+"""Round 3 of the real-launch survey (benchmarks/realworld.md, "Round 3"): classes of setup code that a
+simulated node answered differently from a real one.
+
+Oracles: real torch (FSDP2 under the fake process group, via the replay with the real APIs), the real
+framework where one is named."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import REPO  # noqa: E402
+from test_idioms import assert_plan_matches_torch  # noqa: E402
+
+STAGE = os.path.join(REPO, "fixtures", "repos", "stage_engine")
+
+
+@pytest.fixture
+def in_stage(monkeypatch):
+    monkeypatch.chdir(STAGE)
+    yield
+    for name in [n for n in sys.modules if n == "stagelm" or n.startswith("stagelm.")]:
+        sys.modules.pop(name, None)
+
+
+def test_a_project_helper_that_builds_the_mesh_in_module_globals_runs_before_the_stages_are_read(in_stage):
+    # `init_distributed(...)` (from .utils) binds nothing, but the mesh it keeps in a module global is what
+    # `get_model_container` reads back (the pipeline stages of this rank): left out of the setup slice,
+    # the stage list was empty and the container's [0] failed (IndexError)
+    res, _ = assert_plan_matches_torch(os.path.join(STAGE, "stagelm", "pretrain.py"), 8)
+    assert [u.modules for u in res.plan.units] == [["blocks.0"], ["blocks.1"], ["blocks.2"], ["blocks.3"], [""]]
+    assert {u.shard_size for u in res.plan.units} == {8}
+    assert not res.plan.unsupported        # a pipeline dimension of size 1 is one stage: the whole model
+    assert not res.skipped_statements, res.skipped_statements
+
+
+def test_a_pipeline_dimension_of_more_than_one_stage_is_still_refused(in_stage, cli):
+    res = cli("stagelm/pretrain.py", "--world-size", "8", "--", "--pipeline-parallel-world-size", "2",
+              "--num-pipeline-stages", "2", cwd=STAGE)
+    assert res.code == 2
+    assert "pipeline parallelism (mesh dimension 'pp')" in res.err
+
+
+TELEMETRY = os.path.join(REPO, "fixtures", "repos", "telemetry_cli")
+
+
+def test_configuring_a_client_package_that_is_not_installed_works_as_on_a_module(cli):
+    # `usage_beacon.host = URL` in a telemetry manager (the client is an optional package, not installed):
+    # the stand-in takes the attribute as the module would, and reads it back; the statement is not
+    # skipped ('Missing' object has no attribute 'host') and the plan is the one torch builds
+    import json
+
+    import torch.nn as nn
+
+    res = cli("src/trainkit/cli/train.py", "--world-size", "4", "--format", "json", cwd=TELEMETRY)
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["replay"]["skipped_statements"] == []
+    assert any("usage_beacon" in n and "not used by the model" in n for n in f["notes"]), f["notes"]
+    assert [u["modules"] for u in f["plan"]["units"]] == [["blocks.0"], ["blocks.1"], ["blocks.2"], [""]]
+    sys.path.insert(0, os.path.join(TELEMETRY, "src"))
+    try:
+        from trainkit.model import Net
+    finally:
+        sys.path.remove(os.path.join(TELEMETRY, "src"))
+        for name in [n for n in sys.modules if n == "trainkit" or n.startswith("trainkit.")]:
+            sys.modules.pop(name, None)
+    assert f["model"]["numel"] == sum(p.numel() for p in Net(32).parameters())
+    assert isinstance(Net(32), nn.Module)
+
+
+def test_a_stand_in_module_keeps_the_attributes_set_on_it_as_a_module_does():
+    import types
+
+    from fsdp_lint.replay.imports import Missing
+
+    uses = []
+    real, stand_in = types.ModuleType("usage_beacon"), Missing("usage_beacon", lambda name, **kw: uses.append(name))
+    for mod in (real, stand_in):
+        mod.host = "https://beacon.example.com"
+        mod.api_key = "pk"
+        del mod.api_key
+    assert stand_in.host == real.host
+    assert isinstance(stand_in.api_key, Missing) and not hasattr(real, "api_key")
+    assert "usage_beacon.host" in uses
+
+
+STREAM_ARGS = os.path.join(REPO, "fixtures", "repos", "stream_args")
+
+
+def test_a_project_module_that_refuses_to_import_without_a_package_names_the_package(cli):
+    # training/trainer.py: `try: from shardstream import ... except ImportError: raise ImportError("needs the
+    # shard streaming package") from exc`; the statement is skipped, the Trainer then fails on the name it
+    # should have bound: the one line names the skipped statement and the package behind it (Python's own
+    # ModuleNotFoundError, the __cause__ of the project's ImportError), with its pip name
+    import importlib.util
+
+    assert importlib.util.find_spec("shardstream") is None
+    res = cli("training/train_lm.py", "--world-size", "8", "--", "--output_dir", "/tmp/stream_args_out",
+              cwd=STREAM_ARGS)
+    assert res.code == 2
+    line = res.err.strip().splitlines()[0]
+    assert "training/trainer.py:7" in line
+    assert "`shardstream` is not installed here: pip install shardstream" in line
+
+
+def test_the_package_behind_a_chain_of_import_errors_is_the_one_python_could_not_find():
+    from fsdp_lint.replay.imports import package_behind
+
+    def chained(missing):
+        try:
+            try:
+                __import__(missing)
+            except ImportError as exc:
+                raise ImportError("the project needs it") from exc
+        except ImportError as outer:
+            return outer
+
+    assert package_behind(chained("shardstream.loader")) == "shardstream"
+    assert package_behind(chained("json")) is None           # imported: nothing is missing
+    assert package_behind(ValueError("no import involved")) is None
+
+
+SUBMIT_JOB = os.path.join(REPO, "fixtures", "repos", "submit_job")
+
+
+@pytest.fixture
+def in_submit_job(monkeypatch):
+    import submitit  # noqa: F401  the real launcher (the project's test extras install it)
+    monkeypatch.chdir(SUBMIT_JOB)
+    yield
+    for name in [n for n in sys.modules if n == "vitrun" or n.startswith("vitrun.")]:
+        sys.modules.pop(name, None)
+
+
+def test_a_training_function_submitted_as_a_slurm_job_is_linted_as_task_0_of_that_job(in_submit_job, tmp_path):
+    # `submitit.AutoExecutor(...).submit(Trainer(args))`: on the cluster the job's tasks run the pickled
+    # callable with SLURM's environment; here it runs in the replay as task 0 of 16 (2 nodes), and the
+    # worker's FSDP1 plan is the one real torch builds from the same file
+    res, _ = assert_plan_matches_torch(os.path.join(SUBMIT_JOB, "vitrun", "run", "train.py"), 16,
+                                       argv=["--nodes", "2", "--output-dir", str(tmp_path / "%j")])
+    assert [u.modules for u in res.plan.units] == [["blocks.0"], ["blocks.1"], ["blocks.2"], ["blocks.3"], [""]]
+    assert res.plan.world_size == 16
+    assert any("submits `Trainer` as a cluster job (submitit)" in n and "SLURM_NTASKS=16, 2 node(s)" in n
+               for n in res.notes), res.notes
+    assert "SLURM_PROCID" not in os.environ and "SUBMITIT_EXECUTOR" not in os.environ   # put back
+
+
+def test_submitit_reads_the_simulated_job_environment_as_slurm_sets_it(monkeypatch):
+    import submitit
+    from fsdp_lint.replay.job_submission import slurm_env
+
+    for key, value in slurm_env(32, 8, nodes=4).items():
+        monkeypatch.setenv(key, value)
+    env = submitit.JobEnvironment()
+    assert (env.cluster, env.job_id, env.global_rank, env.local_rank, env.num_tasks, env.num_nodes, env.node) == \
+        ("slurm", "1", 0, 0, 32, 4, 0)
+    assert env.hostnames == ["node0", "node1", "node2", "node3"]
+
+
+def test_a_stand_in_copies_as_an_object_does():
+    # `copy.deepcopy(modality_transforms)` of a config holding stand-ins (torchvision not installed)
+    import copy
+
+    from fsdp_lint.replay.imports import Missing
+
+    stand_in = Missing("T.Compose()", lambda name, **kw: None)
+    stand_in.size = 224
+    copied = copy.deepcopy({"rgb": stand_in})["rgb"]
+    assert isinstance(copied, Missing) and copied.size == 224 and repr(copied) == repr(stand_in)
+
+
+REMOTE_DATA = os.path.join(REPO, "fixtures", "repos", "remote_data")
+
+
+def test_a_setup_that_waits_on_the_network_fails_at_once_naming_it(cli):
+    # a data set of remote shards asks each shard's size over HTTPS through a session that retries with
+    # back-off (urllib3's Retry): on a node without network every attempt waited on name resolution until
+    # the replay's deadline; now the first refusals fail at once and the replay ends, naming the request
+    res = cli("remotedata/train.py", "--world-size", "4", cwd=REMOTE_DATA)
+    assert res.code == 2
+    [line] = res.err.strip().splitlines()[:1]
+    assert "the setup code waits on the network: it asks for data.example.org:443 at remotedata/io.py:37" in line
+    assert "Traceback" not in res.err
+
+
+def test_a_network_request_with_an_offline_fallback_answers_as_an_offline_machine(cli):
+    # `requests.get(...)` in a try/except ConnectionError: refused at once (an ordinary error), the
+    # script's default is used (vocabulary 1024) and the note names the request; the plan is torch's
+    import json
+
+    import torch.nn as nn
+
+    res = cli("remotedata/train.py", "--world-size", "4", "--format", "json", "--", "--data", "none", cwd=REMOTE_DATA)
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert any("the setup asked for the network (hub.example.org:443, at remotedata/io.py:44)" in n for n in f["notes"])
+    layer = nn.TransformerEncoderLayer(64, 4, 256, batch_first=True)
+    assert f["model"]["numel"] == 1024 * 64 + 2 * sum(p.numel() for p in layer.parameters())
+    assert [u["modules"] for u in f["plan"]["units"]] == [["layers.0"], ["layers.1"], [""]]
