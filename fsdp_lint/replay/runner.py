@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from fsdp_lint.process.alarm import alarm
 from fsdp_lint.entry.project import Entry, Reach, facts_for, reach
-from fsdp_lint.replay import boundary, network
+from fsdp_lint.replay import asked_keys, boundary, network
 from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_line
 from fsdp_lint.replay.import_errors import (_import_message, _innermost_project_line, _names_absent_from_installed,
                                            _own_project_modules)
@@ -56,16 +56,8 @@ from fsdp_lint.replay.targets import (
     helper_arguments,
     load_target,
 )
-from fsdp_lint.replay.transform import (
-    LOOP,
-    REBIND,
-    SETUP_DONE,
-    SKIP,
-    STUB_IMPORT,
-    transform,
-)
+from fsdp_lint.replay.transform import LOOP, REBIND, SETUP_DONE, SKIP, STUB_IMPORT, transform
 from fsdp_lint.entry.source import SourceFacts, relevant_lines_with
-from fsdp_lint.replay import asked_keys
 from fsdp_lint.replay.argv_hint import argv_hint
 from fsdp_lint.replay.roots import last_resort_roots
 from fsdp_lint.model.tree import user_class
