@@ -32,10 +32,22 @@ def _defaults() -> Dict[str, Any]:
             "limit_all_gathers": True, "use_orig_params": False}
 
 
-def owned_params(root, units) -> Dict[int, list]:
+def ignored_params(kwargs: Dict[str, Any]) -> list:
+    """The parameters a wrap's ``ignored_states``/``ignored_modules``/``ignored_parameters`` name."""
+    import torch.nn as nn
+
+    out: list = []
+    for key in ("ignored_states", "ignored_modules", "ignored_parameters"):
+        for item in kwargs.get(key) or ():
+            out += list(item.parameters()) if isinstance(item, nn.Module) else [item]
+    return out
+
+
+def owned_params(root, units, ignored=()) -> Dict[int, list]:
     """id(instance) -> the parameters its FlatParameter would hold: those of its module that no unit
-    nested in it holds (`units` post-order, children first; `root` last), each once."""
-    claimed: set = set()
+    nested in it holds (`units` post-order, children first; `root` last), each once, leaving out the
+    `ignored` ones (``ignored_states``/``ignored_modules``/``ignored_parameters``, which torch leaves out)."""
+    claimed: set = {id(p) for p in ignored}
     out: Dict[int, list] = {}
     for m in list(units) + [root]:
         mine = []
@@ -53,6 +65,8 @@ def _flat_param(params):
     import torch
     import torch.nn as nn
 
+    # a non-floating parameter can be no part of a FlatParameter: torch refuses the wrap (FSD204 says so)
+    params = [p for p in params if p.is_floating_point() or p.is_complex()]
     if not params:
         return None
     with torch._C.DisableTorchFunction():

@@ -353,7 +353,7 @@ def _install_recorders(rec: Recorder, patch) -> None:
             rec.undo.clear()
             rec.record_wrap(call)
             # what torch's wrapper exposes (``model.module``, ``no_sync()``, ``clip_grad_norm_``)
-            owned = fsdp1_wrapper.owned_params(module, call.auto_wrapped)
+            owned = fsdp1_wrapper.owned_params(module, call.auto_wrapped, fsdp1_wrapper.ignored_params(kwargs))
             fsdp1_wrapper.expose(module, kwargs, rec.world_size, params=owned[id(module)])
             for unit in call.auto_wrapped:
                 fsdp1_wrapper.expose(unit, kwargs, rec.world_size, root=False, params=owned[id(unit)])
