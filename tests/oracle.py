@@ -79,22 +79,27 @@ def cpu_stream_events() -> Iterator[None]:
     """FSDP2 records an event on its all-gather stream after each collective. On a GPU node that is a
     CUDA stream event; on CPU, torch 2.9 and later make ``torch.cpu.Stream.record_event``/``wait_event``
     no-ops (one stream, nothing to wait for), torch 2.6 has neither and its first forward raises
-    ``'Stream' object has no attribute 'record_event'``. Added here as the same no-ops (nothing else
-    of torch changes), removed on exit; on a torch that has them, nothing is done. Yields whether it
-    added them."""
+    ``'Stream' object has no attribute 'record_event'``, and torch 2.7's HSDP backward asserts the event
+    its no-op returns is not None. Set here as fsdp-lint's ``--simulate`` and ``--run`` set them
+    (``fsdp_lint.run.compat``; nothing else of torch changes), restored on exit; on a torch that needs
+    nothing, nothing is done. Yields whether it added methods this torch lacks."""
     import torch.cpu
 
-    def record_event(self, event=None):          # a CUDA stream returns the event (2.6's HSDP asserts one)
-        return event if event is not None else torch.cpu.Event()
+    from fsdp_lint.run.compat import cpu_stream_patches
 
-    added = [name for name in ("record_event", "wait_event") if not hasattr(torch.cpu.Stream, name)]
-    for name in added:
-        setattr(torch.cpu.Stream, name, record_event if name == "record_event" else lambda self, event: None)
+    patches = cpu_stream_patches()
+    saved = {name: torch.cpu.Stream.__dict__[name] for name in patches if name in torch.cpu.Stream.__dict__}
+    added = [name for name in patches if not hasattr(torch.cpu.Stream, name)]
+    for name, fn in patches.items():
+        setattr(torch.cpu.Stream, name, fn)
     try:
         yield bool(added)
     finally:
-        for name in added:
-            delattr(torch.cpu.Stream, name)
+        for name in patches:
+            if name in saved:
+                setattr(torch.cpu.Stream, name, saved[name])
+            else:
+                delattr(torch.cpu.Stream, name)
 
 
 @contextlib.contextmanager

@@ -311,6 +311,34 @@ def test_group_skipping_a_module_is_simulated_as_torch_runs_it(cli, tmp_path):
     _assert_static_close(f, sim)
 
 
+HSDP_SCRIPT = """\
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])
+mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
+for layer in model:
+    fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+optim = torch.optim.AdamW(model.parameters())
+"""
+
+
+def test_hsdp_steps_and_its_replica_all_reduces_are_counted(cli, tmp_path):
+    """FSDP2 HSDP on a (2, 2) mesh: the simulated rank runs backward (torch 2.7 asserts an event its
+    CPU stream does not return; fsdp_lint.run.compat gives it one), counts one all-reduce per unit
+    across the replicas as the plan does, and the text report says both."""
+    path = tmp_path / "train_hsdp.py"
+    path.write_text(HSDP_SCRIPT)
+    f, sim = _simulate(cli, str(path), "--world-size", "4", "--input-shape", "8,64")
+    assert f["plan"]["all_reduces_per_step"] == 4
+    assert sim["collectives"]["all_reduces_per_step"] == f["plan"]["all_reduces_per_step"]
+    text = cli(str(path), "--simulate", "--world-size", "4", "--input-shape", "8,64")
+    assert "all-reduces 4, static 4" in text.out, text.out
+
+
 def test_trunc_normal_initialised_model_is_simulated(cli):
     """trunc_normal_ resamples on a data-dependent mask that fake tensors cannot evaluate; the
     simulated rank fills such tensors without reading them back, and the plan is measured."""

@@ -365,6 +365,9 @@ def simulated_text(res) -> str:
             f"({human_bytes(sum(u.all_gather_bytes * u.all_gathers_per_step for u in lay.units))}) + "
             f"{lay.reduce_scatters_per_step} "
             f"({human_bytes(sum(u.reduce_scatter_bytes * u.reduce_scatters_per_step for u in lay.units))})")
+    static_all_reduces = sum(u.all_reduces_per_step for u in lay.units)
+    if c.get("all_reduces_per_step") or static_all_reduces:      # HSDP: the replicas' all-reduces
+        coll += f"; all-reduces {c.get('all_reduces_per_step', 0)}, static {static_all_reduces}"
     return "\n".join([head, table, coll])
 
 

@@ -5,6 +5,8 @@ torch 2.6 and later; ``benchmarks/torch_versions.sh`` runs the checks on each ve
   its all-gather stream after every collective, so its first forward on CPU raises. Later torch
   (2.9.1 has them) makes both no-ops on CPU (there is one CPU stream and nothing to wait for); here
   they are the same.
+* torch 2.7's ``record_event`` on CPU is such a no-op but returns nothing, and its HSDP backward asserts
+  that the all-reduce's event is not None (2.8 asserts it only off CPU): there it returns a CPU event.
 * torch 2.6 has no ``torch.distributed._tools.common_utils``: the storage walk the memory tracker
   labels buffers with was ``_WeakRefInfo.get_untyped_storages`` of ``mem_tracker``.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 def _record_event(self, event=None):
     """A CPU event (its methods do nothing), as a CUDA stream returns its recorded event: torch 2.6's
-    HSDP asserts the all-reduce's event is not None."""
+    and 2.7's HSDP assert the all-reduce's event is not None."""
     import torch.cpu
 
     return event if event is not None else torch.cpu.Event()
@@ -23,13 +25,32 @@ def _wait_event(self, event) -> None:
     return None
 
 
-def cpu_streams() -> None:
-    """``torch.cpu.Stream.record_event``/``wait_event`` where this torch lacks them (2.6)."""
+def cpu_stream_patches() -> dict:
+    """What ``torch.cpu.Stream`` needs on this torch, as ``{name: function}``: the methods 2.6 lacks,
+    and 2.7's ``record_event``, whose ``None`` its HSDP backward refuses."""
+    import torch
     import torch.cpu
 
-    for name, fn in (("record_event", _record_event), ("wait_event", _wait_event)):
-        if not hasattr(torch.cpu.Stream, name):
-            setattr(torch.cpu.Stream, name, fn)
+    patches = {name: fn for name, fn in (("record_event", _record_event), ("wait_event", _wait_event))
+               if not hasattr(torch.cpu.Stream, name)}
+    if "record_event" not in patches and torch_release() < (2, 8):
+        patches["record_event"] = _record_event
+    return patches
+
+
+def torch_release() -> tuple[int, int]:
+    import torch
+
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def cpu_streams() -> None:
+    """``torch.cpu.Stream`` as later torch has it (see :func:`cpu_stream_patches`), for this process."""
+    import torch.cpu
+
+    for name, fn in cpu_stream_patches().items():
+        setattr(torch.cpu.Stream, name, fn)
 
 
 def untyped_storages():
