@@ -62,7 +62,8 @@ for v in "${VERSIONS[@]}"; do
   t0=$(date +%s)
   "$venv/bin/python" -m pytest -q -rfs -p no:cacheprovider tests/test_layout_vs_torch.py tests/test_multidim.py \
     >"$WORK/tests-$v.log" 2>&1          # the failures and skips with their reasons
-  tests=$(tail -1 "$WORK/tests-$v.log")
+  # the summary line (a warning torch prints at exit may come after it)
+  tests=$(grep -E "^=*.* (passed|failed|error)" "$WORK/tests-$v.log" | tail -1 | tr -d "=" | sed "s/^ *//; s/ *$//")
   tests="$tests ($(( $(date +%s) - t0 )) s)"
   sims=()
   for api in fsdp2 fsdp1; do

@@ -6,7 +6,9 @@ torch 2.6 and later; ``benchmarks/torch_versions.sh`` runs the checks on each ve
   (2.9.1 has them) makes both no-ops on CPU (there is one CPU stream and nothing to wait for); here
   they are the same.
 * torch 2.7's ``record_event`` on CPU is such a no-op but returns nothing, and its HSDP backward asserts
-  that the all-reduce's event is not None (2.8 asserts it only off CPU): there it returns a CPU event.
+  that the all-reduce's event is not None (2.8 asserts it only off CPU): there it returns a CPU event
+  to FSDP2's ``foreach_reduce`` only (an all-gather's event is waited on through ``torch.accelerator``,
+  which on a CUDA build without a GPU initialises CUDA).
 * torch 2.6 has no ``torch.distributed._tools.common_utils``: the storage walk the memory tracker
   labels buffers with was ``_WeakRefInfo.get_untyped_storages`` of ``mem_tracker``.
 """
@@ -19,6 +21,15 @@ def _record_event(self, event=None):
     import torch.cpu
 
     return event if event is not None else torch.cpu.Event()
+
+
+def _record_event_for_reduce(self, event=None):
+    """torch 2.7's no-op, except to FSDP2's ``foreach_reduce``, which gets a CPU event."""
+    import sys
+
+    if sys._getframe(1).f_code.co_name == "foreach_reduce":
+        return _record_event(self, event)
+    return None
 
 
 def _wait_event(self, event) -> None:
@@ -34,7 +45,7 @@ def cpu_stream_patches() -> dict:
     patches = {name: fn for name, fn in (("record_event", _record_event), ("wait_event", _wait_event))
                if not hasattr(torch.cpu.Stream, name)}
     if "record_event" not in patches and torch_release() < (2, 8):
-        patches["record_event"] = _record_event
+        patches["record_event"] = _record_event_for_reduce
     return patches
 
 
