@@ -96,11 +96,24 @@ SLOW_MODULES = {
     "test_host_values",      # collective values against two real gloo processes
     "test_rank_values",      # per-rank values against two real gloo processes
     "test_asked_keys",       # a replay in rounds, against real FSDP1
+    "test_memory_ac",        # checkpointed models against FSDPMemTracker, two steps each
+    "test_cache",            # whole fsdp-lint commands run twice, in processes
+    "test_plain_fastpath",   # the command line in processes, against the full one
 }
 
 
 SLOW_TESTS = {
     "test_every_module_of_torch_and_transformers_transforms_and_compiles",   # all of torch and transformers
+    # each about 5 s or more on an idle 2-core machine: fsdp-lint or a framework in processes of its own
+    "test_readme_examples_are_what_fsdp_lint_prints",                        # every README example block
+    "test_fsd103_fix_in_the_accelerate_yaml_keeps_its_layout_and_accelerate_then_wraps",
+    "test_fsd201_under_accelerate_edits_the_yaml_not_the_script",
+    "test_debug_shows_the_traceback_of_an_internal_error",
+    "test_plain_files_are_skipped_without_importing_torch",
+    "test_console_entry_points",
+    "test_stderr_stays_clean_without_numpy",
+    "test_a_skipped_validator_is_named_before_its_consequence",
+    "test_the_hf_trainer_on_the_node_builds_what_the_fsdp_lint_plan_says",
 }
 
 
