@@ -13,6 +13,7 @@ import shutil
 import pytest
 
 from fsdp_lint.config import Settings
+from hf_flags import apply_flags
 from test_frameworks import CFG, F, assert_framework_plan_matches
 
 T5 = os.path.join(F, "hf_trainer", "train_t5.py")
@@ -113,22 +114,6 @@ def test_fsd103_under_lightning_names_the_strategy_argument_and_the_fix_edits_it
     assert not {"FSD101", "FSD103"} & {x.code for x in res.findings}
 
 
-def apply_flags_text(argv, fix: str):
-    """The launch a user gets who does what the fix says: the suggested flags added (argparse keeps the
-    last of a repeated flag), a flag the text says to replace or drop taken out first."""
-    drop = {flag for flag in ("--fsdp_config", "--fsdp_min_num_params")
-            if f"in place of the `{flag}` given" in fix or f"drop `{flag}`" in fix}
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in drop:
-            skip = True
-        else:
-            out.append(a)
-    return out + shlex.split(fix.split("`")[1])
-
-
 def _transformers_major() -> int:
     from importlib.metadata import version
 
@@ -154,6 +139,6 @@ def test_fsd101_text_on_transformers_4_is_a_command_line_its_trainer_accepts(cli
     (f,) = [f for f in _findings(cli, T5, "--", *argv) if f["code"] == "FSD101"]
     assert shlex.split(f["fix"].split("`")[1])[:2] == ["--fsdp", "full_shard auto_wrap"]
     assert "(transformers 5)" not in f["fix"]
-    fixed = apply_flags_text(argv, f["fix"])
+    fixed = apply_flags(argv, f["fix"])
     res = assert_framework_plan_matches(T5, Settings(world_size=4), fixed)
     assert "FSD101" not in {x.code for x in res.findings} and "T5Block" in {u.cls for u in res.plan.units}

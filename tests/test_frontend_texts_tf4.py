@@ -27,13 +27,13 @@ import argparse
 import ast
 import json
 import os
-import shlex
 from types import SimpleNamespace
 
 import pytest
 
 from fsdp_lint.plan.frameworks import hf_frontend
 from fsdp_lint.rules._frontend import hf_config_text, hf_wrap_blocks_text
+from hf_flags import apply_flags
 
 # from transformers 4.44.2 itself (see the module docstring)
 TF4_FSDP_FIELDS = ["fsdp", "fsdp_min_num_params", "fsdp_config", "fsdp_transformer_layer_cls_to_wrap"]
@@ -98,21 +98,6 @@ def _ctx(argv, path=None, major=4):
     front = hf_frontend(argv, path)
     front["transformers_major"] = major
     return SimpleNamespace(plan=SimpleNamespace(framework="transformers", hf_frontend=front))
-
-
-def apply_flags(argv, fix: str):
-    """What a user launches who follows the text: a flag it replaces or drops taken out, its flags added."""
-    drop = {flag for flag in ("--fsdp_config", "--fsdp_min_num_params")
-            if f"in place of the `{flag}` given" in fix or f"drop `{flag}`" in fix}
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in drop:
-            skip = True
-        else:
-            out.append(a)
-    return out + shlex.split(fix.split("`")[1])
 
 
 LAUNCHES = {

@@ -93,7 +93,7 @@ def test_fsd101_text_for_flags_in_the_launch_script_names_its_line_and_the_train
     """A size policy in the script's `--fsdp_config` that wraps nothing (FSDP1): FSD101's fix says which flags to
     pass in place of the one at which line of run.sh; the real Trainer launched with them makes one unit
     per LlamaDecoderLayer."""
-    from test_frontend_texts import apply_flags_text
+    from hf_flags import apply_flags
 
     repo = _copy(tmp_path)
     script = repo / "scripts" / "run.sh"
@@ -108,7 +108,7 @@ def test_fsd101_text_for_flags_in_the_launch_script_names_its_line_and_the_train
     assert f["fix"].endswith(f"in place of the `--fsdp_config` given (transformers 5) in run.sh, line {line}"), f["fix"]
     monkeypatch.chdir(repo)
     (launch,) = shell_launches("scripts/run.sh")
-    fixed = apply_flags_text(launch.args, f["fix"].split(": ", 1)[1])
+    fixed = apply_flags(launch.args, f["fix"].split(": ", 1)[1])
     res = assert_framework_plan_matches(launch.path, Settings(world_size=8), fixed)
     assert "FSD101" not in {x.code for x in res.findings} and res.plan.api == "fsdp1"     # the user's version kept
     assert [u.cls for u in res.plan.units].count("LlamaDecoderLayer") == 4

@@ -560,20 +560,11 @@ class _TraceTimeout(BaseException):
 def _rank0_env(world_size: int):
     """The environment the replay simulates (rank 0 of the plan's world): the model's code and
     ``example_inputs()`` see it here too, also when fsdp-lint itself runs under torchrun."""
-    import os
+    from fsdp_lint.process.environ import environ_set
 
-    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size),
-                       "LOCAL_WORLD_SIZE": str(world_size)})
-    try:
+    with environ_set({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size),
+                      "LOCAL_WORLD_SIZE": str(world_size)}):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @contextlib.contextmanager

@@ -8,8 +8,9 @@ pickled or queued; the report notes that the submitted job was linted."""
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any, Callable, Dict
+
+from fsdp_lint.process.environ import environ_set
 
 Patch = Callable[[Any, str, Any], None]
 
@@ -81,16 +82,8 @@ def install(rec, patch: Patch) -> None:
                 f"run in this process")
         if text not in notes:
             notes.append(text)
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with environ_set(env):
             return SubmittedJob(fn(*args, **kwargs))
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
     def submit(self, fn, *args, **kwargs):
         return run(self, fn, args, kwargs)
