@@ -60,10 +60,8 @@ def _shell_runs(scripts, settings, script_args, cli_world_size):
 
     runs = []
     for script, explicit in scripts:
-        if script_args is not None:
-            raise BadInput(f"{script}: a launch script gives the arguments itself; drop the `-- ARGS`")
-        try:
-            launches = shell_launches(script)
+        try:      # `-- ARGS` are the script's own arguments, as `bash SCRIPT ARGS` gives them
+            launches = shell_launches(script, script_args or ())
         except ShellError as exc:
             raise BadInput(f"{script}: {exc}") from None
         if not launches:

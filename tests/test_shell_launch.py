@@ -141,3 +141,42 @@ def test_fsd103_for_the_transformers_4_class_flag_in_the_launch_script(cli, tmp_
     assert launch.args[-1] == "LlamaDecoderLayer"
     res = assert_framework_plan_matches(launch.path, Settings(world_size=8), launch.args)
     assert [u.cls for u in res.plan.units].count("LlamaDecoderLayer") == 4
+
+
+POSITIONAL_SCRIPT = '''#!/usr/bin/env bash
+# bash scripts/pretrain.sh [CONFIG] [GPUS] [overrides...]
+set -euo pipefail
+CONFIG=${1:-configs/base.yaml}
+NGPU=${2:-8}
+shift 2 || true
+torchrun --standalone --nproc_per_node=$NGPU train.py --config "$CONFIG" "$@"
+'''
+
+TINY_FSDP2 = '''import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(4)])
+for block in model:
+    fully_shard(block)
+fully_shard(model)
+'''
+
+
+def test_a_scripts_own_arguments_are_read_as_bash_gives_them(cli, tmp_path, monkeypatch):
+    """`${1:-default}`, `$NGPU` from `${2:-8}`, `shift 2` and `"$@"`: run without arguments the defaults
+    stand; `fsdp-lint SCRIPT -- ARGS` reads it as `bash SCRIPT ARGS` does."""
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "pretrain.sh"
+    script.write_text(POSITIONAL_SCRIPT)
+    (tmp_path / "train.py").write_text(TINY_FSDP2)
+    monkeypatch.chdir(tmp_path)
+    (bare,) = shell_launches(str(script))
+    assert (bare.world_size, bare.args) == (8, ["--config", "configs/base.yaml"])
+    (given,) = shell_launches(str(script), ["configs/big.yaml", "2", "--lr", "1e-4", "--name", "run one"])
+    assert (given.world_size, given.args) == (2, ["--config", "configs/big.yaml", "--lr", "1e-4", "--name", "run one"])
+    assert given.arg_lines == [7] * 6
+    res = cli(str(script), "--format", "json", "--", "configs/big.yaml", "2", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    (f,) = json.loads(res.out)["files"]
+    assert f["args"] == ["--config", "configs/big.yaml"]
+    assert (f["plan"]["world_size"], f["plan"]["world_size_source"]) == (2, "launch script")

@@ -6,9 +6,10 @@ several lines, with ``VAR=...`` assignments above it. Each line that runs ``torc
 a ``.py`` file is one launch: the file, the script's arguments after it, the world size the launcher
 asks for (``--nproc_per_node`` x ``--nnodes``, ``--num_processes``, ``--num_gpus`` x ``--num_nodes``),
 accelerate's ``--config_file``, and the script line each argument is written on. ``$VAR``, ``${VAR}``
-and ``${VAR:-default}`` of simple assignments (and of the environment) are expanded; anything else a
-shell would compute (``$(...)``, arithmetic) is left as written, and a launch whose file cannot be
-found says so.
+and ``${VAR:-default}`` of simple assignments (and of the environment) are expanded, and so are the
+script's positional parameters (``$1``, ``${2:-4}``, ``"$@"``) from the arguments it is given (none:
+``bash run.sh``, so a default stands); anything else a shell would compute (``$(...)``, arithmetic) is
+left as written, and a launch whose file cannot be found says so.
 """
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(:?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
 _LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3")
 
 
@@ -54,14 +55,23 @@ def _logical_lines(text: str) -> List[Tuple[int, List[Tuple[int, str]]]]:
     return out
 
 
-def _expand(text: str, env: Dict[str, str]) -> str:
+def _expand(text: str, env: Dict[str, str], positional: Sequence[str] = ()) -> str:
     def sub(m):
-        name = m.group(1) or m.group(3)
-        if name in env:
-            return env[name]
-        if m.group(2) is not None:
-            return m.group(2)
-        return os.environ.get(name, m.group(0))
+        name = m.group(1) or m.group(4)
+        if name.isdigit() or name in "@*#":      # the script's own arguments ($0 is the script)
+            if name in "@*":
+                return " ".join(positional)
+            if name == "#":
+                return str(len(positional))
+            index = int(name)
+            value = positional[index - 1] if 0 < index <= len(positional) else None
+        else:
+            value = env.get(name, os.environ.get(name))
+        if m.group(2) is not None and (value is None or (value == "" and m.group(2).startswith(":"))):
+            return m.group(3)
+        if value is None:
+            return "" if name.isdigit() else m.group(0)
+        return value
     return _VAR.sub(sub, text)
 
 
@@ -70,21 +80,25 @@ def _split(text: str) -> List[str]:
     return shlex.split(text, comments=True)
 
 
-def _tokens(pieces, env: Dict[str, str]) -> List[Tuple[str, int]]:
+def _tokens(pieces, env: Dict[str, str], positional: Sequence[str] = ()) -> List[Tuple[str, int]]:
     """The command's words after expansion, each with the script line it is written on (a quoted word
-    over several lines: the command's first line)."""
-    out: List[Tuple[str, int]] = []
-    try:
-        for no, text in pieces:
-            out += [(_expand(w, env), no) for w in _split(text)]
+    over several lines: the command's first line). ``"$@"`` is the script's arguments, a word each."""
+    def words(text, no):
+        out = []
+        for w in _split(text):
+            if w in ("$@", "${@}"):
+                out += [(a, no) for a in positional]
+            else:
+                out.append((_expand(w, env, positional), no))
         return out
+    try:
+        return [t for no, text in pieces for t in words(text, no)]
     except ValueError:
         pass
     try:
-        return [(_expand(w, env), pieces[0][0]) for w in _split(" ".join(t for _, t in pieces))]
+        return words(" ".join(t for _, t in pieces), pieces[0][0])
     except ValueError as exc:
         raise ShellError(f"line {pieces[0][0]}: cannot read the command: {exc}") from None
-
 
 
 def _value(tokens, i) -> Tuple[Optional[str], int]:
@@ -156,8 +170,9 @@ def _resolve(name: str, script: str, cd: Optional[str]) -> Tuple[Optional[str], 
     return None, os.getcwd()
 
 
-def shell_launches(script: str) -> List[ShellLaunch]:
-    """Every launch of a Python file in the shell script, in order."""
+def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLaunch]:
+    """Every launch of a Python file in the shell script, in order, the script run with the arguments
+    ``positional`` (``bash SCRIPT ARGS``)."""
     try:
         with open(script, encoding="utf-8") as fh:
             text = fh.read()
@@ -179,15 +194,21 @@ def shell_launches(script: str) -> List[ShellLaunch]:
         if words and all(_ASSIGN.match(w) for w in words):     # `MODEL=...`, `export NPROC=8`
             for w in words:
                 name, _, value = w.partition("=")
-                env[name] = _expand(value, env)
+                env[name] = _expand(value, env, positional)
+            continue
+        if words and words[0] == "shift":     # `shift`, `shift 2`, `shift 2 || true`: drop leading arguments
+            count = _int(_expand(words[1], env, positional)) if len(words) > 1 else None
+            count = 1 if count is None else count
+            if count <= len(positional):       # bash does not shift past the last argument (it fails)
+                positional = tuple(positional)[count:]
             continue
         if stripped.startswith("cd "):
-            target = _expand(stripped[3:].strip().strip("\"'"), env)
+            target = _expand(stripped[3:].strip().strip("\"'"), env, positional)
             if "$" not in target and "`" not in target:
                 base = cd or os.path.dirname(os.path.abspath(script))
                 cd = os.path.normpath(os.path.join(base, target))
             continue
-        tokens = _tokens(pieces, env)
+        tokens = _tokens(pieces, env, positional)
         found = _launch(tokens, env)
         if found is None:
             continue
