@@ -127,3 +127,30 @@ def test_a_name_an_installed_package_lacks_is_a_version_mismatch_never_not_insta
     assert res.code == 2
     assert f"the installed torch {torch.__version__} does not have it" in res.err
     assert "not installed here" not in res.err
+
+
+SECTIONED = os.path.join(REPOS, "sectioned_cfg")
+
+
+def test_a_skipped_check_that_sets_a_config_section_is_named_before_the_mesh_it_leaves_wrong(cli):
+    """``check_args(args)`` fails (the run's ``out_dir`` is not set: a real node fails there too) and is
+    skipped; it would have set ``args.dist.dp_replicate`` from the world size, and the mesh built from the
+    section ``args.dist`` then asserts. The error names the check first."""
+    res = cli("sectrain/train.py", "--world-size", "8", "--", "config=configs/tiny.yaml", cwd=SECTIONED)
+    assert res.code == 2, res.out
+    line = res.err.strip().splitlines()[0]
+    assert line.startswith("fsdp-lint: error: sectrain/train.py:45: ") and "AssertionError: out_dir is not set" in line
+    assert line.index("out_dir is not set") < line.index("dp_replicate * dp_shard (1 * 1) != world_size (8)")
+
+
+def test_with_the_check_passing_the_sectioned_config_plans_as_torch_builds(tmp_path, monkeypatch):
+    """The same launch with ``out_dir`` set (the data folders are not here): the check fills in
+    ``dp_replicate`` from the world size, and the plan equals real FSDP2's on that mesh."""
+    import shutil
+
+    shutil.copytree(SECTIONED, tmp_path / "repo")
+    monkeypatch.chdir(tmp_path / "repo")
+    res, _ = assert_plan_matches_torch(str(tmp_path / "repo" / "sectrain" / "train.py"), 8,
+                                       argv=["config=configs/tiny.yaml", f"out_dir={tmp_path / 'run'}"])
+    assert [u.modules for u in res.plan.units] == [["layers.0"], ["layers.1"], ["layers.2"], ["layers.3"], [""]]
+    assert res.plan.mesh is not None

@@ -76,12 +76,22 @@ def acted_on(stmt: ast.stmt, frame) -> List[object]:
     return out
 
 
+def _parts(value) -> List[object]:
+    """The state one level inside `value` (a config's sections: ``args.distributed`` of ``args``)."""
+    try:
+        fields = list(vars(value).values())
+    except TypeError:
+        fields = list(value.values()) if isinstance(value, dict) else []
+    return [v for v in fields if _is_state(v)]
+
+
 def holds(exc: BaseException, objects: List[object], is_project) -> bool:
-    """Whether a frame of project code in `exc`'s traceback holds one of `objects` (a local, or an
-    attribute of its ``self``)."""
+    """Whether a frame of project code in `exc`'s traceback holds one of `objects` or a section of one
+    (a local, or an attribute of its ``self``): ``validate(args)`` skipped, then
+    ``build_mesh(args.distributed)`` fails on the section the validator would have set."""
     if not objects:
         return False
-    ids = {id(o) for o in objects}
+    ids = {id(o) for o in objects} | {id(p) for o in objects for p in _parts(o)}
     tb = exc.__traceback__
     while tb is not None:
         frame = tb.tb_frame

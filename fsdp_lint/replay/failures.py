@@ -137,7 +137,7 @@ class Failures:
         objects = acted_on(stmt, frame) if stmt is not None and frame is not None else []
         self.skips.append(SkipRecord(sk, names, attrs, exc, depth, objects))
 
-    def acted_on_by_skip(self, exc: BaseException) -> Optional[SkipRecord]:
+    def acted_on_by_skip(self, exc: BaseException, before: Optional[int] = None) -> Optional[SkipRecord]:
         """The last skipped statement whose calls acted on an object that a frame of the failure
         `exc` holds (``cfg.validate()`` skipped, then ``build_mesh(cfg)`` fails): the later failure
         is likely its consequence."""
@@ -146,7 +146,7 @@ class Failures:
         def is_project(path):
             return path == self.entry_path or _is_project(path)
 
-        found, before = None, len(self.skips)
+        found, before = None, len(self.skips) if before is None else before
         for _ in range(5):              # back along the chain: a skipped failure that follows from an earlier one
             match = next((i for i in range(before - 1, -1, -1)     # the closest one before the failure
                           if self.skips[i].exc is not exc and holds(exc, self.skips[i].acted_on, is_project)), None)
@@ -214,18 +214,19 @@ class Failures:
         if parsing:                                 # trials: the script refuses its arguments
             return parsing
         cause = self.root_cause(exc)
-        if cause is not None:
+        if cause is not None:       # a name the skipped statement would have bound: its failure, and before it...
             exc = cause.exc
             loc = f"{_display(cause.skipped.path, self.entry_path, entry_display)}:{cause.skipped.line}"
+            earlier = self.acted_on_by_skip(exc, before=self.skips.index(cause))
         else:
             loc = self._location(exc, entry_display)
             earlier = self.acted_on_by_skip(exc)
-            if earlier is not None:
-                # the skipped statement first: what failed here left the object half-set
-                at = f"{_display(earlier.skipped.path, self.entry_path, entry_display)}:{earlier.skipped.line}"
-                return (f"{at}: setup code failed {where_real}: {earlier.skipped.error}{_download_hint(earlier.skipped.error)}"
-                        f"{_package_hint(earlier.exc, earlier.skipped.error)}"
-                        f" (skipped; what it would have set up was used later: {loc}: {_one_line(exc)})")
+        if earlier is not None:
+            # the skipped statement first: what failed here left the object half-set
+            at = f"{_display(earlier.skipped.path, self.entry_path, entry_display)}:{earlier.skipped.line}"
+            return (f"{at}: setup code failed {where_real}: {earlier.skipped.error}{_download_hint(earlier.skipped.error)}"
+                    f"{_package_hint(earlier.exc, earlier.skipped.error)}"
+                    f" (skipped; what it would have set up was used later: {loc}: {_one_line(exc)})")
         if isinstance(exc, ImportError):
             text = self.describe_import_error(exc, importer)
             if text:
