@@ -146,7 +146,59 @@ def test_setup_code_past_replay_timeout_is_blamed_on_it(cli, tmp_path):
     line = _one_error(cli("train.py", "--world-size", "8", cwd=str(tmp_path)))
     assert "train.py: the setup code did not finish within replay-timeout = 2 s" in line, line
     assert "fsdp-lint's analysis" not in line
+    # where it was when the deadline ran out: the innermost line of the project's own code
+    assert ": it was at train.py:" in line and "(blocks_from_registry)" in line, line
     assert time.monotonic() - start < 300          # the sleep was cut short
+
+
+def test_a_wait_inside_a_library_names_the_projects_line_and_the_call(cli, tmp_path):
+    """A helper module of the project waits on a reply that never comes (a ``threading.Event`` that is
+    never set): the timeout names the helper's line and the library call it is blocked in."""
+    _repo(tmp_path, toml="replay-timeout = 2\n")
+    (tmp_path / "registry.py").write_text("import threading\n\n\ndef blocks_from_registry():\n"
+                                          "    reply = threading.Event()\n    reply.wait()\n    return 4\n")
+    train = (tmp_path / "train.py").read_text().replace("Stack(4)", "Stack(blocks_from_registry())")
+    (tmp_path / "train.py").write_text("from registry import blocks_from_registry\n" + train)
+    line = _one_error(cli("train.py", "--world-size", "8", cwd=str(tmp_path)))
+    assert ": it was at registry.py:6 (blocks_from_registry), inside threading.py:" in line, line
+    assert "(wait)" in line
+
+
+def test_a_framework_driving_a_stand_in_in_a_loop_names_the_failed_import(tmp_path):
+    """The project installed (``pip install .``, not editable) and launched through ``fire.Fire(main)``;
+    its ``main`` cannot be imported (a name the installed torch lacks), so fsdp-lint stands in for it, and
+    fire walks the stand-in for ever. The replay ends at once naming the import and its failure, not at
+    the deadline."""
+    import subprocess
+    import sys
+
+    (tmp_path / "src" / "trainkit").mkdir(parents=True)
+    (tmp_path / "src" / "trainkit" / "__init__.py").write_text("")
+    (tmp_path / "src" / "trainkit" / "entry.py").write_text(
+        "import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard, ShardingPlanner\n\n\n"
+        "def main(steps: int = 10, lr: float = 1e-4):\n"
+        "    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])\n"
+        "    for layer in model:\n        fully_shard(layer)\n    fully_shard(model)\n")
+    (tmp_path / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "trainkit"\nversion = "0.1"\n\n[tool.setuptools]\npackage-dir = {"" = "src"}\n'
+        'packages = ["trainkit"]\n\n[tool.fsdp-lint]\nreplay-timeout = 300\n')
+    (tmp_path / "train.py").write_text("import fire\nimport torch\n\nfrom trainkit.entry import main\n\n"
+                                       "if __name__ == \"__main__\":\n    fire.Fire(main)\n")
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(tmp_path)], check=True, capture_output=True)
+    from conftest import run_subprocess
+
+    start = time.monotonic()      # a fresh fsdp-lint, as `PYTHONPATH=site fsdp-lint train.py -- --steps 5` runs
+    res = run_subprocess(["-m", "fsdp_lint", "train.py", "--", "--steps", "5"], cwd=str(tmp_path), timeout=280,
+                         env={"PYTHONPATH": str(site)})
+    lines = [x for x in res.stderr.splitlines() if x.startswith("fsdp-lint: error:")]
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, (res.returncode, res.stderr)
+    line = lines[0]
+    assert line.startswith("fsdp-lint: error: train.py:4: the setup code keeps using `main`"), line
+    assert "cannot import name 'ShardingPlanner' from 'torch.distributed.fsdp'" in line
+    assert "replay-timeout" not in line and time.monotonic() - start < 240
 
 
 def test_a_forward_past_replay_timeout_is_blamed_on_the_forward(cli, tmp_path):

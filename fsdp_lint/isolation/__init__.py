@@ -304,6 +304,7 @@ class _Job:
         self.code_s = 0.0                   # time spent in the file's code so far
         self.analysis_s = 0.0               # and in fsdp-lint's analysis
         self.shape: Dict[str, int] = {}     # the model's modules, depth and units, as they become known
+        self.stacks = ""                    # its threads' stacks at the deadline (isolation/stacks.py)
 
     def enter(self, phase: str, now: float) -> None:
         if self.phase is not None:
@@ -413,6 +414,8 @@ class _Jobs:
             job.shape.update(msg[3])
             if msg[2] != job.phase:
                 job.enter(msg[2], time.monotonic())
+        elif kind == "stacks":
+            job.stacks = msg[2]
         elif kind == "done":
             job.outcome = _outcome(job, msg[2], msg[3])
         elif kind == "requeue":
@@ -486,12 +489,27 @@ def _timeout_message(job: _Job) -> str:
         return (f"{name}: fsdp-lint's analysis of the model ({size or 'its size unknown'}) took longer than its "
                 f"internal limit of {ANALYSIS_TIMEOUT_S:g} s; the file's code had finished (in {job.code_s:.1f} s): "
                 f"a limit of fsdp-lint, not a fault of the file. It was stopped with every process the file started")
+    where = _waiting_at(job)
     if job.phase == "forward":
         return (f"{name}: the model's forward (run once on the meta device, for the activations) did not finish "
-                f"within replay-timeout = {timeout:g} s (it may wait for something: a lock, a network); it was "
-                f"stopped with every process the file started")
-    return (f"{name}: the setup code did not finish within replay-timeout = {timeout:g} s (it may wait for "
-            f"something: a data set, a network, a lock); it was stopped with every process it started")
+                f"within replay-timeout = {timeout:g} s{where} (it may wait for something: a lock, a network); it "
+                f"was stopped with every process the file started")
+    return (f"{name}: the setup code did not finish within replay-timeout = {timeout:g} s{where} (it may wait "
+            f"for something: a data set, a network, a lock); it was stopped with every process it started")
+
+
+def _waiting_at(job: _Job) -> str:
+    """``: it was at train.py:57 (main), inside ...`` from the child's stacks, or nothing."""
+    if not job.stacks:
+        return ""
+    from fsdp_lint.entry.project import is_local
+    from fsdp_lint.isolation.stacks import waiting_at
+
+    with contextlib.suppress(Exception):
+        where = waiting_at(job.stacks, is_local)
+        if where:
+            return f": it was {where}"
+    return ""
 
 
 def _cpus() -> int:

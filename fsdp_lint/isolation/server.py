@@ -11,12 +11,13 @@ import select
 import signal
 import socket
 import sys
+import tempfile
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from fsdp_lint.process import reaper
 from fsdp_lint.engine import LintError
 
-from fsdp_lint.isolation import _MAX_JOBS, _cpus
+from fsdp_lint.isolation import _MAX_JOBS, _cpus, stacks
 from fsdp_lint.isolation.wire import _HEADER, _frames, _recv_msg, _send_msg
 
 # the child's way out, bound before any linted code runs (which may replace os._exit, len, ...)
@@ -65,9 +66,10 @@ _WARM_UP_WRAPS = (
 
 
 class _Child:
-    def __init__(self, job: dict, pid: int, r: int, phases: int):
+    def __init__(self, job: dict, pid: int, r: int, phases: int, stacks: int = -1):
         self.job, self.pid, self.r = job, pid, r
         self.phases = phases                # where the lint is (engine._phase), a line per change
+        self.stacks = stacks                # its threads' stacks, dumped there at a timeout (stacks.py)
         self.pidfd = _pidfd(pid)
         self.chunks: List[bytes] = []
         self.partial = b""
@@ -175,6 +177,9 @@ class _Server:
         elif msg[0] == "kill":
             for child in self.running.values():
                 if child.job["id"] == msg[1]:
+                    if child.stacks >= 0:          # where the file's code was, before it goes
+                        with contextlib.suppress(Exception):
+                            _send_msg(self.sock, ("stacks", msg[1], stacks.read_dump(child.pid, child.stacks)))
                     _kill_group(child.pid)
             for job in [j for j in self.pending if j["id"] == msg[1]]:
                 self.pending.remove(job)
@@ -190,12 +195,16 @@ class _Server:
                 continue
             r, w = os.pipe()
             phases_r, phases_w = os.pipe()
+            stack_fd, stack_path = tempfile.mkstemp(prefix="fsdp-lint-stacks-")   # where it was, at a timeout
+            os.unlink(stack_path)
             pid = os.fork()
             if pid == 0:                            # the child
                 os.close(r)
                 os.close(phases_r)
+                stacks.register(stack_fd)
                 for fd in [self.sock.fileno(), self.parent] + [c.r for c in self.running.values()] + \
-                        [c.phases for c in self.running.values()] + [c.pidfd for c in self.running.values()]:
+                        [c.phases for c in self.running.values()] + [c.pidfd for c in self.running.values()] + \
+                        [c.stacks for c in self.running.values()]:
                     with contextlib.suppress(Exception):
                         if fd is not None and fd >= 0:
                             os.close(fd)
@@ -204,7 +213,7 @@ class _Server:
             os.close(phases_w)
             with contextlib.suppress(OSError):
                 os.setpgid(pid, pid)                # as the child does: no window without its own group
-            self.running[pid] = _Child(job, pid, r, phases_r)
+            self.running[pid] = _Child(job, pid, r, phases_r, stack_fd)
             _send_msg(self.sock, ("started", job["id"], pid))
 
     def _forward_phases(self, child: _Child, final: bool = False) -> None:
@@ -242,6 +251,8 @@ class _Server:
             os.close(child.r)
         if child.pidfd is not None:
             os.close(child.pidfd)
+        if child.stacks >= 0:
+            os.close(child.stacks)
         del self.running[child.pid]
         frames = _frames(b"".join(child.chunks))
         if len(frames) > 1:

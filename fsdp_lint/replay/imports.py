@@ -98,6 +98,27 @@ class MissingImport:
     absent_names: bool = False  # the module is installed; the names are not in it (another version)
 
 
+# uses of one failed import's stand-ins before the replay stops: a framework driving a stand-in in a
+# loop (a CLI library's ``Fire(main)`` walking a ``main`` whose import failed) never ends otherwise
+STAND_IN_USE_LIMIT = 20_000
+
+
+def limited_uses(on_use: Callable[..., None], name: str, cause: str, where: str) -> Callable[..., None]:
+    """`on_use` for the stand-ins of one failed import, which ends the replay (one line naming the
+    import and its failure) once they have been used :data:`STAND_IN_USE_LIMIT` times."""
+    count = [0]
+
+    def use(*args, **kwargs):
+        count[0] += 1
+        if count[0] > STAND_IN_USE_LIMIT:
+            from fsdp_lint.replay.records import ReplayError
+
+            raise ReplayError(f"{where}: the setup code keeps using `{name}`, which could not be imported here "
+                              f"({cause}), in a loop ({STAND_IN_USE_LIMIT:,} uses): it cannot run without it")
+        on_use(*args, **kwargs)
+    return use
+
+
 class Missing:
     """A stand-in for a name whose import failed. Attribute access, calls and iteration work and are
     recorded; it is falsy, iterates as empty and contains whatever it is asked for (a data set that

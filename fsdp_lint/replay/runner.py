@@ -29,6 +29,7 @@ from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_l
 from fsdp_lint.replay.import_errors import (_import_message, _innermost_project_line, _names_absent_from_installed,
                                            _own_project_modules)
 from fsdp_lint.replay.imports import (
+    limited_uses,
     Missing,
     not_importable,
     MissingImport,
@@ -238,8 +239,9 @@ class _Run:
                                                    line=use_frame.f_lineno, in_model=in_model))
 
         why = not_importable(missing if not absent else module, absent_names=bool(absent)) if not local else None
+        where = f"{_display(path, self.path, self.display)}:{frame.f_lineno}"
         for name in names:
-            globs.setdefault(name, Missing(name, on_use, why))
+            globs.setdefault(name, Missing(name, limited_uses(on_use, name, why or _import_message(exc), where), why))
         return True
 
     def _wrap_stand_in(self, call) -> None:
