@@ -154,3 +154,18 @@ def test_with_the_check_passing_the_sectioned_config_plans_as_torch_builds(tmp_p
                                        argv=["config=configs/tiny.yaml", f"out_dir={tmp_path / 'run'}"])
     assert [u.modules for u in res.plan.units] == [["layers.0"], ["layers.1"], ["layers.2"], ["layers.3"], [""]]
     assert res.plan.mesh is not None
+
+
+def test_a_stand_in_the_model_uses_is_named_at_the_line_of_the_use(cli, tmp_path):
+    """The model's ``__init__`` builds a layer from a package that is not installed: the refusal names
+    the line of the model's code that uses it (not a line of fsdp-lint's stand-in)."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\nfrom fancy_kernels import FusedNorm\n\n\n"
+        "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.lin = nn.Linear(8, 8)\n        self.norm = FusedNorm(8)\n\n\n"
+        "model = Net()\nfully_shard(model)\n")
+    res = cli("train.py", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "train.py:10: the model uses `FusedNorm`, which could not be imported here" in res.err, res.err
+    assert "fsdp_lint" not in res.err

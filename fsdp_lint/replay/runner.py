@@ -233,7 +233,7 @@ class _Run:
                                                    absent_names=bool(absent)))
 
         def on_use(name, _path=path, model=False, access=False):     # model: called with the model (trials)
-            use_frame = sys._getframe(2)
+            use_frame = sys._getframe(3)      # the user's frame: Missing's method, limited_uses, here
             in_model = not access and (model and not only_observes(missing) or _in_model_build())
             self.failures.stub_uses.append(StubUse(name=name, path=use_frame.f_code.co_filename,
                                                    line=use_frame.f_lineno, in_model=in_model))
