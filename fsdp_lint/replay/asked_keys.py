@@ -4,9 +4,10 @@ A stand-in (`fsdp_lint.replay.data_standins`) has the columns the script asks th
 for. Code that reads the *rows* -- often after they left the library (``pd.DataFrame(ds)``,
 ``df.to_dict(orient="records")``, ``[dict(r) for r in ds]``) -- asks for its keys where the stand-in cannot
 see it: ``assert "instruction" in example and "input" in example``, ``all(k in ex for k in
-required_keys)``, ``example["output"]``, ``example.get("input")``, ``example.get(self.prompter.field_messages)`` (a key the config names), a
-prompt template's fields
-(``prompt_dict["prompt_inputs"].format_map(example)``). On the node the data set has them.
+required_keys)``, ``example["output"]``, ``example.get("input")``, ``example.get(self.prompter.field_messages)``
+(a key the config names), a prompt template's fields (``prompt_dict["prompt_inputs"].format_map(example)``);
+a row is a dict, a ``datasets`` lazy row, or a batch of rows (``map(fn, batched=True)``). On the node the
+data set has them.
 
 The rule: when a replay's statement fails (skipped or fatal) in a frame that holds a row of a stand-in
 (a dict whose values include the stand-in's placeholder), the keys that the frame's function reads from

@@ -14,7 +14,8 @@ returns, so all of that works as it does on the node:
   (``ds["messages"]``, ``select_columns``, ``remove_columns``, ``rename_column``, a ``map``/``filter``
   function reading ``example["prompt"]``) is added, with the placeholder text, where it is asked for --
   a chat column (``messages``, ``conversations``, ``chosen``/``rejected``, `CHAT_COLUMNS`) with a
-  user/assistant exchange of ``{"role", "content"}`` messages, as chat data sets and TRL hold them;
+  user/assistant exchange of ``{"role", "content"}`` messages, as chat data sets and TRL hold them (each turn
+  also in ShareGPT's ``from``/``value``);
   a data set derived from a stand-in (mapped, shuffled, concatenated, split) keeps these answers;
 * ``select(indices)`` past its rows takes them modulo its length (``select(range(args.max_samples))``);
 * ``save_to_disk`` of a stand-in writes nothing (a prepared-data cache the real job would load later
