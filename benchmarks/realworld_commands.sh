@@ -82,9 +82,11 @@ cd $REPOS/open-r1 && $T $FSDP_LINT src/open_r1/sft.py --world-size 8 --accelerat
 cd $REPOS/open-r1 && $T $FSDP_LINT src/open_r1/sft.py --world-size 8 --accelerate-config recipes/accelerate_configs/fsdp.yaml -- --model_name_or_path open-r1/Qwen2.5-Math-7B-RoPE-300k --dataset_name open-r1/Mixture-of-Thoughts --dataset_config all --eos_token '<|im_end|>' --learning_rate 4.0e-5 --num_train_epochs 5 --max_length 32768 --per_device_train_batch_size 2 --gradient_checkpointing --bf16 true --use_liger_kernel --output_dir data/OpenR1-Distill-7B
 # 27 OLMo-core (try: dataclass-extensions cached-path bettermap installed)
 cd $REPOS/OLMo-core && $T $FSDP_LINT src/scripts/official/OLMo2/OLMo-2-0325-32B-train.py --world-size 8 -- --save-folder=/path/to/save/checkpoints
+# 27 try2 (round 2): at world size 64 (the script's `get_world_size() // 64` replicas); importlib_resources installed too
+cd $REPOS/OLMo-core && $T $FSDP_LINT src/scripts/official/OLMo2/OLMo-2-0325-32B-train.py --world-size 64 -- --save-folder=/path/to/save/checkpoints
 # 28 ml-4m
 cd $REPOS/ml-4m && $T $FSDP_LINT run_training_4m_fsdp.py --world-size 8 -- --config cfgs/default/4m/models/main/4m-l_mod7_500b.yaml
-# 29 axolotl
+# 29 axolotl (oob: venv as is; try (s4-survey): pip install --no-deps addict, then liger-kernel triton -- the config's LigerPlugin)
 cd $REPOS/axolotl && $T $FSDP_LINT src/axolotl/cli/train.py --world-size 8 -- examples/llama-3/fft-8b-liger-fsdp.yaml
 # 30 LLaMA-Factory
 cd $REPOS/LLaMA-Factory && $T $FSDP_LINT src/train.py --world-size 2 --accelerate-config examples/accelerate/fsdp_config.yaml -- examples/extras/fsdp_qlora/llama3_lora_sft.yaml

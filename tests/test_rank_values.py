@@ -37,6 +37,9 @@ def _exchange(dist) -> dict:
     both = torch.empty(2 * world, dtype=torch.long)
     dist.all_gather_into_tensor(both, torch.tensor([rank, 10 * rank + 1]))
     out["ranks"] = both.tolist()
+    slots = [torch.zeros(2, dtype=torch.long) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.tensor([rank, 7 * rank + 2]), gather_list=slots, dst=0)     # data statistics, to rank 0
+    out["gathered"] = [s.tolist() for s in slots] if slots is not None else None
     top = torch.tensor([rank % local_world])
     dist.all_reduce(top, op=dist.ReduceOp.MAX)
     total = torch.tensor([rank + 1])

@@ -290,6 +290,7 @@ class _Collector(ast.NodeVisitor):
         self.module_classes: List[Tuple[str, int]] = []
         self.classes: Dict[str, List[str]] = {}
         self.aliases: Dict[str, str] = {}
+        self.renamed: Dict[str, str] = {}           # `from m import train as train_fn`: train_fn -> train
         self.imports: List[ImportInfo] = []
         self.training_loop_lines: Set[int] = set()
         self.stepping_loop_lines: Set[int] = set()
@@ -317,9 +318,12 @@ class _Collector(ast.NodeVisitor):
                             self._fn_stack[-1] if self._fn_stack else None, tuple(self._loop_stack),
                             len(self.sites) - 1))
 
-    def _call(self, name: str) -> None:
+    def _call(self, name: str, bare: bool = False) -> None:
         fn = self._fn_stack[-1] if self._fn_stack else None
         self.events.append(("call", name, tuple(self._stmt_stack[-1]), fn, tuple(self._loop_stack), -1))
+        if bare and name in self.renamed:    # a call through an import's new name calls the function it names
+            self.events.append(("call", self.renamed[name], tuple(self._stmt_stack[-1]), fn,
+                                tuple(self._loop_stack), -1))
 
     def _canonical(self, name: str) -> str:
         last = name.rsplit(".", 1)[-1]
@@ -477,6 +481,8 @@ class _Collector(ast.NodeVisitor):
                 continue
             name = alias.name
             local = alias.asname or name
+            if local != name:
+                self.renamed[local] = name
             if name in WRAP_FSDP1 | WRAP_FSDP2 | POLICY_NAMES | OPTIMIZER_NAMES or name in ("MixedPrecisionPolicy", "MixedPrecision"):
                 self.aliases[local] = name
 
@@ -520,13 +526,13 @@ class _Collector(ast.NodeVisitor):
         if last in ("backward", "step", "zero_grad") and self._loop_stack:
             self.training_loop_lines.update(self._loop_stack)
             self.stepping_loop_lines.update(self._loop_stack)
-        self._call(last)
+        self._call(last, bare="." not in written)
         # functions handed to launchers count as called: mp.spawn(main, ...), fire.Fire(main)
         for arg in list(node.args) + [k.value for k in node.keywords]:
             if isinstance(arg, ast.Starred):
                 arg = arg.value
             if isinstance(arg, ast.Name):
-                self._call(arg.id)
+                self._call(arg.id, bare=True)
 
     def _framework_call(self, written: str) -> bool:
         from fsdp_lint.entry.detect import framework_call

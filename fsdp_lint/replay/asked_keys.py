@@ -4,8 +4,10 @@ A stand-in (`fsdp_lint.replay.data_standins`) has the columns the script asks th
 for. Code that reads the *rows* -- often after they left the library (``pd.DataFrame(ds)``,
 ``df.to_dict(orient="records")``, ``[dict(r) for r in ds]``) -- asks for its keys where the stand-in cannot
 see it: ``assert "instruction" in example and "input" in example``, ``all(k in ex for k in
-required_keys)``, ``example["output"]``, ``example.get("input")``, a prompt template's fields
-(``prompt_dict["prompt_inputs"].format_map(example)``). On the node the data set has them.
+required_keys)``, ``example["output"]``, ``example.get("input")``, ``example.get(self.prompter.field_messages)``
+(a key the config names), a prompt template's fields (``prompt_dict["prompt_inputs"].format_map(example)``);
+a row is a dict, a ``datasets`` lazy row, or a batch of rows (``map(fn, batched=True)``). On the node the
+data set has them.
 
 The rule: when a replay's statement fails (skipped or fatal) in a frame that holds a row of a stand-in
 (a dict whose values include the stand-in's placeholder), the keys that the frame's function reads from
@@ -19,6 +21,7 @@ from __future__ import annotations
 import ast
 import linecache
 import string
+from collections.abc import Mapping
 from typing import Any, Dict, Iterable, List, Optional, Set
 
 ROUNDS = 4
@@ -27,10 +30,16 @@ ROUNDS = 4
 def _is_row(value) -> bool:
     from fsdp_lint.replay.data_standins import TEXT, placeholder
 
-    if not isinstance(value, dict) or not value or len(value) > 256:
+    # a dict, or the lazy row ``datasets`` hands a ``map``/``filter`` function (a Mapping)
+    if not isinstance(value, Mapping) or not value or len(value) > 256:
         return False
     chat = placeholder("messages")
-    return any(v == TEXT or v == chat for v in value.values() if isinstance(v, (str, list)))
+
+    def held(v) -> bool:
+        return v == TEXT or v == chat
+    # a row, or a batch of rows (``map(fn, batched=True)``: each column a list of the rows' values)
+    return any(held(v) or (isinstance(v, list) and v and all(held(x) for x in v))
+               for v in value.values() if isinstance(v, (str, list)))
 
 
 def _function_node(frame) -> Optional[ast.AST]:
@@ -71,7 +80,7 @@ def _value(expr, frame) -> Any:
             return None
     if isinstance(expr, ast.Attribute):
         base = _value(expr.value, frame)
-        return getattr(base, expr.attr, None) if base is not None and not callable(base) else None
+        return getattr(base, expr.attr, None) if base is not None else None     # a callable strategy too
     return None
 
 
@@ -98,6 +107,8 @@ def _keys_read(fn: ast.AST, row_names: Set[str], frame) -> Set[str]:
             return [expr.value]
         if isinstance(expr, ast.Name):
             return loop_vars.get(expr.id) or _strings(frame.f_locals.get(expr.id))
+        if isinstance(expr, (ast.Attribute, ast.Subscript)):
+            return _strings(_value(expr, frame))     # a key the config names: `row.get(self.cfg.field_messages)`
         return []
 
     def is_row(expr) -> bool:

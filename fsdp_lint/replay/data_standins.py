@@ -14,17 +14,22 @@ returns, so all of that works as it does on the node:
   (``ds["messages"]``, ``select_columns``, ``remove_columns``, ``rename_column``, a ``map``/``filter``
   function reading ``example["prompt"]``) is added, with the placeholder text, where it is asked for --
   a chat column (``messages``, ``conversations``, ``chosen``/``rejected``, `CHAT_COLUMNS`) with a
-  user/assistant exchange of ``{"role", "content"}`` messages, as chat data sets and TRL hold them;
+  user/assistant exchange of ``{"role", "content"}`` messages, as chat data sets and TRL hold them (each turn
+  also in ShareGPT's ``from``/``value``);
   a data set derived from a stand-in (mapped, shuffled, concatenated, split) keeps these answers;
 * ``select(indices)`` past its rows takes them modulo its length (``select(range(args.max_samples))``);
+* ``save_to_disk`` of a stand-in writes nothing (a prepared-data cache the real job would load later
+  must never hold placeholder rows), said in a note;
 * a ``map``/``filter`` function that fails on the placeholder rows (its tokenizer is not here either)
-  leaves the stand-in as it was, listed as a skipped statement.
+  leaves the stand-in as it was, listed as a skipped statement; it runs in this process (``num_proc``
+  dropped), so that what fails in it is seen by the replay;
 
 The data never changes a plan, and no batch is ever drawn.
 """
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any, Dict, List, Optional
 
 # the marker a stand-in's DatasetInfo carries: map/shuffle/select/concatenate/split keep it
@@ -34,9 +39,31 @@ TEXT = "a placeholder sample: the data set cannot be loaded here"
 _RETRIES = 16
 
 
+# the arrow tables of stand-ins (id -> weak reference): a ``Dataset`` built on one (a subclass whose
+# ``__init__`` passes ``super().__init__(mapped.data)``) gets a fresh DatasetInfo, and is a stand-in still
+_TABLES: Dict[int, Any] = {}
+
+
+def _remember(ds) -> None:
+    table = getattr(ds, "_data", None)
+    if table is not None:
+        try:
+            _TABLES[id(table)] = weakref.ref(table)
+        except TypeError:       # pragma: no cover - datasets' tables take weak references
+            pass
+
+
+def _of_standin(table) -> bool:
+    ref = _TABLES.get(id(table))
+    return ref is not None and ref() is table
+
+
 def is_standin(ds) -> bool:
     info = getattr(ds, "_info", None)
-    return getattr(info, "description", None) == MARK
+    if getattr(info, "description", None) == MARK:
+        _remember(ds)
+        return True
+    return False
 
 
 def _value_for(feature) -> Any:
@@ -127,15 +154,18 @@ def _maybe_streamed(ds, streaming: bool):
 # columns where they are asked for
 # --------------------------------------------------------------------------------------------
 # columns that hold a conversation in the chat formats libraries read (TRL's conversational data sets,
-# the hub's chat corpora): a list of messages, each a dict with a role and content
+# the hub's chat corpora): a list of messages, each a dict with a role and content, and the same turn in
+# ShareGPT's keys (`from`: human/gpt, `value`), which many corpora's `conversations` hold
 CHAT_COLUMNS = frozenset({"messages", "conversations", "conversation", "chosen", "rejected", "dialog", "dialogue"})
 
 
 def placeholder(name: str) -> Any:
     """The value of a column the script asks for, by its name: a user/assistant exchange for a chat
-    column (TRL's `is_conversational` reads it as one), else the placeholder text."""
+    column (TRL's `is_conversational` reads it as one; a ShareGPT reader finds `from`/`value`), else the
+    placeholder text."""
     if name in CHAT_COLUMNS:
-        return [{"role": "user", "content": TEXT}, {"role": "assistant", "content": TEXT}]
+        return [{"role": "user", "content": TEXT, "from": "human", "value": TEXT},
+                {"role": "assistant", "content": TEXT, "from": "gpt", "value": TEXT}]
     return TEXT
 
 
@@ -149,17 +179,41 @@ def _with_columns(ds, names) -> Any:
     return ds
 
 
+def _not_saved(real, note):
+    def save_to_disk(self, dataset_path, *args, **kwargs):
+        parts = self.values() if isinstance(self, dict) else [self]
+        if not any(is_standin(ds) for ds in parts):
+            return real(self, dataset_path, *args, **kwargs)
+        if note is not None:
+            note(f"save_to_disk({str(dataset_path)!r}) of a stand-in data set: nothing written (a lint "
+                 f"never leaves placeholder rows where the real job would load them)")
+        return None
+    save_to_disk.__wrapped__ = real
+    return save_to_disk
+
+
 def _missing_column(exc: BaseException, ds) -> Optional[str]:
     if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) and exc.args[0] not in ds.column_names:
         return exc.args[0]
     return None
 
 
-def install_columns_on_demand(patch, datasets_module, on_failure=None) -> None:
+def install_columns_on_demand(patch, datasets_module, on_failure=None, note=None) -> None:
     """Patch ``datasets.Dataset`` for the replay: on a stand-in, a column the script asks for exists, and a
     ``map``/``filter`` whose function fails on the placeholder rows leaves the stand-in as it was
-    (`on_failure(exc)` is told)."""
+    (`on_failure(exc)` is told); a stand-in is never saved to disk (`note(text)` is told)."""
     Dataset = datasets_module.Dataset
+    real_init = Dataset.__init__
+
+    def __init__(self, arrow_table, *args, **kwargs):
+        real_init(self, arrow_table, *args, **kwargs)
+        if _of_standin(arrow_table):
+            self._info.description = MARK
+
+    patch(Dataset, "__init__", __init__)
+    for owner in (Dataset, getattr(datasets_module, "DatasetDict", None)):
+        if owner is not None and hasattr(owner, "save_to_disk"):
+            patch(owner, "save_to_disk", _not_saved(owner.save_to_disk, note))
 
     def wrap_columns(name, argument):
         real = getattr(Dataset, name)
@@ -188,9 +242,13 @@ def install_columns_on_demand(patch, datasets_module, on_failure=None) -> None:
                 return real(self, *args, **kwargs)
             if kwargs.get("remove_columns"):
                 self = _with_columns(self, kwargs["remove_columns"])
+            # in this process: a worker's skipped statements and the keys its rows were asked for would be lost
+            kwargs.pop("num_proc", None)
             for _ in range(_RETRIES):
                 try:
-                    return real(self, *args, **kwargs)
+                    out = real(self, *args, **kwargs)
+                    is_standin(out)         # its table is remembered
+                    return out
                 except KeyError as exc:
                     column = _missing_column(exc, self)
                     if column is None:

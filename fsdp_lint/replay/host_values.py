@@ -19,9 +19,9 @@ The collectives answer what a real world gives rank 0. A value the node knows fo
 local rank, host name, and small tensors made from them: `fsdp_lint.replay.rank_values`) is each rank's
 own; for any other value every rank is taken to hold rank 0's (only rank 0's is known). ``broadcast`` leaves rank 0's tensor as it is (rank 0 is the
 usual source); ``all_reduce`` applies its op over `world` equal values (SUM multiplies by the group
-size, MAX/MIN/AVG/BAND/BOR keep the value, PRODUCT raises it to the power); ``all_gather`` and
-``all_gather_into_tensor`` fill every rank's slot with rank 0's value (right for the local world size,
-the world size, a flag; a value each rank derives from its own rank, such as its local rank, is noted
+size, MAX/MIN/AVG/BAND/BOR keep the value, PRODUCT raises it to the power); ``all_gather``, ``gather``
+(to rank 0) and ``all_gather_into_tensor`` fill every rank's slot with rank 0's value (right for the local
+world size, the world size, a flag; a value each rank derives from its own rank, such as its local rank, is noted
 as rank 0's in every slot); ``reduce_scatter_tensor`` gives the reduction of equal chunks. A tensor with
 no data (meta) is left as it is.
 """
@@ -270,6 +270,12 @@ def install(rec, patch, dist) -> None:
                 _note_gather(rec, input_tensor)
         return work(async_op)
 
+    def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, **kwargs):
+        # the replay is rank 0: as the destination it receives every rank's tensor, as a source it only sends
+        if gather_list is not None and dst in (None, 0):
+            all_gather(gather_list, tensor, group=group)
+        return work(async_op)
+
     def all_gather_object(object_list, obj, group=None, **kwargs):
         ranks = _ranks(group, world)
         for i in range(len(object_list)):
@@ -289,7 +295,7 @@ def install(rec, patch, dist) -> None:
     for name, fn in (("broadcast", broadcast), ("all_reduce", all_reduce), ("reduce", reduce),
                      ("all_gather", all_gather), ("all_gather_into_tensor", all_gather_into_tensor),
                      ("_all_gather_base", all_gather_into_tensor), ("all_gather_object", all_gather_object),
-                     ("reduce_scatter_tensor", reduce_scatter_tensor)):
+                     ("reduce_scatter_tensor", reduce_scatter_tensor), ("gather", gather)):
         if hasattr(dist, name):
             patch(dist, name, fn)
 

@@ -167,7 +167,7 @@ def tensor_values(tensor, ranks: List[int]):
 # --------------------------------------------------------------------------------------------
 # what code that exchanges values with the other ranks calls (names in its code object)
 _COLLECTIVES = frozenset({"all_gather", "all_gather_object", "all_gather_into_tensor", "_all_gather_base",
-                          "gather_object", "all_reduce", "reduce", "broadcast", "broadcast_object_list"})
+                          "gather_object", "gather", "all_reduce", "reduce", "broadcast", "broadcast_object_list"})
 
 
 def exchanges(frame) -> bool:

@@ -380,6 +380,8 @@ def _device_mode(target_device, rec):
             read = data_values.reads_a_value(func)
             if read is not None:     # issue 15: `.item()`, `bool(t)` of a tensor with no data here
                 return data_values.read_value(read, func, args, kwargs, rec)
+            if func is torch.device and len(args) == 1 and type(args[0]) is int and not kwargs:
+                return func("cuda", args[0])     # an ordinal names a device of the node's accelerator
             if "device" in kwargs and kwargs["device"] is not None:
                 kwargs["device"] = target_device
             if func in factories:

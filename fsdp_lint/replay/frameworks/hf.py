@@ -21,6 +21,7 @@ Patched for the replay only:
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Dict, List
 
 FRAMEWORK = "transformers"
@@ -263,7 +264,40 @@ def hook_table() -> Dict[str, List[Any]]:
         "transformers.models.auto.tokenization_auto": [_auto_tokenizer],
         "transformers.trainer": [_trainer],
         "datasets": [_datasets],
+        "huggingface_hub._snapshot_download": [_dataset_snapshot],
     }
+
+
+def _dataset_snapshot(hooks, module) -> None:
+    """``snapshot_download(repo_id, repo_type="dataset")`` of a data set that is not in the local cache: on a
+    GPU node the hub answers with the repository (a script probes with ``ignore_patterns=["*"]`` whether a
+    path names a hub data set, then calls ``load_dataset``); a lint has no network, and the offline hub
+    raises, so the script takes the name for a missing local path. The snapshot stands in as an empty
+    folder (said in a note); what ``load_dataset`` then reads stands in too (``_datasets``). A name that
+    is no repository id, and every model repository, fail as the hub fails."""
+    import tempfile
+
+    from huggingface_hub.utils import LocalEntryNotFoundError     # (huggingface_hub 0.2x and 1.x)
+
+    def make(download):
+        def wrapped(*args, **kwargs):
+            try:
+                return download(*args, **kwargs)
+            except LocalEntryNotFoundError:
+                if kwargs.get("repo_type") != "dataset":
+                    raise
+                repo_id = kwargs.get("repo_id") or (args[0] if args else "dataset")
+                folder = os.path.join(tempfile.gettempdir(), "fsdp-lint-hub-datasets", *str(repo_id).split("/"))
+                os.makedirs(folder, exist_ok=True)
+                _note(hooks.rec, f"the hub data set {repo_id} is not here (a lint has no network): its "
+                                 f"snapshot_download stands in as an empty folder")
+                return folder
+        return wrapped
+
+    hooks.wrap(module, "snapshot_download", make)
+    package = sys.modules.get("huggingface_hub")
+    if package is not None and "snapshot_download" in vars(package):     # the package's lazy import, resolved
+        hooks.patch(package, "snapshot_download", module.snapshot_download)
 
 
 def _datasets(hooks, module) -> None:
@@ -290,4 +324,5 @@ def _datasets(hooks, module) -> None:
             pos = hooks.rec.position()
             hooks.rec.record_skip(pos.path, pos.line, exc)
 
-        data_standins.install_columns_on_demand(hooks.patch, module, on_failure)
+        data_standins.install_columns_on_demand(hooks.patch, module, on_failure,
+                                                lambda text: _note(hooks.rec, text))
