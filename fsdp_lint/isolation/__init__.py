@@ -471,8 +471,10 @@ def _outcome(job: _Job, status: int, payload: bytes) -> Callable[[], FileResult]
             signame = signal.Signals(sig).name
         except ValueError:
             signame = str(sig)
-        return _raiser(LintError(f"{name}: the process linting it was killed by {signame} before it finished "
-                                 f"(the file's code or a library it imports crashed or killed it)"))
+        why = ("the file's code killed it, or the machine's out-of-memory killer did: the process held more memory "
+               "than there is, as real tensors the size of the model would" if sig == signal.SIGKILL
+               else "the file's code or a library it imports crashed or killed it")
+        return _raiser(LintError(f"{name}: the process linting it was killed by {signame} before it finished ({why})"))
     code = os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else status
     return _raiser(LintError(f"{name}: the file's code ended the process linting it (exit code {code}: "
                              f"os._exit or similar) before the lint finished"))
