@@ -169,8 +169,7 @@ def test_a_framework_driving_a_stand_in_in_a_loop_names_the_failed_import(tmp_pa
     its ``main`` cannot be imported (a name the installed torch lacks), so fsdp-lint stands in for it, and
     fire walks the stand-in for ever. The replay ends at once naming the import and its failure, not at
     the deadline."""
-    import subprocess
-    import sys
+    import shutil
 
     (tmp_path / "src" / "trainkit").mkdir(parents=True)
     (tmp_path / "src" / "trainkit" / "__init__.py").write_text("")
@@ -185,9 +184,13 @@ def test_a_framework_driving_a_stand_in_in_a_loop_names_the_failed_import(tmp_pa
         'packages = ["trainkit"]\n\n[tool.fsdp-lint]\nreplay-timeout = 300\n')
     (tmp_path / "train.py").write_text("import fire\nimport torch\n\nfrom trainkit.entry import main\n\n"
                                        "if __name__ == \"__main__\":\n    fire.Fire(main)\n")
+    # what `pip install --no-deps --target site .` leaves there: the package and its *.dist-info (written
+    # here, so the test needs no build backend in the environment)
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(site), str(tmp_path)], check=True, capture_output=True)
+    shutil.copytree(tmp_path / "src" / "trainkit", site / "trainkit")
+    (site / "trainkit-0.1.dist-info").mkdir()
+    (site / "trainkit-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: trainkit\nVersion: 0.1\n")
+    (site / "trainkit-0.1.dist-info" / "top_level.txt").write_text("trainkit\n")
     from conftest import run_subprocess
 
     start = time.monotonic()      # a fresh fsdp-lint, as `PYTHONPATH=site fsdp-lint train.py -- --steps 5` runs
