@@ -169,3 +169,34 @@ def test_a_stand_in_the_model_uses_is_named_at_the_line_of_the_use(cli, tmp_path
     assert res.code == 2
     assert "train.py:10: the model uses `FusedNorm`, which could not be imported here" in res.err, res.err
     assert "fsdp_lint" not in res.err
+
+
+PROBE = os.path.join(REPOS, "precision_probe")
+
+
+def test_a_missing_package_that_decides_the_wraps_precision_is_refused(cli):
+    """``get_policies`` asks ``bfloat_support()``, which reads the CUDA version through a package this
+    machine lacks: the check fails on its stand-in, and skipping it would plan fp32 where a GPU node with
+    the package runs bf16. The statement decides the wrap's arguments (``mixed_precision=``), so the
+    failure is a refusal naming the package and the statement, not a skip."""
+    res = cli("s2s/train.py", "--world-size", "4", cwd=PROBE)
+    assert res.code == 2, res.out
+    line = res.err.strip().splitlines()[0]
+    assert line.startswith("fsdp-lint: error: s2s/train.py: s2s/utils/environment.py:13: "), line
+    assert "`nvversions` is not installed here: pip install nvversions" in line
+    assert "decides the wrap's arguments (train.py:36)" in line
+
+
+def test_with_the_package_installed_the_precision_probe_plans_bf16_as_torch_builds(tmp_path, monkeypatch):
+    pkg = tmp_path / "site" / "nvversions"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "version.py").write_text(
+        "class Version:\n    def __init__(self, text):\n"
+        "        self.release = tuple(int(p) for p in text.split('.'))\n\n\n"
+        "def parse(text):\n    return Version(text)\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.chdir(PROBE)
+    res, real = assert_plan_matches_torch(os.path.join(PROBE, "s2s", "train.py"), 4)
+    assert [u.modules for u in res.plan.units] == [["blocks.0"], ["blocks.1"], ["blocks.2"], ["blocks.3"], [""]]
+    assert {r["param_dtype"] for r in real} == {"bfloat16"}

@@ -51,6 +51,9 @@ class Failures:
     fatal_lines: Dict[str, Set[int]] = field(default_factory=dict)
     # path -> line -> a statement that may be skipped (what it binds is worked out when it is)
     tolerant: Dict[str, Dict[int, object]] = field(default_factory=dict)
+    # path -> the lines that decide what the wrap is given (replay.deciding)
+    deciding: Dict[str, object] = field(default_factory=dict)
+    decided_at: Optional[Tuple[str, int]] = None         # the statement deciding the wrap that a stand-in failed
     skips: List[SkipRecord] = field(default_factory=list)
     imports: List[MissingImport] = field(default_factory=list)
     stub_uses: List[StubUse] = field(default_factory=list)
@@ -73,12 +76,14 @@ class Failures:
                    for a in self.argv)
 
     # -- decisions while running ---------------------------------------------------------------
-    def may_skip(self, exc: BaseException, frame) -> bool:
-        """Whether the failure `exc`, caught by the statement running in `frame`, may be skipped."""
+    def may_skip(self, exc: BaseException, frame, line: Optional[int] = None) -> bool:
+        """Whether the failure `exc`, caught by the statement running in `frame` (at `line`), may be skipped."""
         from fsdp_lint.replay.records import ReplayError
 
         if isinstance(exc, (ReplayError, RecursionError, MemoryError)) or self.names_an_argument(exc):
             return False
+        if line is not None and self.stub_cause(exc) is not None and self.decides_wrap(frame, _line_in(exc, frame, line)):
+            return False            # a missing package decides what the wrap is given: a refusal, not a note
         if arguments.while_parsing(exc, frame):     # trials: the script refuses its arguments
             return False
         if raised_by_model_validation(exc):         # issue 18: a real node fails on that line too
@@ -101,6 +106,23 @@ class Failures:
                 return False
             f = f.f_back
         return True
+
+    def decides_wrap(self, frame, line: int) -> bool:
+        """Whether the statement at `line` of `frame` decides what a wrap/policy/dtype/freeze site is
+        given: in a wrap slice, or in its function's return slice called from such a statement."""
+        for _ in range(12):
+            path = os.path.abspath(frame.f_code.co_filename)
+            decides = self.deciding.get(path)
+            if decides is None:
+                return False            # not the project's code (a library calling back)
+            if line in decides.wrap_lines or self._is_fatal_line(path, line):
+                self.decided_at = (path, line)
+                return True
+            if line not in decides.return_lines or frame.f_back is None:
+                return False
+            frame = frame.f_back
+            line = frame.f_lineno
+        return False
 
     def after_setup_ok(self, exc: BaseException) -> bool:
         """Whether a failure after the end of the entry's setup may end the replay quietly: not
@@ -207,8 +229,13 @@ class Failures:
             missing = imp.missing if imp is not None else top
             need = (f"{imp.message} (the installed {installed_version(imp.module)})" if imp is not None and imp.absent_names
                     else f"`{missing}` is not installed here: pip install {distribution_of(missing)}")
+            decides = ""
+            if self.decided_at is not None:
+                decides = (f"; what it computes decides the wrap's arguments "
+                           f"({_display(self.decided_at[0], self.entry_path, entry_display)}:{self.decided_at[1]}), so it "
+                           f"is not skipped")
             return (f"{self._location(exc, entry_display)}: setup code failed {where_real}: {_one_line(exc)} "
-                    f"(it uses `{stub.name.rstrip('()')}`, which could not be imported: {need})")
+                    f"(it uses `{stub.name.rstrip('()')}`, which could not be imported: {need}{decides})")
         parsing = None if self.names_an_argument(exc) else \
             arguments.describe(exc, self._location(exc, entry_display), self.argv, entry_display, _one_line)
         if parsing:                                 # trials: the script refuses its arguments
@@ -355,6 +382,16 @@ def raised_by_model_validation(exc: BaseException) -> bool:
         return False
     text = str(exc).lower()
     return not any(word in text for word in _SIMULATION_WORDS)
+
+
+def _line_in(exc: BaseException, frame, line: int) -> int:
+    """The line of `frame` that `exc` came from (inside the block statement at `line`)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame is frame:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
 
 
 def _missing_name(exc: BaseException) -> Tuple[Optional[str], Optional[bool]]:

@@ -34,7 +34,7 @@ _DISTRIBUTIONS = {
     "mamba_ssm": "mamba-ssm", "causal_conv1d": "causal-conv1d", "xformers": "xformers",
     "bitsandbytes": "bitsandbytes", "liger_kernel": "liger-kernel", "webdataset": "webdataset",
     "tiktoken": "tiktoken", "zmq": "pyzmq", "serial": "pyserial", "usb": "pyusb", "docx": "python-docx",
-    "Levenshtein": "python-Levenshtein", "git": "GitPython", "pkg_resources": "setuptools",
+    "Levenshtein": "python-Levenshtein", "git": "GitPython", "pkg_resources": "'setuptools<82'",   # setuptools 82 removed pkg_resources
     "streaming": "mosaicml-streaming",
 }
 

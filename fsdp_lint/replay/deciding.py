@@ -1,0 +1,169 @@
+"""The statements that decide what a wrap is given: a failure there may not be skipped quietly.
+
+``mp, policy = get_policies(cfg)`` then ``FSDP(model, mixed_precision=mp, ...)``: inside
+``get_policies``, ``ok = bf16_support()`` fails on a stand-in for a package this machine lacks and is
+skipped, ``if ok: mp = bfSixteen`` then fails on the unbound name and is skipped too, and the wrap is
+built with ``mp = None``: a float32 plan where a GPU node with the package runs bfloat16 (issue 15,
+item 5: a missing package that changes the precision or the wrap is a refusal, not a note).
+
+Two backward slices per file, both flow-insensitive (a statement that binds a name the slice needs
+joins it with what it reads and the tests of the blocks around it):
+
+* the *wrap slice*: from the arguments of the wrap, policy, dtype and freeze sites in their scope;
+* the *return slice* of each function: from the values it returns.
+
+A statement decides the wrap when it is in a wrap slice, or in its function's return slice while the
+caller's current statement decides it (``Failures.decides_wrap`` walks the frames).
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import FrozenSet, List, Set, Tuple
+
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_SITE_KINDS = ("fsdp1", "fsdp2", "policy", "dtype", "freeze")
+
+
+@dataclass
+class _Item:
+    span: Tuple[int, int]
+    binds: FrozenSet[str]          # names it binds, or whose object it stores into (``cfg.mp = ...``)
+    reads: FrozenSet[str]          # names its own expressions read, and the tests of the blocks around it
+
+
+@dataclass
+class Deciding:
+    wrap_lines: Set[int] = field(default_factory=set)
+    return_lines: Set[int] = field(default_factory=set)
+
+
+def _reads(nodes) -> Set[str]:
+    out: Set[str] = set()
+    for node in nodes:
+        for n in _walk(node):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                out.add(n.id)
+    return out
+
+
+def _walk(node: ast.AST):
+    """ast.walk without entering nested definitions (their bodies are their own scopes)."""
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        yield n
+        for child in ast.iter_child_nodes(n):
+            if not isinstance(child, _DEFS):
+                todo.append(child)
+
+
+def _stored(nodes) -> Set[str]:
+    out: Set[str] = set()
+    for node in nodes:
+        for n in _walk(node):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                out.add(n.id)
+            elif isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, ast.Store):
+                base = n.value
+                while isinstance(base, (ast.Attribute, ast.Subscript)):
+                    base = base.value
+                if isinstance(base, ast.Name):
+                    out.add(base.id)
+            elif isinstance(n, ast.NamedExpr):
+                out.add(n.target.id)
+    return out
+
+
+def _header(stmt: ast.stmt) -> List[ast.AST]:
+    """The expressions of a block statement outside its bodies."""
+    if isinstance(stmt, (ast.If, ast.While)):
+        return [stmt.test]
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        return [stmt.target, stmt.iter]
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return list(stmt.items)
+    if isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+        return [h.type for h in stmt.handlers if h.type is not None]
+    if isinstance(stmt, ast.Match):
+        return [stmt.subject]
+    return []
+
+
+def _bodies(stmt: ast.stmt) -> List[List[ast.stmt]]:
+    out = [getattr(stmt, a) for a in ("body", "orelse", "finalbody") if isinstance(getattr(stmt, a, None), list)]
+    out += [h.body for h in getattr(stmt, "handlers", [])]
+    out += [c.body for c in getattr(stmt, "cases", [])]
+    return out
+
+
+def _items(body: List[ast.stmt], control: FrozenSet[str] = frozenset()) -> List[_Item]:
+    """The statements of one scope (nested blocks included, nested definitions not)."""
+    out: List[_Item] = []
+    for stmt in body:
+        if isinstance(stmt, _DEFS):
+            out.append(_Item((stmt.lineno, stmt.lineno), frozenset({stmt.name}), control))
+            continue
+        bodies = _bodies(stmt)
+        span = (stmt.lineno, stmt.end_lineno or stmt.lineno)
+        if not bodies:
+            out.append(_Item(span, frozenset(_stored([stmt])), control | frozenset(_reads([stmt]))))
+            continue
+        header = _header(stmt)
+        reads = control | frozenset(_reads(header))
+        header_end = max(stmt.lineno, bodies[0][0].lineno - 1) if bodies[0] else stmt.lineno
+        out.append(_Item((stmt.lineno, header_end), frozenset(_stored(header)), reads))
+        for inner in bodies:
+            out.extend(_items(inner, reads))
+    return out
+
+
+def _slice(items: List[_Item], needed: Set[str]) -> Set[int]:
+    lines: Set[int] = set()
+    taken = [False] * len(items)
+    changed = True
+    while changed:
+        changed = False
+        for i, item in enumerate(items):
+            if not taken[i] and item.binds & needed:
+                taken[i], changed = True, True
+                lines.update(range(item.span[0], item.span[1] + 1))
+                needed |= item.reads
+    return lines
+
+
+def _scopes(tree: ast.Module):
+    """(scope node, its body) for the module and every function in it."""
+    yield tree, tree.body
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node, node.body
+
+
+def _calls_at(body: List[ast.stmt], lines: Set[int]):
+    for stmt in body:
+        for n in _walk(stmt) if not isinstance(stmt, _DEFS) else ():
+            if isinstance(n, ast.Call) and n.lineno in lines:
+                yield n
+
+
+def deciding_lines(tree: ast.Module, sites) -> Deciding:
+    """The lines of `tree` whose statements decide what its wrap/policy/dtype/freeze sites are given,
+    and the lines of its functions' return slices."""
+    out = Deciding()
+    site_lines = {s.line for s in sites if s.kind in _SITE_KINDS}
+    for scope, body in _scopes(tree):
+        items = _items(body)
+        if site_lines:
+            needed: Set[str] = set()
+            for call in _calls_at(body, site_lines):
+                needed |= _reads([*call.args, *(k.value for k in call.keywords)])
+            if needed:
+                out.wrap_lines |= _slice(items, needed)
+        if scope is not tree:
+            returns = [n for s in body if not isinstance(s, _DEFS) for n in _walk(s) if isinstance(n, ast.Return)]
+            if returns:
+                for r in returns:
+                    out.return_lines.update(range(r.lineno, (r.end_lineno or r.lineno) + 1))
+                out.return_lines |= _slice(items, _reads([r.value for r in returns if r.value is not None]))
+    return out
