@@ -208,3 +208,26 @@ def test_a_chat_column_asked_for_holds_messages_as_trl_reads_real_chat_data(tmp_
         ours = prepared(stood_in)
     assert ours.column_names == prepared(real).column_names
     assert "input_ids" in ours.column_names and len(ours) > 0
+
+
+PACKED = os.path.join(REPO, "fixtures", "repos", "packed_stories", "examples", "native")
+
+
+def test_a_map_functions_fingerprint_never_pickles_the_replay(cli):
+    """``datasets`` fingerprints every ``Dataset.map`` function by pickling it (dill) with the globals it
+    reads, the replay's helpers among them: they pickle as their names, so the meta model behind the
+    replay is never turned into float32 arrays by datasets' tensor pickler (accelerate's nd_parallel
+    example: 32 GB for an 8B model, and the child was killed for memory)."""
+    res = cli("train.py", "--world-size", "8", "--", "--width", "512", cwd=PACKED)
+    assert res.code == 0, res.err
+    assert ".numpy()" not in res.out, res.out
+    assert "fsdp2 (built by accelerate)" in res.out and "5 units" in res.out
+
+
+def test_the_packed_stories_plan_is_what_accelerate_builds(monkeypatch):
+    from test_frameworks import assert_framework_plan_matches
+
+    monkeypatch.chdir(PACKED)
+    monkeypatch.syspath_prepend(PACKED)
+    res = assert_framework_plan_matches(os.path.join(PACKED, "train.py"), Settings(world_size=8), ["--width", "512"])
+    assert [u.modules for u in res.plan.units] == [[f"layers.{i}"] for i in range(4)] + [[""]]

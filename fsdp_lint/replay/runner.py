@@ -58,6 +58,7 @@ from fsdp_lint.replay.targets import (
     load_target,
 )
 from fsdp_lint.replay.transform import LOOP, REBIND, SETUP_DONE, SKIP, STUB_IMPORT, transform
+from fsdp_lint.replay.helpers import ReplayHelper
 from fsdp_lint.entry.source import SourceFacts, relevant_lines_with
 from fsdp_lint.replay.argv_hint import argv_hint
 from fsdp_lint.replay.roots import last_resort_roots
@@ -135,14 +136,14 @@ class _Run:
         def skip(line, exc):
             if self.finished:       # the replay is over: project code called later (--run's steps) fails as written
                 return False
-            frame = sys._getframe(1)
-            if not self.failures.may_skip(exc, frame):
+            frame = sys._getframe(2)
+            if not self.failures.may_skip(exc, frame, line):
                 return False
             self.failures.record_skip(frame.f_code.co_filename, line, exc, depth=_depth(frame), frame=frame)
             return True
 
         def stub_import(names, globs, module, exc):
-            return self._stub_import(names, globs, module, exc, sys._getframe(1))
+            return self._stub_import(names, globs, module, exc, sys._getframe(2))
 
         def rebind(globs):
             if self.override is not None:
@@ -152,8 +153,9 @@ class _Run:
             if not self.finished:
                 boundary.training_loop(rec, line)
 
-        return {SKIP: skip, STUB_IMPORT: stub_import, REBIND: rebind, LOOP: training_loop,
-                SETUP_DONE: self._setup_done, "__builtins__": guarded_builtins()}
+        helpers = {SKIP: skip, STUB_IMPORT: stub_import, REBIND: rebind, LOOP: training_loop,
+                   SETUP_DONE: self._setup_done}
+        return {**{name: ReplayHelper(name, fn) for name, fn in helpers.items()}, "__builtins__": guarded_builtins()}
 
     def _setup_done(self) -> None:
         """Called after the entry's last statement that matters for the plan: when every frame of
@@ -161,7 +163,7 @@ class _Run:
         the script does after it (exit, raise, fail) no longer decides the plan."""
         if self.setup_done is not None:
             return
-        f = sys._getframe(1)
+        f = sys._getframe(2)
         pos = (f.f_code.co_filename, f.f_lineno)
         f = f.f_back
         while f is not None:
@@ -191,6 +193,7 @@ class _Run:
         if main:
             self.terminal_spans = done.terminal_spans
         self.failures.fatal_lines[path] = done.fatal_lines
+        self.failures.deciding[path] = done.deciding
         self.failures.tolerant[path] = done.tolerant
         return done.code
 
