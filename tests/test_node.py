@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 
 import pytest
 import torch
@@ -61,6 +62,25 @@ def test_every_probe_answers_as_the_profiles_gpu(gpu):
     assert node["cudnn"] and node["nccl"]
 
 
+@pytest.mark.parametrize("gpu", ["h100", "t4", "mi300x"])
+def test_nvidia_smi_answers_as_the_profiles_gpus(gpu):
+    """Setup code and libraries ask nvidia-smi (it does not initialise CUDA): it lists the node's GPUs,
+    one per rank as torch.cuda counts them, with the profile's memory; accelerate's own get_gpu_info and
+    driver check read it; an AMD node has no nvidia-smi."""
+    profile = gpus.profile(gpu)
+    node = _node(gpu)
+    if profile.vendor != "nvidia":
+        assert node["smi_list"] is None and node["accelerate_gpu_info"] is None
+        return
+    assert node["smi_list"] == [f"GPU {i}: {profile.device_name} (UUID: GPU-00000000-0000-0000-0000-{i:012d})"
+                                for i in range(node["count"])]
+    assert node["smi_memory_mib"] == [node["total_memory"] >> 20] * node["count"]
+    assert node["accelerate_gpu_info"] == ([profile.device_name] * node["count"], node["count"])
+    from packaging.version import parse
+
+    assert parse(node["accelerate_driver"]) >= parse("550.40.07")   # accelerate's own floor for its P2P check
+
+
 def test_the_precision_a_script_picks_follows_the_gpu():
     # `torch.version.cuda and capability >= (8, 0)`: bf16 on Ampere and later, fp16 on a V100 or on ROCm
     assert _node("h100")["dtype"] == _node("a100-80gb")["dtype"] == torch.bfloat16
@@ -72,13 +92,16 @@ def test_nothing_the_node_answered_outlives_the_replay():
 
     before = (torch.version.cuda, torch.version.hip, torch.cuda.is_available(), torch.cuda.device_count(),
               torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-              torch.get_float32_matmul_precision(), is_torch_bf16_gpu_available(), is_torch_tf32_available())
+              torch.get_float32_matmul_precision(), is_torch_bf16_gpu_available(), is_torch_tf32_available(),
+              os.environ.get("PATH"), shutil.which("nvidia-smi"))
     node = _replay_node("h100")
     assert node["allow_tf32"] is True and node["hf_tf32"] is True     # the script turned TF32 on
     after = (torch.version.cuda, torch.version.hip, torch.cuda.is_available(), torch.cuda.device_count(),
              torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-             torch.get_float32_matmul_precision(), is_torch_bf16_gpu_available(), is_torch_tf32_available())
+             torch.get_float32_matmul_precision(), is_torch_bf16_gpu_available(), is_torch_tf32_available(),
+             os.environ.get("PATH"), shutil.which("nvidia-smi"))
     assert after == before
+    assert node["smi_list"]       # the replay's nvidia-smi answered, and is gone with its folder
 
 
 def test_gpu_reaches_the_linted_file_from_the_command_line_and_the_config(cli, tmp_path):

@@ -33,7 +33,7 @@ from fsdp_lint.replay.recorders import (
     _install_recorders,
 )
 from fsdp_lint.replay import (  # issue 11; issue 15: the node's GPU, data values, rank values, jobs, network
-    checkpoints, data_values, host_values, job_submission, network, node, parallel, rank_values,
+    checkpoints, data_values, host_values, job_submission, network, node, parallel, rank_values, smi,
 )
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
 
@@ -101,6 +101,8 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     simulate_accelerator(patch)       # trials: torch.accelerator answers as the simulated CUDA (after it)
     _simulate_launchers(rec, patch)
     cleanups = [_hydra_without_outputs(patch)] if "hydra" in launchers else []
+    if not node.real_cuda(rec):         # the node's nvidia-smi, first on PATH (os.environ is restored after)
+        cleanups.append(smi.install(_node_profile(), rec.world_size))
     _simulate_mesh(rec, patch)
     target_device = _target_device(rec)
     _record_param_changes(rec, patch, target_device)
@@ -267,9 +269,13 @@ def _of_group(real, world_answer):
 
 def _simulate_cuda(rec: Recorder, patch: Patch) -> None:
     """CUDA is "available" with `world_size` devices of the node's GPU (``--gpu``; `fsdp_lint.replay.node`)."""
+    node.simulate_cuda(rec, patch, _node_profile())
+
+
+def _node_profile():
     from fsdp_lint.replay.frameworks import current_options
 
-    node.simulate_cuda(rec, patch, node.profile_of(getattr(current_options(), "gpu", None)))
+    return node.profile_of(getattr(current_options(), "gpu", None))
 
 
 def _simulate_launchers(rec: Recorder, patch: Patch) -> None:
