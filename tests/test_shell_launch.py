@@ -180,3 +180,91 @@ def test_a_scripts_own_arguments_are_read_as_bash_gives_them(cli, tmp_path, monk
     (f,) = json.loads(res.out)["files"]
     assert f["args"] == ["--config", "configs/big.yaml"]
     assert (f["plan"]["world_size"], f["plan"]["world_size_source"]) == (2, "launch script")
+
+
+MODULE_APP = '''import argparse
+
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--depth", type=int, default=2)
+    args, _ = parser.parse_known_args(argv)
+    model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(args.depth)])
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_module_launch_runs_the_modules_file(cli, tmp_path, monkeypatch):
+    """``torchrun ... -m apps.main.train``, ``python -m pkg`` (its ``__main__.py``) and accelerate's
+    ``--module`` under ``src/``: the module's file is launched, with the arguments after it."""
+    for rel in ("apps/main/train.py", "tool/__main__.py", "src/srcpkg/run.py"):
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(MODULE_APP)
+    for pkg in ("apps", "apps/main", "tool", "src/srcpkg"):
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "launch.sh").write_text(
+        "torchrun --nproc-per-node 4 -m apps.main.train --depth 3\n"
+        "python -m tool --depth 5\n"
+        "accelerate launch --num_processes 2 --module srcpkg.run --depth 1\n")
+    monkeypatch.chdir(tmp_path)
+    launches = shell_launches("launch.sh")
+    assert [(os.path.relpath(x.path, tmp_path), x.world_size, x.args) for x in launches] == [
+        ("apps/main/train.py", 4, ["--depth", "3"]), ("tool/__main__.py", None, ["--depth", "5"]),
+        ("src/srcpkg/run.py", 2, ["--depth", "1"])]
+    res = cli("launch.sh", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    plans = [f["plan"] for f in json.loads(res.out)["files"]]
+    assert [(p["world_size"], len(p["units"])) for p in plans[:1]] == [(4, 4)]
+
+
+CONSOLE_MAIN = '''import sys
+
+from tinylm.pretrain import setup
+
+
+def main():
+    command, *rest = sys.argv[1:]
+    if command == "pretrain":
+        setup(rest)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_the_projects_console_script_in_a_launch_script_runs_its_module(cli, tmp_path):
+    """``tinylm pretrain --depth 3`` where ``tinylm`` is the project's console script
+    (``[project.scripts]``, ``tinylm.__main__:main``): the script line launches that module's file with the
+    command's arguments, as the installed command does."""
+    (tmp_path / "pyproject.toml").write_text(
+        "[project]\nname = 'tinylm'\nversion = '0'\n\n[project.scripts]\ntinylm = 'tinylm.__main__:main'\n"
+        "tinylm-eval = 'tinylm.evaluate:main'\n")
+    pkg = tmp_path / "src" / "tinylm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text(CONSOLE_MAIN)
+    (pkg / "pretrain.py").write_text(MODULE_APP.replace("def main(argv=None):", "def setup(argv=None):")
+                                     .replace("\n\nif __name__ == \"__main__\":\n    main()\n", "\n"))
+    (pkg / "evaluate.py").write_text("def main():\n    pass\n")
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "pretrain.sh").write_text("#!/bin/bash\ntinylm pretrain --depth 3\n")
+    res = cli("scripts/pretrain.sh", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    (f,) = json.loads(res.out)["files"]
+    assert f["args"] == ["pretrain", "--depth", "3"] and len(f["plan"]["units"]) == 4
+    (tmp_path / "scripts" / "eval.sh").write_text("tinylm-eval --depth 3\n")
+    res = cli("scripts/eval.sh", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "line 1 runs `tinylm-eval`, the project's command (tinylm.evaluate:main); running " in res.err
+    assert "does not call main()" in res.err

@@ -31,7 +31,7 @@ class Launch:
         return f"fsdp-lint {shown(self.cli_path)} --{sub} ARGS"
 
 
-def _console_scripts(repo: str) -> List[tuple]:
+def console_scripts(repo: str) -> List[tuple]:
     """(command name, "module:function") of the repository's console scripts."""
     out: List[tuple] = []
     pyproject = os.path.join(repo, "pyproject.toml")
@@ -121,7 +121,7 @@ def cli_launches(entry: Entry) -> List[Launch]:
         return []
     project = Project(entry)
     out: List[Launch] = []
-    for name, target in _console_scripts(repo):
+    for name, target in console_scripts(repo):
         module = target.split(":", 1)[0].strip()
         path = project.resolve(module)
         if path is None or path == entry.path:

@@ -112,8 +112,9 @@ def _int(text) -> Optional[int]:
     return int(text) if isinstance(text, str) and text.isdigit() else None
 
 
-def _launch(tokens, env) -> Optional[dict]:
-    """The launched file, its arguments (from `tokens` index) and the launcher's settings, or None."""
+def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
+    """The launched file (or module: ``-m pkg.mod``; or the project's console script, `console`: command ->
+    "module:function"), its arguments (from `tokens` index) and the launcher's settings, or None."""
     i = 0
     while i < len(tokens) and _ASSIGN.match(tokens[i][0]):      # `CUDA_VISIBLE_DEVICES=0,1 torchrun ...`
         i += 1
@@ -124,11 +125,16 @@ def _launch(tokens, env) -> Optional[dict]:
     head = os.path.basename(tokens[i][0])
     words = [t[0] for t in tokens]
     if not (head in _LAUNCHERS or re.fullmatch(r"python3(\.\d+)?", head)):
-        return None
+        target = console.get(tokens[i][0])     # the project's own command (`litgpt pretrain ...`)
+        if target is None:
+            return None
+        return {"file": target, "first_arg": i + 1, "world_size": None, "accelerate_config": None,
+                "console": tokens[i][0]}
     if head == "accelerate" and (i + 1 >= len(words) or words[i + 1] != "launch"):
         return None
     opts: Dict[str, Optional[str]] = {}
     j = i + (2 if head == "accelerate" else 1)
+    module = None
     while j < len(words):
         w = words[j]
         if w.endswith(".py") and not w.startswith("-"):
@@ -137,6 +143,9 @@ def _launch(tokens, env) -> Optional[dict]:
                 words[j + 1] in ("torch.distributed.run", "torch.distributed.launch"):
             j += 2
             continue
+        if w in ("-m", "--module") and j + 1 < len(words):    # `torchrun ... -m pkg.train`, `python -m pkg.train`
+            module = j + 1
+            break
         if w.startswith("--"):
             name = w[2:].split("=", 1)[0].replace("-", "_")
             if "=" in w or j + 1 < len(words) and not words[j + 1].startswith("-") and not words[j + 1].endswith(".py"):
@@ -150,7 +159,8 @@ def _launch(tokens, env) -> Optional[dict]:
     nodes = _int(opts.get("nnodes") or opts.get("num_nodes") or opts.get("num_machines")) or 1
     if "num_processes" in opts:      # accelerate: the total over all machines
         nodes = 1
-    return {"file": words[j], "first_arg": j + 1, "world_size": nproc * nodes if nproc else None,
+    return {"file": words[module] if module else words[j], "first_arg": (module or j) + 1,
+            "world_size": nproc * nodes if nproc else None, "module": bool(module),
             "accelerate_config": opts.get("config_file") if head == "accelerate" else None}
 
 
@@ -170,6 +180,48 @@ def _resolve(name: str, script: str, cd: Optional[str]) -> Tuple[Optional[str], 
     return None, os.getcwd()
 
 
+def _module_file(module: str, script: str, cd: Optional[str]) -> Tuple[Optional[str], str]:
+    """The file `python -m module` runs (``pkg/mod.py`` or ``pkg/mod/__main__.py``, also under ``src/``)."""
+    rel = module.replace(".", os.sep)
+    for cand in (rel + ".py", os.path.join(rel, "__main__.py"), os.path.join("src", rel + ".py"),
+                 os.path.join("src", rel, "__main__.py")):
+        path, base = _resolve(cand, script, cd)
+        if path is not None:
+            return path, (os.path.dirname(base) if base.endswith(os.sep + "src") else base)
+    return None, os.getcwd()
+
+
+def _console_commands(script: str, cd: Optional[str]) -> Dict[str, str]:
+    """The console scripts of the repository the script is in (or runs in): command -> "module:function"."""
+    from fsdp_lint.entry.launches import console_scripts
+    from fsdp_lint.entry.project import repo_root
+
+    out: Dict[str, str] = {}
+    for start in filter(None, (cd, os.path.dirname(os.path.abspath(script)), os.getcwd())):
+        root = repo_root(start)
+        if root:
+            for name, target in console_scripts(root):
+                out.setdefault(name, target)
+    return out
+
+
+def _console_file(command: str, target: str, script: str, cd: Optional[str], line: int) -> Tuple[str, str]:
+    """The file a console script runs, when running that file as a script calls the same function."""
+    module, _, function = target.partition(":")
+    path, base = _module_file(module, script, cd)
+    if path is None:
+        raise ShellError(f"line {line} runs `{command}`, the project's command ({target}), whose module is "
+                         f"not in this checkout")
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        text = fh.read()
+    main = re.search(r"^if\s+__name__\s*==\s*[\"']__main__[\"']\s*:(.*?)(?=^\S|\Z)", text, re.S | re.M)
+    if not main or not re.search(rf"\b{re.escape(function.split('.')[-1])}\s*\(", main.group(1)):
+        raise ShellError(f"line {line} runs `{command}`, the project's command ({target}); running "
+                         f"{os.path.relpath(path)} as a script does not call {function}(): lint the file the "
+                         f"command dispatches to")
+    return path, base
+
+
 def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLaunch]:
     """Every launch of a Python file in the shell script, in order, the script run with the arguments
     ``positional`` (``bash SCRIPT ARGS``)."""
@@ -180,6 +232,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         raise ShellError(f"cannot read it: {exc}") from None
     env: Dict[str, str] = {}
     cd: Optional[str] = None
+    console: Optional[Dict[str, str]] = None        # the repository's console scripts, read when needed
     out: List[ShellLaunch] = []
     for start, pieces in _logical_lines(text):
         stripped = " ".join(t for _, t in pieces).strip()
@@ -209,10 +262,17 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
                 cd = os.path.normpath(os.path.join(base, target))
             continue
         tokens = _tokens(pieces, env, positional)
-        found = _launch(tokens, env)
+        if console is None:
+            console = _console_commands(script, cd)
+        found = _launch(tokens, env, console)
         if found is None:
             continue
-        path, base = _resolve(found["file"], script, cd)
+        if found.get("console"):
+            path, base = _console_file(found["console"], found["file"], script, cd, start)
+        elif found.get("module"):
+            path, base = _module_file(found["file"], script, cd)
+        else:
+            path, base = _resolve(found["file"], script, cd)
         if path is None:
             raise ShellError(f"line {start} launches {found['file']}, which is not there (from the current folder, "
                              f"the script's folder or the folders above it)")
