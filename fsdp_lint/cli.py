@@ -244,7 +244,7 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         world_size=world_size, api=api, wrap=list(wrap), use_orig_params=use_orig_params, model=model_target,
         fail_on=fail_on, cli_selection=cli_selection if any(cli_selection.values()) else None,
         gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory=gpu_memory, allow_partial=allow_partial or None,
-        world_size_source="--world-size" if world_size is not None else None,
+        world_size_source="--world-size" if world_size is not None else None, script_world=True,
         accelerate_config=accelerate_config, hf_config=hf_config, hf_class=hf_class,
         input_shape=input_shape, input_dtype=input_dtype)
     input_shape, input_dtype = settings.input_shape, settings.input_dtype   # [tool.fsdp-lint] input-shape too

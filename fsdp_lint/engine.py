@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_lint.config import Settings
@@ -136,6 +136,7 @@ def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = 
     from fsdp_lint.entry.detect import install_hint, missing_packages
     from fsdp_lint.replay.frameworks.options import FrameworkOptions, OptionError
     from fsdp_lint.replay import ModelTarget, NoModelError, ReplayError, replay
+    from fsdp_lint.replay.records import WorldSizeFromScript
 
     facts, project, path = screened.facts, screened.project, screened.facts.path
     imported = set(facts.framework_imports)
@@ -148,9 +149,18 @@ def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = 
     try:
         target = ModelTarget.parse(settings.model) if settings.model else None
         options = FrameworkOptions.from_settings(settings)
-        with frameworks.configured(options):
-            result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout, argv=argv,
-                            project=project, cwd=cwd, gpus_per_node=settings.gpus_per_node)
+        try:
+            with frameworks.configured(options):
+                result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout,
+                                argv=argv, project=project, cwd=cwd, gpus_per_node=settings.gpus_per_node)
+        except WorldSizeFromScript as exc:      # Fabric(devices=4) run as `python train.py`: its own world
+            settings = replace(settings, world_size=exc.size, world_size_source=exc.source, script_world=False)
+            options = FrameworkOptions.from_settings(settings)
+            with frameworks.configured(options):
+                result = replay(facts, settings.world_size, target=target, timeout=settings.replay_timeout,
+                                argv=argv, project=project, cwd=cwd, gpus_per_node=settings.gpus_per_node)
+            result.notes.append(f"world size {exc.size}: {exc} when run as `python {os.path.basename(path)}`; "
+                                f"pass --world-size for another launch")
     except NoModelError as exc:
         if not explicit and project is not None and not project.reaches_fsdp:
             # a model file in a directory walk whose constructor needs arguments: not an FSDP entry

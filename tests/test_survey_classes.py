@@ -168,3 +168,58 @@ def test_a_model_the_script_wrapped_is_fsdp_to_a_prepare_step_that_asks(cli, tmp
     (f,) = json.loads(res.out)["files"]
     assert len(f["plan"]["units"]) == len(real) == 5
     assert sorted(u["module"] for u in f["plan"]["units"]) == sorted(u["module"] for u in real)
+
+
+FABRIC_DEVICES = os.path.join(REPO, "fixtures", "repos", "fabric_devices", "examples")
+
+
+def test_a_fabric_that_starts_its_own_processes_sets_the_world_size(cli):
+    """``Fabric(devices=4)`` run as ``python train.py``: Lightning starts the 4 processes itself. With nothing
+    else giving the world size, the plan is for 4 ranks (noted), not fsdp-lint's default 8 fitted as 2 nodes
+    of 4; ``--world-size`` still decides when given."""
+    res = cli("train.py", "--format", "json", cwd=os.path.join(FABRIC_DEVICES, "fsdp"))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert (f["plan"]["world_size"], f["plan"]["world_size_source"]) == (4, "Fabric(devices=4)")
+    assert any(n.startswith("world size 4: the script's Fabric(devices=4) launches 4 processes") for n in f["notes"])
+    given = cli("train.py", "--world-size", "8", "--format", "json", cwd=os.path.join(FABRIC_DEVICES, "fsdp"))
+    assert json.loads(given.out)["files"][0]["plan"]["world_size"] == 8
+
+
+def test_the_fabric_devices_world_plans_as_lightning_builds_it(monkeypatch):
+    from test_frameworks import assert_framework_plan_matches
+
+    from fsdp_lint.config import Settings
+
+    path = os.path.join(FABRIC_DEVICES, "fsdp", "train.py")
+    monkeypatch.chdir(os.path.dirname(path))
+    res = assert_framework_plan_matches(path, Settings(world_size=4), [])
+    assert res.plan.world_size == 4 and len(res.plan.units) == 5
+
+
+def test_a_two_d_fabric_on_its_own_devices_builds_its_mesh(cli):
+    """``ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2)`` with ``devices=4``: Lightning
+    refuses any other world, so the default of 8 made the lint fail where ``python train.py`` runs."""
+    res = cli("train.py", "--format", "json", cwd=os.path.join(FABRIC_DEVICES, "tensor_parallel"))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    assert plan["world_size"] == 4
+    assert (plan["mesh"]["dim_names"], plan["mesh"]["shape"]) == (["data_parallel", "tensor_parallel"], [2, 2])
+
+
+def test_a_trainer_on_a_device_list_is_that_many_ranks(cli, tmp_path):
+    (tmp_path / "train.py").write_text(
+        "import lightning as L\nimport torch.nn as nn\nfrom lightning.pytorch.strategies import FSDPStrategy\n\n\n"
+        "class Block(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.lin = nn.Linear(64, 64)\n\n    def forward(self, x):\n        return self.lin(x)\n\n\n"
+        "class Net(L.LightningModule):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.blocks = nn.Sequential(Block(), Block())\n\n"
+        "    def training_step(self, batch, i):\n        return self.blocks(batch).sum()\n\n"
+        "    def configure_optimizers(self):\n        import torch\n        return torch.optim.SGD(self.parameters(), lr=0.1)\n\n\n"
+        "if __name__ == '__main__':\n"
+        "    trainer = L.Trainer(accelerator='gpu', devices=[0, 1], strategy=FSDPStrategy(auto_wrap_policy={Block}))\n"
+        "    trainer.fit(Net(), train_dataloaders=[])\n")
+    res = cli("train.py", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    assert (plan["world_size"], plan["world_size_source"]) == (2, "Trainer(devices=[0, 1])")

@@ -12,6 +12,15 @@ class ReplayError(Exception):
     """The file's setup code could not be replayed (message is one line)."""
 
 
+class WorldSizeFromScript(ReplayError):
+    """The script starts its own processes (Lightning's ``Fabric(devices=4)`` / ``Trainer(devices=4)`` run as
+    ``python train.py``) and nothing else gave the world size: the replay runs again on that world."""
+
+    def __init__(self, size: int, source: str):
+        super().__init__(f"the script's {source} launches {size} processes")
+        self.size, self.source = size, source
+
+
 class NoModelError(ReplayError):
     """The file builds no model, and none of its model classes or factories can be built with their
     defaults (a model file whose constructor needs a config)."""

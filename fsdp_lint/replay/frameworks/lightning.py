@@ -48,6 +48,42 @@ def _fit_devices(hooks, devices, num_nodes):
     return ws // nodes, nodes
 
 
+def _device_count(devices):
+    """The processes ``devices`` asks Lightning for on each node (4, "4", [0, 1], "0,1"), or None ("auto", -1)."""
+    if isinstance(devices, bool):
+        return None
+    if isinstance(devices, int):
+        return devices if devices > 0 else None
+    if isinstance(devices, (list, tuple)):
+        return len(devices) or None
+    if isinstance(devices, str):
+        text = devices.strip()
+        if text.isdigit():
+            return int(text) or None
+        if "," in text:
+            return len([d for d in text.split(",") if d.strip()]) or None
+    return None
+
+
+def _world_from_devices(hooks, cls, devices, num_nodes) -> None:
+    """``python train.py`` of a script whose Fabric/Trainer asks for ``devices=4``: Lightning starts those
+    processes itself, so when nothing gave the world size (the command line's default) the world is
+    devices x num_nodes, and the replay starts again on it (noted)."""
+    from fsdp_lint.replay.records import WorldSizeFromScript
+
+    count = _device_count(devices)
+    try:
+        nodes = int(num_nodes)
+    except (TypeError, ValueError):
+        nodes = 1
+    if not getattr(hooks.options, "script_world", False) or count is None or nodes < 1:
+        return
+    if count * nodes != hooks.rec.world_size:
+        who = "Trainer" if "Accelerator" in cls.__name__ else "Fabric"
+        shown = f"devices={devices!r}" + (f", num_nodes={nodes}" if nodes != 1 else "")
+        raise WorldSizeFromScript(count * nodes, f"{who}({shown})")
+
+
 def _connector(hooks, module) -> None:
     cls = getattr(module, "_Connector", None) or getattr(module, "_AcceleratorConnector", None)
     if cls is None:
@@ -61,6 +97,7 @@ def _connector(hooks, module) -> None:
             arguments = dict(bound.arguments)
             arguments.pop("self", None)
             accelerator = arguments.get("accelerator", "auto")
+            _world_from_devices(hooks, cls, arguments.get("devices", "auto"), arguments.get("num_nodes", 1))
             if not (isinstance(accelerator, str) and accelerator in ("mps", "tpu")):
                 arguments["devices"], arguments["num_nodes"] = _fit_devices(
                     hooks, arguments.get("devices", "auto"), arguments.get("num_nodes", 1))

@@ -24,12 +24,15 @@ class FrameworkOptions:
     hf_config: Optional[str] = None           # a config.json, or a directory holding one
     hf_class: Optional[str] = None            # AutoModelForCausalLM, LlamaForCausalLM, ...
     gpu: Optional[str] = None                 # issue 15: the simulated node's GPU (fsdp_lint.gpus; None: default)
+    script_world: bool = False                # nothing gave the world size: a script's own launcher may
 
     @classmethod
     def from_settings(cls, settings) -> "FrameworkOptions":
         opts = cls(accelerate_config=getattr(settings, "accelerate_config", None),
                    hf_config=getattr(settings, "hf_config", None), hf_class=getattr(settings, "hf_class", None),
-                   gpu=getattr(settings, "gpu", None))
+                   gpu=getattr(settings, "gpu", None),
+                   script_world=bool(getattr(settings, "script_world", False))
+                   and getattr(settings, "world_size_source", "default") == "default")
         if opts.hf_config:
             opts.hf_config = _config_json(opts.hf_config)
         if opts.accelerate_config:
