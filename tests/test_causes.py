@@ -200,3 +200,21 @@ def test_with_the_package_installed_the_precision_probe_plans_bf16_as_torch_buil
     res, real = assert_plan_matches_torch(os.path.join(PROBE, "s2s", "train.py"), 4)
     assert [u.modules for u in res.plan.units] == [["blocks.0"], ["blocks.1"], ["blocks.2"], ["blocks.3"], [""]]
     assert {r["param_dtype"] for r in real} == {"bfloat16"}
+
+
+def test_a_missing_namespace_package_is_named_by_its_distribution(cli, tmp_path):
+    """``from google.cloud import storage`` fails on the missing ``google``: the run config read from the
+    bucket decides the precision, and the refusal says what to install (google-cloud-storage, not google)."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "train.py").write_text(
+        "import json\n\nimport torch\nimport torch.nn as nn\nfrom google.cloud import storage\n"
+        "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n\n\n"
+        "def run_config(bucket):\n"
+        "    return json.loads(storage.Client().bucket(bucket).blob('run.json').download_as_text())\n\n\n"
+        "cfg = run_config('my-runs')\n"
+        "mp = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg['dtype']))\n"
+        "model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))\n"
+        "for block in model:\n    fully_shard(block, mp_policy=mp)\nfully_shard(model, mp_policy=mp)\n")
+    res = cli("train.py", "--world-size", "4", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    assert "`google` is not installed here: pip install google-cloud-storage" in res.err, res.err

@@ -26,6 +26,7 @@ from fsdp_lint.replay.imports import (
     is_circular,
     missing_module_of,
     package_behind,
+    requirement,
 )
 from fsdp_lint.replay.records import Skipped
 
@@ -228,7 +229,8 @@ class Failures:
             imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
             missing = imp.missing if imp is not None else top
             need = (f"{imp.message} (the installed {installed_version(imp.module)})" if imp is not None and imp.absent_names
-                    else f"`{missing}` is not installed here: pip install {distribution_of(missing)}")
+                    else f"`{missing}` is not installed here: pip install "
+                         f"{requirement(imp) if imp is not None else distribution_of(missing)}")
             decides = ""
             if self.decided_at is not None:
                 decides = (f"; what it computes decides the wrap's arguments "
@@ -313,7 +315,7 @@ class Failures:
                 if imp.absent_names:      # the package is installed: its version lacks the name
                     return (f" ({imp.message}: the installed {installed_version(imp.module)} does not have it; "
                             f"the training repository needs another version)")
-                return f" (`{imp.missing}` is not installed here: pip install {distribution_of(imp.missing)})"
+                return f" (`{imp.missing}` is not installed here: pip install {requirement(imp)})"
         return ""
 
     # -- stand-ins used by the model -------------------------------------------------------------
@@ -346,7 +348,8 @@ class Failures:
                     f"{imp.message} (the installed {installed_version(imp.module)}; the training repository "
                     f"needs another version); the plan would be built without it")
         return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here "
-                f"(`{missing}` is not installed: pip install {distribution_of(missing)}); the plan would be "
+                f"(`{missing}` is not installed: pip install "
+                f"{requirement(imp) if imp is not None else distribution_of(missing)}); the plan would be "
                 f"built without it")
 
 

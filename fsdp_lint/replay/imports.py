@@ -34,7 +34,7 @@ _DISTRIBUTIONS = {
     "mamba_ssm": "mamba-ssm", "causal_conv1d": "causal-conv1d", "xformers": "xformers",
     "bitsandbytes": "bitsandbytes", "liger_kernel": "liger-kernel", "webdataset": "webdataset",
     "tiktoken": "tiktoken", "zmq": "pyzmq", "serial": "pyserial", "usb": "pyusb", "docx": "python-docx",
-    "Levenshtein": "python-Levenshtein", "git": "GitPython", "pkg_resources": "'setuptools<82'",   # setuptools 82 removed pkg_resources
+    "google.oauth2": "google-auth", "Levenshtein": "python-Levenshtein", "git": "GitPython", "pkg_resources": "'setuptools<82'",   # setuptools 82 removed pkg_resources
     "streaming": "mosaicml-streaming",
 }
 
@@ -45,7 +45,62 @@ def distribution_of(module: str) -> str:
     for key in (module, top):
         if key in _DISTRIBUTIONS:
             return _DISTRIBUTIONS[key]
+    parts = module.split(".")
+    for space, prefix in _NAMESPACES.items():
+        depth = space.count(".") + 1
+        if parts[:depth] == space.split(".") and len(parts) > depth:
+            for key in (".".join(parts[:depth + 1]),):
+                if key in _DISTRIBUTIONS:
+                    return _DISTRIBUTIONS[key]
+            return prefix + parts[depth].replace("_", "-")
     return top.replace("_", "-")
+
+
+# namespace packages whose parts are separate distributions: google.cloud.storage is google-cloud-storage,
+# google.api_core google-api-core, google.auth google-auth (google.protobuf is protobuf, above)
+_NAMESPACES = {"google.cloud": "google-cloud-", "google": "google-"}
+
+
+def requirement(imp: "MissingImport") -> str:
+    """What to ``pip install`` for the failed import `imp`: the distribution of the most specific module the
+    failing import names (``from google.api_core.exceptions import NotFound`` fails on the missing
+    ``google``: google-api-core, not google), inside a library too."""
+    for module in (imp.imported, imp.module.lstrip(".")):
+        if module == imp.missing or module.startswith(imp.missing + "."):
+            if module == imp.module.lstrip(".") and module in _NAMESPACES and imp.names:
+                module = f"{module}.{imp.names[0]}"       # `from google.cloud import storage`
+            return distribution_of(module)
+    return distribution_of(imp.missing)
+
+
+def innermost_import(exc: BaseException, missing: str) -> str:
+    """The module named by the innermost import statement on `exc`'s traceback that names `missing` (a
+    library's own ``from google.cloud import storage`` behind the project's ``from cached_path import ...``)."""
+    import ast
+    import linecache
+
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    for filename, lineno in reversed(frames):
+        try:
+            node = ast.parse(linecache.getline(filename, lineno).strip()).body[0]
+        except (SyntaxError, IndexError, ValueError):
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+            if node.module in _NAMESPACES:
+                names = [f"{node.module}.{a.name}" for a in node.names] + names
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name == missing or name.startswith(missing + "."):
+                return name
+    return ""
 
 
 def installed_version(module: str) -> str:
@@ -96,6 +151,7 @@ class MissingImport:
     message: str              # the ImportError's message
     names: List[str] = field(default_factory=list)
     absent_names: bool = False  # the module is installed; the names are not in it (another version)
+    imported: str = ""        # the module the innermost failing import names ("google.api_core.exceptions")
 
 
 # uses of one failed import's stand-ins before the replay stops: a framework driving a stand-in in a

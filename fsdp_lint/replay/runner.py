@@ -35,7 +35,7 @@ from fsdp_lint.replay.imports import (
     MissingImport,
     ProjectImporter,
     StubUse,
-    installed_version,
+    innermost_import, installed_version,
     is_circular,
     missing_module_of,
     only_observes,
@@ -233,7 +233,8 @@ class _Run:
         self.failures.imports.append(MissingImport(module=module or "", missing=missing, path=path,
                                                    line=frame.f_lineno, local=local,
                                                    message=_import_message(exc), names=list(names),
-                                                   absent_names=bool(absent)))
+                                                   absent_names=bool(absent),
+                                                   imported="" if absent else innermost_import(exc, missing)))
 
         def on_use(name, _path=path, model=False, access=False):     # model: called with the model (trials)
             use_frame = sys._getframe(3)      # the user's frame: Missing's method, limited_uses, here
