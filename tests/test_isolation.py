@@ -365,3 +365,25 @@ def test_run_stopped_by_sigterm_or_sigkill_leaves_nothing(tmp_path):
     for name, (proc, path, _) in procs.items():
         left = _gone(below[name] | set(_with_marker(path)))
         assert left == [], (name, [_cmdline(p) for p in left])
+
+
+def test_a_result_holding_the_projects_own_str_enum_reaches_the_parent(cli, tmp_path):
+    """Mesh dimension names from a project enum (``class MeshAxisName(str, Enum)``, a framework's own
+    mesh module): the child's result holds them, and the parent, which cannot import the project's
+    modules, gets them as the strings they are -- not an internal error that the result cannot be sent."""
+    pkg = tmp_path / "meshkit"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "names.py").write_text(
+        "import enum\n\n\nclass MeshAxisName(str, enum.Enum):\n    DP_SHARD = 'dp_shard'\n    TP = 'tp'\n")
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.fsdp import fully_shard\n\nfrom meshkit.names import MeshAxisName\n\n"
+        "mesh = init_device_mesh('cuda', (4, 2), mesh_dim_names=(MeshAxisName.DP_SHARD, MeshAxisName.TP))\n"
+        "model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))\n"
+        "for block in model:\n    fully_shard(block, mesh=mesh[MeshAxisName.DP_SHARD])\n"
+        "fully_shard(model, mesh=mesh[MeshAxisName.DP_SHARD])\n")
+    res = cli("train.py", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    assert plan["mesh"]["dim_names"] == ["dp_shard", "tp"] and type(plan["mesh"]["dim_names"][0]) is str

@@ -18,7 +18,7 @@ from fsdp_lint.process import reaper
 from fsdp_lint.engine import LintError
 
 from fsdp_lint.isolation import _MAX_JOBS, _cpus, stacks
-from fsdp_lint.isolation.wire import _HEADER, _frames, _recv_msg, _send_msg
+from fsdp_lint.isolation.wire import _HEADER, _frames, _recv_msg, _send_msg, plain_dumps
 
 # the child's way out, bound before any linted code runs (which may replace os._exit, len, ...)
 _exit, _getpid, _write, _pack, _dumps = os._exit, os.getpid, os.write, _HEADER.pack, pickle.dumps
@@ -382,8 +382,11 @@ def _child(job: dict, w: int, phases: int) -> None:
         gc.disable()       # a large result (10,000 units) pickles 3x faster without collections
         try:
             data = _dumps(out, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # noqa: BLE001
-            data = _dumps(("internal", type(exc).__name__, f"cannot send the result: {exc}", ""))
+        except Exception:  # noqa: BLE001 - a value of the project's own type (a StrEnum mesh dim name)
+            try:
+                data = plain_dumps(out)
+            except Exception as exc:  # noqa: BLE001
+                data = _dumps(("internal", type(exc).__name__, f"cannot send the result: {exc}", ""))
         try:
             libraries = _dumps(_new_libraries(before))
         except Exception:  # noqa: BLE001 - only an optimisation

@@ -10,6 +10,35 @@ from typing import List, Optional
 
 _HEADER = struct.Struct("!Q")
 
+class _PlainPickler(pickle.Pickler):
+    """Pickles values of the linted code's own types as the builtin values they are: a ``StrEnum`` mesh
+    dimension name (``MeshAxisName.DP``) as its ``str``, an ``IntEnum`` as its ``int``, another enum
+    member as its value -- the parent cannot import the project's modules to unpickle them."""
+
+    def reducer_override(self, obj):
+        import enum
+
+        if isinstance(obj, bool) or type(obj) in (str, int, float, bytes):
+            return NotImplemented
+        for base in (str, int, float, bytes):
+            if isinstance(obj, base):
+                return base, (base.__str__(obj) if base is str else base(obj),)
+        if isinstance(obj, enum.Enum):
+            value = obj.value
+            return (type(value), (value,)) if type(value) in (str, int, float) else (str, (obj.name,))
+        return NotImplemented
+
+
+def plain_dumps(obj) -> bytes:
+    """`obj` pickled, with the linted code's str/int/enum subclasses as builtin values (`_PlainPickler`);
+    only where the plain ``pickle.dumps`` failed on them (the fallback is slower)."""
+    import io
+
+    buf = io.BytesIO()
+    _PlainPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
 def _send_msg(sock: socket.socket, obj) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     sock.sendall(_HEADER.pack(len(data)) + data)
