@@ -47,9 +47,10 @@ def plan_runs(files: List[Tuple[str, bool]], settings, script_args: Optional[Lis
                 overrides = dict(e.overrides)
                 if "world_size" in overrides:   # issue 11: the entry's launch size (FSD703 compares)
                     overrides["world_size_source"] = "config"
-                runs.append((path, list(e.args), settings.with_overrides(**overrides), explicit, e.cwd))
+                runs.append((path, list(e.args), settings.with_overrides(launched=True, **overrides), explicit, e.cwd))
         else:
-            runs.append((path, list(script_args or []), settings, explicit, None))
+            runs.append((path, list(script_args or []), settings.with_overrides(launched=bool(script_args) and explicit),
+                         explicit, None))
     return runs
 
 
@@ -68,7 +69,7 @@ def _shell_runs(scripts, settings, script_args, cli_world_size):
             raise BadInput(f"{script}: no launch of a Python file in it (torchrun, python -m torch.distributed.run, "
                            f"accelerate launch, deepspeed or python FILE.py)")
         for launch in launches:
-            overrides = {"launch_script": os.path.abspath(script)}
+            overrides = {"launch_script": os.path.abspath(script), "launched": True}
             if launch.world_size and cli_world_size is None:
                 overrides.update(world_size=launch.world_size, world_size_source="launch script")
             if launch.accelerate_config and not settings.accelerate_config:

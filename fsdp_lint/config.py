@@ -59,6 +59,9 @@ class Settings:
     # the command line: with nothing giving the world size, a script that starts its own processes
     # (Lightning's ``Fabric(devices=4)`` run as ``python train.py``) decides it
     script_world: bool = False
+    # launched as an entry point (from a launch script, an [[entry]], or with `-- ARGS`): replayed even
+    # where its syntax reaches no model (a CLI that picks its recipe from the config at run time)
+    launched: bool = False
     # the training inputs (what --run/--simulate feed and activations are estimated for)
     input_shape: Optional[str] = None        # "8,2048"
     input_dtype: Optional[str] = None        # "float" | "long" | "bfloat16" | "half"
@@ -81,7 +84,7 @@ class Settings:
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(Settings)}
 _KEYS.pop("entries")
 _KEYS["entry"] = "entries"
-_INTERNAL = {"config_path", "launch_script", "cli_selection", "world_size_source", "script_world", "activations_for_inferred_inputs", "suggest"}
+_INTERNAL = {"config_path", "launch_script", "cli_selection", "world_size_source", "script_world", "launched", "activations_for_inferred_inputs", "suggest"}
 # what an [[tool.fsdp-lint.entry]] table may set besides `path` and `args`
 _ENTRY_SETTINGS = ("world_size", "api", "wrap", "use_orig_params", "model", "replay_timeout")
 

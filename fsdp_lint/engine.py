@@ -110,7 +110,8 @@ def screen(path: str, settings: Settings, *, explicit: bool = True):
 
     try:
         text = read_text(path)
-        if not settings.model and not may_matter(text) and skips(path, text):
+        launched = bool(getattr(settings, "launched", False))     # an entry point: a launch script runs it
+        if not settings.model and not launched and not may_matter(text) and skips(path, text):
             # the quick screen (entry.quick): no word a model, wrap or framework needs, and no import
             # of a project module -- the full screen would skip it for this reason too
             return FileResult(path=path, skipped=NOTHING_TO_LINT)
@@ -124,7 +125,10 @@ def screen(path: str, settings: Settings, *, explicit: bool = True):
         except (OSError, SourceError) as exc:   # pragma: no cover - the entry itself parsed
             raise LintError(str(exc)) from None
         why = skip_reason(project, explicit)
-        if why:
+        if why and not (launched and why == NOTHING_TO_LINT):
+            # a launched file (a launch script's, an [[entry]], one named with `-- ARGS`) is replayed even
+            # where its syntax reaches no model: it may pick its recipe from the config at run time (a CLI
+            # dispatching to a `_target_`); a plan or the reason there is none, never a silent skip
             return FileResult(path=path, facts=facts, skipped=why)
     return Screened(facts, project)
 

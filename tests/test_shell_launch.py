@@ -268,3 +268,27 @@ def test_the_projects_console_script_in_a_launch_script_runs_its_module(cli, tmp
     assert res.code == 2
     assert "line 1 runs `tinylm-eval`, the project's command (tinylm.evaluate:main); running " in res.err
     assert "does not call main()" in res.err
+
+
+RECIPE_CLI = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "repos", "recipe_cli")
+
+
+def test_a_cli_that_runs_the_recipe_its_config_names_is_replayed_as_a_torchrun_worker(cli, monkeypatch):
+    """``trainkit examples/sft.yaml --nproc-per-node 8``: the CLI imports the recipe its config names
+    (``recipe._target_``) at run time, so the syntax of the launched file reaches no model; launched, it is
+    replayed anyway. It runs the recipe in-process only under torchrun (``LOCAL_RANK`` and
+    ``TORCHELASTIC_RUN_ID``: the replay's node gives a worker's whole environment), else it would start
+    torchrun on itself. The plan's units are those real FSDP2 builds."""
+    from test_idioms import torch_units
+
+    res = cli("scripts/run_sft.sh", "--format", "json", cwd=RECIPE_CLI)
+    assert res.code in (0, 1), res.err
+    (f,) = json.loads(res.out)["files"]
+    monkeypatch.chdir(RECIPE_CLI)
+    real, _ = torch_units(os.path.join(RECIPE_CLI, "trainkit", "cli", "app.py"), 8, ["examples/sft.yaml"])
+    assert [u["modules"] for u in f["plan"]["units"]] == [r["modules"] for r in real] == [
+        ["layers.0"], ["layers.1"], ["layers.2"], [""]]
+    named = cli("trainkit/cli/app.py", "--format", "json", "--", "examples/sft.yaml", cwd=RECIPE_CLI)
+    assert named.code in (0, 1) and len(json.loads(named.out)["files"][0]["plan"]["units"]) == 4
+    bare = cli("trainkit/cli/app.py", cwd=RECIPE_CLI)      # named without a launch: screened as before
+    assert bare.code == 0 and "1 skipped (no model or FSDP use)" in bare.out

@@ -42,6 +42,10 @@ Patch = Callable[[Any, str, Any], None]
 _LAUNCHER_ENV = {
     "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "NODE_RANK": "0",
     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+    # the rest of what torchrun gives a worker (a CLI that re-launches itself under torchrun unless
+    # TORCHELASTIC_RUN_ID says it is a worker already); the agent's store is not used
+    "ROLE_RANK": "0", "ROLE_NAME": "default", "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "0",
+    "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_USE_AGENT_STORE": "False",
     # nothing is downloaded or logged remotely while a file is linted (from_pretrained uses what is
     # cached, wandb.init does nothing)
     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled",
@@ -84,7 +88,8 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
 
     saved = _ProcessState(torch)
     os.environ.update(_LAUNCHER_ENV)
-    os.environ.update({"WORLD_SIZE": str(rec.world_size), "LOCAL_WORLD_SIZE": str(rec.world_size)})
+    os.environ.update({"WORLD_SIZE": str(rec.world_size), "LOCAL_WORLD_SIZE": str(rec.world_size),
+                       "ROLE_WORLD_SIZE": str(rec.world_size)})
     sys.argv = [rec.path, *(argv or [])]
     sys.path.insert(0, root)
     # trials: several last-resort folders (the repository root of a namespace-package layout too)
