@@ -218,3 +218,26 @@ def test_a_missing_namespace_package_is_named_by_its_distribution(cli, tmp_path)
     res = cli("train.py", "--world-size", "4", cwd=str(tmp_path))
     assert res.code == 2, res.out
     assert "`google` is not installed here: pip install google-cloud-storage" in res.err, res.err
+
+
+HUB_CHAIN = os.path.join(REPOS, "hub_model_chain")
+
+
+def test_a_skipped_missing_hub_config_is_named_before_the_none_model_it_leaves(cli):
+    """``model = None`` then ``model = AutoModelForCausalLM.from_pretrained(hub_id)`` in a helper: the hub
+    config is not here (fsdp-lint never downloads), the statement is skipped, and the layers of ``None``
+    are looked up later. The error names the missing config and what to pass, the later failure after it."""
+    res = cli("src/llmkit/train.py", "--world-size", "4", cwd=HUB_CHAIN)
+    assert res.code == 2, res.out
+    line = res.err.strip().splitlines()[0]
+    assert "src/llmkit/models.py:11: " in line and "no config.json for the hub model 'acme-labs/llm-7b'" in line
+    assert "pass --hf-config" in line
+    assert line.index("no config.json") < line.index("'NoneType' object has no attribute 'model'")
+
+
+def test_with_a_local_model_the_hub_chain_plans_as_torch_builds(monkeypatch):
+    config = os.path.join(REPO, "fixtures", "frameworks", "configs", "tiny-llama-local")
+    monkeypatch.chdir(HUB_CHAIN)
+    res, real = assert_plan_matches_torch(os.path.join(HUB_CHAIN, "src", "llmkit", "train.py"), 4,
+                                          argv=["--model", config])
+    assert res.plan.units[-1].modules == [""] and len(res.plan.units) == len(real) > 1

@@ -250,6 +250,9 @@ class Failures:
         else:
             loc = self._location(exc, entry_display)
             earlier = self.acted_on_by_skip(exc)
+        missing_input = self._skipped_missing_input()
+        if missing_input is not None and missing_input.exc is not exc:
+            earlier = missing_input        # a model config fsdp-lint never downloads: what the rest follows from
         if earlier is not None:
             # the skipped statement first: what failed here left the object half-set
             at = f"{_display(earlier.skipped.path, self.entry_path, entry_display)}:{earlier.skipped.line}"
@@ -270,6 +273,13 @@ class Failures:
         hint = _package_hint(exc, msg) or self._stub_hint(msg)
         text = f"{loc}: setup code failed {where_real}: {msg}{_download_hint(msg)}{hint}"
         return text
+
+    def _skipped_missing_input(self) -> Optional[SkipRecord]:
+        """The first skipped failure for a model's hub config that is not here (fsdp-lint never downloads):
+        a framework that catches it builds on without a model, and fails far from the cause."""
+        from fsdp_lint.replay.frameworks.hf import HubConfigMissing
+
+        return next((r for r in self.skips if isinstance(r.exc, HubConfigMissing)), None)
 
     def _location(self, exc: BaseException, entry_display: str) -> str:
         """The innermost frame of the user's code: project frames from the top of the user's stack
