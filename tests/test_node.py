@@ -273,3 +273,41 @@ model = FSDP(nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16)))
     f = json.loads(res.out)["files"][0]
     assert f["model"]["numel"] == 2 * (16 * 16 + 16) and not f.get("skipped_statements")
     assert not hasattr(torch._C, "_cuda_getCurrentRawStream") or torch.cuda.is_available()
+
+
+NCCL_OPTIONS_SCRIPT = '''import datetime
+
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=30))
+override = {}
+if dist.is_nccl_available():     # per-dimension group timeouts: NCCL options for the mesh's own groups
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = datetime.timedelta(minutes=30)
+    options.is_high_priority_stream = True
+    override["dp_shard"] = ("nccl", options)
+mesh = init_device_mesh("cuda", (2, 4), mesh_dim_names=("dp_replicate", "dp_shard"), backend_override=override)
+model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
+for block in model:
+    fully_shard(block, mesh=mesh)
+fully_shard(model, mesh=mesh)
+'''
+
+
+def test_nccl_is_available_and_so_are_its_group_options(tmp_path, monkeypatch):
+    """The node says NCCL is available (``dist.is_nccl_available()``), so ``dist.ProcessGroupNCCL.Options``
+    is there too (a CPU build of torch has no such class: the statement failed and was skipped); the
+    options reach the mesh's groups and the plan is real FSDP2's on that mesh; nothing is left behind."""
+    from test_idioms import assert_plan_matches_torch
+    import torch.distributed as dist
+
+    (tmp_path / "train.py").write_text(NCCL_OPTIONS_SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    had = hasattr(dist, "ProcessGroupNCCL")
+    res, _ = assert_plan_matches_torch(str(tmp_path / "train.py"), 8)
+    assert not res.skipped_statements, res.skipped_statements
+    assert res.plan.mesh is not None and res.plan.mesh.size == 8
+    assert hasattr(dist, "ProcessGroupNCCL") == had

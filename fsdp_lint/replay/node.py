@@ -16,7 +16,8 @@ torch.cuda.is_bf16_supported()`` picks bf16, ``TrainingArguments(tf32=True)`` as
   own functions reading those answers, so they say what torch says on that GPU -- including the
   emulated bf16 torch reports on a V100 or T4 (``including_emulation=True``, the default);
 * ``torch.backends.cudnn.is_available``/``version``, ``torch.backends.cuda.is_built``,
-  ``torch.distributed.is_nccl_available``; the TF32 flags (``torch.backends.cuda.matmul.allow_tf32``,
+  ``torch.distributed.is_nccl_available`` (and, on a CPU build, ``torch.distributed.ProcessGroupNCCL``
+  with its ``Options``, which scripts set for the groups they ask for); the TF32 flags (``torch.backends.cuda.matmul.allow_tf32``,
   ``torch.backends.cudnn.allow_tf32``, ``torch.set_float32_matmul_precision``) keep what the script
   sets and are put back after the replay;
 * the answers libraries cache (transformers' ``is_torch_bf16_gpu_available``/``is_torch_tf32_available``,
@@ -185,6 +186,35 @@ def _answer_as(profile: gpus.GpuProfile, patch: Patch) -> None:
 
     if hasattr(dist, "is_nccl_available"):
         patch(dist, "is_nccl_available", lambda: True)
+    if not hasattr(dist, "ProcessGroupNCCL"):       # a CPU build: NCCL "is available", so its class is there
+        patch(dist, "ProcessGroupNCCL", _ProcessGroupNCCL)
+
+
+class _NcclOptions:
+    """``ProcessGroupNCCL.Options`` of a CUDA build: what a script sets for a group it asks for
+    (``_timeout``, ``is_high_priority_stream``, ``config``) and passes to ``init_process_group``,
+    ``new_group`` or ``init_device_mesh(backend_override=...)``; the simulated groups do not read it."""
+
+    def __init__(self, is_high_priority_stream: bool = False):
+        import datetime
+
+        self.is_high_priority_stream = is_high_priority_stream
+        self._timeout = datetime.timedelta(minutes=10)
+        self.config = types.SimpleNamespace(blocking=1, cga_cluster_size=4, min_ctas=1, max_ctas=32, net_name="")
+        self.global_ranks_in_group: list = []
+        self.group_name = ""
+        self.split_from = None
+        self.split_color = 0
+
+
+class _ProcessGroupNCCL:
+    """``torch.distributed.ProcessGroupNCCL`` on the simulated node (a CPU build of torch has none): its
+    ``Options`` for the groups a script configures; a group of its own is never built in a replay."""
+    Options = _NcclOptions
+
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("ProcessGroupNCCL(...) built directly: a replay builds no NCCL group "
+                           "(init_process_group / new_group / init_device_mesh are simulated)")
 
 
 def _index(device) -> int:
