@@ -241,3 +241,17 @@ def test_with_a_local_model_the_hub_chain_plans_as_torch_builds(monkeypatch):
     res, real = assert_plan_matches_torch(os.path.join(HUB_CHAIN, "src", "llmkit", "train.py"), 4,
                                           argv=["--model", config])
     assert res.plan.units[-1].modules == [""] and len(res.plan.units) == len(real) > 1
+
+
+ISINSTANCE_OF_A_STAND_IN = 'import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\nfrom torch.utils.data import DataLoader\nfrom torchdata_x.stateful import StatefulDataLoader\n\n\nclass Tracker:\n    def __init__(self):\n        self.tracked = []\n\n    def __setattr__(self, key, value):\n        if key != "tracked" and (isinstance(value, (nn.Module, StatefulDataLoader))):\n            self.tracked.append(key)\n        object.__setattr__(self, key, value)\n\n\nstate = Tracker()\nstate.model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))\nstate.loader = StatefulDataLoader([1, 2, 3])\nstate.plain = DataLoader([1, 2, 3])\nclass Sub(StatefulDataLoader):\n    pass\nassert issubclass(Sub, StatefulDataLoader) and not issubclass(DataLoader, StatefulDataLoader)\nassert state.tracked == ["model", "loader"], state.tracked\nfor m in state.model:\n    fully_shard(m)\nfully_shard(state.model)\n'
+
+
+def test_isinstance_of_a_class_whose_package_is_missing_answers_as_on_the_node(cli, tmp_path):
+    """``isinstance(value, (nn.Module, StatefulDataLoader))`` with the loader's package not installed: what
+    was built from the stand-in is one, a subclass of it is a subclass, anything else is not -- the check
+    raised ``TypeError`` (arg 2 must be a type) and the statement was skipped, leaving state untracked."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "train.py").write_text(ISINSTANCE_OF_A_STAND_IN)
+    res = cli("train.py", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    assert "failed here and" not in res.out and "stood in for (not used by the model): torchdata_x" in res.out

@@ -277,6 +277,18 @@ class Missing:
                                                  "_fsdp_lint_stand_in": name, "_fsdp_lint_missing": self})
         return (cls,)
 
+    def __instancecheck__(self, obj):
+        # `isinstance(loader, StatefulDataLoader)` with the class's package not installed: only what was
+        # built from the stand-in (a call of it, a class built on it) is one; anything else is not
+        # (`isinstance()` asked a non-type raised TypeError, and the statement was skipped)
+        self._fsdp_lint_on_use(self._fsdp_lint_name, access=True)
+        if isinstance(obj, Missing):
+            return obj._fsdp_lint_name.startswith(self._fsdp_lint_name + "(")
+        return self.__subclasscheck__(type(obj))
+
+    def __subclasscheck__(self, cls):
+        return any(getattr(c, "__dict__", {}).get("_fsdp_lint_missing") is self for c in getattr(cls, "__mro__", ()))
+
     def __or__(self, other):        # `pa.Table | None` in an annotation
         return self
 
