@@ -255,3 +255,23 @@ def test_isinstance_of_a_class_whose_package_is_missing_answers_as_on_the_node(c
     res = cli("train.py", cwd=str(tmp_path))
     assert res.code == 0, res.err
     assert "failed here and" not in res.out and "stood in for (not used by the model): torchdata_x" in res.out
+
+
+def test_a_stand_in_failing_on_a_config_field_the_wrap_does_not_read_is_still_a_skip(cli, tmp_path):
+    """The slice follows attribute chains: ``cfg.seed = tracking.config.seed + rank`` (the tracker's package is
+    not installed) stores into the run config, but the wrap reads ``cfg.param_dtype`` only -- the failure is
+    skipped and noted, and the plan is built; a failure computing ``cfg.param_dtype`` would be a refusal."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "train.py").write_text(
+        "import types\n\nimport torch\nimport torch.nn as nn\nimport tracking_sdk as tracking\n"
+        "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n\n\n"
+        "def main():\n"
+        "    cfg = types.SimpleNamespace(param_dtype='bfloat16', seed=0)\n"
+        "    cfg.seed = tracking.config.seed + 1\n"
+        "    mp = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.param_dtype))\n"
+        "    model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32))\n"
+        "    for block in model:\n        fully_shard(block, mp_policy=mp)\n    fully_shard(model, mp_policy=mp)\n\n\n"
+        "main()\n")
+    res = cli("train.py", "--world-size", "4", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    assert "1 setup statement failed here and was skipped (first: train.py:11:" in res.out

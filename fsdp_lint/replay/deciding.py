@@ -7,7 +7,9 @@ built with ``mp = None``: a float32 plan where a GPU node with the package runs 
 item 5: a missing package that changes the precision or the wrap is a refusal, not a note).
 
 Two backward slices per file, both flow-insensitive (a statement that binds a name the slice needs
-joins it with what it reads and the tests of the blocks around it):
+joins it with what it reads and the tests of the blocks around it). Names and attribute chains:
+``cfg.mp = ...`` matters to a wrap that reads ``cfg.mp`` (or the whole ``cfg``), ``cfg.seed = ...`` does
+not -- a tracker that is not installed failing on the seed stays a skip:
 
 * the *wrap slice*: from the arguments of the wrap, policy, dtype and freeze sites in their scope;
 * the *return slice* of each function: from the values it returns.
@@ -38,13 +40,54 @@ class Deciding:
     return_lines: Set[int] = field(default_factory=set)
 
 
+def _chain(node: ast.AST):
+    """``cfg.fsdp.mp`` of an attribute chain on a name (``cfg``), or None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
 def _reads(nodes) -> Set[str]:
+    """The names and attribute chains the expressions read (``cfg.mp`` where only that is read, ``cfg``
+    where the object itself is: passed to a call, subscripted)."""
     out: Set[str] = set()
     for node in nodes:
+        inner = set()          # the Name/Attribute nodes inside a longer chain already counted
         for n in _walk(node):
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            if id(n) in inner:
+                continue
+            if isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                sub = n.value      # the object stored into is not read (`cfg.mp = x`, `cfg["mp"] = x`)
+                while isinstance(sub, (ast.Attribute, ast.Subscript)) and id(sub) not in inner:
+                    inner.add(id(sub))
+                    sub = sub.value
+                inner.add(id(sub))
+                continue
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+                chain = _chain(n)
+                if chain is not None:
+                    out.add(chain)
+                    sub = n.value
+                    while isinstance(sub, ast.Attribute):
+                        inner.add(id(sub))
+                        sub = sub.value
+                    inner.add(id(sub))
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
                 out.add(n.id)
     return out
+
+
+def _matches(stored: str, needed: Set[str]) -> bool:
+    """A store of ``cfg.mp`` matters to a read of ``cfg.mp``, ``cfg.mp.dtype`` or ``cfg`` (the whole
+    object); a store of ``cfg`` to any read under it; a store of ``cfg.seed`` not to a read of ``cfg.mp``."""
+    for n in needed:
+        if stored == n or stored.startswith(n + ".") or n.startswith(stored + "."):
+            return True
+    return False
 
 
 def _walk(node: ast.AST):
@@ -64,12 +107,22 @@ def _stored(nodes) -> Set[str]:
         for n in _walk(node):
             if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
                 out.add(n.id)
-            elif isinstance(n, (ast.Attribute, ast.Subscript)) and isinstance(n.ctx, ast.Store):
-                base = n.value
-                while isinstance(base, (ast.Attribute, ast.Subscript)):
+            elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+                chain = _chain(n)            # `cfg.mp = ...`: that attribute
+                if chain is None:            # `cfg["a"].mp = ...`: the object under the subscript
+                    base = n.value
+                    while isinstance(base, (ast.Attribute, ast.Subscript)):
+                        base = base.value
+                    chain = base.id if isinstance(base, ast.Name) else None
+                if chain:
+                    out.add(chain)
+            elif isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store):
+                base = n.value               # `cfg["mp"] = ...`: the container (its keys are values)
+                while isinstance(base, ast.Subscript):
                     base = base.value
-                if isinstance(base, ast.Name):
-                    out.add(base.id)
+                chain = _chain(base)
+                if chain:
+                    out.add(chain)
             elif isinstance(n, ast.NamedExpr):
                 out.add(n.target.id)
     return out
@@ -125,7 +178,7 @@ def _slice(items: List[_Item], needed: Set[str]) -> Set[int]:
     while changed:
         changed = False
         for i, item in enumerate(items):
-            if not taken[i] and item.binds & needed:
+            if not taken[i] and any(_matches(b, needed) for b in item.binds):
                 taken[i], changed = True, True
                 lines.update(range(item.span[0], item.span[1] + 1))
                 needed |= item.reads
