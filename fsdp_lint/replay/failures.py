@@ -9,6 +9,7 @@ first failure in the setup code, not its consequence.
 """
 from __future__ import annotations
 
+import ast
 import os
 import re
 import sys
@@ -52,7 +53,8 @@ class Failures:
     fatal_lines: Dict[str, Set[int]] = field(default_factory=dict)
     # path -> line -> a statement that may be skipped (what it binds is worked out when it is)
     tolerant: Dict[str, Dict[int, object]] = field(default_factory=dict)
-    # path -> the lines that decide what the wrap is given (replay.deciding)
+    # path -> the file's sites, then (once a stand-in failed there) the lines that decide what the wrap is
+    # given (replay.deciding): worked out only then -- a slice of every module would cost every lint
     deciding: Dict[str, object] = field(default_factory=dict)
     decided_at: Optional[Tuple[str, int]] = None         # the statement deciding the wrap that a stand-in failed
     skips: List[SkipRecord] = field(default_factory=list)
@@ -108,12 +110,26 @@ class Failures:
             f = f.f_back
         return True
 
+    def _deciding(self, path: str):
+        from fsdp_lint.replay.deciding import Deciding, deciding_lines
+
+        found = self.deciding.get(path)
+        if found is None or isinstance(found, Deciding):
+            return found
+        try:
+            with open(path, encoding="utf-8-sig") as fh:
+                tree = ast.parse(fh.read())
+        except (OSError, SyntaxError, ValueError):
+            tree = None
+        self.deciding[path] = found = deciding_lines(tree, found) if tree is not None else Deciding()
+        return found
+
     def decides_wrap(self, frame, line: int) -> bool:
         """Whether the statement at `line` of `frame` decides what a wrap/policy/dtype/freeze site is
         given: in a wrap slice, or in its function's return slice called from such a statement."""
         for _ in range(12):
             path = os.path.abspath(frame.f_code.co_filename)
-            decides = self.deciding.get(path)
+            decides = self._deciding(path)
             if decides is None:
                 return False            # not the project's code (a library calling back)
             if line in decides.wrap_lines or self._is_fatal_line(path, line):

@@ -193,7 +193,7 @@ class _Run:
         if main:
             self.terminal_spans = done.terminal_spans
         self.failures.fatal_lines[path] = done.fatal_lines
-        self.failures.deciding[path] = done.deciding
+        self.failures.deciding[path] = facts.sites     # what decides the wrap: worked out if a stand-in fails
         self.failures.tolerant[path] = done.tolerant
         return done.code
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from fsdp_lint.entry.source import SourceFacts
-from fsdp_lint.replay.deciding import Deciding, deciding_lines
 from fsdp_lint.replay.kept_calls import changes_parts, root_name as _root_name, sets_library_state
 from fsdp_lint.replay.registrations import registers
 
@@ -53,8 +52,6 @@ class Transformed:
     # (function name, first line; "<module>", 0) -> line spans of its last relevant statement: the
     # entry's setup is done when every frame of it is there (see SETUP_DONE)
     terminal_spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = field(default_factory=dict)
-    # the statements that decide what the wrap is given (see replay.deciding)
-    deciding: Optional[Deciding] = None
 
 
 def _globals_call() -> ast.expr:
@@ -547,7 +544,6 @@ def transform(facts: SourceFacts, *, main: bool, relevant: Optional[Set[int]] = 
     the module's own facts; the replay passes them computed across the project)."""
     tree = facts.take_tree()
     fatal = fatal_lines(tree, facts)
-    decides = deciding_lines(tree, facts.sites)
     transformer = _Transformer(facts, main=main,
                                relevant=facts.relevant_stmt_lines if relevant is None else relevant,
                                dropped=facts.dropped_loop_lines if dropped is None else dropped)
@@ -556,7 +552,7 @@ def transform(facts: SourceFacts, *, main: bool, relevant: Optional[Set[int]] = 
     # whole tree in Python: a second on a large file)
     code = compile(tree, facts.path, "exec", dont_inherit=True)
     return Transformed(code=code, tolerant=transformer.tolerant, fatal_lines=fatal,
-                       terminal_spans=transformer.terminal_spans, deciding=decides)
+                       terminal_spans=transformer.terminal_spans)
 
 
 def fatal_lines(tree: ast.Module, facts: SourceFacts) -> Set[int]:

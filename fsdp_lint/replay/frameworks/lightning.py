@@ -79,7 +79,7 @@ def _world_from_devices(hooks, cls, devices, num_nodes) -> None:
     if not getattr(hooks.options, "script_world", False) or count is None or nodes < 1:
         return
     if count * nodes != hooks.rec.world_size:
-        who = "Trainer" if "Accelerator" in cls.__name__ else "Fabric"
+        who = "Trainer" if "Accelerator" in cls.__name__ else "Fabric"   # _AcceleratorConnector / _Connector
         shown = f"devices={devices!r}" + (f", num_nodes={nodes}" if nodes != 1 else "")
         raise WorldSizeFromScript(count * nodes, f"{who}({shown})")
 
