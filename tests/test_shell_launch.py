@@ -213,6 +213,7 @@ def test_a_module_launch_runs_the_modules_file(cli, tmp_path, monkeypatch):
     for pkg in ("apps", "apps/main", "tool", "src/srcpkg"):
         (tmp_path / pkg / "__init__.py").write_text("")
     (tmp_path / "launch.sh").write_text(
+        "python -m pip install -e .\n"          # installed modules are not launches of the project's
         "torchrun --nproc-per-node 4 -m apps.main.train --depth 3\n"
         "python -m tool --depth 5\n"
         "accelerate launch --num_processes 2 --module srcpkg.run --depth 1\n")

@@ -271,6 +271,8 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             path, base = _console_file(found["console"], found["file"], script, cd, start)
         elif found.get("module"):
             path, base = _module_file(found["file"], script, cd)
+            if path is None:
+                continue        # a module that is not the project's (`python -m pip install ...`, `-m pytest`)
         else:
             path, base = _resolve(found["file"], script, cd)
         if path is None:
