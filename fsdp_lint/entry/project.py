@@ -153,7 +153,7 @@ def is_local(path: Optional[str]) -> bool:
         return False
     local = _IS_LOCAL.get(path)
     if local is None:
-        real = os.path.realpath(path)
+        real = _realpath(path)
         norm = real.replace("\\", "/")
         local = not ("/site-packages/" in norm or "/dist-packages/" in norm) and \
             not any(real == d or real.startswith(d + os.sep) for d in _library_dirs())
@@ -161,9 +161,23 @@ def is_local(path: Optional[str]) -> bool:
     return local
 
 
-# path -> is_local: the replay asks it of every module in sys.modules (about 2,000 with torch; each
-# a realpath) before each file; the fork server's warm-up fills it for the modules children inherit
+# path -> is_local: the replay asks it of every module in sys.modules (about 2,000 with torch) before
+# each file; the fork server's warm-up fills it for the modules children inherit
 _IS_LOCAL: Dict[str, bool] = {}
+_REAL_DIRS: Dict[str, str] = {}
+
+
+def _realpath(path: str) -> str:
+    """``os.path.realpath(path)`` with the folders' real paths remembered: a module's folder is shared
+    by its siblings (torch's 2,000 modules are in ~200 folders), so one lstat per file is left."""
+    folder, name = os.path.split(path)
+    if not os.path.isabs(folder):           # relative to the working folder, which the replay changes
+        return os.path.realpath(path)
+    real_folder = _REAL_DIRS.get(folder)
+    if real_folder is None:
+        real_folder = _REAL_DIRS[folder] = os.path.realpath(folder)
+    joined = os.path.join(real_folder, name)
+    return os.path.realpath(joined) if os.path.islink(joined) else joined
 
 
 @dataclass

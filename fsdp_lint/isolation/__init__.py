@@ -98,7 +98,7 @@ def lint_call(target: str, settings, label: str) -> FileResult:
         return _in_process(lambda: getattr(importlib.import_module(module), func)(settings), settings, label)
     pool = _Jobs()
     try:
-        pool.submit(0, None, settings, None, True, None, call=target, label=label)
+        pool.submit(0, None, settings, None, True, None, call=target, label=label, last=True)
         return pool.result(0)
     finally:
         pool.cancel()
@@ -142,7 +142,8 @@ def lint_runs(runs, cache=None, record=None) -> Iterator[Callable[[], FileResult
             if isinstance(item, FileResult):
                 item.cwd = cwd
             elif not isinstance(item, Exception) and available():
-                pool.submit(i, item, settings, argv, explicit, cwd)    # the server works while we read on
+                # the server works while we read on; `last`: no warm-up for later files (issue 17)
+                pool.submit(i, item, settings, argv, explicit, cwd, last=i == len(runs) - 1)
             screened.append(item)
         for i, ((path, settings, argv, explicit, cwd), item) in enumerate(zip(runs, screened)):
             if isinstance(item, Exception):
@@ -288,9 +289,10 @@ class ForkServer:
 
 
 class _Job:
-    def __init__(self, key, screened, settings, argv, explicit, cwd, call=None, label=None):
+    def __init__(self, key, screened, settings, argv, explicit, cwd, call=None, label=None, last=False):
         self.key, self.screened, self.settings, self.argv, self.cwd = key, screened, settings, argv, cwd
         self.explicit, self.call = explicit, call
+        self.last = last                    # no job of this run follows it
         self.name = os.path.basename(label or screened.facts.path)
         self.server: Optional[ForkServer] = None
         self.id = 0
@@ -331,8 +333,8 @@ class _Jobs:
         self.by_id: Dict[Tuple[int, int], _Job] = {}
         self.window = 2 * max(1, min(_MAX_JOBS, _cpus()))
 
-    def submit(self, key, screened, settings, argv, explicit, cwd, call=None, label=None) -> None:
-        job = _Job(key, screened, settings, argv, explicit, cwd, call, label)
+    def submit(self, key, screened, settings, argv, explicit, cwd, call=None, label=None, last=False) -> None:
+        job = _Job(key, screened, settings, argv, explicit, cwd, call, label, last)
         self.jobs[key] = job
         self.unsent.append(job)
         self._top_up()
@@ -348,7 +350,7 @@ class _Jobs:
         job.server, job.id = srv, srv.next_id
         self.by_id[(id(srv), job.id)] = job
         spec = {"id": job.id, "screened": job.screened, "settings": job.settings, "argv": job.argv,
-                "explicit": job.explicit, "cwd": job.cwd, "call": job.call, "name": job.name, "process_cwd": os.getcwd(), "env": dict(os.environ), "sys_path": list(sys.path)}
+                "explicit": job.explicit, "cwd": job.cwd, "call": job.call, "name": job.name, "last": job.last, "process_cwd": os.getcwd(), "env": dict(os.environ), "sys_path": list(sys.path)}
         try:
             srv.send(("lint", spec))
         except OSError:

@@ -95,9 +95,7 @@ def serve(fd: int, avoid: List[str] = ()) -> None:
 
 
 def _preload() -> None:
-    """What every child needs, imported and warmed up once here (children inherit it at fork)."""
-    import gc
-
+    """What every child needs, imported once here (children inherit it at fork)."""
     import torch  # noqa: F401
     import torch.distributed.fsdp  # noqa: F401
     import torch.nn  # noqa: F401
@@ -110,6 +108,11 @@ def _preload() -> None:
 
     skip_dynamo_import()     # before the warm-up: no torch._dynamo import here or in a child
     rule.all_rules()
+
+
+def _warm_up_all() -> None:
+    """The warm-up lints, once the jobs sent with the start are forked (issue 17: a lint of one file
+    does not wait ~0.5 s for a warm-up only later children profit from; its child warms up itself)."""
     for wrap in _WARM_UP_WRAPS:
         _warm_up(_WARM_UP.format(wrap=wrap))
     # children never walk (and so never copy) the objects that exist now when they collect garbage
@@ -138,10 +141,18 @@ class _Server:
         self.learned: Set[str] = set()      # libraries imported here
         self.to_learn: Set[str] = set()
         self.retired = False
+        self.warmed = False
+        # whether files that are not sent yet follow the ones sent: only those profit from a warm-up
+        # (a lint of one file would wait for it at exit)
+        self.more_expected = False
 
     def loop(self) -> None:
         while True:
             self._start_pending()
+            if not self.warmed and self.more_expected:
+                if not self._warm_up_after_first_jobs():
+                    return
+                continue
             watch: List[Any] = [self.sock] + ([self.parent] if self.parent is not None else [])
             for child in self.running.values():
                 watch += [child.r] if child.r >= 0 else []
@@ -171,9 +182,23 @@ class _Server:
             if not self.running and not self.pending:
                 _kill_descendants()         # what was reparented here once no job can own it
 
+    def _warm_up_after_first_jobs(self) -> bool:
+        """Fork the jobs fsdp-lint has sent so far (they wait in the socket), then warm up for the
+        files that follow. False: fsdp-lint is gone."""
+        while select.select([self.sock], [], [], 0)[0]:
+            msg = _recv_msg(self.sock)
+            if msg is None:
+                return False
+            self._handle(msg)
+        self._start_pending()
+        self.warmed = True
+        _warm_up_all()
+        return True
+
     def _handle(self, msg) -> None:
         if msg[0] == "lint":
             self.pending.append(msg[1])
+            self.more_expected = not msg[1].get("last", False)
         elif msg[0] == "kill":
             for child in self.running.values():
                 if child.job["id"] == msg[1]:
