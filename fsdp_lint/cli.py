@@ -54,6 +54,31 @@ def plan_runs(files: List[Tuple[str, bool]], settings, script_args: Optional[Lis
     return runs
 
 
+_DEFAULT_RUN_RANKS = 2     # --run without --nproc on a file whose launch says nothing: a quick real session
+
+
+def _run_ranks(results, nproc: Optional[int], world_size: Optional[int]) -> int:
+    """--run's ranks: --nproc; else the world the lint planned, which under --run is the launch's (a
+    launch script, an [[entry]], the script's own ``Fabric(devices=4)``, a mesh shape) or 2; with
+    --world-size (the plan of a larger job), 2 as before."""
+    from fsdp_lint.humanize import display_path
+
+    if nproc is not None:
+        return nproc
+    if world_size is not None:
+        return _DEFAULT_RUN_RANKS
+    sizes = {}
+    for res in results:
+        if getattr(res, "plan", None) is not None and not res.skipped:
+            sizes.setdefault(res.plan.world_size, display_path(res.path))
+    if len(sizes) > 1:
+        shown = ", ".join(f"{path}: {size}" for size, path in sorted(sizes.items()))
+        from fsdp_lint.run import RunError
+
+        raise RunError(f"the files launch on different world sizes ({shown}): pass --nproc, or run them one at a time")
+    return next(iter(sizes), _DEFAULT_RUN_RANKS)
+
+
 def _shell_runs(scripts, settings, script_args, cli_world_size):
     """The launch lines of shell scripts named on the command line, as runs of the files they launch with
     their arguments, world size and accelerate config (fsdp_lint.entry.shell)."""
@@ -162,7 +187,9 @@ def _explain(code: str) -> None:
 @click.option("--suggest", is_flag=True,
               help="List plans that fit the device (activation checkpointing, the root resharded, CPU offload), "
                    "least communication first, with the change to make.")
-@click.option("--nproc", type=int, default=2, show_default=True, help="--run: number of ranks.")
+@click.option("--nproc", type=int, default=None,
+              help="--run: number of ranks [default: the world size of the launch fsdp-lint followed (a launch "
+                   "script, an [[entry]], the script's own Fabric/Trainer devices, a mesh), else 2].")
 @click.option("--steps", type=int, default=2, show_default=True, help="--run: training steps.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="--run: cuda (NCCL) or cpu (gloo).")
@@ -215,7 +242,7 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         raise BadInput(f"--world-size must be at most 1,048,576 (2^20), got {world_size:,}")
     if gpus_per_node is not None and gpus_per_node < 1:
         raise BadInput(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
-    if run_ and nproc < 1:
+    if run_ and nproc is not None and nproc < 1:
         raise BadInput(f"--nproc must be at least 1, got {nproc}")
     # refused before anything is linted (issue 18): a bad value found after minutes of linting
     if steps < 1:
@@ -252,7 +279,7 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
     if run_ and os.environ.get("WORLD_SIZE", "").isdigit() and os.environ.get("RANK") and os.environ.get("MASTER_ADDR"):
         nproc = int(os.environ["WORLD_SIZE"])   # under torchrun every process is one rank
     if run_ and world_size is None:
-        settings = settings.with_overrides(world_size=nproc)
+        settings = settings.with_overrides(world_size=nproc or _DEFAULT_RUN_RANKS)
     if suggest:
         # candidates are judged with activations: traced on the inputs --simulate would feed
         settings = settings.with_overrides(suggest=True, activations_for_inferred_inputs=True)
@@ -343,9 +370,9 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
     if run_ and results:
         from fsdp_lint.run import RunError, RunOptions, confirm
 
-        opts = RunOptions(nproc=nproc, steps=steps, device=device, input_shape=input_shape,
-                          input_dtype=input_dtype, timeout=run_timeout, debug=debug)
         try:
+            opts = RunOptions(nproc=_run_ranks(results, nproc, world_size), steps=steps, device=device,
+                              input_shape=input_shape, input_dtype=input_dtype, timeout=run_timeout, debug=debug)
             run_summary = confirm(results, settings, opts)
         except RunError as exc:
             click.echo(f"fsdp-lint: error: --run: {exc}", err=True)

@@ -281,6 +281,30 @@ def test_article_fixtures_measured_collectives_equal_static(fixture, extra):
     assert all(s["all_gather"] == plan["all_gathers_per_step"] for s in measured["per_step"])
 
 
+FABRIC_FSDP = os.path.join("fixtures", "repos", "fabric_devices", "examples", "fsdp", "train.py")
+
+
+def test_run_starts_as_many_ranks_as_the_launch_it_followed():
+    """``Fabric(devices=4)`` run as ``python train.py`` starts 4 processes: the lint plans 4 ranks, and
+    ``--run`` without ``--nproc`` runs those 4 (it ran 2 and compared them with a 2-rank estimate);
+    ``--nproc`` still decides; files whose launches differ are refused in one line, naming each."""
+    code, out, err = _cli(FABRIC_FSDP, "--run", "--format", "json", "--steps", "1", "--run-timeout", "240")
+    assert code in (0, 1), err
+    doc = json.loads(out)
+    assert doc["files"][0]["plan"]["world_size"] == 4
+    assert doc["run"]["ranks"] == 4 and doc["run"]["files"][0]["status"] == "completed", doc["run"]
+    assert doc["run"]["files"][0]["static"]["world_size"] == 4
+    code, out, err = _cli(FABRIC_FSDP, "--run", "--nproc", "2", "--format", "json", "--steps", "1")
+    assert code in (0, 1), err
+    assert json.loads(out)["run"]["ranks"] == 2
+    code, out, err = _cli(FABRIC_FSDP, os.path.join("fixtures", "bad", "fsdp2_no_root.py"), "--run",
+                          "--format", "concise")
+    assert code == 2
+    line = next(x for x in err.splitlines() if x.startswith("fsdp-lint: error: --run:"))
+    assert "different world sizes" in line and "train.py: 4" in line and "fsdp2_no_root.py: 2" in line
+    assert "--nproc" in line
+
+
 # --------------------------------------------------------------------------------------------
 # what no rule predicts, inputs, bad options
 # --------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from fsdp_lint.replay.imports import (
     package_behind,
     requirement,
 )
+from fsdp_lint.replay.network import NetworkWait
 from fsdp_lint.replay.records import Skipped
 
 _FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,8 +86,9 @@ class Failures:
 
         if isinstance(exc, (ReplayError, RecursionError, MemoryError)) or self.names_an_argument(exc):
             return False
-        if line is not None and self.stub_cause(exc) is not None and self.decides_wrap(frame, _line_in(exc, frame, line)):
-            return False            # a missing package decides what the wrap is given: a refusal, not a note
+        if line is not None and (self.stub_cause(exc) is not None or isinstance(exc, NetworkWait)) \
+                and self.decides_wrap(frame, _line_in(exc, frame, line)):
+            return False            # a missing package or the network decides what the wrap is given: a refusal
         if arguments.while_parsing(exc, frame):     # trials: the script refuses its arguments
             return False
         if raised_by_model_validation(exc):         # issue 18: a real node fails on that line too

@@ -46,25 +46,30 @@ def _asker() -> str:
 
 
 # refusals answered as ordinary errors (a script's own offline fallback works); after them the setup is
-# waiting on the network (retries with back-off, one request per data file): the replay ends, naming it
+# waiting on the network (retries with back-off, one request per data file): NetworkWait ends the statement
 REFUSALS_BEFORE_STOP = 3
 
 
 class NetworkWait(BaseException):
     """The setup keeps asking for the network after it was refused (a BaseException: the retry loops
-    of the linted code catch ``Exception``); the message is the one line to report."""
+    of the linted code catch ``Exception``); the message is the one line to report. The replay skips
+    the statement it ends, as any statement that needs what the simulated node lacks (a data set
+    whose remote files' sizes are read one by one), unless that statement decides the wrap: then the
+    replay ends, naming it."""
 
 
 def install(rec, patch: Patch) -> None:
     real_getaddrinfo, real_connect, real_connect_ex = socket.getaddrinfo, socket.socket.connect, socket.socket.connect_ex
     asked = []       # (host, port, where) of each refused attempt
+    waited = [0]     # how many had been refused when the last NetworkWait was raised
 
     def note(host, port) -> str:
         where = _asker()
         asked.append((host, port, where))
         at = f" at {where}" if where else ""
-        if len(asked) > REFUSALS_BEFORE_STOP:
+        if len(asked) - waited[0] > REFUSALS_BEFORE_STOP:
             again = sum(1 for h, _, _ in asked[:-1] if h == host)
+            waited[0] = len(asked)      # the next statement gets its own ordinary refusals first
             raise NetworkWait(
                 f"the setup code waits on the network: it asks for {host}:{port}{at} ({again} times refused "
                 f"before; {len(asked)} requests in all: retries, or one request per remote file); a lint has no "

@@ -57,7 +57,7 @@ from fsdp_lint.replay.targets import (
     helper_arguments,
     load_target,
 )
-from fsdp_lint.replay.transform import LOOP, REBIND, SETUP_DONE, SKIP, STUB_IMPORT, transform
+from fsdp_lint.replay.transform import LOOP, REBIND, SETUP_DONE, SKIP, SKIPPABLE, STUB_IMPORT, transform
 from fsdp_lint.replay.helpers import ReplayHelper
 from fsdp_lint.entry.source import SourceFacts, relevant_lines_with
 from fsdp_lint.replay.argv_hint import argv_hint
@@ -153,9 +153,9 @@ class _Run:
             if not self.finished:
                 boundary.training_loop(rec, line)
 
-        helpers = {SKIP: skip, STUB_IMPORT: stub_import, REBIND: rebind, LOOP: training_loop,
-                   SETUP_DONE: self._setup_done}
-        return {**{name: ReplayHelper(name, fn) for name, fn in helpers.items()}, "__builtins__": guarded_builtins()}
+        helpers = {SKIP: skip, STUB_IMPORT: stub_import, REBIND: rebind, LOOP: training_loop, SETUP_DONE: self._setup_done}
+        return {**{name: ReplayHelper(name, fn) for name, fn in helpers.items()},
+                SKIPPABLE: (Exception, network.NetworkWait), "__builtins__": guarded_builtins()}
 
     def _setup_done(self) -> None:
         """Called after the entry's last statement that matters for the plan: when every frame of

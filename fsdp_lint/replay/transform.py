@@ -27,6 +27,7 @@ from fsdp_lint.replay.kept_calls import changes_parts, root_name as _root_name, 
 from fsdp_lint.replay.registrations import registers
 
 SKIP = "__fsdp_lint_skip__"
+SKIPPABLE = "__fsdp_lint_skippable__"      # what a tolerant statement catches: Exception, NetworkWait
 STUB_IMPORT = "__fsdp_lint_stub_import__"
 REBIND = "__fsdp_lint_rebind__"
 LOOP = "__fsdp_lint_training_loop__"
@@ -428,7 +429,7 @@ class _Transformer:
     def _tolerant(self, stmt: ast.stmt) -> ast.stmt:
         self.tolerant[stmt.lineno] = stmt        # what it binds is worked out if it fails
         handler = ast.ExceptHandler(
-            type=ast.Name("Exception", ast.Load()), name=_EXC,
+            type=ast.Name(SKIPPABLE, ast.Load()), name=_EXC,
             body=[ast.If(
                 test=ast.UnaryOp(ast.Not(), ast.Call(ast.Name(SKIP, ast.Load()), [
                     ast.Constant(stmt.lineno), ast.Name(_EXC, ast.Load())], [])),
