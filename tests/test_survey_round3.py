@@ -213,3 +213,46 @@ def test_a_network_request_with_an_offline_fallback_answers_as_an_offline_machin
     layer = nn.TransformerEncoderLayer(64, 4, 256, batch_first=True)
     assert f["model"]["numel"] == 1024 * 64 + 2 * sum(p.numel() for p in layer.parameters())
     assert [u["modules"] for u in f["plan"]["units"]] == [["layers.0"], ["layers.1"], [""]]
+
+
+REMOTE_PRECISION = '''
+import requests
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+CARD = "https://hub.example.org/models/lm/training.json"
+
+
+def remote_dtype(url):
+    for _ in range(6):
+        try:
+            return requests.get(url, timeout=5).json()["param_dtype"]
+        except requests.exceptions.ConnectionError:
+            continue
+    return "float32"
+
+
+def main():
+    model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(4)])
+    name = remote_dtype(CARD)
+    mp = MixedPrecisionPolicy(param_dtype=getattr(torch, name))
+    for layer in model:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_network_wait_that_decides_the_wrap_ends_the_replay_naming_it(cli, tmp_path):
+    # the precision comes from a remote card, asked again and again: skipping the statement would plan
+    # what the node never runs, so the replay ends on it, in one line
+    (tmp_path / "train.py").write_text(REMOTE_PRECISION)
+    res = cli("train.py", "--world-size", "2", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    [line] = res.err.strip().splitlines()[:1]
+    assert "train.py: the setup code waits on the network: it asks for hub.example.org:443" in line
+    assert "Traceback" not in res.err
