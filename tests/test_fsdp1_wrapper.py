@@ -169,3 +169,79 @@ def test_fsdp_modules_and_isinstance_answer_for_the_units_of_a_recorded_wrap():
     assert [type(u).__name__ for u in units] == [type(inner(u)).__name__ for u in real_units]
     assert len(roots) == len(real_roots) == 1 and roots[0] is model
     assert root_flags == [True, False, False, False]
+
+
+SHARDED_CHECKPOINTS = '''
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel as FSDP, ShardedStateDictConfig
+from torch.distributed.fsdp import StateDictType
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int = 32):
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.head = nn.Linear(32, 8)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def setup_checkpointing(model) -> None:
+    """Sharded checkpoints for the run; a full, rank-0 copy of the weights at start, for the evaluator."""
+    previous = FSDP.set_state_dict_type(model, StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(offload_to_cpu=True))
+    if previous.state_dict_type != StateDictType.FULL_STATE_DICT:
+        raise RuntimeError(f"unexpected state dict type {previous.state_dict_type}")
+    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(rank0_only=True)):
+        if FSDP.get_state_dict_type(model).state_dict_type != StateDictType.FULL_STATE_DICT:
+            raise RuntimeError("the full state dict is not active")
+    current = model.get_state_dict_type(model)
+    if current.state_dict_type != StateDictType.SHARDED_STATE_DICT or not current.state_dict_config.offload_to_cpu:
+        raise RuntimeError(f"the sharded state dict did not come back: {current}")
+
+
+def main():
+    if not dist.is_initialized():
+        dist.init_process_group("nccl")
+    model = FSDP(Net(), auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}),
+                 device_id=torch.cuda.current_device() if torch.cuda.is_available() else torch.device("cpu"))
+    setup_checkpointing(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(2):
+        model(torch.randn(4, 32)).sum().backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_state_dict_settings_are_torchs_own_and_read_back(tmp_path):
+    """``FSDP.set_state_dict_type`` / ``state_dict_type`` / ``get_state_dict_type`` at setup (sharded
+    checkpoints chosen before the first step): the recorded instances answer with torch's own functions
+    (previous settings returned, the context restores them), where they raised ``KeyError`` and the
+    statement was skipped; real FSDP1 runs the same file to the same plan."""
+    path = tmp_path / "train.py"
+    path.write_text(SHARDED_CHECKPOINTS)
+    res, _ = assert_plan_matches_torch(str(path), 4)
+    assert res.skipped_statements == [], res.skipped_statements
+    assert [u.modules for u in res.plan.units] == [["blocks.0"], ["blocks.1"], ["blocks.2"], [""]]

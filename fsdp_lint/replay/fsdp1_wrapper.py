@@ -7,7 +7,10 @@ wrapper. Setup code between the wrap and the first forward reads the wrapper's o
 state-dict contexts. Each answers as torch's wrapper does, on the module itself: ``module`` and
 ``_fsdp_wrapped_module`` are the module (the one the statement means: its methods and parameters are
 the ones the plan reads), the options are the call's (torch's defaults where the call leaves them),
-contexts do nothing, ``clip_grad_norm_`` is torch's over the module's parameters. A name the user's
+``summon_full_params`` does nothing, ``clip_grad_norm_`` is torch's over the module's parameters. The
+state-dict settings are torch's own functions (``FSDP.set_state_dict_type``, ``FSDP.state_dict_type``,
+``FSDP.get_state_dict_type``) over the state torch's ``__init__`` gives each instance (full state dict,
+default configs): they check the configs as torch does, and what a statement sets is read back. A name the user's
 class defines itself is left alone. The entries live in the instance's ``__dict__`` (no submodule is
 registered: ``model.modules()`` is unchanged).
 
@@ -79,8 +82,11 @@ def expose(module, kwargs: Dict[str, Any], world_size: int, root: bool = True, p
     """Give `module` (the recorded wrap's result, or with ``root=False`` a unit its auto-wrap policy
     made) the attributes torch's FSDP1 wrapper has; `params`: those its FlatParameter would hold."""
     import torch
-    from torch.distributed.fsdp import CPUOffload, MixedPrecision
+    from torch.distributed.fsdp import (CPUOffload, FullOptimStateDictConfig, FullStateDictConfig, MixedPrecision,
+                                        StateDictType)
+    from torch.distributed.fsdp import fully_sharded_data_parallel as fsdp1_mod
 
+    real = _real_fsdp1(fsdp1_mod)
     try:
         own = vars(module)
     except TypeError:
@@ -100,8 +106,12 @@ def expose(module, kwargs: Dict[str, Any], world_size: int, root: bool = True, p
         "no_sync": lambda: contextlib.nullcontext(), "clip_grad_norm_": clip_grad_norm_,
         "check_is_root": lambda: root, "register_comm_hook": lambda *a, **k: None,
         "summon_full_params": lambda *a, **k: contextlib.nullcontext(),
-        "state_dict_type": lambda *a, **k: contextlib.nullcontext(),
-        "set_state_dict_type": lambda *a, **k: None,
+        # torch's staticmethods (an instance's ``model.state_dict_type(model, ...)`` is the same function)
+        "state_dict_type": real.state_dict_type, "set_state_dict_type": real.set_state_dict_type,
+        "get_state_dict_type": real.get_state_dict_type,
+        # what torch's _init_state_dict_state gives every instance
+        "_state_dict_type": StateDictType.FULL_STATE_DICT, "_state_dict_config": FullStateDictConfig(),
+        "_optim_state_dict_config": FullOptimStateDictConfig(), "_device_mesh": kwargs.get("device_mesh"),
         "_has_params": bool(params) if params is not None else True,
         "_flat_param": _flat_param(params) if params is not None else None,
         "rank": 0, "world_size": world_size,
@@ -113,6 +123,22 @@ def expose(module, kwargs: Dict[str, Any], world_size: int, root: bool = True, p
         if name in own or name in registered or any(name in vars(k) for k in cls.__mro__ if k is not object):
             continue            # the user's class has its own (a child named `module` stays the child)
         own[name] = value
+
+
+def _real_fsdp1(fsdp1_mod):
+    """torch's FullyShardedDataParallel class (during a replay its module's name is the recorder's, which
+    forwards the class's attributes to it)."""
+    cls = fsdp1_mod.FullyShardedDataParallel
+    return getattr(cls, "_fsdp_lint_real", cls)
+
+
+def fsdp_states(real_get_fsdp_states):
+    """torch's ``_traversal_utils._get_fsdp_states`` for a replay: the recorded instances of a recorded
+    model (what torch's state-dict functions walk and set), torch's answer for any other module."""
+    def get_fsdp_states(module):
+        found = fsdp_modules(module)
+        return found if found else real_get_fsdp_states(module)
+    return get_fsdp_states
 
 
 def is_recorded(module) -> bool:

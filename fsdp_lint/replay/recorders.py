@@ -360,6 +360,10 @@ def _install_recorders(rec: Recorder, patch) -> None:
             return module
 
     RecordingFSDP.__name__ = "FullyShardedDataParallel"
+    RecordingFSDP._fsdp_lint_real = RealFSDP
+    from torch.distributed.fsdp import _traversal_utils
+
+    patch(_traversal_utils, "_get_fsdp_states", fsdp1_wrapper.fsdp_states(_traversal_utils._get_fsdp_states))
     _find_torch_fully_shard()
     _patch_fsdp_entry_points(patch, fully_shard, RecordingFSDP, _FSDP_MODULES + _FSDP2_PRIVATE_MODULES)
     _intercept_bound_names(rec, patch, fully_shard, RecordingFSDP, RealFSDP)
