@@ -65,9 +65,16 @@ def test_the_recorded_wrap_answers_what_torchs_wrapper_has():
         assert all(hasattr(real, name) for name in wrapper_names), [n for n in wrapper_names if not hasattr(real, n)]
         assert real.mixed_precision == net.mixed_precision and real.backward_prefetch == net.backward_prefetch
         assert (real.forward_prefetch, real.limit_all_gathers) == (net.forward_prefetch, net.limit_all_gathers)
+        assert not isinstance(real.module, FSDP) and real.module is not real     # what the recorded wrap mirrors
     finally:
         dist.destroy_process_group()
-    assert net.module is net and net._fsdp_wrapped_module is net
+    assert net._fsdp_wrapped_module is net
+    # torch's `.module` is the wrapped module, not an FSDP instance: unwrap loops end on it, and it is
+    # not the wrapper (`unwrap_model(model) is not model`); here it holds the module's own state
+    assert fsdp1_wrapper.is_recorded(net) and not fsdp1_wrapper.is_recorded(net.module)
+    assert net.module is not net and type(net.module) is Net and net.module.proj is net.proj
+    net.module.tag = "set through .module"
+    assert net.tag == "set through .module" and list(net.module.parameters()) == list(net.parameters())
     assert net.sharding_strategy is ShardingStrategy.HYBRID_SHARD and net._use_orig_params is True
     assert net.world_size == 16 and net.mixed_precision.param_dtype is None
     with net.no_sync():

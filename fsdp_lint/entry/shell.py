@@ -19,7 +19,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-_ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(:?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
 _LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3")
 
@@ -40,14 +40,43 @@ class ShellLaunch:
     arg_lines: List[int] = field(default_factory=list)   # the script line of each of `args`
 
 
+def _open_quote(line: str, quote: Optional[str]) -> Optional[str]:
+    """The quote still open at the end of `line` (bash's rules: nothing escapes inside '...'; a
+    backslash escapes the next character elsewhere; an unquoted ``#`` at a word's start is a comment)."""
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote == "'":
+            quote = None if c == "'" else quote
+        elif c == "\\":
+            i += 1
+        elif quote == '"':
+            quote = None if c == '"' else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1].isspace()):
+            break
+        i += 1
+    return quote
+
+
 def _logical_lines(text: str) -> List[Tuple[int, List[Tuple[int, str]]]]:
-    """(first line, [(line, text)] of its physical lines): a command with its `\\` continuations."""
+    """(first line, [(line, text)] of its physical lines): a command with its `\\` continuations, and a
+    quoted word over several lines (``ARGS="\\n--lr 1\\n--fsdp\\n"``: its newlines kept, as bash keeps them;
+    each such piece but the last ends in a newline)."""
     out, pieces = [], []
+    quote: Optional[str] = None
     for no, raw in enumerate(text.splitlines(), start=1):
-        line = raw.rstrip()
-        cont = line.endswith("\\") and not line.endswith("\\\\")
-        pieces.append((no, line[:-1] if cont else line))
-        if not cont:
+        line = raw if quote else raw.rstrip()
+        quote = _open_quote(line, quote)
+        cont = quote != "'" and line.endswith("\\") and not line.endswith("\\\\")
+        if cont:     # inside double quotes bash drops the backslash-newline, words and all
+            pieces.append((no, line[:-1] + (_JOIN if quote == '"' else "")))
+        elif quote:
+            pieces.append((no, line + "\n"))
+        else:
+            pieces.append((no, line))
+        if not cont and not quote:
             out.append((pieces[0][0], pieces))
             pieces = []
     if pieces:
@@ -55,48 +84,99 @@ def _logical_lines(text: str) -> List[Tuple[int, List[Tuple[int, str]]]]:
     return out
 
 
+_JOIN = "\x1f"       # a continued line inside double quotes: joined to the next with nothing between
+
+
+def _joined(pieces) -> str:
+    """The command's text: continued lines joined by a space, a quoted word's lines by their newlines."""
+    return "".join(t[:-1] if t.endswith(_JOIN) else t if t.endswith("\n") else t + " " for _, t in pieces).strip()
+
+
+def _value_of(m, env: Dict[str, str], positional: Sequence[str]):
+    """What one expansion gives: a string, the script's arguments (a list, for ``$@``/``$*``), or None
+    (a variable neither the script nor the environment sets: kept as written)."""
+    name = m.group(1) or m.group(4)
+    if name in "@*":
+        return list(positional)
+    if name == "#":
+        return str(len(positional))
+    if name.isdigit():       # the script's own arguments ($0 is the script)
+        index = int(name)
+        value = positional[index - 1] if 0 < index <= len(positional) else None
+    else:
+        value = env.get(name, os.environ.get(name))
+    if m.group(2) is not None and (value is None or (value == "" and m.group(2).startswith(":"))):
+        return m.group(3)
+    if value is None:
+        return "" if name.isdigit() else None
+    return value
+
+
 def _expand(text: str, env: Dict[str, str], positional: Sequence[str] = ()) -> str:
     def sub(m):
-        name = m.group(1) or m.group(4)
-        if name.isdigit() or name in "@*#":      # the script's own arguments ($0 is the script)
-            if name in "@*":
-                return " ".join(positional)
-            if name == "#":
-                return str(len(positional))
-            index = int(name)
-            value = positional[index - 1] if 0 < index <= len(positional) else None
-        else:
-            value = env.get(name, os.environ.get(name))
-        if m.group(2) is not None and (value is None or (value == "" and m.group(2).startswith(":"))):
-            return m.group(3)
+        value = _value_of(m, env, positional)
         if value is None:
-            return "" if name.isdigit() else m.group(0)
-        return value
+            return m.group(0)
+        return " ".join(value) if isinstance(value, list) else value
     return _VAR.sub(sub, text)
 
 
 def _split(text: str) -> List[str]:
-    """Shell words, with `$VAR` kept for expansion after the split (as the shell does, words first)."""
     return shlex.split(text, comments=True)
+
+
+def _expanded_words(text: str, env: Dict[str, str], positional: Sequence[str]) -> List[str]:
+    """bash's words of `text`: expansions are made before the words are split, as bash makes them --
+    one inside double quotes stays in its word, an unquoted one is split on whitespace (``$ARGS`` of
+    ``ARGS="--lr 1 --fsdp"`` is three words), ``"$@"`` is each argument as a word; nothing in a value
+    is read as quotes. Single-quoted text is not expanded."""
+    out: List[str] = []
+    quote: Optional[str] = None
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if quote == "'":
+            quote = None if c == "'" else quote
+        elif c == "\\":
+            out.append(text[i:i + 2])
+            i += 2
+            continue
+        elif c == '"':
+            quote = None if quote == '"' else ('"' if quote is None else quote)
+        elif c == "'" and quote is None:
+            quote = "'"
+        elif c == "#" and quote is None and (i == 0 or text[i - 1].isspace()):
+            break
+        elif c == "$":
+            m = _VAR.match(text, i)
+            value = _value_of(m, env, positional) if m else None
+            if m and value is not None:
+                if quote == '"' and isinstance(value, list):   # "$@": each argument its own word
+                    out.append('"' + " ".join(shlex.quote(a) for a in value) + '"' if value else '"' + '"')
+                elif quote == '"':
+                    out.append(value.replace("\\", "\\\\").replace('"', '\\"'))
+                else:                                       # word splitting
+                    words = value if isinstance(value, list) else value.split()
+                    out.append(" ".join(shlex.quote(w) for w in words))
+                i = m.end()
+                continue
+        out.append(c)
+        i += 1
+    joined = "".join(out)
+    # `"$@"` alone with no arguments gives no word at all (not an empty one)
+    joined = re.sub(r'(^|\s)""""(?=\s|$)', r"\1", joined) if not positional else joined
+    return shlex.split(joined)
 
 
 def _tokens(pieces, env: Dict[str, str], positional: Sequence[str] = ()) -> List[Tuple[str, int]]:
     """The command's words after expansion, each with the script line it is written on (a quoted word
-    over several lines: the command's first line). ``"$@"`` is the script's arguments, a word each."""
-    def words(text, no):
-        out = []
-        for w in _split(text):
-            if w in ("$@", "${@}"):
-                out += [(a, no) for a in positional]
-            else:
-                out.append((_expand(w, env, positional), no))
-        return out
+    over several lines: the command's first line)."""
     try:
-        return [t for no, text in pieces for t in words(text, no)]
+        return [(w, no) for no, text in pieces for w in _expanded_words(text, env, positional)]
     except ValueError:
         pass
     try:
-        return words(" ".join(t for _, t in pieces), pieces[0][0])
+        return [(w, pieces[0][0]) for w in _expanded_words(_joined(pieces), env, positional)]
     except ValueError as exc:
         raise ShellError(f"line {pieces[0][0]}: cannot read the command: {exc}") from None
 
@@ -235,7 +315,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
     console: Optional[Dict[str, str]] = None        # the repository's console scripts, read when needed
     out: List[ShellLaunch] = []
     for start, pieces in _logical_lines(text):
-        stripped = " ".join(t for _, t in pieces).strip()
+        stripped = _joined(pieces)
         if not stripped or stripped.startswith("#"):
             continue
         try:

@@ -4,14 +4,15 @@ The recorder returns the user's module itself (its tree is what the plan reads),
 wrapper. Setup code between the wrap and the first forward reads the wrapper's own attributes:
 ``model.module.unfreeze_all()`` (the wrapped module), ``with model.no_sync():``,
 ``model.clip_grad_norm_(1.0)``, ``model.sharding_strategy``, ``FSDP.summon_full_params(model)`` and the
-state-dict contexts. Each answers as torch's wrapper does, on the module itself: ``module`` and
-``_fsdp_wrapped_module`` are the module (the one the statement means: its methods and parameters are
-the ones the plan reads), the options are the call's (torch's defaults where the call leaves them),
+state-dict contexts. Each answers as torch's wrapper does, on the module itself: ``module`` is the
+module under another identity (the same state; not an FSDP instance, so unwrap loops end), and
+``_fsdp_wrapped_module`` the module (the one the statement means: its methods and parameters are the
+ones the plan reads), the options are the call's (torch's defaults where the call leaves them),
 ``summon_full_params`` does nothing, ``clip_grad_norm_`` is torch's over the module's parameters. The
 state-dict settings are torch's own functions (``FSDP.set_state_dict_type``, ``FSDP.state_dict_type``,
 ``FSDP.get_state_dict_type``) over the state torch's ``__init__`` gives each instance (full state dict,
-default configs): they check the configs as torch does, and what a statement sets is read back. A name the user's
-class defines itself is left alone. The entries live in the instance's ``__dict__`` (no submodule is
+default configs): they check the configs as torch does, and what a statement sets is read back. A name
+the user's class defines itself is left alone. The entries live in the instance's ``__dict__`` (no submodule is
 registered: ``model.modules()`` is unchanged).
 
 The units the call's auto-wrap policy makes are FSDP instances in torch's model too (each replaces its
@@ -102,7 +103,7 @@ def expose(module, kwargs: Dict[str, Any], world_size: int, root: bool = True, p
     options["mixed_precision"] = options["mixed_precision"] or MixedPrecision()
     options["cpu_offload"] = options["cpu_offload"] or CPUOffload()
     entries: Dict[str, Any] = {
-        "module": module, "_fsdp_wrapped_module": module,
+        "module": _inner(module, own), "_fsdp_wrapped_module": module, "_fsdp_lint_self": module,
         "no_sync": lambda: contextlib.nullcontext(), "clip_grad_norm_": clip_grad_norm_,
         "check_is_root": lambda: root, "register_comm_hook": lambda *a, **k: None,
         "summon_full_params": lambda *a, **k: contextlib.nullcontext(),
@@ -141,9 +142,24 @@ def fsdp_states(real_get_fsdp_states):
     return get_fsdp_states
 
 
+def _inner(module, own: Dict[str, Any]):
+    """What ``wrapper.module`` is: the wrapped module, which torch's wrapper holds and which is not an FSDP
+    instance itself -- so that ``while isinstance(m, FSDP): m = m.module`` (accelerate's
+    ``extract_model_from_parallel``, behind every ``unwrap_model``) ends, and ``unwrap_model(model) is not
+    model`` holds, as on a node. It is the module under another identity: an instance of its class
+    sharing its ``__dict__`` (parameters, children, hooks, attributes: one state, read and written by both)."""
+    inner = object.__new__(type(module))
+    inner.__dict__ = own
+    return inner
+
+
 def is_recorded(module) -> bool:
-    """`module` stands for an FSDP1 instance of this replay: a recorded wrap, or a unit of its policy."""
-    return "_fsdp_wrapped_module" in getattr(module, "__dict__", {})
+    """`module` stands for an FSDP1 instance of this replay: a recorded wrap, or a unit of its policy
+    (not its ``.module``, which shares its state under another identity)."""
+    try:
+        return vars(module).get("_fsdp_lint_self") is module
+    except TypeError:
+        return False
 
 
 def fsdp_modules(module, root_only: bool = False):
