@@ -47,6 +47,44 @@ python finetune.py --debug
     assert (plain.world_size, plain.args) == (None, ["--debug"])
 
 
+def test_an_argument_block_over_several_lines_gives_its_words_as_bash_does(tmp_path, monkeypatch):
+    """``MODEL_ARGS="\\`` then one flag per line and a closing ``"`` (a quoted word over several lines),
+    used unquoted after the launched file: bash splits the value into one word per flag; quoted
+    (``"$NAME"``) it stays one word, and ``"$@"`` of a script run without arguments gives none. The
+    block's own ``#`` is a flag's text, not a comment. It was "No closing quotation"."""
+    (tmp_path / "main_training_llama.py").write_text("")
+    script = tmp_path / "train.sh"
+    script.write_text('''#!/bin/bash
+NAME="llama 7b"
+MODEL_ARGS="\\
+--use_dummy_dataset=True
+--data_path=/lustre/tokens
+--tag=run#2
+--sharding_strategy=hsdp
+"
+
+torchrun \\
+    --nnodes=2 \\
+    --nproc_per_node=8 \\
+    main_training_llama.py \\
+    ${MODEL_ARGS} --name "$NAME" "$@"
+''')
+    monkeypatch.chdir(tmp_path)
+    (launch,) = shell_launches(str(script))
+    assert launch.args == ["--use_dummy_dataset=True", "--data_path=/lustre/tokens", "--tag=run#2",
+                           "--sharding_strategy=hsdp", "--name", "llama 7b"]
+    assert launch.world_size == 16 and launch.line == 10
+    (again,) = shell_launches(str(script), ["--batch_size=4"])
+    assert again.args[-1] == "--batch_size=4"
+    # bash itself, with torchrun printing the words it is given
+    import subprocess
+
+    shown = tmp_path / "shown.sh"
+    shown.write_text("torchrun() { printf '%s\\n' \"$@\"; }\n" + script.read_text())
+    words = subprocess.run(["bash", str(shown)], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert words[words.index("main_training_llama.py") + 1:] == launch.args
+
+
 def test_a_script_without_a_launch_is_one_line_and_exit_2(cli, tmp_path):
     script = tmp_path / "setup.sh"
     script.write_text("pip install -r requirements.txt\n")
