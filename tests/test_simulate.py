@@ -354,7 +354,8 @@ def test_a_simulation_that_dies_keeps_its_cause_and_long_ones_show_progress(cli,
     still running."""
     import fsdp_lint.run.simulate as simulate_mod
 
-    monkeypatch.setattr(simulate_mod, "PROGRESS_EVERY_S", 0.5)
+    # a tick long before a rank can start: the rank dies within half a second on a quiet machine
+    monkeypatch.setattr(simulate_mod, "PROGRESS_EVERY_S", 0.01)
     src = open(os.path.join(FIXTURES, "memory", "mlp_stack_fsdp2.py")).read()
     src = src.replace("    def forward(self, x):\n        for layer",
                       "    def forward(self, x):\n        import os\n        import torch.distributed as dist\n"
@@ -378,7 +379,8 @@ def test_an_exception_in_a_step_keeps_its_type_message_and_phase_and_quiet_shows
     only the last phase; with --quiet no progress line is printed (and never any on stdout)."""
     import fsdp_lint.run.simulate as simulate_mod
 
-    monkeypatch.setattr(simulate_mod, "PROGRESS_EVERY_S", 0.5)
+    # a tick long before a rank can start: the rank dies within half a second on a quiet machine
+    monkeypatch.setattr(simulate_mod, "PROGRESS_EVERY_S", 0.01)
     src = open(os.path.join(FIXTURES, "memory", "mlp_stack_fsdp2.py")).read()
     src = src.replace("    def forward(self, x):\n        for layer",
                       "    def forward(self, x):\n        import torch.distributed as dist\n"
