@@ -275,3 +275,55 @@ def test_a_stand_in_failing_on_a_config_field_the_wrap_does_not_read_is_still_a_
     res = cli("train.py", "--world-size", "4", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
     assert "1 setup statement failed here and was skipped (first: train.py:11:" in res.out
+
+
+WRAP_HELPER = '''
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from gpuprobe import supports_bf16
+
+
+class Config:
+    bf16 = False
+    layers = 4
+
+
+def build(cfg: Config) -> nn.Module:
+    return nn.Sequential(*[nn.Linear(64, 64) for _ in range(cfg.layers)])
+
+
+def shard(model: nn.Module, cfg: Config) -> nn.Module:
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if cfg.bf16 else None)
+    for block in model:
+        fully_shard(block, mp_policy=mp)
+    return fully_shard(model, mp_policy=mp)
+
+
+def main():
+    cfg = Config()
+    cfg.bf16 = supports_bf16()
+    model = shard(build(cfg), cfg)
+    torch.optim.AdamW(model.parameters())
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_missing_package_deciding_a_wrap_made_in_a_helper_of_the_file_is_refused(cli, tmp_path):
+    """``cfg.bf16 = supports_bf16()`` (a package this machine lacks) in ``main``, the wrap in ``shard(model,
+    cfg)``, whose ``param_dtype=torch.bfloat16 if cfg.bf16 else None`` asks the stand-in's truth: falsy, it
+    planned float32 where a node with the package runs bfloat16 (exit 0, "not used by the model"). Where its
+    truth decides a wrap's arguments a stand-in has no truth value, and the failure is a refusal."""
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "train.py").write_text(WRAP_HELPER)
+    res = cli("train.py", "--world-size", "4", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    line = res.err.strip().splitlines()[0]
+    assert "`gpuprobe` is not installed here: pip install gpuprobe" in line, line
+    assert "decides the wrap's arguments (train.py:21)" in line, line

@@ -209,7 +209,7 @@ def test_a_network_request_with_an_offline_fallback_answers_as_an_offline_machin
     res = cli("remotedata/train.py", "--world-size", "4", "--format", "json", "--", "--data", "none", cwd=REMOTE_DATA)
     assert res.code in (0, 1), res.err
     f = json.loads(res.out)["files"][0]
-    assert any("the setup asked for the network (hub.example.org:443, at remotedata/io.py:44)" in n for n in f["notes"])
+    assert any("the setup asked for the network (hub.example.org:443, at remotedata/io.py:50)" in n for n in f["notes"])
     layer = nn.TransformerEncoderLayer(64, 4, 256, batch_first=True)
     assert f["model"]["numel"] == 1024 * 64 + 2 * sum(p.numel() for p in layer.parameters())
     assert [u["modules"] for u in f["plan"]["units"]] == [["layers.0"], ["layers.1"], [""]]
@@ -256,3 +256,13 @@ def test_a_network_wait_that_decides_the_wrap_ends_the_replay_naming_it(cli, tmp
     [line] = res.err.strip().splitlines()[:1]
     assert "train.py: the setup code waits on the network: it asks for hub.example.org:443" in line
     assert "Traceback" not in res.err
+
+
+def test_a_network_wait_that_decides_the_models_shape_through_a_trainer_class_is_refused(cli):
+    # the depth comes from a remote card; the model is wrapped inside a Trainer class it is handed to:
+    # skipping the statement would plan the config's default depth, so the replay ends on it
+    res = cli("remotedata/train.py", "--world-size", "4", "--", "--depth", "card", cwd=REMOTE_DATA)
+    assert res.code == 2, res.out
+    [line] = res.err.strip().splitlines()[:1]
+    assert "the setup code waits on the network: it asks for hub.example.org:443 at remotedata/io.py:44" in line
+    assert line.endswith("what it computes decides the wrap's arguments (remotedata/train.py:48), so it is not skipped")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import FrozenSet, List, Set, Tuple
+from typing import Dict, FrozenSet, List, Set, Tuple
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _SITE_KINDS = ("fsdp1", "fsdp2", "policy", "dtype", "freeze")
@@ -172,6 +172,7 @@ def _items(body: List[ast.stmt], control: FrozenSet[str] = frozenset()) -> List[
 
 
 def _slice(items: List[_Item], needed: Set[str]) -> Set[int]:
+    """The lines of `items` that bind what `needed` names; `needed` grows to all they read."""
     lines: Set[int] = set()
     taken = [False] * len(items)
     changed = True
@@ -200,19 +201,72 @@ def _calls_at(body: List[ast.stmt], lines: Set[int]):
                 yield n
 
 
+def _params(fn) -> List[str]:
+    """The parameters a call's arguments bind, in order (``self`` left out of a method)."""
+    names = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    return names + [a.arg for a in fn.args.kwonlyargs]
+
+
+def _callees(tree: ast.Module) -> Dict[str, List[Tuple[ast.AST, bool]]]:
+    """Name -> the functions a call by that name runs in this file, each with whether its first
+    parameter is the instance: module-level functions (``setup_fsdp(model, cfg)``), classes (``Trainer(model,
+    cfg)`` runs ``__init__``), methods (``self.wrap(model)``)."""
+    out: Dict[str, List[Tuple[ast.AST, bool]]] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.setdefault(node.name, []).append((node, False))
+        elif isinstance(node, ast.ClassDef):
+            for sub in node.body:
+                if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in sub.decorator_list)
+                    key = node.name if sub.name == "__init__" else "." + sub.name
+                    out.setdefault(key, []).append((sub, not static))
+    return out
+
+
+def _argument_reads(call: ast.Call, fn, bound: bool, deciding: Set[str]) -> Set[str]:
+    """What the arguments of `call` that bind the `deciding` parameters of `fn` read."""
+    params = _params(fn)[1:] if bound else _params(fn)
+    exprs = [a for i, a in enumerate(call.args) if i < len(params) and params[i] in deciding
+             and not isinstance(a, ast.Starred)]
+    exprs += [k.value for k in call.keywords if k.arg in deciding or (k.arg is None and deciding)]
+    return _reads(exprs)
+
+
 def deciding_lines(tree: ast.Module, sites) -> Deciding:
     """The lines of `tree` whose statements decide what its wrap/policy/dtype/freeze sites are given,
-    and the lines of its functions' return slices."""
+    and the lines of its functions' return slices. A function of the file whose sites read its
+    parameters (the model handed to ``setup_fsdp(model, cfg)``, a trainer class that wraps what it is
+    given) makes its callers' arguments for them deciding too: the model's constructor arguments, the
+    config fields they come from."""
     out = Deciding()
     site_lines = {s.line for s in sites if s.kind in _SITE_KINDS}
-    for scope, body in _scopes(tree):
-        items = _items(body)
-        if site_lines:
+    scopes = [(scope, body, _items(body)) for scope, body in _scopes(tree)]
+    callees = _callees(tree)
+    deciding: Dict[int, Set[str]] = {}         # id(function) -> its parameters that decide a wrap
+    for _ in range(8):                         # callers of callers, to a fixed point
+        changed = False
+        for scope, body, items in scopes:
             needed: Set[str] = set()
             for call in _calls_at(body, site_lines):
                 needed |= _reads([*call.args, *(k.value for k in call.keywords)])
-            if needed:
-                out.wrap_lines |= _slice(items, needed)
+            for call in _calls_in(body):
+                name = call.func.id if isinstance(call.func, ast.Name) else (
+                    "." + call.func.attr if isinstance(call.func, ast.Attribute) else None)
+                for fn, bound in callees.get(name, ()):
+                    if deciding.get(id(fn)):
+                        needed |= _argument_reads(call, fn, bound, deciding[id(fn)])
+            if not needed:
+                continue
+            out.wrap_lines |= _slice(items, needed)
+            if scope is not tree:
+                hit = {p for p in _params(scope) if any(n == p or n.startswith(p + ".") for n in needed)}
+                if not hit <= deciding.get(id(scope), set()):
+                    deciding.setdefault(id(scope), set()).update(hit)
+                    changed = True
+        if not changed:
+            break
+    for scope, body, items in scopes:
         if scope is not tree:
             returns = [n for s in body if not isinstance(s, _DEFS) for n in _walk(s) if isinstance(n, ast.Return)]
             if returns:
@@ -220,3 +274,10 @@ def deciding_lines(tree: ast.Module, sites) -> Deciding:
                     out.return_lines.update(range(r.lineno, (r.end_lineno or r.lineno) + 1))
                 out.return_lines |= _slice(items, _reads([r.value for r in returns if r.value is not None]))
     return out
+
+
+def _calls_in(body: List[ast.stmt]):
+    for stmt in body:
+        for n in _walk(stmt) if not isinstance(stmt, _DEFS) else ():
+            if isinstance(n, ast.Call):
+                yield n

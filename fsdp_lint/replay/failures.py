@@ -58,6 +58,7 @@ class Failures:
     # given (replay.deciding): worked out only then -- a slice of every module would cost every lint
     deciding: Dict[str, object] = field(default_factory=dict)
     decided_at: Optional[Tuple[str, int]] = None         # the statement deciding the wrap that a stand-in failed
+    refused: Optional[BaseException] = None             # the failure refused there (not skipped further out)
     skips: List[SkipRecord] = field(default_factory=list)
     imports: List[MissingImport] = field(default_factory=list)
     stub_uses: List[StubUse] = field(default_factory=list)
@@ -86,8 +87,11 @@ class Failures:
 
         if isinstance(exc, (ReplayError, RecursionError, MemoryError)) or self.names_an_argument(exc):
             return False
+        if exc is self.refused:
+            return False            # refused where it decided the wrap: the statements around it do not skip it
         if line is not None and (self.stub_cause(exc) is not None or isinstance(exc, NetworkWait)) \
                 and self.decides_wrap(frame, _line_in(exc, frame, line)):
+            self.refused = exc
             return False            # a missing package or the network decides what the wrap is given: a refusal
         if arguments.while_parsing(exc, frame):     # trials: the script refuses its arguments
             return False
@@ -235,6 +239,15 @@ class Failures:
             found, current = match, match.exc
         return found
 
+    def decides_note(self, entry_display: str) -> str:
+        """``; what it computes decides the wrap's arguments (train.py:36), so it is not skipped`` when a
+        failure was refused for that, else ""."""
+        if self.decided_at is None:
+            return ""
+        return (f"; what it computes decides the wrap's arguments "
+                f"({_display(self.decided_at[0], self.entry_path, entry_display)}:{self.decided_at[1]}), so it "
+                f"is not skipped")
+
     def describe(self, exc: BaseException, *, entry_display: str, where_real: str,
                  importer=None) -> str:
         """One line naming the cause of `exc`, which ended the replay."""
@@ -249,11 +262,7 @@ class Failures:
             need = (f"{imp.message} (the installed {installed_version(imp.module)})" if imp is not None and imp.absent_names
                     else f"`{missing}` is not installed here: pip install "
                          f"{requirement(imp) if imp is not None else distribution_of(missing)}")
-            decides = ""
-            if self.decided_at is not None:
-                decides = (f"; what it computes decides the wrap's arguments "
-                           f"({_display(self.decided_at[0], self.entry_path, entry_display)}:{self.decided_at[1]}), so it "
-                           f"is not skipped")
+            decides = self.decides_note(entry_display)
             return (f"{self._location(exc, entry_display)}: setup code failed {where_real}: {_one_line(exc)} "
                     f"(it uses `{stub.name.rstrip('()')}`, which could not be imported: {need}{decides})")
         parsing = None if self.names_an_argument(exc) else \

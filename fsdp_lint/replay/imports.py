@@ -171,7 +171,7 @@ def limited_uses(on_use: Callable[..., None], name: str, cause: str, where: str)
 
             raise ReplayError(f"{where}: the setup code keeps using `{name}`, which could not be imported here "
                               f"({cause}), in a loop ({STAND_IN_USE_LIMIT:,} uses): it cannot run without it")
-        on_use(*args, **kwargs)
+        return on_use(*args, **kwargs)
     return use
 
 
@@ -228,6 +228,11 @@ class Missing:
         return iter(())
 
     def __bool__(self):
+        # falsy (`if wandb_run:`), except where the truth decides what a wrap is given (`param_dtype=bf16
+        # if cfg.bf16 else None` with `cfg.bf16 = supports_bf16()`): there it has no value, as a number has none
+        if self._fsdp_lint_on_use(self._fsdp_lint_name, access=True, truth=True):
+            raise TypeError(f"{self._fsdp_lint_name} stands in for something not installed here and has no truth "
+                            f"value")
         return False
 
     def __len__(self):              # a data set from a package not installed here sizes a DataLoader

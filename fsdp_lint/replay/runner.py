@@ -236,11 +236,11 @@ class _Run:
                                                    absent_names=bool(absent),
                                                    imported="" if absent else innermost_import(exc, missing)))
 
-        def on_use(name, _path=path, model=False, access=False):     # model: called with the model (trials)
+        def on_use(name, _path=path, model=False, access=False, truth=False):     # model: called with the model
             use_frame = sys._getframe(3)      # the user's frame: Missing's method, limited_uses, here
             in_model = not access and (model and not only_observes(missing) or _in_model_build())
-            self.failures.stub_uses.append(StubUse(name=name, path=use_frame.f_code.co_filename,
-                                                   line=use_frame.f_lineno, in_model=in_model))
+            self.failures.stub_uses.append(StubUse(name, use_frame.f_code.co_filename, use_frame.f_lineno, in_model))
+            return truth and self.failures.decides_wrap(use_frame, use_frame.f_lineno)
 
         why = not_importable(missing if not absent else module, absent_names=bool(absent)) if not local else None
         where = f"{_display(path, self.path, self.display)}:{frame.f_lineno}"
@@ -361,7 +361,7 @@ class _Run:
         except _ReplayTimeout:
             raise ReplayError(f"{self.display}: replaying the setup code took longer than {timeout:.0f} s") from None
         except network.NetworkWait as exc:      # issue 15: never wait on a network the lint does not have
-            raise ReplayError(f"{self.display}: {exc}") from None
+            raise ReplayError(f"{self.display}: {exc}{self.failures.decides_note(self.shown)}") from None
         except SystemExit as exc:
             if self.setup_done is not None and not self.rec.stopped:
                 self.ended_after_setup = f"sys.exit({exc.code!r})"
