@@ -93,6 +93,14 @@ def test_a_script_without_a_launch_is_one_line_and_exit_2(cli, tmp_path):
     script.write_text("torchrun --nproc_per_node 8 missing_train.py --lr 1\n")
     res = cli(str(script))
     assert res.code == 2 and "line 1 launches missing_train.py, which is not there" in res.err
+    assert " has " not in res.err                   # nothing of a close name to point at
+    # a script left behind by a rename: the files of a close name are named
+    (tmp_path / "main_training_llama.py").write_text("")
+    (tmp_path / "main_training_mamba.py").write_text("")
+    script.write_text("torchrun --nproc_per_node 8 main_training.py --lr 1\n")
+    res = cli(str(script), cwd=str(tmp_path))
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
+    assert res.err.splitlines()[0].endswith("; the current folder has main_training_llama.py, main_training_mamba.py")
 
 
 def _copy(tmp_path):

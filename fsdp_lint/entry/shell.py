@@ -260,6 +260,25 @@ def _resolve(name: str, script: str, cd: Optional[str]) -> Tuple[Optional[str], 
     return None, os.getcwd()
 
 
+def _near(name: str, script: str, cd: Optional[str]) -> str:
+    """``; its folder has main_training_llama.py`` for a launched file that is not there (a script left
+    behind by a rename): the files of that folder whose names are close to it, or ""."""
+    import difflib
+
+    here = os.path.dirname(os.path.abspath(script))
+    for base in filter(None, (cd, os.getcwd(), here, os.path.dirname(here))):
+        folder = os.path.normpath(os.path.join(base, os.path.dirname(name)))
+        try:
+            files = [f for f in os.listdir(folder) if f.endswith(".py")]
+        except OSError:
+            continue
+        close = difflib.get_close_matches(os.path.basename(name), files, n=3, cutoff=0.6)
+        if close:
+            where = "the current folder" if folder == os.getcwd() else f"{os.path.relpath(folder)}/"
+            return f"; {where} has {', '.join(sorted(close))}"
+    return ""
+
+
 def _module_file(module: str, script: str, cd: Optional[str]) -> Tuple[Optional[str], str]:
     """The file `python -m module` runs (``pkg/mod.py`` or ``pkg/mod/__main__.py``, also under ``src/``)."""
     rel = module.replace(".", os.sep)
@@ -357,7 +376,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             path, base = _resolve(found["file"], script, cd)
         if path is None:
             raise ShellError(f"line {start} launches {found['file']}, which is not there (from the current folder, "
-                             f"the script's folder or the folders above it)")
+                             f"the script's folder or the folders above it){_near(found['file'], script, cd)}")
         args = [t[0] for t in tokens[found["first_arg"]:]]
         lines = [t[1] for t in tokens[found["first_arg"]:]]
         acc = found["accelerate_config"]
