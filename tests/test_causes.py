@@ -327,3 +327,23 @@ def test_a_missing_package_deciding_a_wrap_made_in_a_helper_of_the_file_is_refus
     line = res.err.strip().splitlines()[0]
     assert "`gpuprobe` is not installed here: pip install gpuprobe" in line, line
     assert "decides the wrap's arguments (train.py:21)" in line, line
+
+
+def test_the_install_hint_names_the_distribution_the_project_declares(cli, tmp_path):
+    """``olmo_core`` is not installed: its distribution is the ``ai2-olmo-core`` the project's pyproject
+    depends on, not a guessed ``olmo-core`` (which is not it); an undeclared module keeps the guess. The
+    line named is the file's (it was fsdp-lint's own modwalk.py, where the recorder walked the stand-in)."""
+    (tmp_path / "pyproject.toml").write_text(
+        "[project]\nname = 'trainer'\ndependencies = [\n    \"torch>=2.6\",\n    \"ai2-olmo-core>=2.1\",\n]\n")
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom olmo_core.nn.transformer import TransformerConfig\n"
+        "from torch.distributed.fsdp import fully_shard\n\n"
+        "model = TransformerConfig.llama2_271M(vocab_size=100).build()\nfully_shard(model)\n")
+    res = cli("train.py", "--world-size", "2", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    # the model is the package's: named at the import (the use is inside fsdp-lint's walk of the stand-in)
+    assert res.err.startswith("fsdp-lint: error: train.py:2: the model uses `TransformerConfig"), res.err
+    assert "(`olmo_core` is not installed: pip install ai2-olmo-core)" in res.err, res.err
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'trainer'\n")
+    res = cli("train.py", "--world-size", "2", "--no-cache", cwd=str(tmp_path))
+    assert "pip install olmo-core" in res.err, res.err

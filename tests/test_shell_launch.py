@@ -85,6 +85,37 @@ torchrun \\
     assert words[words.index("main_training_llama.py") + 1:] == launch.args
 
 
+def test_a_launch_in_an_environment_runner_or_handed_to_a_job_submitter_is_the_launch(tmp_path, monkeypatch):
+    """``uv run --extra gpu torchrun ...`` runs torchrun in the project's environment, and a submission
+    tool given the command after ``--`` (``uv run python submit.py --gpus 8 -- torchrun ... train.py``)
+    runs that command on the node: both are the launch (neither was one: "no launch of a Python file")."""
+    (tmp_path / "open_trainer").mkdir()
+    (tmp_path / "open_trainer" / "dpo.py").write_text("")
+    (tmp_path / "submit.py").write_text("")
+    script = tmp_path / "multi_node.sh"
+    script.write_text('''#!/bin/bash
+EXP=dpo-debug
+uv run --extra gpu --python 3.11 torchrun --nproc_per_node=4 open_trainer/dpo.py --exp_name "$EXP"
+uv run python submit.py \\
+    --cluster ai2/big \\
+    --env 'TORCH_LOGS=recompiles' \\
+    --gpus 8 -- torchrun \\
+    --nnodes=2 \\
+    --node_rank=\\$REPLICA_RANK \\
+    --nproc_per_node=8 \\
+    open_trainer/dpo.py \\
+    --exp_name "$EXP" --seed 123
+conda run -n train python open_trainer/dpo.py --debug
+''')
+    monkeypatch.chdir(tmp_path)
+    runner, submitted, conda = shell_launches(str(script))
+    dpo = str(tmp_path / "open_trainer" / "dpo.py")
+    assert (runner.path, runner.args, runner.world_size) == (dpo, ["--exp_name", "dpo-debug"], 4)
+    assert (submitted.path, submitted.args, submitted.world_size) == (dpo, ["--exp_name", "dpo-debug", "--seed", "123"], 16)
+    assert submitted.arg_lines == [12, 12, 12, 12]
+    assert (conda.path, conda.args) == (dpo, ["--debug"])
+
+
 def test_a_script_without_a_launch_is_one_line_and_exit_2(cli, tmp_path):
     script = tmp_path / "setup.sh"
     script.write_text("pip install -r requirements.txt\n")

@@ -192,14 +192,52 @@ def _int(text) -> Optional[int]:
     return int(text) if isinstance(text, str) and text.isdigit() else None
 
 
+# `uv run [options] CMD`, `poetry run CMD`, `conda run -n ENV CMD`: CMD runs in the project's environment;
+# the options of theirs that take a value (the next word, unless written `--opt=value`)
+_RUNNERS = ("uv", "poetry", "pipenv", "pdm", "rye", "pixi", "conda", "mamba", "micromamba")
+_RUNNER_VALUES = {"--with", "--with-editable", "--with-requirements", "--extra", "--group", "--only-group",
+                  "--no-group", "--project", "--directory", "--python", "-p", "--env-file", "--package", "--index",
+                  "--default-index", "--index-url", "--extra-index-url", "--find-links", "-f", "--config-file",
+                  "--cache-dir", "-n", "--name", "--prefix", "--cwd", "-e", "--environment", "--manifest-path"}
+
+
+def _command_start(tokens, i: int = 0) -> int:
+    """Where the command itself starts: after ``VAR=value`` words, ``exec``/``env``/``time``/``nohup``/
+    ``srun``, and an environment runner with its options (``uv run --extra gpu``)."""
+    while i < len(tokens):
+        word = tokens[i][0]
+        if _ASSIGN.match(word) or os.path.basename(word) in ("exec", "env", "time", "nohup", "srun"):
+            i += 1
+        elif os.path.basename(word) in _RUNNERS and i + 1 < len(tokens) and tokens[i + 1][0] == "run":
+            i += 2
+            while i < len(tokens) and tokens[i][0].startswith("-"):
+                i += 2 if tokens[i][0] in _RUNNER_VALUES else 1
+        else:
+            return i
+    return i
+
+
+def _is_launcher(tokens, i: int) -> bool:
+    i = _command_start(tokens, i)
+    if i >= len(tokens):
+        return False
+    head = os.path.basename(tokens[i][0])
+    return head in _LAUNCHERS or bool(re.fullmatch(r"python3(\.\d+)?", head))
+
+
+def _nested(tokens):
+    """The command a job-submission tool is given after ``--`` (``python mason.py --gpus 8 -- torchrun
+    ... train.py``, ``gantry run ... -- torchrun ...``): that is what runs on the node, not the tool."""
+    for k, (word, _) in enumerate(tokens):
+        if word == "--" and _is_launcher(tokens, k + 1):
+            return _nested(tokens[k + 1:])
+    return tokens
+
+
 def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
     """The launched file (or module: ``-m pkg.mod``; or the project's console script, `console`: command ->
     "module:function"), its arguments (from `tokens` index) and the launcher's settings, or None."""
-    i = 0
-    while i < len(tokens) and _ASSIGN.match(tokens[i][0]):      # `CUDA_VISIBLE_DEVICES=0,1 torchrun ...`
-        i += 1
-    while i < len(tokens) and os.path.basename(tokens[i][0]) in ("exec", "env", "time", "nohup", "srun"):
-        i += 1
+    i = _command_start(tokens)
     if i >= len(tokens):
         return None
     head = os.path.basename(tokens[i][0])
@@ -360,7 +398,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
                 base = cd or os.path.dirname(os.path.abspath(script))
                 cd = os.path.normpath(os.path.join(base, target))
             continue
-        tokens = _tokens(pieces, env, positional)
+        tokens = _nested(_tokens(pieces, env, positional))
         if console is None:
             console = _console_commands(script, cd)
         found = _launch(tokens, env, console)

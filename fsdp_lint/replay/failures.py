@@ -28,6 +28,7 @@ from fsdp_lint.replay.imports import (
     missing_module_of,
     package_behind,
     requirement,
+    set_project,
 )
 from fsdp_lint.replay.network import NetworkWait
 from fsdp_lint.replay.records import Skipped
@@ -65,6 +66,9 @@ class Failures:
     argv: List[str] = field(default_factory=list)        # the script's arguments
     cycles: List[List[str]] = field(default_factory=list)  # circular imports met (module names, in order)
     resolves_locally: Optional[object] = None            # callable(module name) -> project file or None
+
+    def __post_init__(self):
+        set_project(self.entry_path)        # install hints name the distributions the project declares
 
     def names_an_argument(self, exc: BaseException) -> bool:
         """A file named in the script's arguments (a config) cannot be read: the launch command is
@@ -380,6 +384,10 @@ class Failures:
         imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
         missing = imp.missing if imp is not None else top
         where = f"{_display(u.path, self.entry_path, entry_display)}:{u.line}"
+        if _is_fsdp_lint_frame(u.path) and imp is not None:
+            # used where fsdp-lint read what the file handed it (the recorder walking a stand-in model):
+            # the import's own line is the user's
+            where = f"{_display(imp.path, self.entry_path, entry_display)}:{imp.line}"
         if imp is not None and imp.absent_names:
             return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here: "
                     f"{imp.message} (the installed {installed_version(imp.module)}; the training repository "

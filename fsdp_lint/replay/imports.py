@@ -15,6 +15,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 import types
 from dataclasses import dataclass, field
@@ -40,7 +41,52 @@ _DISTRIBUTIONS = {
 
 
 def distribution_of(module: str) -> str:
-    """The PyPI name that provides import `module` (``sklearn`` -> ``scikit-learn``)."""
+    """The PyPI name that provides import `module` (``sklearn`` -> ``scikit-learn``); one the project
+    declares wins over the guess (``olmo_core``: its ``ai2-olmo-core``, not ``olmo-core``)."""
+    top = module.split(".")[0]
+    guess = _guess_distribution(module)
+    if module in _DISTRIBUTIONS or top in _DISTRIBUTIONS:
+        return guess
+    declared = _declared()
+    if guess not in declared:
+        for name in declared:
+            if name.endswith("-" + guess):        # mosaicml-streaming, ibm-fms, ai2-olmo-core
+                return name
+    return guess
+
+
+_PROJECT: List[Optional[str]] = [None]          # the entry file of the replay running here
+_DECLARED: Dict[str, Tuple[str, ...]] = {}      # repository root -> the distributions it depends on
+
+
+def set_project(entry_path: Optional[str]) -> None:
+    _PROJECT[0] = entry_path
+
+
+def _declared() -> Tuple[str, ...]:
+    """The distributions the entry's repository declares (pyproject.toml's dependencies and extras,
+    requirements*.txt), normalised (``ai2_olmo_core`` -> ``ai2-olmo-core``)."""
+    from fsdp_lint.entry.project import repo_root
+
+    root = repo_root(_PROJECT[0]) if _PROJECT[0] else None
+    if root is None:
+        return ()
+    if root not in _DECLARED:
+        texts = []
+        for name in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+            if name == "pyproject.toml" or name == "setup.py" or (name.startswith("requirements") and name.endswith(".txt")):
+                try:
+                    with open(os.path.join(root, name), encoding="utf-8", errors="replace") as fh:
+                        texts.append(fh.read(200_000))
+                except OSError:
+                    pass
+        found = re.findall(r"""(?:^|["'\s])([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(?:[<>=!~;@"',]|$)""",
+                           "\n".join(texts), re.M)
+        _DECLARED[root] = tuple(dict.fromkeys(n.lower().replace("_", "-").replace(".", "-") for n in found))
+    return _DECLARED[root]
+
+
+def _guess_distribution(module: str) -> str:
     top = module.split(".")[0]
     for key in (module, top):
         if key in _DISTRIBUTIONS:
