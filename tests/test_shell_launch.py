@@ -86,7 +86,8 @@ torchrun \\
 
 
 def test_a_launch_in_an_environment_runner_or_handed_to_a_job_submitter_is_the_launch(tmp_path, monkeypatch):
-    """``uv run --extra gpu torchrun ...`` runs torchrun in the project's environment, and a submission
+    """``uv run --extra gpu torchrun ...`` runs torchrun in the project's environment (``srun OPTIONS
+    torchrun ...`` on the cluster's nodes), and a submission
     tool given the command after ``--`` (``uv run python submit.py --gpus 8 -- torchrun ... train.py``)
     runs that command on the node: both are the launch (neither was one: "no launch of a Python file")."""
     (tmp_path / "open_trainer").mkdir()
@@ -106,14 +107,16 @@ uv run python submit.py \\
     open_trainer/dpo.py \\
     --exp_name "$EXP" --seed 123
 conda run -n train python open_trainer/dpo.py --debug
+srun --nodes 2 --ntasks-per-node=1 -c 32 torchrun --nnodes 2 --nproc_per_node 8 open_trainer/dpo.py --multi
 ''')
     monkeypatch.chdir(tmp_path)
-    runner, submitted, conda = shell_launches(str(script))
+    runner, submitted, conda, slurm = shell_launches(str(script))
     dpo = str(tmp_path / "open_trainer" / "dpo.py")
     assert (runner.path, runner.args, runner.world_size) == (dpo, ["--exp_name", "dpo-debug"], 4)
     assert (submitted.path, submitted.args, submitted.world_size) == (dpo, ["--exp_name", "dpo-debug", "--seed", "123"], 16)
     assert submitted.arg_lines == [12, 12, 12, 12]
     assert (conda.path, conda.args) == (dpo, ["--debug"])
+    assert (slurm.path, slurm.args, slurm.world_size) == (dpo, ["--multi"], 16)     # srun's options are its own
 
 
 def test_a_script_without_a_launch_is_one_line_and_exit_2(cli, tmp_path):

@@ -206,7 +206,11 @@ def _command_start(tokens, i: int = 0) -> int:
     ``srun``, and an environment runner with its options (``uv run --extra gpu``)."""
     while i < len(tokens):
         word = tokens[i][0]
-        if _ASSIGN.match(word) or os.path.basename(word) in ("exec", "env", "time", "nohup", "srun"):
+        if os.path.basename(word) in ("srun", "mpirun", "mpiexec"):
+            # the cluster's launcher and its options (`srun --nodes 2 --ntasks-per-node=1 torchrun ...`)
+            later = [j for j in range(i + 1, len(tokens)) if _is_head(tokens[j][0])]
+            i = later[0] if later else i + 1
+        elif _ASSIGN.match(word) or os.path.basename(word) in ("exec", "env", "time", "nohup"):
             i += 1
         elif os.path.basename(word) in _RUNNERS and i + 1 < len(tokens) and tokens[i + 1][0] == "run":
             i += 2
@@ -217,12 +221,14 @@ def _command_start(tokens, i: int = 0) -> int:
     return i
 
 
+def _is_head(word: str) -> bool:
+    head = os.path.basename(word)
+    return head in _LAUNCHERS or bool(re.fullmatch(r"python3(\.\d+)?", head))
+
+
 def _is_launcher(tokens, i: int) -> bool:
     i = _command_start(tokens, i)
-    if i >= len(tokens):
-        return False
-    head = os.path.basename(tokens[i][0])
-    return head in _LAUNCHERS or bool(re.fullmatch(r"python3(\.\d+)?", head))
+    return i < len(tokens) and _is_head(tokens[i][0])
 
 
 def _nested(tokens):
