@@ -266,3 +266,44 @@ def test_a_network_wait_that_decides_the_models_shape_through_a_trainer_class_is
     [line] = res.err.strip().splitlines()[:1]
     assert "the setup code waits on the network: it asks for hub.example.org:443 at remotedata/io.py:44" in line
     assert line.endswith("what it computes decides the wrap's arguments (remotedata/train.py:48), so it is not skipped")
+
+
+VOCAB_DOWNLOAD = '''
+import os
+
+import requests
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+
+def vocabulary(path="data/vocab.txt"):
+    """The tokens, downloaded once next to the script."""
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(requests.get("https://data.example.org/lm/vocab.txt", timeout=5).text)
+    with open(path) as fh:
+        return fh.read().split()
+
+
+words = vocabulary()
+model = nn.Sequential(nn.Embedding(len(words), 16), nn.Linear(16, 16))
+fully_shard(model)
+'''
+
+
+def test_a_download_refused_names_the_network_and_leaves_no_empty_file_behind(cli, tmp_path):
+    # the download opens its file, then asks the network: refused, the statement was skipped and the
+    # file left empty, and the vocabulary read from it planned an embedding of 0 rows (exit 0); now the
+    # empty file is removed when the statement is skipped, so the read fails as on a node whose download
+    # failed, and each lint names the network first
+    (tmp_path / "train.py").write_text(VOCAB_DOWNLOAD)
+    for _ in range(2):
+        res = cli("train.py", "--world-size", "2", "--no-cache", cwd=str(tmp_path))
+        assert res.code == 2, res.out
+        line = res.err.strip().splitlines()[0]
+        # the download's statement first, then the read of the file it would have written
+        assert "train.py:11: the setup reads over the network (ConnectionError asking for data.example.org:443)" in line
+        assert line.endswith("used later: train.py:19: FileNotFoundError: [Errno 2] No such file or directory: "
+                             "'data/vocab.txt')"), line
+        assert not (tmp_path / "data" / "vocab.txt").exists()

@@ -30,7 +30,7 @@ from fsdp_lint.replay.imports import (
     requirement,
     set_project,
 )
-from fsdp_lint.replay.network import NetworkWait
+from fsdp_lint.replay.network import NetworkWait, remove_failed_downloads, removed_download
 from fsdp_lint.replay.records import Skipped
 
 _FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -185,6 +185,8 @@ class Failures:
         sk = Skipped(path=os.path.abspath(path), line=line, error=_one_line(exc), exc_type=type(exc).__name__)
         objects = acted_on(stmt, frame) if stmt is not None and frame is not None else []
         self.skips.append(SkipRecord(sk, names, attrs, exc, depth, objects))
+        if isinstance(exc, NetworkWait) or _network_ask(exc):
+            remove_failed_downloads()       # its download's empty file: the statements after it find none
 
     def acted_on_by_skip(self, exc: BaseException, before: Optional[int] = None) -> Optional[SkipRecord]:
         """The last skipped statement whose calls acted on an object that a frame of the failure
@@ -281,12 +283,18 @@ class Failures:
         else:
             loc = self._location(exc, entry_display)
             earlier = self.acted_on_by_skip(exc)
+        if removed_download(exc):        # the download a statement skipped for the network would have written
+            earlier = next((r for r in reversed(self.skips) if _network_ask(r.exc) or isinstance(r.exc, NetworkWait)),
+                           earlier)
         missing_input = self._skipped_missing_input()
         if missing_input is not None and missing_input.exc is not exc:
             earlier = missing_input        # a model config fsdp-lint never downloads: what the rest follows from
         if earlier is not None:
             # the skipped statement first: what failed here left the object half-set
             at = f"{_display(earlier.skipped.path, self.entry_path, entry_display)}:{earlier.skipped.line}"
+            if _network_ask(earlier.exc) or isinstance(earlier.exc, NetworkWait):
+                return (f"{at}: {_network_text(earlier.exc)} (skipped; what it would have set up was used later: "
+                        f"{loc}: {_one_line(exc)})")
             return (f"{at}: setup code failed {where_real}: {earlier.skipped.error}{_download_hint(earlier.skipped.error)}"
                     f"{_package_hint(earlier.exc, earlier.skipped.error)}"
                     f" (skipped; what it would have set up was used later: {loc}: {_one_line(exc)})")
@@ -301,6 +309,8 @@ class Failures:
         msg = _one_line(exc)
         if raised_by_model_validation(exc):
             return f"{loc}: {msg} (torch's own check of the model: the script fails on this line on a GPU node too)"
+        if _network_ask(exc):
+            return f"{loc}: {_network_text(exc)}"
         hint = _package_hint(exc, msg) or self._stub_hint(msg)
         text = f"{loc}: setup code failed {where_real}: {msg}{_download_hint(msg)}{hint}"
         return text
@@ -505,6 +515,30 @@ def _package_hint(exc: BaseException, msg: str) -> str:
     if not top or f"`{top}`" in msg or f"'{top}'" in msg:
         return ""
     return f" (`{top}` is not installed here: pip install {distribution_of(top)})"
+
+
+_NO_NETWORK = re.compile(r"fsdp-lint: no network while linting \(the setup asked for ([^)\s]+)\)")
+
+
+def _network_ask(exc: BaseException) -> Optional[str]:
+    """``host:port`` when `exc` comes from a connection the simulated node refused (the refusal may be
+    several exceptions down: requests' ConnectionError over urllib3's MaxRetryError over ours)."""
+    todo, seen = [exc], 0
+    while todo and seen < 16:
+        e = todo.pop()
+        seen += 1
+        found = _NO_NETWORK.search(str(e))
+        if found:
+            return found.group(1)
+        todo += [x for x in (e.__cause__, e.__context__, getattr(e, "reason", None), *getattr(e, "args", ()))
+                 if isinstance(x, BaseException)]
+    return None
+
+
+def _network_text(exc: BaseException) -> str:
+    return (f"the setup reads over the network ({type(exc).__name__} asking for {_network_ask(exc)}), which a lint "
+            f"does not have, and the model or its wrap depends on what it reads: point the script at a local copy "
+            f"(a data set, a tokenizer, a config), or run it once where it can download")
 
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:

@@ -105,3 +105,63 @@ def install(rec, patch: Patch) -> None:
     patch(socket, "getaddrinfo", getaddrinfo)
     patch(socket.socket, "connect", connect)
     patch(socket.socket, "connect_ex", connect_ex)
+    _remove_failed_downloads(rec, patch, asked)
+
+
+_CREATED: list = []       # [the files the running replay created]
+_REMOVED: list = []       # those removed so far (named in a note at the end)
+
+
+def remove_failed_downloads() -> list:
+    """Remove the files the replay created that are still empty (a download refused after its file was
+    opened): at once when a statement is skipped for the network -- the statements after it find no
+    file, as on a node whose download failed before it wrote one, instead of an empty data set -- and
+    when the replay ends. Returns every file removed so far (relative paths)."""
+    for path in dict.fromkeys(_CREATED[0] if _CREATED else ()):
+        try:
+            if os.path.isfile(path) and os.path.getsize(path) == 0:
+                os.unlink(path)
+                _REMOVED.append(path)
+        except OSError:
+            pass
+    return [os.path.relpath(p) for p in dict.fromkeys(_REMOVED)]
+
+
+def removed_download(exc: BaseException) -> bool:
+    """`exc` is the missing file of a download this replay removed (refused, it was left empty)."""
+    name = getattr(exc, "filename", None)
+    return isinstance(exc, FileNotFoundError) and isinstance(name, (str, bytes, os.PathLike)) and \
+        os.path.abspath(os.fsdecode(name)) in _REMOVED
+
+
+def _remove_failed_downloads(rec, patch: Patch, asked: list) -> None:
+    """A download opens its file, then asks the network (``with open(path, "w") as f: f.write(get(url))``):
+    refused, it leaves the file empty, and the next lint reads an empty data set where the first said the
+    network was missing. The files the replay created are noted; when the network was refused, those
+    still empty at its end are removed (and named), as they were before it."""
+    import builtins
+    import io
+
+    real_open = builtins.open
+    created: list = []
+    _CREATED[:] = [created]         # what a statement skipped for the network removes (remove_failed_downloads)
+    _REMOVED.clear()
+
+    def tracking_open(file, mode="r", *args, **kwargs):
+        if isinstance(file, (str, bytes, os.PathLike)) and isinstance(mode, str) and any(c in mode for c in "wax+"):
+            path = os.path.abspath(os.fsdecode(file))
+            if not os.path.exists(path):
+                created.append(path)
+        return real_open(file, mode, *args, **kwargs)
+
+    def remove() -> None:
+        removed = remove_failed_downloads() if asked else []
+        _CREATED.clear()
+        if removed:
+            rec.__dict__.setdefault("framework_notes", []).append(
+                f"removed the empty file{'s' if len(removed) > 1 else ''} the setup created before its download "
+                f"was refused (no network): {', '.join(removed[:3])}{' ...' if len(removed) > 3 else ''}")
+
+    patch(builtins, "open", tracking_open)
+    patch(io, "open", tracking_open)
+    rec.__dict__.setdefault("after_replay", []).append(remove)

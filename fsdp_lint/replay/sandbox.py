@@ -135,7 +135,7 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
         for h in hooks:
             h.remove()
         parallel.uninstall(rec)  # issue 11: the fake process group of the meshes
-        for cleanup in cleanups:
+        for cleanup in cleanups + rec.__dict__.pop("after_replay", []):     # network: a failed download's empty file
             cleanup()
         if owned_pg:
             saved.real_destroy_pg()
@@ -581,11 +581,12 @@ def _record_optimizers(rec: Recorder, patch: Patch) -> None:
 # the linted code's builtins
 # --------------------------------------------------------------------------------------------
 def guarded_builtins() -> dict:
-    """The replayed file's builtins: Python's own (a copy). Issue 10: ``open`` no longer refuses to
-    write -- the file's imports, ``os``, ``pathlib`` and subprocesses always could, so the guard
-    suggested a sandbox that is not there. What runs, and what to do with untrusted code, is in the
-    README; what the code does to fsdp-lint's process ends with the child that lints the file."""
-    return dict(builtins.__dict__)
+    """The replayed file's builtins: a copy of Python's, whose ``open`` is the replay's (``network``)."""
+    return {**builtins.__dict__, "open": _open}
+
+
+def _open(*args, **kwargs):      # builtins.open at the time of the call
+    return builtins.open(*args, **kwargs)
 
 
 def _restore_dict(current: dict, saved: dict) -> None:
@@ -595,6 +596,3 @@ def _restore_dict(current: dict, saved: dict) -> None:
     for key, value in saved.items():
         if current.get(key, _MISSING) is not value:
             current[key] = value
-
-
-_guarded_builtins = guarded_builtins
