@@ -40,22 +40,26 @@ class ShellLaunch:
     arg_lines: List[int] = field(default_factory=list)   # the script line of each of `args`
 
 
+def _after(c: str, quote: Optional[str]) -> Optional[str]:
+    """The quote open after the character `c` (not a backslash) read with `quote` open."""
+    if quote is not None:
+        return None if c == quote else quote
+    return c if c in "'\"" else None
+
+
+def _comment_at(text: str, i: int, quote: Optional[str]) -> bool:
+    return quote is None and text[i] == "#" and (i == 0 or text[i - 1].isspace())
+
+
 def _open_quote(line: str, quote: Optional[str]) -> Optional[str]:
     """The quote still open at the end of `line` (bash's rules: nothing escapes inside '...'; a
     backslash escapes the next character elsewhere; an unquoted ``#`` at a word's start is a comment)."""
     i = 0
-    while i < len(line):
-        c = line[i]
-        if quote == "'":
-            quote = None if c == "'" else quote
-        elif c == "\\":
-            i += 1
-        elif quote == '"':
-            quote = None if c == '"' else quote
-        elif c in "'\"":
-            quote = c
-        elif c == "#" and (i == 0 or line[i - 1].isspace()):
-            break
+    while i < len(line) and not _comment_at(line, i, quote):
+        if line[i] == "\\" and quote != "'":
+            i += 2
+            continue
+        quote = _after(line[i], quote)
         i += 1
     return quote
 
@@ -133,21 +137,13 @@ def _expanded_words(text: str, env: Dict[str, str], positional: Sequence[str]) -
     out: List[str] = []
     quote: Optional[str] = None
     i = 0
-    while i < len(text):
+    while i < len(text) and not _comment_at(text, i, quote):
         c = text[i]
-        if quote == "'":
-            quote = None if c == "'" else quote
-        elif c == "\\":
+        if c == "\\" and quote != "'":
             out.append(text[i:i + 2])
             i += 2
             continue
-        elif c == '"':
-            quote = None if quote == '"' else ('"' if quote is None else quote)
-        elif c == "'" and quote is None:
-            quote = "'"
-        elif c == "#" and quote is None and (i == 0 or text[i - 1].isspace()):
-            break
-        elif c == "$":
+        if c == "$" and quote != "'":
             m = _VAR.match(text, i)
             value = _value_of(m, env, positional) if m else None
             if m and value is not None:
@@ -161,6 +157,7 @@ def _expanded_words(text: str, env: Dict[str, str], positional: Sequence[str]) -
                 i = m.end()
                 continue
         out.append(c)
+        quote = _after(c, quote)
         i += 1
     joined = "".join(out)
     # `"$@"` alone with no arguments gives no word at all (not an empty one)
