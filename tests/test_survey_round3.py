@@ -268,42 +268,67 @@ def test_a_network_wait_that_decides_the_models_shape_through_a_trainer_class_is
     assert line.endswith("what it computes decides the wrap's arguments (remotedata/train.py:48), so it is not skipped")
 
 
-VOCAB_DOWNLOAD = '''
+VOCAB_DATA = '''"""Tokens and their vocabulary, downloaded once into the run's data folder."""
+from __future__ import annotations
+
 import os
 
 import requests
+
+
+def vocabulary(url: str, root: str = "data") -> list[str]:
+    path = os.path.join(root, os.path.basename(url))
+    if not os.path.exists(path):
+        os.makedirs(root, exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(requests.get(url, timeout=5).text)
+    with open(path) as fh:
+        return fh.read().split()
+'''
+
+VOCAB_TRAIN = '''from __future__ import annotations
+
+import argparse
+
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 
-
-def vocabulary(path="data/vocab.txt"):
-    """The tokens, downloaded once next to the script."""
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as fh:
-            fh.write(requests.get("https://data.example.org/lm/vocab.txt", timeout=5).text)
-    with open(path) as fh:
-        return fh.read().split()
+from lmtrain.data import vocabulary
 
 
-words = vocabulary()
-model = nn.Sequential(nn.Embedding(len(words), 16), nn.Linear(16, 16))
-fully_shard(model)
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--vocab-url", default="https://data.example.org/lm/vocab.txt")
+    parser.add_argument("--dim", type=int, default=16)
+    args = parser.parse_args()
+    words = vocabulary(args.vocab_url)
+    model = nn.Sequential(nn.Embedding(len(words), args.dim), nn.Linear(args.dim, args.dim))
+    fully_shard(model)
+
+
+if __name__ == "__main__":
+    main()
 '''
 
 
 def test_a_download_refused_names_the_network_and_leaves_no_empty_file_behind(cli, tmp_path):
-    # the download opens its file, then asks the network: refused, the statement was skipped and the
-    # file left empty, and the vocabulary read from it planned an embedding of 0 rows (exit 0); now the
-    # empty file is removed when the statement is skipped, so the read fails as on a node whose download
-    # failed, and each lint names the network first
-    (tmp_path / "train.py").write_text(VOCAB_DOWNLOAD)
+    # the download helper opens its file, then asks the network: refused, the statement was skipped and
+    # the file left empty, and the vocabulary read from it planned an embedding of 0 rows (exit 0); now
+    # the empty file is removed when the statement is skipped, so the read fails as on a node whose
+    # download failed, and each lint names the network first
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'lmtrain'\n")
+    (tmp_path / "lmtrain").mkdir()
+    (tmp_path / "lmtrain" / "__init__.py").write_text("")
+    (tmp_path / "lmtrain" / "data.py").write_text(VOCAB_DATA)
+    (tmp_path / "lmtrain" / "train.py").write_text(VOCAB_TRAIN)
     for _ in range(2):
-        res = cli("train.py", "--world-size", "2", "--no-cache", cwd=str(tmp_path))
+        res = cli("lmtrain/train.py", "--world-size", "2", "--no-cache", "--", "--dim", "32", cwd=str(tmp_path))
         assert res.code == 2, res.out
         line = res.err.strip().splitlines()[0]
         # the download's statement first, then the read of the file it would have written
-        assert "train.py:11: the setup reads over the network (ConnectionError asking for data.example.org:443)" in line
-        assert line.endswith("used later: train.py:19: FileNotFoundError: [Errno 2] No such file or directory: "
-                             "'data/vocab.txt')"), line
+        # the helper's `if not os.path.exists(path):` block (line 11), then the entry's `words = ...` (line 16)
+        assert ("lmtrain/train.py: lmtrain/data.py:11: the setup reads over the network (ConnectionError asking "
+                "for data.example.org:443)") in line, line
+        assert line.endswith("used later: train.py:16: FileNotFoundError: [Errno 2] No such file or "
+                             "directory: 'data/vocab.txt')"), line
         assert not (tmp_path / "data" / "vocab.txt").exists()

@@ -64,26 +64,65 @@ def set_project(entry_path: Optional[str]) -> None:
 
 
 def _declared() -> Tuple[str, ...]:
-    """The distributions the entry's repository declares (pyproject.toml's dependencies and extras,
-    requirements*.txt), normalised (``ai2_olmo_core`` -> ``ai2-olmo-core``)."""
+    """The distributions the entry's repository depends on, normalised (``ai2_olmo_core`` ->
+    ``ai2-olmo-core``): pyproject.toml's ``[project]`` dependencies and extras and Poetry's dependency
+    tables, the requirement lines of ``requirements*.txt``, the quoted requirements of ``setup.py``."""
     from fsdp_lint.entry.project import repo_root
 
     root = repo_root(_PROJECT[0]) if _PROJECT[0] else None
     if root is None:
         return ()
     if root not in _DECLARED:
-        texts = []
-        for name in sorted(os.listdir(root)) if os.path.isdir(root) else ():
-            if name == "pyproject.toml" or name == "setup.py" or (name.startswith("requirements") and name.endswith(".txt")):
-                try:
-                    with open(os.path.join(root, name), encoding="utf-8", errors="replace") as fh:
-                        texts.append(fh.read(200_000))
-                except OSError:
-                    pass
-        found = re.findall(r"""(?:^|["'\s])([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(?:[<>=!~;@"',]|$)""",
-                           "\n".join(texts), re.M)
-        _DECLARED[root] = tuple(dict.fromkeys(n.lower().replace("_", "-").replace(".", "-") for n in found))
+        _DECLARED[root] = tuple(dict.fromkeys(_normalised(r) for r in _requirements(root) if _normalised(r)))
     return _DECLARED[root]
+
+
+_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def _normalised(requirement: str) -> str:
+    """PEP 508's name of a requirement, as PEP 503 compares them ("Foo_Bar>=1" -> "foo-bar")."""
+    found = _REQUIREMENT_NAME.match(requirement)
+    return re.sub(r"[-_.]+", "-", found.group(1)).lower() if found else ""
+
+
+def _requirements(root: str) -> List[str]:
+    out: List[str] = []
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return out
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(500_000)
+        except OSError:
+            continue
+        if name == "pyproject.toml":
+            try:
+                import tomllib
+            except ImportError:  # Python < 3.11
+                continue
+            try:
+                doc = tomllib.loads(data.decode("utf-8", "replace"))
+            except ValueError:      # tomllib.TOMLDecodeError
+                continue
+            project = doc.get("project") or {}
+            out += [r for r in project.get("dependencies") or [] if isinstance(r, str)]
+            for extra in (project.get("optional-dependencies") or {}).values():
+                out += [r for r in extra if isinstance(r, str)] if isinstance(extra, list) else []
+            poetry = (doc.get("tool") or {}).get("poetry") or {}
+            out += [k for k in poetry.get("dependencies") or {} if k != "python"]
+        elif name.startswith("requirements") and name.endswith(".txt"):
+            out += [line for line in data.decode("utf-8", "replace").splitlines()
+                    if line.strip() and not line.lstrip().startswith(("#", "-"))]
+        elif name == "setup.py":            # the literal lists of install_requires= and extras_require=
+            text = data.decode("utf-8", "replace")
+            for block in re.findall(r"(?:install_requires\s*=\s*\[|extras_require\s*=\s*\{)(.*?)[\]}]\s*,?\s*\n",
+                                    text, re.S):
+                out += re.findall(r"""["']([A-Za-z0-9][^"']*)["']""", block)
+    return out
 
 
 def _guess_distribution(module: str) -> str:
@@ -211,7 +250,7 @@ def limited_uses(on_use: Callable[..., None], name: str, cause: str, where: str)
     count = [0]
 
     def use(*args, **kwargs):
-        count[0] += 1
+        count[0] += 0 if kwargs.get("truth") else 1      # `if stand_in:` in a loop is not using it
         if count[0] > STAND_IN_USE_LIMIT:
             from fsdp_lint.replay.records import ReplayError
 
