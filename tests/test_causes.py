@@ -225,14 +225,16 @@ HUB_CHAIN = os.path.join(REPOS, "hub_model_chain")
 
 def test_a_skipped_missing_hub_config_is_named_before_the_none_model_it_leaves(cli):
     """``model = None`` then ``model = AutoModelForCausalLM.from_pretrained(hub_id)`` in a helper: the hub
-    config is not here (fsdp-lint never downloads), the statement is skipped, and the layers of ``None``
-    are looked up later. The error names the missing config and what to pass, the later failure after it."""
+    config is not here (fsdp-lint never downloads). Skipped, it left ``None`` whose layers were looked up
+    later; the model it loads is what the wrap is given, so the replay ends on it, naming the missing
+    config, what to pass, and the statement of the entry that the helper's model decides."""
     res = cli("src/llmkit/train.py", "--world-size", "4", cwd=HUB_CHAIN)
     assert res.code == 2, res.out
     line = res.err.strip().splitlines()[0]
     assert "src/llmkit/models.py:11: " in line and "no config.json for the hub model 'acme-labs/llm-7b'" in line
     assert "pass --hf-config" in line
-    assert line.index("no config.json") < line.index("'NoneType' object has no attribute 'model'")
+    assert "what it computes decides the wrap's arguments (train.py:14), so it is not skipped" in line
+    assert "NoneType" not in line
 
 
 def test_with_a_local_model_the_hub_chain_plans_as_torch_builds(monkeypatch):

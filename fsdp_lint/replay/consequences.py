@@ -76,6 +76,21 @@ def acted_on(stmt: ast.stmt, frame) -> List[object]:
     return out
 
 
+def works_on_a_module(stmt: ast.stmt, frame) -> bool:
+    """Whether `stmt` calls a method of an ``nn.Module`` or hands one to a call (``model.resize_token_embeddings
+    (len(tokenizer))``, ``resize_embeddings(tokenizer, model)``): what it would have done changes the model."""
+    module_type = getattr(sys.modules.get("torch.nn"), "Module", None)
+    if module_type is None:
+        return False
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Call):
+            exprs = [node.func.value] if isinstance(node.func, ast.Attribute) else []
+            exprs += [*node.args, *(k.value for k in node.keywords)]
+            if any(isinstance(_value(e, frame), module_type) for e in exprs):
+                return True
+    return False
+
+
 def _parts(value) -> List[object]:
     """The state one level inside `value` (a config's sections: ``args.distributed`` of ``args``)."""
     try:

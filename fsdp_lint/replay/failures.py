@@ -30,7 +30,7 @@ from fsdp_lint.replay.imports import (
     requirement,
     set_project,
 )
-from fsdp_lint.replay.network import NetworkWait, remove_failed_downloads, removed_download
+from fsdp_lint.replay.network import NetworkWait, NotDownloaded, remove_failed_downloads, removed_download
 from fsdp_lint.replay.records import Skipped
 
 _FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,10 +93,13 @@ class Failures:
             return False
         if exc is self.refused:
             return False            # refused where it decided the wrap: the statements around it do not skip it
-        if line is not None and (self.stub_cause(exc) is not None or isinstance(exc, NetworkWait)) \
+        if line is not None and (self.stub_cause(exc) is not None or isinstance(exc, (NetworkWait, NotDownloaded))) \
                 and self.decides_wrap(frame, _line_in(exc, frame, line)):
             self.refused = exc
-            return False            # a missing package or the network decides what the wrap is given: a refusal
+            return False            # a missing package, the network or a download decides what the wrap is given
+        if line is not None and self._changes_the_model_without_a_download(exc, frame, line):
+            self.refused = exc
+            return False
         if arguments.while_parsing(exc, frame):     # trials: the script refuses its arguments
             return False
         if raised_by_model_validation(exc):         # issue 18: a real node fails on that line too
@@ -119,6 +122,18 @@ class Failures:
                 return False
             f = f.f_back
         return True
+
+    def _changes_the_model_without_a_download(self, exc: BaseException, frame, line: int) -> bool:
+        """A statement that works on a model fails because a download was skipped before it (the tokenizer
+        a node downloads, then ``resize_embeddings(tokenizer, model)``): skipping it too would plan the model
+        as it was before, a vocabulary the job never trains."""
+        from fsdp_lint.replay.consequences import works_on_a_module
+
+        cause = self.root_cause(exc)
+        if cause is None or not isinstance(cause.exc, NotDownloaded):
+            return False
+        stmt = self.tolerant.get(os.path.abspath(frame.f_code.co_filename), {}).get(line)
+        return stmt is not None and works_on_a_module(stmt, frame)
 
     def _deciding(self, path: str):
         from fsdp_lint.replay.deciding import Deciding, deciding_lines
@@ -245,14 +260,14 @@ class Failures:
             found, current = match, match.exc
         return found
 
-    def decides_note(self, entry_display: str) -> str:
+    def decides_note(self, entry_display: str, location: str = "") -> str:
         """``; what it computes decides the wrap's arguments (train.py:36), so it is not skipped`` when a
-        failure was refused for that, else ""."""
+        failure was refused for that, else "" (the statement is not named again where it is the failure's
+        `location`)."""
         if self.decided_at is None:
             return ""
-        return (f"; what it computes decides the wrap's arguments "
-                f"({_display(self.decided_at[0], self.entry_path, entry_display)}:{self.decided_at[1]}), so it "
-                f"is not skipped")
+        at = f"{_display(self.decided_at[0], self.entry_path, entry_display)}:{self.decided_at[1]}"
+        return f"; what it computes decides the wrap's arguments{'' if at == location else f' ({at})'}, so it is not skipped"
 
     def describe(self, exc: BaseException, *, entry_display: str, where_real: str,
                  importer=None) -> str:
@@ -276,7 +291,11 @@ class Failures:
         if parsing:                                 # trials: the script refuses its arguments
             return parsing
         cause = self.root_cause(exc)
+        later = ""
         if cause is not None:       # a name the skipped statement would have bound: its failure, and before it...
+            if exc is self.refused:  # the later statement works on the model: skipping it too would plan another
+                later = f" (skipped; what it would have set up was used later: {self._location(exc, entry_display)}: " \
+                        f"{_one_line(exc)})"
             exc = cause.exc
             loc = f"{_display(cause.skipped.path, self.entry_path, entry_display)}:{cause.skipped.line}"
             earlier = self.acted_on_by_skip(exc, before=self.skips.index(cause))
@@ -312,8 +331,8 @@ class Failures:
         if _network_ask(exc):
             return f"{loc}: {_network_text(exc)}"
         hint = _package_hint(exc, msg) or self._stub_hint(msg)
-        text = f"{loc}: setup code failed {where_real}: {msg}{_download_hint(msg)}{hint}"
-        return text
+        decides = self.decides_note(entry_display, loc) if exc is self.refused else ""
+        return f"{loc}: setup code failed {where_real}: {msg}{_download_hint(msg)}{hint}{decides}{later}"
 
     def _skipped_missing_input(self) -> Optional[SkipRecord]:
         """The first skipped failure for a model's hub config that is not here (fsdp-lint never downloads):

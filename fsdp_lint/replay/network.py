@@ -50,6 +50,12 @@ def _asker() -> str:
 REFUSALS_BEFORE_STOP = 3
 
 
+class NotDownloaded(OSError):
+    """What a GPU node downloads at setup (a hub model's config, its tokenizer) is not here, and fsdp-lint
+    never downloads: skipped as a missing file is, unless the statement decides the wrap (a tokenizer
+    whose length sizes the embeddings), which ends the replay naming it."""
+
+
 class NetworkWait(BaseException):
     """The setup keeps asking for the network after it was refused (a BaseException: the retry loops
     of the linted code catch ``Exception``); the message is the one line to report. The replay skips

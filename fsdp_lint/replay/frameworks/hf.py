@@ -24,6 +24,8 @@ import os
 import sys
 from typing import Any, Dict, List
 
+from fsdp_lint.replay.network import NotDownloaded
+
 FRAMEWORK = "transformers"
 
 
@@ -31,11 +33,11 @@ def prepare_environment(rec, patch, options) -> None:
     pass
 
 
-class HubConfigMissing(OSError):
+class HubConfigMissing(NotDownloaded):
     """A model named by its hub id has no config here (fsdp-lint never downloads)."""
 
 
-class TokenizerMissing(OSError):
+class TokenizerMissing(NotDownloaded):
     """A tokenizer named by its hub id has no files here (fsdp-lint never downloads)."""
 
 
@@ -129,19 +131,35 @@ def _auto_tokenizer(hooks, module) -> None:
     "Couldn't instantiate the backend tokenizer"): the cause is that the tokenizer is not here."""
     def make(from_pretrained):
         def wrapped(cls, pretrained_model_name_or_path, *args, **kwargs):
+            name = str(pretrained_model_name_or_path)
             try:
-                return from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs)
+                tokenizer = from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs)
             except (OSError, ValueError) as exc:
-                name = str(pretrained_model_name_or_path)
                 if os.path.isdir(name) and any(f.startswith("tokenizer") for f in os.listdir(name)):
                     raise               # a local tokenizer that fails on its own
-                raise TokenizerMissing(
-                    f"no tokenizer for {name!r} here, and fsdp-lint never downloads: put it in the local Hugging "
-                    f"Face cache (`huggingface-cli download {name} --include 'tokenizer*' 'special_tokens_map.json'`) "
-                    f"or pass a local tokenizer folder in the script's arguments ({type(exc).__name__})") from None
+                raise TokenizerMissing(_tokenizer_missing(name, type(exc).__name__)) from None
+            if _empty_vocabulary(tokenizer):
+                # transformers 5 builds the config's tokenizer class with no vocabulary when no tokenizer file
+                # is found (`len()` 1: its special tokens): the length a script resizes the embeddings to
+                # (`resize_token_embeddings(len(tokenizer))`) would shrink the model to a handful of rows
+                raise TokenizerMissing(_tokenizer_missing(name, "no vocabulary file"))
+            return tokenizer
         return wrapped
 
     hooks.wrap(module.AutoTokenizer, "from_pretrained", make)
+
+
+def _tokenizer_missing(name: str, why: str) -> str:
+    return (f"no tokenizer for {name!r} here, and fsdp-lint never downloads: put it in the local Hugging "
+            f"Face cache (`huggingface-cli download {name} --include 'tokenizer*' 'special_tokens_map.json'`) "
+            f"or pass a local tokenizer folder in the script's arguments ({why})")
+
+
+def _empty_vocabulary(tokenizer) -> bool:
+    try:
+        return tokenizer.vocab_size == 0
+    except Exception:               # a tokenizer class without a vocabulary size of its own
+        return False
 
 
 def _auto_config(hooks, module) -> None:
