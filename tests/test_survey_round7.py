@@ -99,3 +99,111 @@ def test_with_the_tokenizer_here_the_latent_wrapper_is_the_model_torch_wraps(in_
     assert res.plan.units[-1].modules == [""] and len(res.plan.units) > 1
     assert not res.skipped_statements, res.skipped_statements
 
+
+EMBED = os.path.join(REPO, "fixtures", "repos", "embed_mixture")
+
+
+def test_a_loop_over_the_data_files_builds_the_mixture_the_trainer_is_given(monkeypatch):
+    # `for file in data_files: ... train_ds.append(load_dataset("json", data_files=file))`, then one
+    # concatenation per kind: the loop builds the data set mixture (setup), it is no loop over the data.
+    # Taken for a data loop and left out, the concatenation of nothing failed and the Trainer had no data set.
+    # The real Trainer under the fake process group is the oracle
+    from fsdp_lint.config import Settings
+    from test_frameworks import assert_framework_plan_matches
+
+    monkeypatch.chdir(EMBED)
+    monkeypatch.syspath_prepend(os.path.join(EMBED, "src"))
+    argv = ["--model_name_or_path", os.path.join(CONFIGS, "tiny-llama-local"), "--train_data", "toy_data",
+            "--output_dir", "out", "--fsdp", "full_shard auto_wrap", "--fsdp_config", "configs/fsdp.json",
+            "--report_to", "none"]
+    try:
+        res = assert_framework_plan_matches(os.path.join(EMBED, "src", "embedmix", "run.py"), Settings(world_size=4),
+                                            argv)
+    finally:
+        for name in [n for n in sys.modules if n == "embedmix" or n.startswith("embedmix.")]:
+            sys.modules.pop(name, None)
+    assert not res.skipped_statements, res.skipped_statements
+    assert len(res.plan.units) > 1 and res.plan.units[-1].modules == [""]
+    assert not os.path.exists(os.path.join(EMBED, "out"))
+
+
+@pytest.mark.parametrize("loop,over_data", [
+    ("for file in data_files:", False),                         # the files of a mixture: setup
+    ("for name in data_args.dataset_names:", False),
+    ("for path in sorted(data_paths):", False),
+    ("for batch in train_loader:", True),                       # the data itself: never run
+    ("for sample in dataset:", True),
+    ("for row in train_data:", True),
+])
+def test_which_loops_before_the_wrap_are_loops_over_the_data(loop, over_data):
+    from fsdp_lint.entry.source import parse_source
+
+    text = f"import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n{loop}\n    print(1)\n" \
+           "fully_shard(nn.Linear(2, 2))\n"
+    assert (4 in parse_source("train.py", text).dropped_loop_lines) is over_data
+
+
+FABRIC_JOINT = os.path.join(REPO, "fixtures", "repos", "fabric_joint")
+
+
+def test_lightnings_launcher_in_a_launch_script_is_the_launch(tmp_path, monkeypatch):
+    # `lightning run model [OPTIONS] FILE` (Lightning 2.0) and `fabric run [OPTIONS] FILE` (2.1+): the
+    # world is --devices x --num-nodes, and the processes get the launcher's environment as its
+    # `_set_env_variables` sets it; what the script exports reaches the process, what it only sets does not
+    from fsdp_lint.entry.shell import shell_launches
+
+    (tmp_path / "pretrain").mkdir()
+    (tmp_path / "pretrain" / "train_mdm.py").write_text("")
+    script = tmp_path / "pretrain.sh"
+    script.write_text('''#!/bin/bash
+export WANDB_PROJECT=scaling
+RUN_NAME=debug
+export CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7
+export MASTER_ADDR=$(scontrol show hostnames | head -n 1)
+lightning run model \\
+    --node-rank=0  \\
+    --accelerator=cuda \\
+    --devices=8 \\
+    --num-nodes=2 \\
+    pretrain/train_mdm.py --model 170 --flops 10.
+MODEL_SIZE=1b fabric run --devices 4 --precision bf16-mixed pretrain/train_mdm.py --model 1028
+lightning run app app.py
+''')
+    monkeypatch.chdir(tmp_path)
+    old, new = shell_launches(str(script))
+    assert (old.path, old.args, old.world_size) == (str(tmp_path / "pretrain" / "train_mdm.py"),
+                                                    ["--model", "170", "--flops", "10."], 16)
+    assert old.env == {"WANDB_PROJECT": "scaling", "LT_CLI_USED": "1", "LT_DEVICES": "8", "LT_NUM_NODES": "2",
+                       "LT_ACCELERATOR": "cuda"}
+    assert (new.world_size, new.args) == (4, ["--model", "1028"])
+    assert new.env == {"WANDB_PROJECT": "scaling", "MODEL_SIZE": "1b", "LT_CLI_USED": "1", "LT_DEVICES": "4",
+                       "LT_NUM_NODES": "1", "LT_PRECISION": "bf16-mixed"}
+
+
+def _launch_script(tmp_path, line: str) -> str:
+    script = tmp_path / "run.sh"
+    script.write_text(f"#!/bin/bash\ncd {FABRIC_JOINT}\n{line}\n")
+    return str(script)
+
+
+def test_a_fabric_script_launched_by_lightnings_cli_plans_for_the_cli_world(cli, tmp_path):
+    # the script never calls `fabric.launch()`: on a node it runs only under the CLI, which the launch
+    # script names; the world is the CLI's (8 devices x 2 nodes), as Lightning's own connector reads it
+    script = _launch_script(tmp_path, "lightning run model --accelerator=cuda --devices=8 --num-nodes=2 "
+                                      "pretrain/tinyllama_like.py --devices 8")
+    res = cli(script, "--format", "json", cwd=FABRIC_JOINT)
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["plan"]["world_size"] == 16 and f["plan"]["framework"] == "lightning"
+    assert {u["param_dtype"] for u in f["plan"]["units"]} == {"bfloat16"}
+    assert os.environ.get("LT_CLI_USED") is None
+
+
+def test_a_cli_flag_that_conflicts_with_the_scripts_fabric_argument_is_refused_as_lightning_refuses_it(cli, tmp_path):
+    # `fabric run --precision 16-mixed` over `Fabric(precision="bf16-mixed")`: Lightning's connector raises
+    # on the node; before, the launcher's flags never reached the replay and the script's value was planned
+    script = _launch_script(tmp_path, "fabric run --devices 8 --precision 16-mixed pretrain/tinyllama_like.py "
+                                      "--devices 8")
+    res = cli(script, cwd=FABRIC_JOINT)
+    assert res.code == 2, res.out
+    assert "conflicts with the value `--precision=16-mixed` set through the CLI" in res.err, res.err

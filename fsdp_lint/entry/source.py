@@ -15,6 +15,7 @@ from fsdp_lint.entry.noqa import _noqa_lines, file_noqa_lines
 from fsdp_lint.entry.reading import SourceError, read_text  # noqa: F401 - the names callers import from here
 
 import ast
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -37,6 +38,11 @@ FRAMEWORK_MODULES = {"lightning", "pytorch_lightning", "lightning_fabric", "acce
 FRAMEWORK_NAMES = {"TrainingArguments", "Seq2SeqTrainingArguments", "FullyShardedDataParallelPlugin",
                    "FSDPStrategy", "ModelParallelStrategy"}
 
+
+# a loop over these (``for file in data_files``, ``for name in data_args.dataset_names``) builds the data
+# set mixture -- setup that runs (each load stands in here) -- not a loop over the data itself
+_DATA_SOURCES = frozenset({"files", "file", "paths", "path", "dirs", "dir", "names", "name", "configs", "config",
+                           "sources", "source", "specs", "mixture", "mix", "args", "splits"})
 
 @dataclass
 class Site:
@@ -381,7 +387,8 @@ class _Collector(ast.NodeVisitor):
                 self.training_loop_lines.add(line)
         else:
             it = dotted(node.iter).lower()
-            if any(w in it for w in words[:5]):
+            if any(w in it for w in ("loader", "batch", "epoch")) or (
+                    any(w in it for w in ("dataset", "data")) and not _DATA_SOURCES & set(re.split(r"[^a-z0-9]+", it))):
                 self.training_loop_lines.add(line)
         try:
             self.generic_visit(node)
