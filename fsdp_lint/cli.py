@@ -92,11 +92,13 @@ def _shell_runs(scripts, settings, script_args, cli_world_size):
             raise BadInput(f"{script}: {exc}") from None
         if not launches:
             raise BadInput(f"{script}: no launch of a Python file in it (torchrun, python -m torch.distributed.run, "
-                           f"accelerate launch, deepspeed or python FILE.py)")
+                           f"accelerate launch, deepspeed, lightning run model / fabric run, or python FILE.py)")
         for launch in launches:
             overrides = {"launch_script": os.path.abspath(script), "launched": True}
             if launch.world_size and cli_world_size is None:
                 overrides.update(world_size=launch.world_size, world_size_source="launch script")
+            if launch.env:
+                overrides["launch_env"] = tuple(sorted(launch.env.items()))
             if launch.accelerate_config and not settings.accelerate_config:
                 overrides["accelerate_config"] = launch.accelerate_config
             runs.append((launch.path, list(launch.args), settings.with_overrides(**overrides), explicit, launch.cwd))

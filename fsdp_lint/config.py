@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 
 class ConfigError(Exception):
@@ -69,6 +69,9 @@ class Settings:
     # the shell script whose launch line this run is (`fsdp-lint scripts/train.sh`): findings about a flag
     # point at the script line that sets it
     launch_script: Optional[str] = None
+    # the environment that launch line gives the process (`export VAR=...`, `VAR=... torchrun`, the
+    # launcher's own variables): (name, value) pairs
+    launch_env: Tuple[Tuple[str, str], ...] = ()
     # --simulate: activations enter the static estimate even for inputs inferred from the first layer
     # (the simulation runs on the same ones, so the two figures compare)
     activations_for_inferred_inputs: bool = False
@@ -84,7 +87,7 @@ class Settings:
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(Settings)}
 _KEYS.pop("entries")
 _KEYS["entry"] = "entries"
-_INTERNAL = {"config_path", "launch_script", "cli_selection", "world_size_source", "script_world", "launched", "activations_for_inferred_inputs", "suggest"}
+_INTERNAL = {"config_path", "launch_script", "launch_env", "cli_selection", "world_size_source", "script_world", "launched", "activations_for_inferred_inputs", "suggest"}
 # what an [[tool.fsdp-lint.entry]] table may set besides `path` and `args`
 _ENTRY_SETTINGS = ("world_size", "api", "wrap", "use_orig_params", "model", "replay_timeout")
 

@@ -21,7 +21,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(:?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
-_LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3")
+_LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3", "lightning", "fabric")
+# what the environment a launch line exports holds that is about the processes or this machine, not the job
+_NOT_PASSED = re.compile(r"^(CUDA_VISIBLE_DEVICES|MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|NODE_RANK|"
+                         r"LOCAL_WORLD_SIZE|OMP_NUM_THREADS|PATH|PYTHONPATH|LD_LIBRARY_PATH|HOME|USER|TMPDIR|SHELL|"
+                         r"HF_HOME|HF_HUB_CACHE|HF_DATASETS_CACHE|TRANSFORMERS_CACHE|TORCH_HOME|.*_DIR|.*_PATH|.*_ROOT)$")
 
 
 class ShellError(Exception):
@@ -38,6 +42,9 @@ class ShellLaunch:
     world_size: Optional[int] = None
     accelerate_config: Optional[str] = None
     arg_lines: List[int] = field(default_factory=list)   # the script line of each of `args`
+    # what the process finds in its environment from the script (`export VAR=...`, `VAR=... torchrun ...`)
+    # and from the launcher (Lightning's CLI: `LT_DEVICES`, `LT_PRECISION`, ...)
+    env: Dict[str, str] = field(default_factory=dict)
 
 
 def _after(c: str, quote: Optional[str]) -> Optional[str]:
@@ -253,8 +260,13 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
                 "console": tokens[i][0]}
     if head == "accelerate" and (i + 1 >= len(words) or words[i + 1] != "launch"):
         return None
+    # Lightning's launcher: `lightning run model [OPTIONS] FILE` (2.0), `fabric run [OPTIONS] FILE` (2.1+)
+    lightning = (head == "lightning" and words[i + 1:i + 3] == ["run", "model"]) or \
+        (head == "fabric" and words[i + 1:i + 2] == ["run"])
+    if head in ("lightning", "fabric") and not lightning:
+        return None
     opts: Dict[str, Optional[str]] = {}
-    j = i + (2 if head == "accelerate" else 1)
+    j = i + (2 if head == "accelerate" else 3 if head == "lightning" else 2 if head == "fabric" else 1)
     module = None
     while j < len(words):
         w = words[j]
@@ -276,13 +288,27 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
         j += 1
     if j >= len(words):
         return None
-    nproc = _int(opts.get("nproc_per_node") or opts.get("num_processes") or opts.get("num_gpus"))
+    nproc = _int(opts.get("nproc_per_node") or opts.get("num_processes") or opts.get("num_gpus")
+                 or (opts.get("devices") if lightning else None))
     nodes = _int(opts.get("nnodes") or opts.get("num_nodes") or opts.get("num_machines")) or 1
     if "num_processes" in opts:      # accelerate: the total over all machines
         nodes = 1
+    env = {k: v for k, v in (tokens[n][0].split("=", 1) for n in range(i) if _ASSIGN.match(tokens[n][0]))}
+    if lightning:
+        env.update(_lightning_cli_env(opts))
     return {"file": words[module] if module else words[j], "first_arg": (module or j) + 1,
-            "world_size": nproc * nodes if nproc else None, "module": bool(module),
+            "world_size": nproc * nodes if nproc else None, "module": bool(module), "env": env,
             "accelerate_config": opts.get("config_file") if head == "accelerate" else None}
+
+
+def _lightning_cli_env(opts: Dict[str, Optional[str]]) -> Dict[str, str]:
+    """What Lightning's launcher sets for the processes it starts (its `_set_env_variables`): Fabric reads
+    the accelerator, strategy, devices, nodes and precision from there, over the script's own arguments."""
+    env = {"LT_CLI_USED": "1", "LT_DEVICES": opts.get("devices") or "1", "LT_NUM_NODES": opts.get("num_nodes") or "1"}
+    for key in ("accelerator", "strategy", "precision"):
+        if opts.get(key):
+            env[f"LT_{key.upper()}"] = opts[key]
+    return env
 
 
 def _resolve(name: str, script: str, cd: Optional[str]) -> Tuple[Optional[str], str]:
@@ -371,6 +397,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
     except (OSError, UnicodeDecodeError) as exc:
         raise ShellError(f"cannot read it: {exc}") from None
     env: Dict[str, str] = {}
+    exported: set = set()
     cd: Optional[str] = None
     console: Optional[Dict[str, str]] = None        # the repository's console scripts, read when needed
     out: List[ShellLaunch] = []
@@ -382,12 +409,18 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             words = _split(stripped)
         except ValueError:
             words = []
+        exporting = bool(words) and words[0] == "export"
         if words and words[0] in ("export", "local", "readonly"):
             words = words[1:]
+        if exporting and words and all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", w) for w in words):
+            exported.update(words)              # `export MODEL` of a variable set before
+            continue
         if words and all(_ASSIGN.match(w) for w in words):     # `MODEL=...`, `export NPROC=8`
             for w in words:
                 name, _, value = w.partition("=")
                 env[name] = _expand(value, env, positional)
+                if exporting:
+                    exported.add(name)
             continue
         if words and words[0] == "shift":     # `shift`, `shift 2`, `shift 2 || true`: drop leading arguments
             count = _int(_expand(words[1], env, positional)) if len(words) > 1 else None
@@ -423,5 +456,8 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         acc = found["accelerate_config"]
         if acc and not os.path.isabs(acc):
             acc = os.path.join(base, acc)
-        out.append(ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines))
+        passed = {name: env[name] for name in exported if name in env}
+        passed.update(found.get("env") or {})
+        passed = {k: v for k, v in passed.items() if not _NOT_PASSED.match(k) and "$" not in v and "`" not in v}
+        out.append(ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed))
     return out

@@ -19,6 +19,7 @@ Nothing here imports a framework (or torch) until a replayed file does.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Dict, Iterator, List
 
 # options of the current lint (``--accelerate-config``, ``--hf-config``, ``--hf-class``), set by the
@@ -48,6 +49,7 @@ def install(rec, patch) -> None:
     from fsdp_lint.replay.frameworks.hooks import install_hooks, simulate_ddp, simulate_object_collectives
 
     options = current_options()
+    os.environ.update(options.launch_env)        # as the launch line exports it (the sandbox restores it)
     table: Dict[str, List[Any]] = {}
     for driver in (lightning, accelerate, hf, trl):
         for name, fns in driver.hook_table().items():

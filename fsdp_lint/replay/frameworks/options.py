@@ -25,6 +25,7 @@ class FrameworkOptions:
     hf_class: Optional[str] = None            # AutoModelForCausalLM, LlamaForCausalLM, ...
     gpu: Optional[str] = None                 # issue 15: the simulated node's GPU (fsdp_lint.gpus; None: default)
     script_world: bool = False                # nothing gave the world size: a script's own launcher may
+    launch_env: Dict[str, str] = field(default_factory=dict)   # what the launch line exports to the process
 
     @classmethod
     def from_settings(cls, settings) -> "FrameworkOptions":
@@ -32,7 +33,8 @@ class FrameworkOptions:
                    hf_config=getattr(settings, "hf_config", None), hf_class=getattr(settings, "hf_class", None),
                    gpu=getattr(settings, "gpu", None),
                    script_world=bool(getattr(settings, "script_world", False))
-                   and getattr(settings, "world_size_source", "default") == "default")
+                   and getattr(settings, "world_size_source", "default") == "default",
+                   launch_env=dict(getattr(settings, "launch_env", None) or ()))
         if opts.hf_config:
             opts.hf_config = _config_json(opts.hf_config)
         if opts.accelerate_config:
