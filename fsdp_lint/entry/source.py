@@ -386,7 +386,8 @@ class _Collector(ast.NodeVisitor):
             if any(w in text for w in words):
                 self.training_loop_lines.add(line)
         else:
-            it = dotted(node.iter).lower()
+            # the whole expression: `enumerate(tqdm(self.train_dataloader))`, `range(start_epoch, epochs)`
+            it = _expr_text(node.iter).lower()
             if any(w in it for w in ("loader", "batch", "epoch")) or (
                     any(w in it for w in ("dataset", "data")) and not _DATA_SOURCES & set(re.split(r"[^a-z0-9]+", it))):
                 self.training_loop_lines.add(line)

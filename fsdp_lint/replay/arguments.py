@@ -46,5 +46,7 @@ def describe(exc: BaseException, loc: str, argv, display: str, one_line) -> Opti
     if not while_parsing(exc):
         return None
     args = shlex.join(argv) if argv else "(none)"
+    # with arguments given (a launch script's, `-- ARGS`), the parser refuses those: as on a node
+    hint = "" if argv else f" (pass the script's own arguments after --: fsdp-lint {display} -- ARGS)"
     return (f"{loc}: the script's arguments were refused while they were parsed (arguments {args}): "
-            f"{one_line(exc)} (pass the script's own arguments after --: fsdp-lint {display} -- ARGS)")
+            f"{one_line(exc)}{hint}")

@@ -107,19 +107,20 @@ def holds(exc: BaseException, objects: List[object], is_project) -> bool:
     if not objects:
         return False
     ids = {id(o) for o in objects} | {id(p) for o in objects for p in _parts(o)}
-    tb = exc.__traceback__
+    # the innermost frame of project code, where it failed: an outer frame that merely holds the object (a
+    # trainer whose data set was skipped, failing later in its wrap helper) is no link
+    frame, tb = None, exc.__traceback__
     while tb is not None:
-        frame = tb.tb_frame
-        if is_project(os.path.abspath(frame.f_code.co_filename)):
-            for value in list(frame.f_locals.values()):
-                if id(value) in ids:
-                    return True
-            owner = frame.f_locals.get("self")
-            try:
-                attrs = list(vars(owner).values()) if owner is not None else []
-            except TypeError:
-                attrs = []
-            if any(id(v) in ids for v in attrs):
-                return True
+        if is_project(os.path.abspath(tb.tb_frame.f_code.co_filename)):
+            frame = tb.tb_frame
         tb = tb.tb_next
-    return False
+    if frame is None:
+        return False
+    if any(id(value) in ids for value in list(frame.f_locals.values())):
+        return True
+    owner = frame.f_locals.get("self")
+    try:
+        attrs = list(vars(owner).values()) if owner is not None else []
+    except TypeError:
+        attrs = []
+    return any(id(v) in ids for v in attrs)

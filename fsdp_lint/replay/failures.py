@@ -36,6 +36,10 @@ from fsdp_lint.replay.records import Skipped
 _FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# the length of a project data set whose data is not here (`Failures.standin_length`)
+STANDIN_LENGTH = 1 << 16
+
+
 @dataclass
 class SkipRecord:
     skipped: Skipped
@@ -134,6 +138,18 @@ class Failures:
             return False
         stmt = self.tolerant.get(os.path.abspath(frame.f_code.co_filename), {}).get(line)
         return stmt is not None and works_on_a_module(stmt, frame)
+
+    def standin_length(self, exc: BaseException, frame, line: int, over: bool = False) -> int:
+        """The length of a data set whose ``__len__`` (at `line`) fails because the statement that would have
+        loaded its data was skipped (a file this machine lacks); any other failure is raised, as it is once the
+        replay is `over`. The length is a real data set's order of size (`STANDIN_LENGTH`): every batch size
+        and world divide it into steps (a stand-in of a few rows gave a schedule of zero steps per epoch, and
+        `global_step // steps_per_epoch` failed)."""
+        if over or (self.root_cause(exc) is None and self.acted_on_by_skip(exc) is None):
+            raise exc
+        self.record_skip(frame.f_code.co_filename, line, exc, frame=frame)
+        self.skips[-1].skipped.error += f" (its data set's length stands in as {STANDIN_LENGTH})"
+        return STANDIN_LENGTH
 
     def _deciding(self, path: str):
         from fsdp_lint.replay.deciding import Deciding, deciding_lines
@@ -344,14 +360,17 @@ class Failures:
     def _location(self, exc: BaseException, entry_display: str) -> str:
         """The innermost frame of the user's code: project frames from the top of the user's stack
         down to where the code enters fsdp-lint again (a recorder) -- what runs below a recorder is
-        torch's or fsdp-lint's, not the user's."""
+        torch's or fsdp-lint's, not the user's. fsdp-lint's shims on the way (the launcher's, Hydra's
+        app, a framework hook) are passed through: the user's code runs on below them."""
         frames = traceback.extract_tb(exc.__traceback__)
         i = 0
         while i < len(frames) and _is_fsdp_lint_frame(frames[i].filename):
             i += 1
         innermost = None
-        while i < len(frames) and not _is_fsdp_lint_frame(frames[i].filename):
-            if _is_project(frames[i].filename) or os.path.abspath(frames[i].filename) == self.entry_path:
+        while i < len(frames) and not _is_recorder_frame(frames[i].filename):
+            if _is_fsdp_lint_frame(frames[i].filename):
+                pass
+            elif _is_project(frames[i].filename) or os.path.abspath(frames[i].filename) == self.entry_path:
                 innermost = frames[i]
             i += 1
         if innermost is None:

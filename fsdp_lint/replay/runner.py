@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 import types
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
@@ -57,7 +58,7 @@ from fsdp_lint.replay.targets import (
     helper_arguments,
     load_target,
 )
-from fsdp_lint.replay.transform import LOOP, REBIND, SETUP_DONE, SKIP, SKIPPABLE, STUB_IMPORT, transform
+from fsdp_lint.replay.transform import LENGTH, LOOP, REBIND, SETUP_DONE, SKIP, SKIPPABLE, STUB_IMPORT, transform
 from fsdp_lint.replay.helpers import ReplayHelper
 from fsdp_lint.entry.source import SourceFacts, relevant_lines_with
 from fsdp_lint.replay.argv_hint import argv_hint
@@ -153,7 +154,11 @@ class _Run:
             if not self.finished:
                 boundary.training_loop(rec, line)
 
-        helpers = {SKIP: skip, STUB_IMPORT: stub_import, REBIND: rebind, LOOP: training_loop, SETUP_DONE: self._setup_done}
+        def length(line, exc):      # a project Dataset's __len__ failed: a stand-in length where its data was skipped
+            return self.failures.standin_length(exc, sys._getframe(2), line, over=self.finished)
+
+        helpers = {SKIP: skip, STUB_IMPORT: stub_import, REBIND: rebind, LOOP: training_loop, SETUP_DONE: self._setup_done,
+                   LENGTH: length}
         return {**{name: ReplayHelper(name, fn) for name, fn in helpers.items()},
                 SKIPPABLE: (Exception, network.NetworkWait), "__builtins__": guarded_builtins()}
 
@@ -229,7 +234,7 @@ class _Run:
         else:
             missing = missing_module_of(exc) or (module or "").lstrip(".")
         local = bool(module) and (module.startswith(".") or
-                                  self.project is not None and _resolves_locally(self.entry, module))
+                                  self.project is not None and self.failures.resolves_locally(module) is not None)
         self.failures.imports.append(MissingImport(module=module or "", missing=missing, path=path,
                                                    line=frame.f_lineno, local=local,
                                                    message=_import_message(exc), names=list(names),
@@ -575,17 +580,8 @@ class _Run:
         return notes
 
 
-def _resolves_locally(entry: Entry, module: str) -> bool:
-    from fsdp_lint.entry.project import Project
-
-    return Project(entry).resolve(module) is not None
-
-
 def _depth(frame) -> int:
-    n = 0
-    while frame is not None:
-        n, frame = n + 1, frame.f_back
-    return n
+    return sum(1 for _ in traceback.walk_stack(frame))
 
 
 def _in_model_build() -> bool:

@@ -32,6 +32,7 @@ STUB_IMPORT = "__fsdp_lint_stub_import__"
 REBIND = "__fsdp_lint_rebind__"
 LOOP = "__fsdp_lint_training_loop__"
 SETUP_DONE = "__fsdp_lint_setup_done__"
+LENGTH = "__fsdp_lint_length__"      # the length of a data set whose data was skipped (a project Dataset's __len__)
 _EXC = "__fsdp_lint_exc__"
 HELPER_NAMES = (SKIP, STUB_IMPORT, REBIND, LOOP, SETUP_DONE)
 
@@ -230,6 +231,8 @@ class _Transformer:
             return
         spans: List[Tuple[int, int]] = []
         node.body = self._body(node.body, needed_after=set(), tolerate=True, slice_=self.main, spans=spans)
+        if node.name == "__len__" and isinstance(node, ast.FunctionDef):
+            node.body = [self._length_fallback(node)]
         if self.main:
             first = min([d.lineno for d in node.decorator_list] + [node.lineno])
             self.terminal_spans[(node.name, first)] = spans
@@ -364,8 +367,9 @@ class _Transformer:
                 continue
             if isinstance(stmt, _DEFS) or _is_stop(stmt):
                 continue
+            # a block that returns from the function (`if path is None: return 0`) decides what runs after it
             if (id(stmt) in self.synthetic or isinstance(stmt, _NEVER_WRAP) or self._is_rel(stmt)
-                    or _plain_assignment(stmt) or self._keeps(stmt, needed)):
+                    or _plain_assignment(stmt) or _returns(stmt) or self._keeps(stmt, needed)):
                 needed |= _reads(stmt)
                 continue
             skip.add(i)
@@ -425,6 +429,18 @@ class _Transformer:
                                     ("os.environ", "sys.")):
                                 return True      # model.head.weight = ..., cfg["layers"] = 2
         return False
+
+    def _length_fallback(self, node: ast.FunctionDef) -> ast.stmt:
+        """``__len__`` of a project class (a torch Dataset reading its files in ``__init__``): where it fails
+        because a statement that would have loaded the data was skipped (`len(self.prompts)` after the
+        parquet file was not here), the length is the stand-in data sets' -- a sampler, a loader and the
+        steps of a schedule are built from it as on the node; anything else raises as written."""
+        handler = ast.ExceptHandler(
+            type=ast.Name(SKIPPABLE, ast.Load()), name=_EXC,
+            body=[ast.Return(ast.Call(ast.Name(LENGTH, ast.Load()), [
+                ast.Constant(node.lineno), ast.Name(_EXC, ast.Load())], []))])
+        return ast.copy_location(ast.Try(body=node.body, handlers=[_located(handler, node)], orelse=[],
+                                          finalbody=[]), node)
 
     def _tolerant(self, stmt: ast.stmt) -> ast.stmt:
         self.tolerant[stmt.lineno] = stmt        # what it binds is worked out if it fails
