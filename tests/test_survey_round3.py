@@ -90,20 +90,19 @@ def test_a_stand_in_module_keeps_the_attributes_set_on_it_as_a_module_does():
 STREAM_ARGS = os.path.join(REPO, "fixtures", "repos", "stream_args")
 
 
-def test_a_project_module_that_refuses_to_import_without_a_package_names_the_package(cli):
+def test_a_project_module_that_refuses_to_import_without_a_data_package_is_a_note(cli):
     # training/trainer.py: `try: from shardstream import ... except ImportError: raise ImportError("needs the
-    # shard streaming package") from exc`; the statement is skipped, the Trainer then fails on the name it
-    # should have bound: the one line names the skipped statement and the package behind it (Python's own
-    # ModuleNotFoundError, the __cause__ of the project's ImportError), with its pip name
+    # shard streaming package") from exc`; the statement is skipped, and only the Trainer subclass's own
+    # `get_train_dataloader` uses the name it should have bound: a data loader never changes the plan
+    # (issue 15: a missing package is a refusal only where the model or the wrap uses it), so the plan is
+    # reported and the skipped import is named in a note (it stopped the lint, exit 2, before)
     import importlib.util
 
     assert importlib.util.find_spec("shardstream") is None
     res = cli("training/train_lm.py", "--world-size", "8", "--", "--output_dir", "/tmp/stream_args_out",
               cwd=STREAM_ARGS)
-    assert res.code == 2
-    line = res.err.strip().splitlines()[0]
-    assert "training/trainer.py:7" in line
-    assert "`shardstream` is not installed here: pip install shardstream" in line
+    assert res.code in (0, 1), res.err
+    assert "first: training/trainer.py:7: ImportError: training.trainer needs the shard streaming package" in res.out
 
 
 def test_the_package_behind_a_chain_of_import_errors_is_the_one_python_could_not_find():

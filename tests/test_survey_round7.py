@@ -263,3 +263,47 @@ def test_a_loop_over_a_loader_or_epochs_inside_a_call_is_a_training_loop(loop):
     text = f"import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n{loop}\n    print(1)\n" \
            "fully_shard(nn.Linear(2, 2))\n"
     assert 4 in parse_source("train.py", text).dropped_loop_lines
+
+
+JACOBI = os.path.join(REPO, "fixtures", "repos", "jacobi_trainer")
+
+
+def test_a_trainer_on_trajectories_not_generated_here_plans_as_the_trainer_builds(monkeypatch):
+    # `--data_path data/trajectories.json` names the data set a previous step generates: missing here, it is
+    # missing data (skipped), not a wrong launch as a missing `--config` file is; the Trainer subclass's own
+    # `get_train_dataloader` over the empty data set gets the one-sample loader the base class's gets; and
+    # `--report_to wandb` without wandb installed here is a logger that does nothing (a node's logs the run)
+    import importlib.util
+
+    from fsdp_lint.config import Settings
+    from test_frameworks import assert_framework_plan_matches
+
+    monkeypatch.chdir(JACOBI)
+    monkeypatch.syspath_prepend(JACOBI)
+    argv = ["--target_model_path", os.path.join(CONFIGS, "tiny-llama-local"), "--data_path", "data/trajectories.json",
+            "--output_dir", "out", "--bf16", "True", "--report_to", "wandb", "--do_train",
+            "--per_device_train_batch_size", "1", "--fsdp", "full_shard auto_wrap",
+            "--fsdp_config", '{"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}']
+    try:
+        res = assert_framework_plan_matches(os.path.join(JACOBI, "jacobi", "train.py"), Settings(world_size=4), argv)
+    finally:
+        for name in [n for n in sys.modules if n == "jacobi" or n.startswith("jacobi.")]:
+            sys.modules.pop(name, None)
+    assert res.plan.units[-1].modules == [""] and len(res.plan.units) > 1
+    assert res.skipped_statements[0].error.startswith("FileNotFoundError") and \
+        "trajectories.json" in res.skipped_statements[0].error
+    if importlib.util.find_spec("wandb") is None:
+        assert any("report_to: WandbCallback needs a package not installed here" in n for n in res.notes), res.notes
+    assert not os.path.exists(os.path.join(JACOBI, "out"))
+
+
+def test_a_config_file_named_in_the_arguments_that_is_not_here_is_still_the_launchs_error(cli, tmp_path):
+    # the data flag is the exception: a config the script is pointed at decides the plan
+    (tmp_path / "train.py").write_text(
+        "import argparse\nimport json\nimport torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n"
+        "p = argparse.ArgumentParser()\np.add_argument('--config')\np.add_argument('--data_path')\n"
+        "args = p.parse_args()\ncfg = json.load(open(args.config))\n"
+        "model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(cfg['layers'])])\nfully_shard(model)\n")
+    res = cli("train.py", "--", "--config", "configs/missing.json", "--data_path", "data/train.json", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "`configs/missing.json`, named in the script's arguments, cannot be read" in res.err, res.err

@@ -12,6 +12,7 @@ click, typer and Hydra run the whole script inside their frames.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from typing import Optional
 
@@ -50,3 +51,26 @@ def describe(exc: BaseException, loc: str, argv, display: str, one_line) -> Opti
     hint = "" if argv else f" (pass the script's own arguments after --: fsdp-lint {display} -- ARGS)"
     return (f"{loc}: the script's arguments were refused while they were parsed (arguments {args}): "
             f"{one_line(exc)}{hint}")
+
+
+# the flag of a data set's file (`--data_path`, `--train_file`, `data.train_files=`)
+_DATA_FLAG = re.compile(r"data|train_file|eval_file|validation_file|test_file|corpus|trajector")
+
+
+def names_an_unreadable_file(exc: BaseException, argv) -> bool:
+    """Whether `exc` is a file named in the script's arguments `argv` (a config) that cannot be read: the
+    launch command is wrong here, and skipping it would plan with defaults nobody launches. A data set's
+    file (`--data_path traj.json`) is not: a node has it prepared, here it is missing data."""
+    name = getattr(exc, "filename", None)
+    if not isinstance(exc, OSError) or not name:
+        return False
+    name = os.fspath(name)
+    target = os.path.abspath(name)
+    # `--config x.yaml`, `--config=x.yaml`, and OmegaConf/Hydra-style `config=x.yaml` that the
+    # script opens by its absolute path (trials: lingua's `config=apps/main/configs/debug.yaml`)
+    for i, a in enumerate(argv):
+        if a == name or a.endswith("=" + name) or os.path.abspath(a) == target \
+                or ("=" in a and os.path.abspath(a.split("=", 1)[1]) == target):
+            flag = a.split("=", 1)[0] if "=" in a else (argv[i - 1] if i else "")
+            return not _DATA_FLAG.search(flag.lstrip("-+").lower())
+    return False

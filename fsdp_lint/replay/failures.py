@@ -77,16 +77,7 @@ class Failures:
     def names_an_argument(self, exc: BaseException) -> bool:
         """A file named in the script's arguments (a config) cannot be read: the launch command is
         wrong here, and skipping it would plan with defaults nobody launches."""
-        name = getattr(exc, "filename", None)
-        if not isinstance(exc, OSError) or not name:
-            return False
-        name = os.fspath(name)
-        target = os.path.abspath(name)
-        # `--config x.yaml`, `--config=x.yaml`, and OmegaConf/Hydra-style `config=x.yaml` that the
-        # script opens by its absolute path (trials: lingua's `config=apps/main/configs/debug.yaml`)
-        return any(a == name or a.endswith("=" + name) or os.path.abspath(a) == target
-                   or ("=" in a and os.path.abspath(a.split("=", 1)[1]) == target)
-                   for a in self.argv)
+        return arguments.names_an_unreadable_file(exc, self.argv)
 
     # -- decisions while running ---------------------------------------------------------------
     def may_skip(self, exc: BaseException, frame, line: Optional[int] = None) -> bool:

@@ -456,7 +456,7 @@ class _Run:
             raise ReplayError(
                 f"{self.display}: the script's argument parser stopped it with arguments {args}: {last_error}"
                 + (f" [{usage}]" if usage and usage != last_error else "")
-                + f" (pass the script's own arguments after --: fsdp-lint {self.display} -- ARGS)")
+                + ("" if self.argv else f" (pass the script's own arguments after --: fsdp-lint {self.display} -- ARGS)"))
         if not self.project.reaches_fsdp and not self.rec.wrap_calls:
             return        # a model file whose __main__ block exits (a test runner, a demo)
         detail = f": {last_error}" if last_error else ""

@@ -47,9 +47,10 @@ _LAUNCHER_ENV = {
     "ROLE_RANK": "0", "ROLE_NAME": "default", "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "0",
     "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_USE_AGENT_STORE": "False",
     # nothing is downloaded or logged remotely while a file is linted (from_pretrained uses what is
-    # cached, wandb.init does nothing)
+    # cached, wandb.init does nothing); not WANDB_DISABLED, with which transformers takes an installed
+    # wandb for none and `--report_to wandb` fails where a node's runs
     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled",
-    "WANDB_DISABLED": "true", "HF_HUB_DISABLE_TELEMETRY": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
 }
 
 

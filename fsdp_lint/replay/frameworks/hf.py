@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 from typing import Any, Dict, List
 
 from fsdp_lint.replay.network import NotDownloaded
@@ -187,6 +188,28 @@ def _auto_config(hooks, module) -> None:
     hooks.wrap(module.AutoConfig, "from_pretrained", make)
 
 
+def _reporting(get_callbacks, rec):
+    """``report_to="wandb"`` with the logger's package not installed here: its callback refuses to be built
+    ("WandbCallback requires wandb to be installed") where a node's logs the run. A logger never changes the
+    plan: a callback that does nothing stands in for it, in a note."""
+    from transformers import TrainerCallback
+
+    def wrapped(report_to):
+        out = []
+        for callback in get_callbacks(report_to):
+            try:
+                out.append(callback() if isinstance(callback, type) else callback)
+            except (RuntimeError, ImportError) as exc:
+                if "install" not in str(exc):
+                    raise
+                _note(rec, f"report_to: {getattr(callback, '__name__', callback)} needs a package not installed here "
+                           f"({str(exc).splitlines()[0]}); a callback that does nothing stood in for it (a logger "
+                           f"does not change the plan)")
+                out.append(TrainerCallback())
+        return out
+    return wrapped
+
+
 def _trainer(hooks, module) -> None:
     from fsdp_lint.replay.records import TrainingBoundary
 
@@ -200,12 +223,18 @@ def _trainer(hooks, module) -> None:
             real_makedirs = os.makedirs
             os.makedirs = lambda *a, **k: None
             try:
-                return init(self, *args, **kwargs)
+                init(self, *args, **kwargs)
             finally:
                 os.makedirs = real_makedirs
+            own = type(self).get_train_dataloader
+            if own is not Trainer.get_train_dataloader:     # a subclass's own loader: a data set not here too
+                self.get_train_dataloader = types.MethodType(make_loader(own), self)
         return __init__
 
     hooks.wrap(Trainer, "__init__", make_init)
+    trainer_module = sys.modules.get(Trainer.__module__)
+    if hasattr(trainer_module, "get_reporting_integration_callbacks"):
+        hooks.wrap(trainer_module, "get_reporting_integration_callbacks", lambda real: _reporting(real, hooks.rec))
     if hasattr(Trainer, "init_hf_repo"):
         # `--push_to_hub`: the Trainer creates the hub repository in __init__; a lint never touches the hub
         hooks.patch(Trainer, "init_hf_repo", lambda self, *args, **kwargs: None)
