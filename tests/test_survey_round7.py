@@ -307,3 +307,20 @@ def test_a_config_file_named_in_the_arguments_that_is_not_here_is_still_the_laun
     res = cli("train.py", "--", "--config", "configs/missing.json", "--data_path", "data/train.json", cwd=str(tmp_path))
     assert res.code == 2
     assert "`configs/missing.json`, named in the script's arguments, cannot be read" in res.err, res.err
+
+
+def test_a_fabric_run_logged_to_wandb_without_wandb_here_plans_as_lightning_builds(monkeypatch):
+    # `WandbLogger(...)` refuses to be built without wandb ("Requirement 'wandb>=0.12.10' not met") where a
+    # node with the project's environment logs the run: the logger stands in as Lightning's DummyLogger
+    # and the plan is the one real Lightning builds for the same launch
+    import importlib.util
+
+    from fsdp_lint.config import Settings
+    from test_frameworks import assert_framework_plan_matches
+
+    monkeypatch.chdir(FABRIC_JOINT)
+    res = assert_framework_plan_matches(os.path.join(FABRIC_JOINT, "pretrain", "mdm_like.py"), Settings(world_size=8))
+    assert res.plan.framework == "lightning" and res.plan.world_size == 8
+    if importlib.util.find_spec("wandb") is None:
+        assert any(n.startswith("WandbLogger needs a package not installed here") for n in res.notes), res.notes
+    assert not os.path.exists(os.path.join(FABRIC_JOINT, "workdir"))

@@ -23,6 +23,7 @@ Both the unified package (``lightning.fabric``/``lightning.pytorch``) and the st
 """
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any, Dict, List
 
@@ -265,6 +266,47 @@ def _infinite_barrier(hooks, module) -> None:
         hooks.patch(barrier, "__enter__", lambda self: self)
 
 
+def _dummy_logger():
+    for name in ("lightning.pytorch.loggers.logger", "pytorch_lightning.loggers.logger"):
+        try:
+            return importlib.import_module(name).DummyLogger
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def _loggers(hooks, module) -> None:
+    """A logger whose package is not installed here (``WandbLogger`` without wandb: "Requirement
+    'wandb>=0.12.10' not met") refuses to be built where a node's logs the run. A logger never changes the
+    plan: the instance becomes Lightning's own ``DummyLogger``, in a note."""
+    base = getattr(module, "Logger", None)
+    for name in dir(module):
+        cls = getattr(module, name)
+        if not (isinstance(cls, type) and base is not None and issubclass(cls, base) and cls is not base
+                and cls.__module__.startswith(module.__name__)):
+            continue
+
+        def make(init, cls=cls):
+            def __init__(self, *args, **kwargs):
+                try:
+                    init(self, *args, **kwargs)
+                except ModuleNotFoundError as exc:
+                    DummyLogger = _dummy_logger()          # (imported late: the Fabric's loggers load with Fabric)
+                    if DummyLogger is None:
+                        raise
+                    self.__class__ = DummyLogger
+                    DummyLogger.__init__(self)
+                    notes = hooks.rec.__dict__.setdefault("framework_notes", [])
+                    text = (f"{cls.__name__} needs a package not installed here ({str(exc).splitlines()[0]}); "
+                            f"Lightning's DummyLogger stood in for it (a logger does not change the plan)")
+                    if text not in notes:
+                        notes.append(text)
+            return __init__
+
+        if "__init__" in cls.__dict__:
+            hooks.wrap(cls, "__init__", make)
+
+
 def hook_table() -> Dict[str, List[Any]]:
     table: Dict[str, List[Any]] = {}
     for f in _FABRIC:
@@ -273,10 +315,12 @@ def hook_table() -> Dict[str, List[Any]]:
         table[f"{f}.wrappers"] = [_fabric_wrappers]
         table[f"{f}.strategies.fsdp"] = [_flat_params_check]
         table[f"{f}.utilities.distributed"] = [_infinite_barrier]
+        table[f"{f}.loggers"] = [_loggers]
     for p in _PYTORCH:
         table[f"{p}.trainer.connectors.accelerator_connector"] = [_connector]
         table[f"{p}.trainer.trainer"] = [_trainer]
         table[f"{p}.trainer.call"] = [_trainer_call]
         table[f"{p}.strategies.fsdp"] = [_flat_params_check]
         table[f"{p}.trainer.connectors.data_connector"] = [_data_connector]
+        table[f"{p}.loggers"] = [_loggers]
     return table
