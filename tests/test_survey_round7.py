@@ -324,3 +324,56 @@ def test_a_fabric_run_logged_to_wandb_without_wandb_here_plans_as_lightning_buil
     if importlib.util.find_spec("wandb") is None:
         assert any(n.startswith("WandbLogger needs a package not installed here") for n in res.notes), res.notes
     assert not os.path.exists(os.path.join(FABRIC_JOINT, "workdir"))
+
+
+RUN_FOLDER_SCRIPT = '''
+import argparse
+import logging
+import os
+
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+
+def setup_run(args):
+    log_path = os.path.join(args.logs, args.name, "out.log")
+    if os.path.exists(log_path):
+        raise ValueError(f"Experiment {log_path} already exists. Use --name to specify a new experiment.")
+    os.makedirs(os.path.join(args.logs, args.name, "checkpoints"), exist_ok=True)
+    logging.getLogger().addHandler(logging.FileHandler(log_path))
+    with open(os.path.join(args.logs, args.name, "params.txt"), "w") as f:
+        f.write(repr(vars(args)))
+    with open("latest_run.txt", "w") as f:
+        f.write(args.name)
+    return args
+
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--name", default="tiny")
+parser.add_argument("--logs", default="logs")
+parser.add_argument("--width", type=int, default=8)
+args = setup_run(parser.parse_args())
+model = nn.Sequential(nn.Linear(args.width, args.width), nn.Linear(args.width, args.width))
+for layer in model:
+    fully_shard(layer)
+fully_shard(model)
+'''
+
+
+def test_what_the_setup_writes_is_gone_when_the_lint_ends_and_the_next_lint_plans_the_same(cli, tmp_path):
+    # a run folder with its log and arguments (open_lm's `logs/<name>/out.log`, `params.txt`): left behind,
+    # the second lint stopped on the script's own "Experiment ... already exists"; a file the setup rewrites
+    # gets its content back
+    (tmp_path / "train.py").write_text(RUN_FOLDER_SCRIPT)
+    (tmp_path / "latest_run.txt").write_text("the user's last run\n")
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    first = cli("train.py", "--world-size", "2", "--no-cache", "--format", "json", "--", "--name", "tiny",
+                cwd=str(tmp_path))
+    assert first.code in (0, 1), first.err
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "latest_run.txt").read_text() == "the user's last run\n"
+    second = cli("train.py", "--world-size", "2", "--no-cache", "--format", "json", "--", "--name", "tiny",
+                 cwd=str(tmp_path))
+    assert second.code == first.code, second.err
+    units = [[u["modules"] for u in json.loads(r.out)["files"][0]["plan"]["units"]] for r in (first, second)]
+    assert units[0] == units[1] == [["0"], ["1"], [""]]

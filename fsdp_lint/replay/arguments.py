@@ -53,14 +53,18 @@ def describe(exc: BaseException, loc: str, argv, display: str, one_line) -> Opti
             f"{one_line(exc)}{hint}")
 
 
-# the flag of a data set's file (`--data_path`, `--train_file`, `data.train_files=`)
-_DATA_FLAG = re.compile(r"data|train_file|eval_file|validation_file|test_file|corpus|trajector")
+# the flag of a data set's file (`--data_path`, `--train_file`, `data.train_files=`), of weights to start from
+# (`--pretrained checkpoint.pt`, `--resume`): a node has them, and neither changes the plan
+_DATA_FLAG = re.compile(r"data|train_file|eval_file|validation_file|test_file|corpus|trajector|pretrained|resume|ckpt|"
+                        r"checkpoint|init_from|weights")
+_WEIGHTS = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".distcp")
 
 
 def names_an_unreadable_file(exc: BaseException, argv) -> bool:
     """Whether `exc` is a file named in the script's arguments `argv` (a config) that cannot be read: the
     launch command is wrong here, and skipping it would plan with defaults nobody launches. A data set's
-    file (`--data_path traj.json`) is not: a node has it prepared, here it is missing data."""
+    file (`--data_path traj.json`) or a checkpoint's (`--pretrained checkpoint.pt`) is not: a node has it,
+    here it is missing data or weights."""
     name = getattr(exc, "filename", None)
     if not isinstance(exc, OSError) or not name:
         return False
@@ -72,5 +76,5 @@ def names_an_unreadable_file(exc: BaseException, argv) -> bool:
         if a == name or a.endswith("=" + name) or os.path.abspath(a) == target \
                 or ("=" in a and os.path.abspath(a.split("=", 1)[1]) == target):
             flag = a.split("=", 1)[0] if "=" in a else (argv[i - 1] if i else "")
-            return not _DATA_FLAG.search(flag.lstrip("-+").lower())
+            return not (_DATA_FLAG.search(flag.lstrip("-+").lower()) or name.lower().endswith(_WEIGHTS))
     return False

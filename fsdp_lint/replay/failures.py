@@ -316,7 +316,10 @@ class Failures:
         if missing_input is not None and missing_input.exc is not exc:
             earlier = missing_input        # a model config fsdp-lint never downloads: what the rest follows from
         if earlier is not None:
-            # the skipped statement first: what failed here left the object half-set
+            # the skipped statement first: what failed here left the object half-set -- itself failing on a name
+            # an earlier skipped statement would have bound (`validate(args, tokenizer.n_words)` after the
+            # tokenizer's statement failed): that one
+            earlier = self.root_cause(earlier.exc) or earlier
             at = f"{_display(earlier.skipped.path, self.entry_path, entry_display)}:{earlier.skipped.line}"
             if _network_ask(earlier.exc) or isinstance(earlier.exc, NetworkWait):
                 return (f"{at}: {_network_text(earlier.exc)} (skipped; what it would have set up was used later: "

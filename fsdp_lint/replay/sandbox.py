@@ -33,7 +33,7 @@ from fsdp_lint.replay.recorders import (
     _install_recorders,
 )
 from fsdp_lint.replay import (  # issue 11; issue 15: the node's GPU, data values, rank values, jobs, network
-    checkpoints, data_values, host_values, job_submission, network, node, parallel, rank_values, smi,
+    checkpoints, data_values, host_values, job_submission, network, node, parallel, rank_values, smi, writes,
 )
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
 
@@ -300,6 +300,7 @@ def _simulate_launchers(rec: Recorder, patch: Patch) -> None:
     patch(tmp, "spawn", spawn)
     job_submission.install(rec, patch)     # submitit's executor.submit(fn): the job runs here, as task 0
     network.install(rec, patch)            # no network: a connection fails at once, never waits
+    writes.install(rec, patch)             # what the setup writes is removed (or restored) when the replay ends
 
 
 def _hydra_without_outputs(patch: Patch) -> Callable[[], None]:
