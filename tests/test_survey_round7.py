@@ -377,3 +377,38 @@ def test_what_the_setup_writes_is_gone_when_the_lint_ends_and_the_next_lint_plan
     assert second.code == first.code, second.err
     units = [[u["modules"] for u in json.loads(r.out)["files"][0]["plan"]["units"]] for r in (first, second)]
     assert units[0] == units[1] == [["0"], ["1"], [""]]
+
+
+PROBE_HELPERS = os.path.join(REPO, "fixtures", "repos", "probe_helpers")
+
+
+def test_a_missing_package_that_decides_a_wrap_in_another_module_is_refused(cli):
+    # `cfg.param_dtype = torch.bfloat16 if gpu_supports_bf16() else torch.float32` in the entry, the wrap in
+    # trainer/parallel.py's `setup_fsdp(model, cfg)` reading `cfg.param_dtype`: the probe fails on the
+    # stand-in for the package it needs, and skipping it planned float32 where a node with the package runs
+    # bf16 (noted as "not used by the model"). The imported helper's wrap sites make its arguments deciding
+    res = cli("trainer/train.py", "--world-size", "4", cwd=PROBE_HELPERS)
+    assert res.code == 2, res.out
+    [line] = res.err.strip().splitlines()[:1]
+    assert "trainer/env.py:9: " in line and "`nvversions` is not installed here: pip install nvversions" in line, line
+    assert "decides the wrap's arguments (train.py:24)" in line, line
+
+
+def test_with_the_package_the_helper_wraps_in_bf16_as_torch_builds(tmp_path, monkeypatch):
+    pkg = tmp_path / "site" / "nvversions"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "version.py").write_text(
+        "class Version:\n    def __init__(self, text):\n"
+        "        self.release = tuple(int(p) for p in text.split('.'))\n\n\n"
+        "def parse(text):\n    return Version(text)\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.syspath_prepend(PROBE_HELPERS)
+    monkeypatch.chdir(PROBE_HELPERS)
+    try:
+        res, _ = assert_plan_matches_torch(os.path.join(PROBE_HELPERS, "trainer", "train.py"), 4)
+    finally:
+        for name in [n for n in sys.modules if n in ("trainer", "nvversions") or n.startswith(("trainer.", "nvversions."))]:
+            sys.modules.pop(name, None)
+    assert {u.param_dtype for u in res.plan.units} == {"bfloat16"}
+    assert [u.modules for u in res.plan.units] == [[f"blocks.{i}"] for i in range(4)] + [[""]]

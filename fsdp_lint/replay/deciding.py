@@ -20,6 +20,7 @@ caller's current statement decides it (``Failures.decides_wrap`` walks the frame
 from __future__ import annotations
 
 import ast
+import os
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Set, Tuple
 
@@ -38,6 +39,9 @@ class _Item:
 class Deciding:
     wrap_lines: Set[int] = field(default_factory=set)
     return_lines: Set[int] = field(default_factory=set)
+    # what another file's call of this file's functions decides: name -> (parameters, the deciding ones,
+    # whether the first parameter is the instance) -- `setup_fsdp(model, cfg)` imported from utils/fsdp.py
+    exported: Dict[str, Tuple[List[str], Set[str], bool]] = field(default_factory=dict)
 
 
 def _chain(node: ast.AST):
@@ -225,21 +229,56 @@ def _callees(tree: ast.Module) -> Dict[str, List[Tuple[ast.AST, bool]]]:
 
 
 def _argument_reads(call: ast.Call, fn, bound: bool, deciding: Set[str]) -> Set[str]:
-    """What the arguments of `call` that bind the `deciding` parameters of `fn` read."""
-    params = _params(fn)[1:] if bound else _params(fn)
+    """What the arguments of `call` that bind the `deciding` parameters of `fn` (a function node, or its
+    parameter names) read."""
+    params = fn if isinstance(fn, list) else _params(fn)
+    params = params[1:] if bound else params
     exprs = [a for i, a in enumerate(call.args) if i < len(params) and params[i] in deciding
              and not isinstance(a, ast.Starred)]
     exprs += [k.value for k in call.keywords if k.arg in deciding or (k.arg is None and deciding)]
     return _reads(exprs)
 
 
-def deciding_lines(tree: ast.Module, sites) -> Deciding:
+def imported_functions(tree: ast.Module) -> Dict[str, Tuple[str, int, str]]:
+    """Name used in this file -> (module, level, name) of a module-level ``from module import name [as n]``."""
+    out: Dict[str, Tuple[str, int, str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.name != "*":
+                    out[alias.asname or alias.name] = (node.module or "", node.level, alias.name)
+    return out
+
+
+def imported_deciding(tree: ast.Module, path: str, resolve, deciding_of) -> Dict[str, Tuple[List[str], Set[str], bool]]:
+    """The project functions `tree` (the file `path`) imports from other files whose wrap sites read their
+    parameters: `resolve` gives an absolute module's project file, `deciding_of` a file's `Deciding` (None
+    for a file this replay did not compile)."""
+    out = {}
+    for name, (module, level, func) in imported_functions(tree).items():
+        if level:
+            base = os.path.dirname(path)
+            for _ in range(level - 1):
+                base = os.path.dirname(base)
+            stem = os.path.join(base, *module.split(".")) if module else base
+            target = next((c for c in (stem + ".py", os.path.join(stem, "__init__.py")) if os.path.isfile(c)), None)
+        else:
+            target = resolve(module) if resolve is not None else None
+        found = deciding_of(os.path.abspath(target)) if isinstance(target, str) else None
+        if found is not None and func in found.exported:
+            out[name] = found.exported[func]
+    return out
+
+
+def deciding_lines(tree: ast.Module, sites, external=None) -> Deciding:
     """The lines of `tree` whose statements decide what its wrap/policy/dtype/freeze sites are given,
     and the lines of its functions' return slices. A function of the file whose sites read its
     parameters (the model handed to ``setup_fsdp(model, cfg)``, a trainer class that wraps what it is
     given) makes its callers' arguments for them deciding too: the model's constructor arguments, the
-    config fields they come from."""
+    config fields they come from. `external`: name -> the ``Deciding.exported`` entry of a project function
+    another file defines and this one imports (its wrap sites read those parameters)."""
     out = Deciding()
+    external = external or {}
     site_lines = {s.line for s in sites if s.kind in _SITE_KINDS}
     scopes = [(scope, body, _items(body)) for scope, body in _scopes(tree)]
     callees = _callees(tree)
@@ -256,6 +295,9 @@ def deciding_lines(tree: ast.Module, sites) -> Deciding:
                 for fn, bound in callees.get(name, ()):
                     if deciding.get(id(fn)):
                         needed |= _argument_reads(call, fn, bound, deciding[id(fn)])
+                if name in external:
+                    params, wanted, bound = external[name]
+                    needed |= _argument_reads(call, params, bound, wanted)
             if not needed:
                 continue
             out.wrap_lines |= _slice(items, needed)
@@ -266,6 +308,12 @@ def deciding_lines(tree: ast.Module, sites) -> Deciding:
                     changed = True
         if not changed:
             break
+    for name, fns in callees.items():       # what an importer's call of them decides
+        for fn, bound in fns:
+            if deciding.get(id(fn)) and not name.startswith("."):
+                out.exported[name] = (_params(fn), set(deciding[id(fn)]), bound)
+    for name, entry in external.items():    # and what it imports to export again (a package's __init__)
+        out.exported.setdefault(name, entry)
     for scope, body, items in scopes:
         if scope is not tree:
             returns = [n for s in body if not isinstance(s, _DEFS) for n in _walk(s) if isinstance(n, ast.Return)]

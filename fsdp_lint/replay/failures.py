@@ -143,18 +143,21 @@ class Failures:
         return STANDIN_LENGTH
 
     def _deciding(self, path: str):
-        from fsdp_lint.replay.deciding import Deciding, deciding_lines
+        from fsdp_lint.replay.deciding import Deciding, deciding_lines, imported_deciding
 
         found = self.deciding.get(path)
         if found is None or isinstance(found, Deciding):
             return found
+        self.deciding[path] = Deciding()        # (while it is worked out: an import cycle finds it empty)
         try:
             with open(path, encoding="utf-8-sig") as fh:
                 tree = ast.parse(fh.read())
         except (OSError, SyntaxError, ValueError):
             tree = None
-        self.deciding[path] = found = deciding_lines(tree, found) if tree is not None else Deciding()
-        return found
+        if tree is not None:
+            external = imported_deciding(tree, path, self.resolves_locally, self._deciding)
+            self.deciding[path] = deciding_lines(tree, found, external)
+        return self.deciding[path]
 
     def decides_wrap(self, frame, line: int) -> bool:
         """Whether the statement at `line` of `frame` decides what a wrap/policy/dtype/freeze site is
