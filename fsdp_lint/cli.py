@@ -99,6 +99,8 @@ def _shell_runs(scripts, settings, script_args, cli_world_size):
                 overrides.update(world_size=launch.world_size, world_size_source="launch script")
             if launch.env:
                 overrides["launch_env"] = tuple(sorted(launch.env.items()))
+            if launch.module:
+                overrides["launch_module"] = launch.module
             if launch.accelerate_config and not settings.accelerate_config:
                 overrides["accelerate_config"] = launch.accelerate_config
             runs.append((launch.path, list(launch.args), settings.with_overrides(**overrides), explicit, launch.cwd))

@@ -100,6 +100,13 @@ SCREENED: Optional[Dict[Tuple[str, bool], "FileResult"]] = None
 def screen(path: str, settings: Settings, *, explicit: bool = True):
     """The file's source and the project modules it imports, read, never run (no torch): a skipped
     FileResult, or what `analyse_facts` replays. Raises LintError."""
+    from fsdp_lint.entry.project import launched_as
+
+    with launched_as(path, settings.launch_module):     # `-m training.run` from the launch's folder
+        return _screen(path, settings, explicit=explicit)
+
+
+def _screen(path: str, settings: Settings, *, explicit: bool = True):
     if SCREENED and not settings.model:
         done = SCREENED.pop((path, explicit), None)
         if done is not None:
@@ -310,7 +317,10 @@ def lint_file(path: str, settings: Settings, *, argv: Optional[List[str]] = None
 def lint_facts(screened: Screened, settings: Settings, *, argv: Optional[List[str]] = None,
                explicit: bool = True, cwd: Optional[str] = None) -> FileResult:
     """Replay, tree, plan, layout and rules for a screened file. Raises LintError."""
-    res = analyse_facts(screened, settings, argv=argv, explicit=explicit, cwd=cwd)
+    from fsdp_lint.entry.project import launched_as
+
+    with launched_as(screened.facts.path, settings.launch_module):
+        res = analyse_facts(screened, settings, argv=argv, explicit=explicit, cwd=cwd)
     res.cwd = cwd
     res.imported_files = _imported_project_files()
     if res.skipped:

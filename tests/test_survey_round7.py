@@ -412,3 +412,38 @@ def test_with_the_package_the_helper_wraps_in_bf16_as_torch_builds(tmp_path, mon
             sys.modules.pop(name, None)
     assert {u.param_dtype for u in res.plan.units} == {"bfloat16"}
     assert [u.modules for u in res.plan.units] == [[f"blocks.{i}"] for i in range(4)] + [[""]]
+
+
+def test_run_on_a_launch_of_many_nodes_is_refused_before_it_starts_them(cli, tmp_path):
+    # `--run` runs as many ranks as the launch it followed: 512 nodes of 8 is no session this machine runs
+    # (each CPU rank is a process); one line saying so and how to ask for a smaller one, nothing started
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n"
+        "model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))\nfor layer in model:\n    fully_shard(layer)\n"
+        "fully_shard(model)\n")
+    (tmp_path / "run.sh").write_text("torchrun --nnodes 512 --nproc_per_node 8 train.py\n")
+    res = cli("run.sh", "--run", "--device", "cpu", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = next(ln for ln in res.err.splitlines() if ln.startswith("fsdp-lint: error: --run:"))
+    assert "4096 ranks on this machine's CPUs take about" in line and "pass --nproc N" in line, line
+
+
+EMBED_PKG = os.path.join(REPO, "fixtures", "repos", "embed_pkg")
+
+
+def test_a_module_launched_from_inside_a_package_runs_as_the_launch_names_it(cli, monkeypatch):
+    # `cd embedkit && torchrun -m training.run`: on a node `training` is a top-level namespace package of the
+    # folder the launch runs in (its `from training.arguments import ...` resolves there), and the
+    # enclosing `embedkit/__init__.py` -- which needs the `_version.py` an install writes -- never runs. It
+    # was replayed as `embedkit.training.run` from the repository root. The `cd` is read from where
+    # `bash scripts/train.sh` runs, as bash does
+    from fsdp_lint.entry.shell import shell_launches
+
+    monkeypatch.chdir(EMBED_PKG)
+    [launch] = shell_launches("scripts/train.sh")
+    assert launch.module == ("training.run", os.path.join(EMBED_PKG, "embedkit"))
+    res = cli("scripts/train.sh", "--format", "json", cwd=EMBED_PKG)
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert [u["modules"] for u in f["plan"]["units"]] == [[f"layers.{i}"] for i in range(6)] + [[""]]
+    assert f["replay"]["skipped_statements"] == [] and f["notes"] == []

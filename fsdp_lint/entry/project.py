@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -32,16 +33,47 @@ class Entry:
     # a module of a namespace package (folders without __init__.py) that `python -m pkg.mod` runs from the
     # repository root: it imports its own folder by its dotted name, or relatively
     namespace: bool = False
+    launched: bool = False      # the launch names the module (`torchrun -m training.run` from `gritlm/`)
 
     @property
     def is_package_module(self) -> bool:
         return self.package is not None
 
 
-def entry_for(path: str, text: Optional[str] = None) -> Entry:
-    """How ``python`` runs `path`: a file inside a package runs as its dotted module name. (`text`: the
-    file's, when the caller has read it.)"""
+# `python -m training.run` from the folder holding `training/` (a launch script's `-m`): path -> (module, root)
+_LAUNCHED: Dict[str, Tuple[str, str]] = {}
+
+
+@contextlib.contextmanager
+def launched_as(path: str, module_and_root):
+    """While a launch that names its module (``-m MODULE`` from ROOT) is linted, `path` runs as it does."""
     path = os.path.abspath(path)
+    if not module_and_root:
+        yield
+        return
+    before = _LAUNCHED.get(path)
+    _LAUNCHED[path] = tuple(module_and_root)
+    try:
+        yield
+    finally:
+        if before is None:
+            _LAUNCHED.pop(path, None)
+        else:
+            _LAUNCHED[path] = before
+
+
+def entry_for(path: str, text: Optional[str] = None) -> Entry:
+    """How ``python`` runs `path`: a file inside a package runs as its dotted module name, a module a launch
+    names (``-m training.run``) as that module from the launch's folder. (`text`: the file's, when the
+    caller has read it.)"""
+    path = os.path.abspath(path)
+    if path in _LAUNCHED:
+        module, root = _LAUNCHED[path]
+        if os.path.basename(path) == "__main__.py" and not module.endswith(".__main__"):
+            module += ".__main__"            # `python -m pkg` runs pkg/__main__.py
+        package = module.rpartition(".")[0] or None
+        namespace = package is not None and not os.path.isfile(os.path.join(root, *package.split("."), "__init__.py"))
+        return Entry(path=path, module=module, package=package, root=root, namespace=namespace, launched=True)
     folder, name = os.path.split(path)
     stem = os.path.splitext(name)[0]
     parts: List[str] = []

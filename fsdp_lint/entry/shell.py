@@ -45,6 +45,7 @@ class ShellLaunch:
     # what the process finds in its environment from the script (`export VAR=...`, `VAR=... torchrun ...`)
     # and from the launcher (Lightning's CLI: `LT_DEVICES`, `LT_PRECISION`, ...)
     env: Dict[str, str] = field(default_factory=dict)
+    module: Optional[Tuple[str, str]] = None        # `-m training.run`: (the module, the folder it resolves from)
 
 
 def _after(c: str, quote: Optional[str]) -> Optional[str]:
@@ -357,6 +358,16 @@ def _module_file(module: str, script: str, cd: Optional[str]) -> Tuple[Optional[
     return None, os.getcwd()
 
 
+def _module_root(path: str, module: str) -> str:
+    """The folder `module` resolves from, `path` being its file (``.../gritlm/training/run.py`` of
+    ``training.run``: ``.../gritlm``)."""
+    depth = len(module.split(".")) - (0 if os.path.basename(path) == "__main__.py" else 1)
+    root = os.path.dirname(path)
+    for _ in range(depth):
+        root = os.path.dirname(root)
+    return root
+
+
 def _console_commands(script: str, cd: Optional[str]) -> Dict[str, str]:
     """The console scripts of the repository the script is in (or runs in): command -> "module:function"."""
     from fsdp_lint.entry.launches import console_scripts
@@ -431,8 +442,12 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         if stripped.startswith("cd "):
             target = _expand(stripped[3:].strip().strip("\"'"), env, positional)
             if "$" not in target and "`" not in target:
-                base = cd or os.path.dirname(os.path.abspath(script))
-                cd = os.path.normpath(os.path.join(base, target))
+                # from the folder the script is in now: the one it cd'd to, else where `bash scripts/run.sh`
+                # runs it (the current folder), else the script's folder or one above it
+                here = os.path.dirname(os.path.abspath(script))
+                bases = [cd] if cd else [os.getcwd(), here, os.path.dirname(here)]
+                cd = next((os.path.normpath(os.path.join(b, target)) for b in bases
+                           if os.path.isdir(os.path.join(b, target))), os.path.normpath(os.path.join(bases[0], target)))
             continue
         tokens = _nested(_tokens(pieces, env, positional))
         if console is None:
@@ -446,6 +461,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             path, base = _module_file(found["file"], script, cd)
             if path is None:
                 continue        # a module that is not the project's (`python -m pip install ...`, `-m pytest`)
+            module = (found["file"], _module_root(path, found["file"]))
         else:
             path, base = _resolve(found["file"], script, cd)
         if path is None:
@@ -459,5 +475,6 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         passed = {name: env[name] for name in exported if name in env}
         passed.update(found.get("env") or {})
         passed = {k: v for k, v in passed.items() if not _NOT_PASSED.match(k) and "$" not in v and "`" not in v}
-        out.append(ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed))
+        out.append(ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
+                               module if found.get("module") else None))
     return out

@@ -418,7 +418,7 @@ class _Run:
         return err
 
     def _error(self, exc: BaseException, where_real: str) -> ReplayError:
-        launch = f" ({self._namespace_launch()})" if self.entry.namespace else ""
+        launch = f" ({self._namespace_launch()})" if self.entry.namespace and not self.entry.launched else ""
         err = ReplayError(self.failures.describe(exc, entry_display=self.display, where_real=where_real,
                                                  importer=self.importer)
                           + argv_hint(exc, self.path, self.argv, self.display) + launch)  # trials: no-argument launches
@@ -555,7 +555,7 @@ class _Run:
         rec = self.rec
         if self.ran_as_script:
             notes.append(self.ran_as_script)
-        elif self.entry.namespace:
+        elif self.entry.namespace and not self.entry.launched:
             notes.append(self._namespace_launch())
         if self.ended_after_setup:
             notes.append(f"the script ended after its setup ({self.ended_after_setup}) before training started")

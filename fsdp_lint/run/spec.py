@@ -132,10 +132,20 @@ def _model_bytes(res) -> int:
     return sum(p.numel * p.itemsize for p in res.tree.params.values())
 
 
+# what one more CPU rank takes besides its model (Python and torch forked from the parent, gloo, the
+# allocator): measured on the 2-CPU CI machine, 16 ranks of a 140K-parameter model took 3.3 GB (MemAvailable)
+_RANK_PROCESS_BYTES = 200 << 20
+
+
 def check_host_memory(runnable, ranks_here: int) -> None:
     avail = _available_memory()
     if not avail:
         return
+    if ranks_here * _RANK_PROCESS_BYTES > avail * 0.8:
+        # a launch of many nodes (`srun python main.py --n_nodes 56`: 224 ranks) is not a session this machine runs
+        raise RunError(f"{ranks_here} ranks on this machine's CPUs take about {human_bytes(ranks_here * _RANK_PROCESS_BYTES)} "
+                       f"of memory before any model, and it has {human_bytes(avail)} available: pass --nproc N for a "
+                       f"smaller session of the same plan (the launch's world is what the plan is for)")
     for res in runnable:
         need = _model_bytes(res) * ranks_here * 2
         if need > avail * 0.8:
