@@ -95,8 +95,9 @@ def _shell_runs(scripts, settings, script_args, cli_world_size):
                            f"accelerate launch, deepspeed, lightning run model / fabric run, or python FILE.py)")
         for launch in launches:
             overrides = {"launch_script": os.path.abspath(script), "launched": True}
-            if launch.world_size and cli_world_size is None:
-                overrides.update(world_size=launch.world_size, world_size_source="launch script")
+            world = launch.world_size or (launch.every_gpu_of * settings.gpus_per_node if launch.every_gpu_of else None)
+            if world and cli_world_size is None:
+                overrides.update(world_size=world, world_size_source="launch script")
             if launch.env:
                 overrides["launch_env"] = tuple(sorted(launch.env.items()))
             if launch.module:

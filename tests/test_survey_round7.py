@@ -447,3 +447,24 @@ def test_a_module_launched_from_inside_a_package_runs_as_the_launch_names_it(cli
     f = json.loads(res.out)["files"][0]
     assert [u["modules"] for u in f["plan"]["units"]] == [[f"layers.{i}"] for i in range(6)] + [[""]]
     assert f["replay"]["skipped_statements"] == [] and f["notes"] == []
+
+
+def test_a_launch_on_every_gpu_of_the_node_is_the_simulated_nodes_gpus(cli, tmp_path, monkeypatch):
+    # `--nproc_per_node gpu` (torchrun's own), `$(nvidia-smi -L | wc -l)` and `torch.cuda.device_count()` in
+    # the launch line count the node's GPUs: the world is --gpus-per-node of each node
+    from fsdp_lint.entry.shell import shell_launches
+
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n"
+        "model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))\nfor layer in model:\n    fully_shard(layer)\n"
+        "fully_shard(model)\n")
+    (tmp_path / "run.sh").write_text(
+        "NGPUS=$(nvidia-smi -L | wc -l)\n"
+        "torchrun --standalone --nproc_per_node=$NGPUS train.py\n"
+        "torchrun --nnodes 2 --nproc-per-node=gpu train.py\n"
+        "torchrun --nproc-per-node $(python -c 'import torch; print(torch.cuda.device_count())') train.py\n")
+    monkeypatch.chdir(tmp_path)
+    assert [(s.world_size, s.every_gpu_of) for s in shell_launches("run.sh")] == [(None, 1), (None, 2), (None, 1)]
+    res = cli("run.sh", "--gpus-per-node", "4", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    assert [f["plan"]["world_size"] for f in json.loads(res.out)["files"]] == [4, 8, 4]

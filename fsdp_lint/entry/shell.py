@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+# what a node's shell counts its GPUs with (`--nproc_per_node=$(nvidia-smi -L | wc -l)`): read as torchrun's
+# own "gpu" (every GPU of the node), which the simulated node's --gpus-per-node answers
+_GPU_COUNT = re.compile(r"\$\((?:nvidia-smi\s+(?:-L|--list-gpus)\s*\|\s*wc\s+-l|python3?\s+-c\s+(['\"])import torch;?\s*"
+                        r"print\(torch\.cuda\.device_count\(\)\)\1)\s*\)")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(:?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
 _LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3", "lightning", "fabric")
 # what the environment a launch line exports holds that is about the processes or this machine, not the job
@@ -46,6 +50,7 @@ class ShellLaunch:
     # and from the launcher (Lightning's CLI: `LT_DEVICES`, `LT_PRECISION`, ...)
     env: Dict[str, str] = field(default_factory=dict)
     module: Optional[Tuple[str, str]] = None        # `-m training.run`: (the module, the folder it resolves from)
+    every_gpu_of: Optional[int] = None              # `--nproc_per_node gpu` on this many nodes
 
 
 def _after(c: str, quote: Optional[str]) -> Optional[str]:
@@ -289,8 +294,9 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
         j += 1
     if j >= len(words):
         return None
-    nproc = _int(opts.get("nproc_per_node") or opts.get("num_processes") or opts.get("num_gpus")
-                 or (opts.get("devices") if lightning else None))
+    raw = opts.get("nproc_per_node") or opts.get("num_processes") or opts.get("num_gpus") or \
+        (opts.get("devices") if lightning else None)
+    nproc = _int(raw)
     nodes = _int(opts.get("nnodes") or opts.get("num_nodes") or opts.get("num_machines")) or 1
     if "num_processes" in opts:      # accelerate: the total over all machines
         nodes = 1
@@ -299,6 +305,8 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
         env.update(_lightning_cli_env(opts))
     return {"file": words[module] if module else words[j], "first_arg": (module or j) + 1,
             "world_size": nproc * nodes if nproc else None, "module": bool(module), "env": env,
+            # torchrun's `--nproc_per_node gpu` (or auto): every GPU of each of the nodes
+            "every_gpu_of": nodes if raw in ("gpu", "auto") and head != "accelerate" else None,
             "accelerate_config": opts.get("config_file") if head == "accelerate" else None}
 
 
@@ -407,6 +415,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             text = fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise ShellError(f"cannot read it: {exc}") from None
+    text = _GPU_COUNT.sub("gpu", text)
     env: Dict[str, str] = {}
     exported: set = set()
     cd: Optional[str] = None
@@ -476,5 +485,5 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         passed.update(found.get("env") or {})
         passed = {k: v for k, v in passed.items() if not _NOT_PASSED.match(k) and "$" not in v and "`" not in v}
         out.append(ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
-                               module if found.get("module") else None))
+                               module if found.get("module") else None, found.get("every_gpu_of")))
     return out
