@@ -468,3 +468,49 @@ def test_a_launch_on_every_gpu_of_the_node_is_the_simulated_nodes_gpus(cli, tmp_
     res = cli("run.sh", "--gpus-per-node", "4", "--format", "json", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
     assert [f["plan"]["world_size"] for f in json.loads(res.out)["files"]] == [4, 8, 4]
+
+
+def test_a_wrap_from_a_module_the_installed_torch_does_not_have_names_it(cli, tmp_path):
+    # `from torch.distributed._fsdp import FullyShardedDataParallel` (the 2021 prototype): torch is installed,
+    # the module is not in it; "pip install torch" was the hint
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom torch.distributed._fsdp import FullyShardedDataParallel as FSDP\n\n"
+        "model = FSDP(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)))\n")
+    res = cli("train.py", "--world-size", "2", cwd=str(tmp_path))
+    assert res.code == 2
+    line = res.err.strip().splitlines()[0]
+    assert "`torch.distributed._fsdp` is not in the installed torch " in line, line
+    assert "pip install" not in line, line
+
+
+def test_a_profiler_context_from_a_package_not_installed_is_a_context_that_does_nothing(cli, tmp_path):
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\nfrom gpu_tracer import trace_range\n\n"
+        "with trace_range('build'):\n    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))\n"
+        "    for layer in model:\n        fully_shard(layer)\n    fully_shard(model)\n")
+    res = cli("train.py", "--world-size", "2", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert [u["modules"] for u in f["plan"]["units"]] == [["0"], ["1"], [""]]
+    assert any("gpu_tracer" in n for n in f["notes"]), f["notes"]
+
+
+def test_an_import_inside_a_function_of_a_package_not_installed_gets_a_stand_in(cli, tmp_path):
+    # `def setup_logger(): from loguru_x._logger import Core` (a lazy import in the project's own logging
+    # helper): its ModuleNotFoundError was skipped with the statement, `logger` stayed unbound, and the
+    # `with logger.contextualize(...)` block holding the model and its wrap was skipped whole (no wrap ran).
+    # Inside a function the import gets a stand-in as a module-level one does, a context that does nothing
+    (tmp_path / "logs.py").write_text(
+        "def setup_logger(level):\n    from loguru_x._logger import Core, Logger\n\n"
+        "    return Logger(core=Core(), level=level)\n")
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\nfrom logs import setup_logger\n\n"
+        "def main():\n    logger = setup_logger('info')\n    with logger.contextualize(rank=0):\n"
+        "        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))\n"
+        "        for layer in model:\n            fully_shard(layer)\n        fully_shard(model)\n"
+        "    logger.info(model)\n\n\nmain()\n")
+    res = cli("train.py", "--world-size", "2", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert [u["modules"] for u in f["plan"]["units"]] == [["0"], ["1"], [""]]
+    assert any("loguru_x" in n for n in f["notes"]), f["notes"]

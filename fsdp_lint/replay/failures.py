@@ -30,7 +30,8 @@ from fsdp_lint.replay.imports import (
     requirement,
     set_project,
 )
-from fsdp_lint.replay.network import NetworkWait, NotDownloaded, remove_failed_downloads, removed_download
+from fsdp_lint.replay.network import (NetworkWait, NotDownloaded, network_ask as _network_ask,
+                                      network_text as _network_text, remove_failed_downloads, removed_download)
 from fsdp_lint.replay.records import Skipped
 
 _FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -437,6 +438,14 @@ class Failures:
             return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here: "
                     f"{imp.message} (the installed {installed_version(imp.module)}; the training repository "
                     f"needs another version); the plan would be built without it")
+        import importlib.util
+
+        if "." in missing and importlib.util.find_spec(missing.split(".")[0]) is not None:
+            installed = installed_version(missing.split(".")[0])
+            # a module the installed package does not have (a prototype API torch has since removed)
+            return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here: `{missing}` is "
+                    f"not in the installed {installed} (the training repository needs another version); the plan "
+                    f"would be built without it")
         return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here "
                 f"(`{missing}` is not installed: pip install "
                 f"{requirement(imp) if imp is not None else distribution_of(missing)}); the plan would be "
@@ -550,30 +559,6 @@ def _package_hint(exc: BaseException, msg: str) -> str:
     if not top or f"`{top}`" in msg or f"'{top}'" in msg:
         return ""
     return f" (`{top}` is not installed here: pip install {distribution_of(top)})"
-
-
-_NO_NETWORK = re.compile(r"fsdp-lint: no network while linting \(the setup asked for ([^)\s]+)\)")
-
-
-def _network_ask(exc: BaseException) -> Optional[str]:
-    """``host:port`` when `exc` comes from a connection the simulated node refused (the refusal may be
-    several exceptions down: requests' ConnectionError over urllib3's MaxRetryError over ours)."""
-    todo, seen = [exc], 0
-    while todo and seen < 16:
-        e = todo.pop()
-        seen += 1
-        found = _NO_NETWORK.search(str(e))
-        if found:
-            return found.group(1)
-        todo += [x for x in (e.__cause__, e.__context__, getattr(e, "reason", None), *getattr(e, "args", ()))
-                 if isinstance(x, BaseException)]
-    return None
-
-
-def _network_text(exc: BaseException) -> str:
-    return (f"the setup reads over the network ({type(exc).__name__} asking for {_network_ask(exc)}), which a lint "
-            f"does not have, and the model or its wrap depends on what it reads: point the script at a local copy "
-            f"(a data set, a tokenizer, a config), or run it once where it can download")
 
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:

@@ -324,6 +324,13 @@ class Missing:
         self._fsdp_lint_on_use(self._fsdp_lint_name)
         return 1
 
+    def __enter__(self):            # `with profiler.profile(...):` of a package not installed: a context that does nothing
+        self._fsdp_lint_on_use(self._fsdp_lint_name, access=True)
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
     def __contains__(self, item):   # trials: a stand-in data set has the split a script checks for
         self._fsdp_lint_on_use(self._fsdp_lint_name)   # (`if "train" not in raw_datasets: raise ...`)
         return True

@@ -11,9 +11,10 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
+import re
 import socket
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 Patch = Callable[[Any, str, Any], None]
 
@@ -171,3 +172,28 @@ def _remove_failed_downloads(rec, patch: Patch, asked: list) -> None:
     patch(builtins, "open", tracking_open)
     patch(io, "open", tracking_open)
     rec.__dict__.setdefault("after_replay", []).append(remove)
+
+
+# -- what a failure says about the network --------------------------------------------------
+_NO_NETWORK = re.compile(r"fsdp-lint: no network while linting \(the setup asked for ([^)\s]+)\)")
+
+
+def network_ask(exc: BaseException) -> Optional[str]:
+    """``host:port`` when `exc` comes from a connection the simulated node refused (the refusal may be
+    several exceptions down: requests' ConnectionError over urllib3's MaxRetryError over ours)."""
+    todo, seen = [exc], 0
+    while todo and seen < 16:
+        e = todo.pop()
+        seen += 1
+        found = _NO_NETWORK.search(str(e))
+        if found:
+            return found.group(1)
+        todo += [x for x in (e.__cause__, e.__context__, getattr(e, "reason", None), *getattr(e, "args", ()))
+                 if isinstance(x, BaseException)]
+    return None
+
+
+def network_text(exc: BaseException) -> str:
+    return (f"the setup reads over the network ({type(exc).__name__} asking for {network_ask(exc)}), which a lint "
+            f"does not have, and the model or its wrap depends on what it reads: point the script at a local copy "
+            f"(a data set, a tokenizer, a config), or run it once where it can download")

@@ -26,15 +26,10 @@ from fsdp_lint.entry.source import SourceFacts
 from fsdp_lint.replay.kept_calls import changes_parts, root_name as _root_name, sets_library_state
 from fsdp_lint.replay.registrations import registers
 
-SKIP = "__fsdp_lint_skip__"
-SKIPPABLE = "__fsdp_lint_skippable__"      # what a tolerant statement catches: Exception, NetworkWait
-STUB_IMPORT = "__fsdp_lint_stub_import__"
-REBIND = "__fsdp_lint_rebind__"
-LOOP = "__fsdp_lint_training_loop__"
-SETUP_DONE = "__fsdp_lint_setup_done__"
-LENGTH = "__fsdp_lint_length__"      # the length of a data set whose data was skipped (a project Dataset's __len__)
-_EXC = "__fsdp_lint_exc__"
-HELPER_NAMES = (SKIP, STUB_IMPORT, REBIND, LOOP, SETUP_DONE)
+from fsdp_lint.replay.stub_imports import (  # noqa: F401  the helpers' names, and what the transform makes
+    _EXC, HELPER_NAMES, LENGTH, LOOP, REBIND, SETUP_DONE, SKIP, SKIPPABLE, STUB_IMPORT, _call_stmt, _globals_call,
+    _located, tolerant_import, tolerant_local_import,
+)
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 _NEVER_WRAP = _DEFS + (ast.Return, ast.Global, ast.Nonlocal, ast.Pass, ast.Break, ast.Continue, ast.Import,
@@ -54,23 +49,6 @@ class Transformed:
     # (function name, first line; "<module>", 0) -> line spans of its last relevant statement: the
     # entry's setup is done when every frame of it is there (see SETUP_DONE)
     terminal_spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = field(default_factory=dict)
-
-
-def _globals_call() -> ast.expr:
-    return ast.Call(ast.Name("globals", ast.Load()), [], [])
-
-
-def _located(node: ast.AST, like: ast.stmt) -> ast.AST:
-    """`node` and every node inside it that has no position get `like`'s."""
-    for n in ast.walk(node):
-        if "lineno" in n._attributes and not hasattr(n, "lineno"):
-            ast.copy_location(n, like)
-    return node
-
-
-def _call_stmt(name: str, *args: ast.expr, like: ast.stmt) -> ast.stmt:
-    node = ast.Expr(ast.Call(func=ast.Name(name, ast.Load()), args=list(args), keywords=[]))
-    return _located(node, like)
 
 
 def _is_future(stmt: ast.stmt) -> bool:
@@ -163,7 +141,7 @@ class _Transformer:
         body: List[ast.stmt] = []
         for stmt in rest:
             if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-                body.append(self._synthetic(self._tolerant_import(stmt)))
+                body.append(self._synthetic(tolerant_import(stmt)))
                 body.append(self._synthetic(_call_stmt(REBIND, _globals_call(), like=stmt)))
             elif isinstance(stmt, _DEFS):
                 body.append(stmt)
@@ -185,24 +163,6 @@ class _Transformer:
     def _synthetic(self, node: ast.stmt) -> ast.stmt:
         self.synthetic.add(id(node))
         return node
-
-    def _tolerant_import(self, stmt: ast.stmt) -> ast.stmt:
-        names = [a.asname or a.name.split(".")[0] for a in stmt.names if a.name != "*"]
-        if isinstance(stmt, ast.ImportFrom):
-            module = "." * (stmt.level or 0) + (stmt.module or "")
-        else:
-            module = ", ".join(a.name for a in stmt.names)
-        handler = ast.ExceptHandler(
-            type=ast.Name("ImportError", ast.Load()), name=_EXC,
-            body=[ast.If(
-                test=ast.UnaryOp(ast.Not(), ast.Call(ast.Name(STUB_IMPORT, ast.Load()), [
-                    ast.List([ast.Constant(n) for n in names], ast.Load()), _globals_call(),
-                    ast.Constant(module or None), ast.Name(_EXC, ast.Load())], [])),
-                body=[ast.Raise()], orelse=[])],
-        )
-        # positions for the new nodes only (the user's statement keeps its own)
-        return ast.copy_location(ast.Try(body=[stmt], handlers=[_located(handler, stmt)], orelse=[], finalbody=[]),
-                                 stmt)
 
     # -- definitions -----------------------------------------------------------------------------
     def _visit_defs_in(self, stmt: ast.stmt) -> None:
@@ -263,6 +223,9 @@ class _Transformer:
                 continue
             if id(stmt) in self.synthetic or _is_stop(stmt):
                 out.append(stmt)
+                continue
+            if tolerate and isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                out.append(tolerant_local_import(stmt))
                 continue
             if not self._is_rel(stmt) and not _returns(stmt):
                 if self.main and isinstance(stmt, ast.While) and slice_ and _calls_something(stmt):
