@@ -187,7 +187,8 @@ def test_a_missing_package_that_decides_the_wraps_precision_is_refused(cli):
     assert "decides the wrap's arguments (train.py:36)" in line
 
 
-def test_with_the_package_installed_the_precision_probe_plans_bf16_as_torch_builds(tmp_path, monkeypatch):
+def install_fake_nvversions(tmp_path, monkeypatch) -> None:
+    """The version package the precision probes read the CUDA version through, installed for the test."""
     pkg = tmp_path / "site" / "nvversions"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -196,6 +197,10 @@ def test_with_the_package_installed_the_precision_probe_plans_bf16_as_torch_buil
         "        self.release = tuple(int(p) for p in text.split('.'))\n\n\n"
         "def parse(text):\n    return Version(text)\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
+
+
+def test_with_the_package_installed_the_precision_probe_plans_bf16_as_torch_builds(tmp_path, monkeypatch):
+    install_fake_nvversions(tmp_path, monkeypatch)
     monkeypatch.chdir(PROBE)
     res, real = assert_plan_matches_torch(os.path.join(PROBE, "s2s", "train.py"), 4)
     assert [u.modules for u in res.plan.units] == [["blocks.0"], ["blocks.1"], ["blocks.2"], ["blocks.3"], [""]]

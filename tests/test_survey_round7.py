@@ -17,6 +17,10 @@ from conftest import REPO  # noqa: E402
 from test_idioms import assert_plan_matches_torch  # noqa: E402
 
 LATENT = os.path.join(REPO, "fixtures", "repos", "latent_tokens")
+# a file whose plan is two Linear units and the root
+TWO_UNITS = ("import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n"
+             "model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))\nfor layer in model:\n    fully_shard(layer)\n"
+             "fully_shard(model)\n")
 CONFIGS = os.path.join(REPO, "fixtures", "frameworks", "configs")
 
 
@@ -395,14 +399,9 @@ def test_a_missing_package_that_decides_a_wrap_in_another_module_is_refused(cli)
 
 
 def test_with_the_package_the_helper_wraps_in_bf16_as_torch_builds(tmp_path, monkeypatch):
-    pkg = tmp_path / "site" / "nvversions"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "version.py").write_text(
-        "class Version:\n    def __init__(self, text):\n"
-        "        self.release = tuple(int(p) for p in text.split('.'))\n\n\n"
-        "def parse(text):\n    return Version(text)\n")
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    from test_causes import install_fake_nvversions
+
+    install_fake_nvversions(tmp_path, monkeypatch)
     monkeypatch.syspath_prepend(PROBE_HELPERS)
     monkeypatch.chdir(PROBE_HELPERS)
     try:
@@ -417,10 +416,7 @@ def test_with_the_package_the_helper_wraps_in_bf16_as_torch_builds(tmp_path, mon
 def test_run_on_a_launch_of_many_nodes_is_refused_before_it_starts_them(cli, tmp_path):
     # `--run` runs as many ranks as the launch it followed: 512 nodes of 8 is no session this machine runs
     # (each CPU rank is a process); one line saying so and how to ask for a smaller one, nothing started
-    (tmp_path / "train.py").write_text(
-        "import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n"
-        "model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))\nfor layer in model:\n    fully_shard(layer)\n"
-        "fully_shard(model)\n")
+    (tmp_path / "train.py").write_text(TWO_UNITS)
     (tmp_path / "run.sh").write_text("torchrun --nnodes 512 --nproc_per_node 8 train.py\n")
     res = cli("run.sh", "--run", "--device", "cpu", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
@@ -454,10 +450,7 @@ def test_a_launch_on_every_gpu_of_the_node_is_the_simulated_nodes_gpus(cli, tmp_
     # the launch line count the node's GPUs: the world is --gpus-per-node of each node
     from fsdp_lint.entry.shell import shell_launches
 
-    (tmp_path / "train.py").write_text(
-        "import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n"
-        "model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))\nfor layer in model:\n    fully_shard(layer)\n"
-        "fully_shard(model)\n")
+    (tmp_path / "train.py").write_text(TWO_UNITS)
     (tmp_path / "run.sh").write_text(
         "NGPUS=$(nvidia-smi -L | wc -l)\n"
         "torchrun --standalone --nproc_per_node=$NGPUS train.py\n"

@@ -107,15 +107,15 @@ def holds(exc: BaseException, objects: List[object], is_project) -> bool:
     if not objects:
         return False
     ids = {id(o) for o in objects} | {id(p) for o in objects for p in _parts(o)}
-    # the innermost frame of project code, where it failed: an outer frame that merely holds the object (a
-    # trainer whose data set was skipped, failing later in its wrap helper) is no link
-    frame, tb = None, exc.__traceback__
+    frames, tb = [], exc.__traceback__
     while tb is not None:
         if is_project(os.path.abspath(tb.tb_frame.f_code.co_filename)):
-            frame = tb.tb_frame
+            frames.append((tb.tb_frame, tb.tb_lineno))
         tb = tb.tb_next
-    if frame is None:
+    if not frames:
         return False
+    # where it failed: the frame's locals, or its `self`'s attributes
+    frame = frames[-1][0]
     if any(id(value) in ids for value in list(frame.f_locals.values())):
         return True
     owner = frame.f_locals.get("self")
@@ -123,4 +123,46 @@ def holds(exc: BaseException, objects: List[object], is_project) -> bool:
         attrs = list(vars(owner).values()) if owner is not None else []
     except TypeError:
         attrs = []
-    return any(id(v) in ids for v in attrs)
+    if any(id(v) in ids for v in attrs):
+        return True
+    # further out, only a frame whose statement reads the object's state (`Net(cfg.vocab_size, ...)` after
+    # `cfg.validate()` was skipped); one that holds it or hands it on (a trainer built with the data set,
+    # failing later in its wrap helper) is no link
+    for frame, line in frames[:-1]:
+        stmt = _statement_at(frame.f_code.co_filename, line)
+        if stmt is not None and any(id(_value(n.value, frame)) in ids for n in _attribute_reads(stmt)):
+            return True
+    return False
+
+
+def _statement_at(path: str, line: int):
+    """The innermost statement of file `path` that spans `line`, or None."""
+    tree = _trees.get(path)
+    if tree is None:
+        try:
+            with open(path, encoding="utf-8-sig") as fh:
+                tree = ast.parse(fh.read())
+        except (OSError, SyntaxError, ValueError):
+            return None
+        _trees[path] = tree
+    found = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            if found is None or node.lineno >= found.lineno:
+                found = node
+    return found
+
+
+_trees: dict = {}
+
+
+def _attribute_reads(stmt: ast.stmt):
+    """The attributes `stmt` reads (`cfg.vocab_size`; not inside definitions it holds)."""
+    todo = [stmt]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+            yield n
+        for child in ast.iter_child_nodes(n):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                todo.append(child)

@@ -224,6 +224,9 @@ class _Run:
                 self.failures.cycles.append([entry] + [n for n, _ in chain] + [mod])
             return False
         path = os.path.abspath(frame.f_code.co_filename)
+        gone = missing_module_of(exc)
+        if globs is not frame.f_globals and gone and self.failures.resolves_locally(gone.split(".")[0]):
+            return False        # inside a function, a module of the project's own that is not there: as python stops
         absent = _names_absent_from_installed(module, names, globs, exc)
         if absent:
             # `from transformers import AdamW, T5ForConditionalGeneration`: the package is installed and

@@ -121,9 +121,9 @@ def _absent_attention_kernel(impl) -> str:
 
 
 def _note(rec, text: str) -> None:
-    notes = rec.__dict__.setdefault("framework_notes", [])
-    if text not in notes:
-        notes.append(text)
+    from fsdp_lint.replay.frameworks.hooks import framework_note
+
+    framework_note(rec, text)
 
 
 def _auto_tokenizer(hooks, module) -> None:

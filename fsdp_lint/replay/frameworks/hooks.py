@@ -228,3 +228,10 @@ def simulate_ddp(rec, patch) -> None:
             return module
 
     patch(parallel, "DistributedDataParallel", DistributedDataParallel)
+
+
+def framework_note(rec, text: str) -> None:
+    """A note of the replay about what a framework did here (listed once)."""
+    notes = rec.__dict__.setdefault("framework_notes", [])
+    if text not in notes:
+        notes.append(text)

@@ -27,6 +27,8 @@ import importlib
 import os
 from typing import Any, Dict, List
 
+from fsdp_lint.replay.frameworks.hooks import framework_note
+
 FRAMEWORK = "lightning"
 _FABRIC = ("lightning.fabric", "lightning_fabric")
 _PYTORCH = ("lightning.pytorch", "pytorch_lightning")
@@ -192,11 +194,8 @@ def _cli_launch(hooks, module) -> None:
             os.environ.update({"LT_CLI_USED": "1", "LT_DEVICES": str(devices), "LT_NUM_NODES": str(nodes)})
             self._strategy.setup_environment()
             self._launched = True
-            notes = hooks.rec.__dict__.setdefault("framework_notes", [])
-            text = (f"the script never calls `fabric.launch()`: linted as launched by Lightning's CLI "
-                    f"(`lightning run model --devices={devices} --num-nodes={nodes} ...`)")
-            if text not in notes:
-                notes.append(text)
+            framework_note(hooks.rec, f"the script never calls `fabric.launch()`: linted as launched by Lightning's "
+                                      f"CLI (`lightning run model --devices={devices} --num-nodes={nodes} ...`)")
         return _validate_launched
 
     if hasattr(Fabric, "_validate_launched"):
@@ -296,11 +295,9 @@ def _loggers(hooks, module) -> None:
                         raise
                     self.__class__ = DummyLogger
                     DummyLogger.__init__(self)
-                    notes = hooks.rec.__dict__.setdefault("framework_notes", [])
-                    text = (f"{cls.__name__} needs a package not installed here ({str(exc).splitlines()[0]}); "
-                            f"Lightning's DummyLogger stood in for it (a logger does not change the plan)")
-                    if text not in notes:
-                        notes.append(text)
+                    framework_note(hooks.rec, f"{cls.__name__} needs a package not installed here "
+                                              f"({str(exc).splitlines()[0]}); Lightning's DummyLogger stood in for "
+                                              f"it (a logger does not change the plan)")
             return __init__
 
         if "__init__" in cls.__dict__:
