@@ -161,6 +161,7 @@ def test_lightnings_launcher_in_a_launch_script_is_the_launch(tmp_path, monkeypa
     script = tmp_path / "pretrain.sh"
     script.write_text('''#!/bin/bash
 export WANDB_PROJECT=scaling
+export WANDB_MODE=online HF_HUB_OFFLINE=0
 RUN_NAME=debug
 export CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7
 export MASTER_ADDR=$(scontrol show hostnames | head -n 1)

@@ -26,10 +26,13 @@ _GPU_COUNT = re.compile(r"\$\((?:nvidia-smi\s+(?:-L|--list-gpus)\s*\|\s*wc\s+-l|
                         r"print\(torch\.cuda\.device_count\(\)\)\1)\s*\)")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(:?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
 _LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3", "lightning", "fabric")
-# what the environment a launch line exports holds that is about the processes or this machine, not the job
+# what the environment a launch line exports holds that is about the processes or this machine, not the job,
+# and what keeps a lint offline (`export HF_HUB_OFFLINE=0`, `WANDB_MODE=online` stay the lint's)
 _NOT_PASSED = re.compile(r"^(CUDA_VISIBLE_DEVICES|MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|NODE_RANK|"
                          r"LOCAL_WORLD_SIZE|OMP_NUM_THREADS|PATH|PYTHONPATH|LD_LIBRARY_PATH|HOME|USER|TMPDIR|SHELL|"
-                         r"HF_HOME|HF_HUB_CACHE|HF_DATASETS_CACHE|TRANSFORMERS_CACHE|TORCH_HOME|.*_DIR|.*_PATH|.*_ROOT)$")
+                         r"HF_HOME|HF_HUB_CACHE|HF_DATASETS_CACHE|TRANSFORMERS_CACHE|TORCH_HOME|.*_DIR|.*_PATH|.*_ROOT|"
+                         r"HF_HUB_OFFLINE|TRANSFORMERS_OFFLINE|HF_DATASETS_OFFLINE|HF_HUB_DISABLE_TELEMETRY|WANDB_MODE|"
+                         r"WANDB_DISABLED)$")
 
 
 class ShellError(Exception):
