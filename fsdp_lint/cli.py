@@ -98,6 +98,10 @@ def _shell_runs(scripts, settings, script_args, cli_world_size):
             world = launch.world_size or (launch.every_gpu_of * settings.gpus_per_node if launch.every_gpu_of else None)
             if world and cli_world_size is None:
                 overrides.update(world_size=world, world_size_source="launch script")
+            elif launch.unset_world and cli_world_size is None:
+                overrides["launch_notes"] = (f"the launch's world is `{launch.unset_world}`, which {os.path.basename(script)} "
+                                             f"does not set: planned for world size {settings.world_size} (pass "
+                                             f"--world-size, or set it in the script)",)
             if launch.env:
                 overrides["launch_env"] = tuple(sorted(launch.env.items()))
             if launch.module:

@@ -74,6 +74,8 @@ class Settings:
     launch_env: Tuple[Tuple[str, str], ...] = ()
     # the module that launch line runs (`-m training.run`) and the folder it resolves from: (module, root)
     launch_module: Tuple[str, ...] = ()
+    # what reading the launch line found that the report says (a world size a variable nothing sets gives)
+    launch_notes: Tuple[str, ...] = ()
     # --simulate: activations enter the static estimate even for inputs inferred from the first layer
     # (the simulation runs on the same ones, so the two figures compare)
     activations_for_inferred_inputs: bool = False
@@ -89,7 +91,7 @@ class Settings:
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(Settings)}
 _KEYS.pop("entries")
 _KEYS["entry"] = "entries"
-_INTERNAL = {"config_path", "launch_script", "launch_env", "launch_module", "cli_selection", "world_size_source", "script_world", "launched", "activations_for_inferred_inputs", "suggest"}
+_INTERNAL = {"config_path", "launch_script", "launch_env", "launch_module", "launch_notes", "cli_selection", "world_size_source", "script_world", "launched", "activations_for_inferred_inputs", "suggest"}
 # what an [[tool.fsdp-lint.entry]] table may set besides `path` and `args`
 _ENTRY_SETTINGS = ("world_size", "api", "wrap", "use_orig_params", "model", "replay_timeout")
 

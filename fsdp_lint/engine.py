@@ -200,7 +200,7 @@ def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = 
                      replay=result if keep_model else None, budget=budget_for(layout.memory, settings))
     if settings.suggest:
         res.suggestions = _suggest(result, tree, plan, layout, settings)
-    res.notes = list(result.notes) + _api_override_note(result, settings)
+    res.notes = list(settings.launch_notes) + list(result.notes) + _api_override_note(result, settings)
     res.stopped = result.stopped
     res.argv = list(result.argv)
     res.skipped_statements = list(result.skipped)

@@ -508,3 +508,19 @@ def test_an_import_inside_a_function_of_a_package_not_installed_gets_a_stand_in(
     f = json.loads(res.out)["files"][0]
     assert [u["modules"] for u in f["plan"]["units"]] == [["0"], ["1"], [""]]
     assert any("loguru_x" in n for n in f["notes"]), f["notes"]
+
+
+def test_a_launch_whose_world_is_a_variable_nothing_sets_says_what_it_planned_for(cli, tmp_path):
+    # `torchrun --nnodes=$nnodes --nproc_per_node=$nproc_per_node ...` in a script its README says to edit
+    # first: the plan is for --world-size (8 by default), and the report says why, not silently
+    (tmp_path / "train.py").write_text(TWO_UNITS)
+    (tmp_path / "run.sh").write_text("set -x\ntorchrun --nnodes=$nnodes --nproc_per_node=$nproc_per_node train.py \"$@\"\n")
+    res = cli("run.sh", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["plan"]["world_size"] == 8
+    assert f["notes"][0] == ("the launch's world is `$nproc_per_node`, which run.sh does not set: planned for world "
+                             "size 8 (pass --world-size, or set it in the script)"), f["notes"]
+    res = cli("run.sh", "--world-size", "16", "--format", "json", cwd=str(tmp_path))
+    f = json.loads(res.out)["files"][0]
+    assert f["plan"]["world_size"] == 16 and not any("does not set" in n for n in f["notes"])

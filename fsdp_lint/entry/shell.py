@@ -54,6 +54,7 @@ class ShellLaunch:
     env: Dict[str, str] = field(default_factory=dict)
     module: Optional[Tuple[str, str]] = None        # `-m training.run`: (the module, the folder it resolves from)
     every_gpu_of: Optional[int] = None              # `--nproc_per_node gpu` on this many nodes
+    unset_world: Optional[str] = None               # `--nproc_per_node=$nproc_per_node` of a variable nothing sets
 
 
 def _after(c: str, quote: Optional[str]) -> Optional[str]:
@@ -310,6 +311,8 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
             "world_size": nproc * nodes if nproc else None, "module": bool(module), "env": env,
             # torchrun's `--nproc_per_node gpu` (or auto): every GPU of each of the nodes
             "every_gpu_of": nodes if raw in ("gpu", "auto") and head != "accelerate" else None,
+            "unset_world": next((v for v in (raw, opts.get("nnodes") or opts.get("num_nodes"))
+                                 if isinstance(v, str) and "$" in v), None),
             "accelerate_config": opts.get("config_file") if head == "accelerate" else None}
 
 
@@ -488,5 +491,6 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         passed.update(found.get("env") or {})
         passed = {k: v for k, v in passed.items() if not _NOT_PASSED.match(k) and "$" not in v and "`" not in v}
         out.append(ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
-                               module if found.get("module") else None, found.get("every_gpu_of")))
+                               module if found.get("module") else None, found.get("every_gpu_of"),
+                               found.get("unset_world")))
     return out
