@@ -524,3 +524,16 @@ def test_a_launch_whose_world_is_a_variable_nothing_sets_says_what_it_planned_fo
     res = cli("run.sh", "--world-size", "16", "--format", "json", cwd=str(tmp_path))
     f = json.loads(res.out)["files"][0]
     assert f["plan"]["world_size"] == 16 and not any("does not set" in n for n in f["notes"])
+
+
+def test_a_trainer_subclass_loader_that_fails_over_data_that_is_here_is_reported(cli, tmp_path):
+    # the loader is the project's own and its data is here (rows, not stand-ins): its failure is the
+    # script's, as on a node -- not skipped to a one-sample loader as a data set that is not here is
+    repo = shutil.copytree(JACOBI, tmp_path / "jacobi_trainer")
+    trainer = repo / "jacobi" / "trainer.py"
+    trainer.write_text(trainer.read_text().replace('"shuffle": True,', '"shuffle": True, "workers": 1 / 0,'))
+    (repo / "data" / "trajectories.json").write_text(json.dumps([{"prompt": "a"}, {"prompt": "b"}]))
+    res = cli("scripts/train.sh", "--", os.path.join(CONFIGS, "tiny-llama-local"), "data/trajectories.json", "out",
+              cwd=str(repo))
+    assert res.code == 2, res.out
+    assert "jacobi/trainer.py:11: setup code failed on the meta device: ZeroDivisionError" in res.err, res.err

@@ -228,7 +228,7 @@ def _trainer(hooks, module) -> None:
                 os.makedirs = real_makedirs
             own = type(self).get_train_dataloader
             if own is not Trainer.get_train_dataloader:     # a subclass's own loader: a data set not here too
-                self.get_train_dataloader = types.MethodType(make_loader(own), self)
+                self.get_train_dataloader = types.MethodType(make_loader(own, own=True), self)
         return __init__
 
     hooks.wrap(Trainer, "__init__", make_init)
@@ -258,13 +258,15 @@ def _trainer(hooks, module) -> None:
 
         hooks.wrap(module.CallbackHandler, "on_train_begin", make_begin)
 
-    def make_loader(get_train_dataloader):
+    def make_loader(get_train_dataloader, own: bool = False):
         def wrapped(self, *args, **kwargs):
             from torch.utils.data import DataLoader
 
             try:
                 loader = get_train_dataloader(self, *args, **kwargs)
             except Exception as exc:
+                if own and _has_real_rows(getattr(self, "train_dataset", None)):
+                    raise       # the project's own loader failing over data that is here: as on a node
                 hooks.rec.record_skip(hooks.rec.position().path, hooks.rec.position().line, exc)
                 return DataLoader([0], batch_size=1)
             if not _has_rows(loader):
@@ -276,6 +278,16 @@ def _trainer(hooks, module) -> None:
         return wrapped
 
     hooks.wrap(Trainer, "get_train_dataloader", make_loader)
+
+
+def _has_real_rows(dataset) -> bool:
+    """Whether `dataset` holds rows that are not stand-ins (data that is here)."""
+    from fsdp_lint.replay.data_standins import is_standin
+
+    try:
+        return dataset is not None and not is_standin(dataset) and len(dataset) > 0
+    except Exception:      # noqa: BLE001 - a length that fails here: its data is not here
+        return False
 
 
 def _has_rows(loader) -> bool:
