@@ -537,3 +537,18 @@ def test_a_trainer_subclass_loader_that_fails_over_data_that_is_here_is_reported
               cwd=str(repo))
     assert res.code == 2, res.out
     assert "jacobi/trainer.py:11: setup code failed on the meta device: ZeroDivisionError" in res.err, res.err
+
+
+def test_a_missing_module_of_the_projects_package_used_by_the_model_is_not_a_pip_install(cli, tmp_path):
+    # `from lm.modeling_v2 import GPT` at module level, `lm` being the project's own package: the hint was
+    # "pip install lm"
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "lm").mkdir()
+    (tmp_path / "lm" / "__init__.py").write_text("")
+    (tmp_path / "train.py").write_text(
+        "from torch.distributed.fsdp import fully_shard\nfrom lm.modeling_v2 import GPT\n\nfully_shard(GPT())\n")
+    res = cli("train.py", "--world-size", "2", cwd=str(tmp_path))
+    assert res.code == 2
+    line = res.err.strip().splitlines()[0]
+    assert "the project has no module `lm.modeling_v2` (its package `lm` is here, that module is not)" in line, line
+    assert "pip install" not in line, line

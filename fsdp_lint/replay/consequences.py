@@ -137,14 +137,18 @@ def holds(exc: BaseException, objects: List[object], is_project) -> bool:
 
 def _statement_at(path: str, line: int):
     """The innermost statement of file `path` that spans `line`, or None."""
-    tree = _trees.get(path)
+    try:
+        key = (path, os.stat(path).st_mtime_ns)
+    except OSError:
+        return None
+    tree = _trees.get(key)
     if tree is None:
         try:
             with open(path, encoding="utf-8-sig") as fh:
                 tree = ast.parse(fh.read())
         except (OSError, SyntaxError, ValueError):
             return None
-        _trees[path] = tree
+        _trees[key] = tree
     found = None
     for node in ast.walk(tree):
         if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno):

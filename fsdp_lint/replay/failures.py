@@ -292,8 +292,7 @@ class Failures:
             imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
             missing = imp.missing if imp is not None else top
             need = (f"{imp.message} (the installed {installed_version(imp.module)})" if imp is not None and imp.absent_names
-                    else f"`{missing}` is not installed here: pip install "
-                         f"{requirement(imp) if imp is not None else distribution_of(missing)}")
+                    else self._not_importable(missing, imp))
             decides = self.decides_note(entry_display)
             return (f"{self._location(exc, entry_display)}: setup code failed {where_real}: {_one_line(exc)} "
                     f"(it uses `{stub.name.rstrip('()')}`, which could not be imported: {need}{decides})")
@@ -438,18 +437,21 @@ class Failures:
             return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here: "
                     f"{imp.message} (the installed {installed_version(imp.module)}; the training repository "
                     f"needs another version); the plan would be built without it")
+        return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here "
+                f"({self._not_importable(missing, imp, where='')}); the plan would be built without it")
+
+    def _not_importable(self, missing: str, imp, where: str = " here") -> str:
+        """Why module `missing` is not here: not installed, not in the installed package (a prototype API
+        torch has since removed), or not in the project whose package is here."""
         import importlib.util
 
-        if "." in missing and importlib.util.find_spec(missing.split(".")[0]) is not None:
-            installed = installed_version(missing.split(".")[0])
-            # a module the installed package does not have (a prototype API torch has since removed)
-            return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here: `{missing}` is "
-                    f"not in the installed {installed} (the training repository needs another version); the plan "
-                    f"would be built without it")
-        return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here "
-                f"(`{missing}` is not installed: pip install "
-                f"{requirement(imp) if imp is not None else distribution_of(missing)}); the plan would be "
-                f"built without it")
+        top = missing.split(".")[0]
+        if "." in missing and self.resolves_locally is not None and self.resolves_locally(top):
+            return f"the project has no module `{missing}` (its package `{top}` is here, that module is not)"
+        if "." in missing and importlib.util.find_spec(top) is not None:
+            return (f"`{missing}` is not in the installed {installed_version(top)} (the training repository needs "
+                    f"another version)")
+        return f"`{missing}` is not installed{where}: pip install {requirement(imp) if imp is not None else distribution_of(missing)}"
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,9 +32,13 @@ def install(rec, patch: Patch) -> None:
             path = os.path.abspath(os.fsdecode(file))
             if not os.path.lexists(path):
                 created.append(path)
-            elif path not in kept and os.path.isfile(path) and os.path.getsize(path) <= _KEEP_AT_MOST:
-                with real_open(path, "rb") as fh:
-                    kept[path] = fh.read()
+            elif path not in kept and os.path.isfile(path):
+                try:
+                    if os.path.getsize(path) <= _KEEP_AT_MOST:
+                        with real_open(path, "rb") as fh:
+                            kept[path] = fh.read()
+                except OSError:
+                    pass        # unreadable here: the open below says what it says
         return real_open(file, mode, *args, **kwargs)
 
     def tracking_mkdir(path, mode=0o777, *, dir_fd=None):
