@@ -552,3 +552,31 @@ def test_a_missing_module_of_the_projects_package_used_by_the_model_is_not_a_pip
     line = res.err.strip().splitlines()[0]
     assert "the project has no module `lm.modeling_v2` (its package `lm` is here, that module is not)" in line, line
     assert "pip install" not in line, line
+
+
+def test_a_trainer_subclass_loader_over_a_data_set_whose_files_are_not_here_gets_the_one_sample_loader(cli, tmp_path):
+    # the project's Dataset reads its file in __init__ (not here: its length stands in) and the subclass's
+    # loader reads a first row to size its buckets: that failure follows from the missing data, not the script
+    repo = shutil.copytree(JACOBI, tmp_path / "jacobi_trainer")
+    train = repo / "jacobi" / "train.py"
+    train.write_text(train.read_text().replace(
+        '''    train_json = json.load(open(trajectory_path, "r"))
+    rows = []
+    for data in train_json:
+        rows.append(data)
+    return dict(train_dataset=TrajectoryDataset(rows), eval_dataset=None)''',
+        '''    return dict(train_dataset=TrajectoryFile(trajectory_path), eval_dataset=None)
+
+
+class TrajectoryFile(TrajectoryDataset):
+    def __init__(self, path):
+        self.rows = json.load(open(path, "r"))'''))
+    trainer = repo / "jacobi" / "trainer.py"
+    trainer.write_text(trainer.read_text().replace(
+        '"shuffle": True,', '"shuffle": True, "drop_last": len(self.train_dataset[0]) > 1,'))
+    res = cli("scripts/train.sh", "--format", "json", "--", os.path.join(CONFIGS, "tiny-llama-local"),
+              "data/trajectories.json", "out", cwd=str(repo))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert len(f["plan"]["units"]) > 1
+    assert any("its data set's length stands in" in s["error"] for s in f["replay"]["skipped_statements"])

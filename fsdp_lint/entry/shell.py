@@ -457,10 +457,10 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         if stripped.startswith("cd "):
             target = _expand(stripped[3:].strip().strip("\"'"), env, positional)
             if "$" not in target and "`" not in target:
-                # from the folder the script is in now: the one it cd'd to, else where `bash scripts/run.sh`
-                # runs it (the current folder), else the script's folder or one above it
+                # from the folder the script is in now: the one it cd'd to, else its own folder (run from there,
+                # `cd ..`), else where `bash scripts/run.sh` runs it (the current folder), else the one above it
                 here = os.path.dirname(os.path.abspath(script))
-                bases = [cd] if cd else [os.getcwd(), here, os.path.dirname(here)]
+                bases = [cd] if cd else [here, os.getcwd(), os.path.dirname(here)]
                 cd = next((os.path.normpath(os.path.join(b, target)) for b in bases
                            if os.path.isdir(os.path.join(b, target))), os.path.normpath(os.path.join(bases[0], target)))
             continue

@@ -58,6 +58,24 @@ def _of_standin(table) -> bool:
     return ref is not None and ref() is table
 
 
+# the project's data sets whose length stood in (their data is not here: `Failures.standin_length`)
+_LENGTH_STOOD_IN = weakref.WeakSet()
+
+
+def length_stood_in(ds) -> None:
+    try:
+        _LENGTH_STOOD_IN.add(ds)
+    except TypeError:       # an object without weak references
+        pass
+
+
+def length_was_stood_in(ds) -> bool:
+    try:
+        return ds in _LENGTH_STOOD_IN
+    except TypeError:
+        return False
+
+
 def is_standin(ds) -> bool:
     info = getattr(ds, "_info", None)
     if getattr(info, "description", None) == MARK:

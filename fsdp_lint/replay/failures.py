@@ -141,6 +141,9 @@ class Failures:
             raise exc
         self.record_skip(frame.f_code.co_filename, line, exc, frame=frame)
         self.skips[-1].skipped.error += f" (its data set's length stands in as {STANDIN_LENGTH})"
+        from fsdp_lint.replay.data_standins import length_stood_in
+
+        length_stood_in(frame.f_locals.get("self"))
         return STANDIN_LENGTH
 
     def _deciding(self, path: str):

@@ -282,10 +282,10 @@ def _trainer(hooks, module) -> None:
 
 def _has_real_rows(dataset) -> bool:
     """Whether `dataset` holds rows that are not stand-ins (data that is here)."""
-    from fsdp_lint.replay.data_standins import is_standin
+    from fsdp_lint.replay.data_standins import is_standin, length_was_stood_in
 
     try:
-        return dataset is not None and not is_standin(dataset) and len(dataset) > 0
+        return dataset is not None and not is_standin(dataset) and not length_was_stood_in(dataset) and len(dataset) > 0
     except Exception:      # noqa: BLE001 - a length that fails here: its data is not here
         return False
 
