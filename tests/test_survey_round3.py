@@ -325,9 +325,11 @@ def test_a_download_refused_names_the_network_and_leaves_no_empty_file_behind(cl
         assert res.code == 2, res.out
         line = res.err.strip().splitlines()[0]
         # the download's statement first, then the read of the file it would have written
-        # the helper's `if not os.path.exists(path):` block (line 11), then the entry's `words = ...` (line 16)
+        # the helper's `if not os.path.exists(path):` block (line 11), then the read of the file that failed in
+        # the entry's skipped `words = ...` (line 16): the helper's line that opens it (line 15), as an error
+        # that ends the replay is located (the innermost line of the project)
         assert ("lmtrain/train.py: lmtrain/data.py:11: the setup reads over the network (ConnectionError asking "
                 "for data.example.org:443)") in line, line
-        assert line.endswith("used later: train.py:16: FileNotFoundError: [Errno 2] No such file or "
+        assert line.endswith("used later: lmtrain/data.py:15: FileNotFoundError: [Errno 2] No such file or "
                              "directory: 'data/vocab.txt')"), line
         assert not (tmp_path / "data" / "vocab.txt").exists()

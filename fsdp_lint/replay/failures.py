@@ -17,13 +17,12 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
-from fsdp_lint.replay import arguments
+from fsdp_lint.replay import arguments, drift
 from fsdp_lint.replay.imports import (
     MissingImport,
     StubUse,
     circular_module,
     distribution_of,
-    installed_version,
     is_circular,
     missing_module_of,
     package_behind,
@@ -285,7 +284,13 @@ class Failures:
 
     def describe(self, exc: BaseException, *, entry_display: str, where_real: str,
                  importer=None) -> str:
-        """One line naming the cause of `exc`, which ended the replay."""
+        """One line naming the cause of `exc`, which ended the replay, and the repository's pins of the
+        libraries it failed in that the installed versions do not meet."""
+        text = self._describe(exc, entry_display=entry_display, where_real=where_real, importer=importer)
+        cause = self.root_cause(exc)
+        return text + drift.note(cause.exc if cause is not None else exc, self.entry_path)
+
+    def _describe(self, exc: BaseException, *, entry_display: str, where_real: str, importer=None) -> str:
         stub = self.stub_cause(exc)
         if stub is not None and stub.in_model:
             return self._stub_message(stub, entry_display)
@@ -294,7 +299,7 @@ class Failures:
             top = stub.name.split(".")[0].split("(")[0]
             imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
             missing = imp.missing if imp is not None else top
-            need = (f"{imp.message} (the installed {installed_version(imp.module)})" if imp is not None and imp.absent_names
+            need = (f"{imp.message} (the installed {drift.installed(imp.module, self.entry_path)})" if imp is not None and imp.absent_names
                     else self._not_importable(missing, imp))
             decides = self.decides_note(entry_display)
             return (f"{self._location(exc, entry_display)}: setup code failed {where_real}: {_one_line(exc)} "
@@ -310,7 +315,8 @@ class Failures:
                 later = f" (skipped; what it would have set up was used later: {self._location(exc, entry_display)}: " \
                         f"{_one_line(exc)})"
             exc = cause.exc
-            loc = f"{_display(cause.skipped.path, self.entry_path, entry_display)}:{cause.skipped.line}"
+            # the line in the skipped statement that failed (a call in the branch of an `if`), else the statement
+            loc = self._location(exc, entry_display, f"{_display(cause.skipped.path, self.entry_path, entry_display)}:{cause.skipped.line}")
             earlier = self.acted_on_by_skip(exc, before=self.skips.index(cause))
         else:
             loc = self._location(exc, entry_display)
@@ -357,7 +363,7 @@ class Failures:
 
         return next((r for r in self.skips if isinstance(r.exc, HubConfigMissing)), None)
 
-    def _location(self, exc: BaseException, entry_display: str) -> str:
+    def _location(self, exc: BaseException, entry_display: str, fallback: str = "") -> str:
         """The innermost frame of the user's code: project frames from the top of the user's stack
         down to where the code enters fsdp-lint again (a recorder) -- what runs below a recorder is
         torch's or fsdp-lint's, not the user's. fsdp-lint's shims on the way (the launcher's, Hydra's
@@ -374,7 +380,7 @@ class Failures:
                 innermost = frames[i]
             i += 1
         if innermost is None:
-            return entry_display
+            return fallback or entry_display
         return f"{_display(innermost.filename, self.entry_path, entry_display)}:{innermost.lineno}"
 
     def describe_import_error(self, exc: ImportError, importer=None) -> Optional[str]:
@@ -402,7 +408,7 @@ class Failures:
         for imp in self.imports:
             if imp.missing and imp.missing.split(".")[0] in msg:
                 if imp.absent_names:      # the package is installed: its version lacks the name
-                    return (f" ({imp.message}: the installed {installed_version(imp.module)} does not have it; "
+                    return (f" ({imp.message}: the installed {drift.installed(imp.module, self.entry_path)} does not have it; "
                             f"the training repository needs another version)")
                 return f" (`{imp.missing}` is not installed here: pip install {requirement(imp)})"
         return ""
@@ -438,7 +444,7 @@ class Failures:
             where = f"{_display(imp.path, self.entry_path, entry_display)}:{imp.line}"
         if imp is not None and imp.absent_names:
             return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here: "
-                    f"{imp.message} (the installed {installed_version(imp.module)}; the training repository "
+                    f"{imp.message} (the installed {drift.installed(imp.module, self.entry_path)}; the training repository "
                     f"needs another version); the plan would be built without it")
         return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here "
                 f"({self._not_importable(missing, imp, where='')}); the plan would be built without it")
@@ -452,7 +458,7 @@ class Failures:
         if "." in missing and self.resolves_locally is not None and self.resolves_locally(top):
             return f"the project has no module `{missing}` (its package `{top}` is here, that module is not)"
         if "." in missing and importlib.util.find_spec(top) is not None:
-            return (f"`{missing}` is not in the installed {installed_version(top)} (the training repository needs "
+            return (f"`{missing}` is not in the installed {drift.installed(top, self.entry_path)} (the training repository needs "
                     f"another version)")
         return f"`{missing}` is not installed{where}: pip install {requirement(imp) if imp is not None else distribution_of(missing)}"
 

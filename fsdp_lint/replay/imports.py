@@ -50,7 +50,8 @@ def distribution_of(module: str) -> str:
     declared = _declared()
     if guess not in declared:
         for name in declared:
-            if name.endswith("-" + guess):        # mosaicml-streaming, ibm-fms, ai2-olmo-core
+            # mosaicml-streaming, ibm-fms, ai2-olmo-core; open-clip-torch
+            if name.endswith("-" + guess) or name.startswith(guess + "-"):
                 return name
     return guess
 
@@ -87,13 +88,22 @@ def _normalised(requirement: str) -> str:
 
 
 def _requirements(root: str) -> List[str]:
-    out: List[str] = []
+    return [text for _, text in requirement_files(root)]
+
+
+def requirement_files(folder: str) -> List[Tuple[str, str]]:
+    """(file, requirement text) of the requirements `folder` declares: pyproject.toml's ``[project]``
+    dependencies and extras and Poetry's dependency tables (``name`` or ``name<spec>``), each line of
+    ``requirements*.txt``, the quoted requirements of setup.py's install_requires/extras_require."""
+    out: List[Tuple[str, str]] = []
     try:
-        names = sorted(os.listdir(root))
+        names = sorted(os.listdir(folder))
     except OSError:
         return out
     for name in names:
-        path = os.path.join(root, name)
+        path = os.path.join(folder, name)
+        if not (name in ("pyproject.toml", "setup.py") or name.startswith("requirements") and name.endswith(".txt")):
+            continue
         try:
             with open(path, "rb") as fh:
                 data = fh.read(500_000)
@@ -109,19 +119,21 @@ def _requirements(root: str) -> List[str]:
             except ValueError:      # tomllib.TOMLDecodeError
                 continue
             project = doc.get("project") or {}
-            out += [r for r in project.get("dependencies") or [] if isinstance(r, str)]
+            texts = [r for r in project.get("dependencies") or [] if isinstance(r, str)]
             for extra in (project.get("optional-dependencies") or {}).values():
-                out += [r for r in extra if isinstance(r, str)] if isinstance(extra, list) else []
+                texts += [r for r in extra if isinstance(r, str)] if isinstance(extra, list) else []
             poetry = (doc.get("tool") or {}).get("poetry") or {}
-            out += [k for k in poetry.get("dependencies") or {} if k != "python"]
-        elif name.startswith("requirements") and name.endswith(".txt"):
-            out += [line for line in data.decode("utf-8", "replace").splitlines()
-                    if line.strip() and not line.lstrip().startswith(("#", "-"))]
+            texts += [k for k in poetry.get("dependencies") or {} if k != "python"]
         elif name == "setup.py":            # the literal lists of install_requires= and extras_require=
             text = data.decode("utf-8", "replace")
+            texts = []
             for block in re.findall(r"(?:install_requires\s*=\s*\[|extras_require\s*=\s*\{)(.*?)[\]}]\s*,?\s*\n",
                                     text, re.S):
-                out += re.findall(r"""["']([A-Za-z0-9][^"']*)["']""", block)
+                texts += re.findall(r"""["']([A-Za-z0-9][^"']*)["']""", block)
+        else:
+            texts = [line for line in data.decode("utf-8", "replace").splitlines()
+                     if line.strip() and not line.lstrip().startswith(("#", "-"))]
+        out += [(path, t) for t in texts]
     return out
 
 

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from fsdp_lint.process.alarm import alarm
 from fsdp_lint.entry.project import Entry, Reach, facts_for, reach
-from fsdp_lint.replay import asked_keys, boundary, network
+from fsdp_lint.replay import asked_keys, boundary, drift, network
 from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_line
 from fsdp_lint.replay.import_errors import (_import_message, _innermost_project_line, _names_absent_from_installed,
                                            _own_project_modules)
@@ -36,7 +36,7 @@ from fsdp_lint.replay.imports import (
     MissingImport,
     ProjectImporter,
     StubUse,
-    innermost_import, installed_version,
+    innermost_import,
     is_circular,
     missing_module_of,
     only_observes,
@@ -578,7 +578,7 @@ class _Run:
         for imp in self.failures.imports:
             if imp.absent_names:
                 notes.append(f"{_display(imp.path, self.path, self.shown)}:{imp.line}: {imp.message} "
-                             f"(the installed {installed_version(imp.module)}); `python` stops there, "
+                             f"(the installed {drift.installed(imp.module, self.path)}); `python` stops there, "
                              f"fsdp-lint stood in for it (not used by the model)")
         return notes
 

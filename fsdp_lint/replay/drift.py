@@ -1,0 +1,207 @@
+"""Library drift, named: when the setup code fails in (or on) an installed library whose version the
+repository asks for differently, the one-line error says so.
+
+A training repository pins the libraries it was written against (``transformers==4.45.2`` in the
+example's ``requirements.txt``); run with today's libraries its launch fails where the API moved
+(an argument the ``HfArgumentParser`` no longer knows, a keyword ``Trainer`` dropped, a name gone from
+``accelerate.utils``), on a GPU node as here. The error is right, but its cause is the environment, and
+the user's fix is the repository's pin: `note` adds ``(examples/sft/requirements.txt asks for
+transformers==4.45.2; installed here: 5.25.0)``.
+
+Which libraries the failure is in: the innermost frame of the traceback that is neither the project's
+nor fsdp-lint's (the library that raised), the module of a failed ``from X import name``, and, when the
+project's own line raised (a ``TypeError`` for a keyword the callee no longer takes), the libraries of the
+objects that line names. Only a pin the installed version does not satisfy is named; the requirement
+files are those of the entry's folder and each folder above it up to the repository root (nearest
+first: an example's own requirements win over the root's)."""
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+import re
+import sys
+import types
+from typing import Dict, List, Optional, Tuple
+
+from fsdp_lint.entry.project import is_local, repo_root
+
+_FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CANNOT_IMPORT = re.compile(r"cannot import name '[^']+' from '([^']+)'")
+_CACHE: Dict[str, List[Tuple[str, str]]] = {}
+
+
+def note(exc: BaseException, entry_path: Optional[str]) -> str:
+    """`` (requirements.txt asks for transformers==4.45.2; installed here: 5.25.0)`` for each library
+    behind `exc` whose installed version the repository's pins exclude, or ''."""
+    texts = [f"{where} asks for {spec}; installed here: {version}" for where, spec, version in
+             _unmet(_implicated(exc), entry_path)]
+    return f" ({'; '.join(texts)})" if texts else ""
+
+
+def installed(module: str, entry_path: Optional[str]) -> str:
+    """``accelerate 1.16.0`` -- and ``; setup.py asks for accelerate==0.27.2`` where the repository's pin
+    excludes it: the installed version of an import that lacks a name the project imports."""
+    from fsdp_lint.replay.imports import installed_version
+
+    dist = _distribution(module)
+    return installed_version(module) + "".join(f"; {where} asks for {spec}" for where, spec, _ in
+                                               _unmet([dist] if dist else [], entry_path))
+
+
+def _unmet(dists: List[str], entry_path: Optional[str]) -> List[Tuple[str, str, str]]:
+    """(requirement file, requirement, installed version) of each of `dists` the nearest pin excludes."""
+    pins = _pins(entry_path) if entry_path else []
+    texts = []
+    for dist in dict.fromkeys(dists) if pins else ():
+        for where, spec in pins:
+            req = _requirement(spec)
+            if req is None or _normal(req.name) != dist:
+                continue
+            version = _version(dist)
+            if version is not None and req.specifier and not req.specifier.contains(version, prereleases=True):
+                texts.append((os.path.relpath(where), str(req), version))
+            break               # the nearest file that names the distribution decides
+    return list(dict.fromkeys(texts))
+
+
+def _pins(entry_path: str) -> List[Tuple[str, str]]:
+    """(requirement file, requirement text) of each folder from the entry's own up to its repository
+    root, nearest first."""
+    folder = os.path.dirname(os.path.abspath(entry_path))
+    if folder in _CACHE:
+        return _CACHE[folder]
+    from fsdp_lint.replay.imports import requirement_files
+
+    root = repo_root(entry_path) or folder
+    out: List[Tuple[str, str]] = []
+    d = folder
+    while True:
+        for path, text in requirement_files(d):
+            out.append((path, text))
+        if d == root or os.path.dirname(d) == d or not d.startswith(root):
+            break
+        d = os.path.dirname(d)
+    _CACHE[folder] = out
+    return out
+
+
+def _implicated(exc: BaseException) -> List[str]:
+    """The distributions (normalised names) the failure is in, most direct first."""
+    modules: List[str] = []
+    name = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+    found = _CANNOT_IMPORT.search(str(exc)) if isinstance(exc, ImportError) else None
+    if found or (name and not isinstance(exc, ModuleNotFoundError)):
+        modules.append(found.group(1) if found else name)
+    frames = _frames(exc)
+    library = next((f for f, _ in reversed(frames) if not _ours(f.f_code.co_filename)), None)
+    if library is not None:
+        modules.append(library.f_globals.get("__name__") or "")
+    last = next((i for i in range(len(frames) - 1, -1, -1) if is_local(frames[i][0].f_code.co_filename)), None)
+    if last is not None and all(_ours(f.f_code.co_filename) for f, _ in frames[last:]):
+        # the project's line raised, or fsdp-lint's hook of the library call it makes (the hooked
+        # `Trainer.__init__` binding a keyword the installed Trainer no longer takes)
+        modules += _named_on_line(*frames[last])
+    dists = [d for d in (_distribution(m) for m in modules if m) if d]
+    return list(dict.fromkeys(dists))
+
+
+def _frames(exc: BaseException) -> List[Tuple[types.FrameType, int]]:
+    """(frame, the line it was on) of each traceback entry, outermost first."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    return frames
+
+
+def _ours(fname: str) -> bool:
+    """A project file, fsdp-lint's own, or code without a file (``<string>``)."""
+    return (is_local(fname) or fname.startswith("<")
+            or os.path.abspath(fname).startswith(_FSDP_LINT_DIR + os.sep))
+
+
+def _named_on_line(frame: types.FrameType, line: int) -> List[str]:
+    """The library modules of what the calls of a project statement call (``Trainer(..., tokenizer=tok)``:
+    the class, through its project subclass, belongs to transformers)."""
+    fname = frame.f_code.co_filename
+    try:
+        tree = ast.parse("".join(linecache.getlines(fname)))
+    except (SyntaxError, ValueError):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            head = node.func
+            while isinstance(head, ast.Attribute):
+                head = head.value
+            if isinstance(head, ast.Name):
+                obj = frame.f_locals.get(head.id, frame.f_globals.get(head.id))
+                module = _library_module(obj)
+                if module:
+                    out.append(module)
+    return out
+
+
+def _library_module(obj) -> Optional[str]:
+    """The module of the first class of `obj` (itself if a class, else its type) or of the function
+    `obj` that is an installed library's."""
+    if obj is None:
+        return None
+    if isinstance(obj, types.ModuleType):
+        return obj.__name__
+    if isinstance(obj, type):
+        kinds = obj.__mro__
+    elif isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+        kinds = (obj,)
+    else:
+        kinds = type(obj).__mro__
+    for kind in kinds:
+        module = getattr(kind, "__module__", None) or ""
+        fname = getattr(sys.modules.get(module), "__file__", None) or ""
+        if module not in ("builtins", "abc", "typing") and fname and not _ours(fname):
+            return module
+    return None
+
+
+def _distribution(module: str) -> Optional[str]:
+    from importlib import metadata
+
+    top = module.split(".")[0]
+    try:
+        dists = metadata.packages_distributions().get(top)
+    except Exception:  # noqa: BLE001  broken metadata of some installed package
+        return None
+    return _normal(dists[0]) if dists else None
+
+
+def _version(dist: str) -> Optional[str]:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _requirement(text: str):
+    """A PEP 508 requirement whose markers hold here, or None (no `packaging`: nothing is claimed)."""
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:
+        return None
+    try:
+        req = Requirement(text.split(" #")[0].strip())
+    except InvalidRequirement:
+        return None
+    try:
+        if req.marker is not None and not req.marker.evaluate():
+            return None
+    except Exception:  # noqa: BLE001  a marker naming an extra
+        return None
+    return req
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
