@@ -101,3 +101,41 @@ def test_a_missing_package_is_named_by_the_distribution_the_repository_declares(
     res = cli("train.py", "--world-size", "2", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2, res.out
     assert "pip install open-clip-torch" in res.err, res.err
+
+
+def test_uv_run_of_a_module_or_a_file_and_composers_launcher_are_launches(tmp_path, monkeypatch):
+    """``uv run [options] -m pkg.mod`` and ``uv run train.py`` run Python (SkyRL-style scripts), and
+    ``composer [-n N] FILE`` is Composer's launcher (llm-foundry, LLM-Shearing): each was "no launch of a
+    Python file in it". Composer starts one process per local GPU unless told ``-n``; ``--world_size`` is
+    the total."""
+    from fsdp_lint.entry.shell import shell_launches
+
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'rl'\n")
+    (tmp_path / "rl" / "entrypoints").mkdir(parents=True)
+    (tmp_path / "rl" / "__init__.py").write_text("")
+    (tmp_path / "rl" / "entrypoints" / "__init__.py").write_text("")
+    (tmp_path / "rl" / "entrypoints" / "main_base.py").write_text("")
+    (tmp_path / "train.py").write_text("")
+    script = tmp_path / "run.sh"
+    script.write_text('''#!/bin/bash
+set -x
+INFERENCE_BACKEND="vllm"
+uv run --isolated --extra $INFERENCE_BACKEND -m rl.entrypoints.main_base \\
+  trainer.strategy=fsdp2 \\
+  trainer.epochs=20
+uv run --with wandb train.py --lr 1e-4
+composer -n 4 train.py yamls/pretrain/mpt-125m.yaml
+composer train.py yamls/pretrain/mpt-125m.yaml max_duration=10ba
+composer --world_size 16 --node_rank 0 --master_addr $MASTER -m rl.entrypoints.main_base cfg.yaml
+''')
+    monkeypatch.chdir(tmp_path)
+    uv_module, uv_file, composer_n, composer_all, composer_world = shell_launches(str(script))
+    main_base = str(tmp_path / "rl" / "entrypoints" / "main_base.py")
+    train = str(tmp_path / "train.py")
+    assert (uv_module.path, uv_module.args) == (main_base, ["trainer.strategy=fsdp2", "trainer.epochs=20"])
+    assert uv_module.module and uv_module.module[0] == "rl.entrypoints.main_base"
+    assert (uv_file.path, uv_file.args) == (train, ["--lr", "1e-4"])
+    assert (composer_n.path, composer_n.args, composer_n.world_size) == (train, ["yamls/pretrain/mpt-125m.yaml"], 4)
+    assert (composer_all.world_size, composer_all.every_gpu_of) == (None, 1)
+    assert composer_all.args == ["yamls/pretrain/mpt-125m.yaml", "max_duration=10ba"]
+    assert (composer_world.path, composer_world.args, composer_world.world_size) == (main_base, ["cfg.yaml"], 16)

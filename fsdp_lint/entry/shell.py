@@ -25,7 +25,7 @@ _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*
 _GPU_COUNT = re.compile(r"\$\((?:nvidia-smi\s+(?:-L|--list-gpus)\s*\|\s*wc\s+-l|python3?\s+-c\s+(['\"])import torch;?\s*"
                         r"print\(torch\.cuda\.device_count\(\)\)\1)\s*\)")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(:?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
-_LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3", "lightning", "fabric")
+_LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3", "lightning", "fabric", "composer")
 # what the environment a launch line exports holds that is about the processes or this machine, not the job,
 # and what keeps a lint offline (`export HF_HUB_OFFLINE=0`, `WANDB_MODE=online` stay the lint's)
 _NOT_PASSED = re.compile(r"^(CUDA_VISIBLE_DEVICES|MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|NODE_RANK|"
@@ -228,7 +228,7 @@ def _command_start(tokens, i: int = 0) -> int:
             i += 1
         elif os.path.basename(word) in _RUNNERS and i + 1 < len(tokens) and tokens[i + 1][0] == "run":
             i += 2
-            while i < len(tokens) and tokens[i][0].startswith("-"):
+            while i < len(tokens) and tokens[i][0].startswith("-") and tokens[i][0] not in ("-m", "--module"):
                 i += 2 if tokens[i][0] in _RUNNER_VALUES else 1
         else:
             return i
@@ -262,6 +262,9 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
         return None
     head = os.path.basename(tokens[i][0])
     words = [t[0] for t in tokens]
+    # python without the word: `uv run -m pkg.train`, `uv run train.py`, an executable `./train.py`
+    implicit = words[i] in ("-m", "--module") or words[i].endswith(".py")
+    head = "python" if implicit else head
     if not (head in _LAUNCHERS or re.fullmatch(r"python3(\.\d+)?", head)):
         target = console.get(tokens[i][0])     # the project's own command (`litgpt pretrain ...`)
         if target is None:
@@ -276,7 +279,7 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
     if head in ("lightning", "fabric") and not lightning:
         return None
     opts: Dict[str, Optional[str]] = {}
-    j = i + (2 if head == "accelerate" else 3 if head == "lightning" else 2 if head == "fabric" else 1)
+    j = i if implicit else i + (2 if head == "accelerate" else 3 if head == "lightning" else 2 if head == "fabric" else 1)
     module = None
     while j < len(words):
         w = words[j]
@@ -289,6 +292,9 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
         if w in ("-m", "--module") and j + 1 < len(words):    # `torchrun ... -m pkg.train`, `python -m pkg.train`
             module = j + 1
             break
+        if head == "composer" and w in ("-n", "--nproc") and j + 1 < len(words):    # composer's launcher
+            opts["nproc"], j = _value(tokens, j)
+            continue
         if w.startswith("--"):
             name = w[2:].split("=", 1)[0].replace("-", "_")
             if "=" in w or j + 1 < len(words) and not words[j + 1].startswith("-") and not words[j + 1].endswith(".py"):
@@ -299,10 +305,11 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
     if j >= len(words):
         return None
     raw = opts.get("nproc_per_node") or opts.get("num_processes") or opts.get("num_gpus") or \
-        (opts.get("devices") if lightning else None)
+        (opts.get("devices") if lightning else None) or (opts.get("world_size") or opts.get("nproc") or "gpu"
+                                                         if head == "composer" else None)
     nproc = _int(raw)
     nodes = _int(opts.get("nnodes") or opts.get("num_nodes") or opts.get("num_machines")) or 1
-    if "num_processes" in opts:      # accelerate: the total over all machines
+    if "num_processes" in opts or head == "composer" and "world_size" in opts:   # the total over all machines
         nodes = 1
     env = {k: v for k, v in (tokens[n][0].split("=", 1) for n in range(i) if _ASSIGN.match(tokens[n][0]))}
     if lightning:
@@ -310,6 +317,7 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
     return {"file": words[module] if module else words[j], "first_arg": (module or j) + 1,
             "world_size": nproc * nodes if nproc else None, "module": bool(module), "env": env,
             # torchrun's `--nproc_per_node gpu` (or auto): every GPU of each of the nodes
+            # (composer's launcher without -n: every GPU of this node)
             "every_gpu_of": nodes if raw in ("gpu", "auto") and head != "accelerate" else None,
             "unset_world": next((v for v in (raw, opts.get("nnodes") or opts.get("num_nodes"))
                                  if isinstance(v, str) and "$" in v), None),
