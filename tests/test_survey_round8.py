@@ -14,7 +14,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import REPO  # noqa: E402
+from conftest import REPO, run_subprocess  # noqa: E402
 
 PINNED = os.path.join(REPO, "fixtures", "repos", "pinned_sft")
 SFT = os.path.join(PINNED, "examples", "sft")
@@ -139,3 +139,85 @@ composer --world_size 16 --node_rank 0 --master_addr $MASTER -m rl.entrypoints.m
     assert (composer_all.world_size, composer_all.every_gpu_of) == (None, 1)
     assert composer_all.args == ["yamls/pretrain/mpt-125m.yaml", "max_duration=10ba"]
     assert (composer_world.path, composer_world.args, composer_world.world_size) == (main_base, ["cfg.yaml"], 16)
+
+
+STANDIN = os.path.join(REPO, "fixtures", "repos", "standin_cli")
+
+
+@pytest.fixture
+def standin_cli(monkeypatch):
+    monkeypatch.syspath_prepend(STANDIN)
+    yield STANDIN
+    for name in [n for n in sys.modules if n.split(".")[0] == "vla"]:
+        sys.modules.pop(name, None)
+
+
+def test_a_function_whose_arguments_a_missing_cli_decorator_supplies_names_the_package(cli, standin_cli):
+    # `@draccus.wrap()` parses the command line into `train(cfg)`, called as `train()`: without draccus
+    # the stand-in decorator left `train` as it is, and the TypeError named no package (a node stops at
+    # `import draccus`)
+    res = cli("scripts/train.py", "--world-size", "8", "--no-cache", "--", "--run_root_dir", "runs", cwd=STANDIN)
+    assert res.code == 2, res.out
+    line = res.err.strip().splitlines()[0]
+    assert line == ("fsdp-lint: error: scripts/train.py:30: setup code failed on the meta device: TypeError: train() "
+                    "missing 1 required positional argument: 'cfg' (it uses `draccus.wrap`, which could not be "
+                    "imported: `draccus` is not installed here: pip install draccus)"), line
+
+
+def test_super_of_a_class_built_on_a_missing_base_names_the_package(cli, standin_cli):
+    # `class TypedRegistry(catalogue.Registry)` and `super().register(...)`: super() reads the bases' own
+    # attributes, which the empty stand-in class lacks; the skipped registration said only
+    # "'super' object has no attribute 'register'"
+    res = cli("scripts/pretrain.py", "--world-size", "8", "--no-cache", cwd=STANDIN)
+    assert res.code == 0, res.err
+    assert ("first: vla/model.py:17: AttributeError: 'super' object has no attribute 'register' (it uses "
+            "`catalogue.Registry`, which could not be imported: `catalogue` is not installed here: pip install "
+            "catalogue))") in res.out, res.out
+    assert "Policy (17.1K params" in res.out and "5 units" in res.out
+
+
+def test_a_value_of_a_package_whose_import_failed_inside_names_that_failure(tmp_path):
+    # an installed package that re-raises its dependency's failure as its own ImportError ("Please make
+    # sure to pip install ."): the script's `assert init_device in (...)` on a value from its stand-in was
+    # a bare AssertionError, then "`cfgkit.utils` is not in the installed cfgkit" (it is)
+    site = tmp_path / "site"
+    (site / "cfgkit").mkdir(parents=True)
+    (site / "cfgkit-1.0.dist-info").mkdir()
+    (site / "cfgkit-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: cfgkit\nVersion: 1.0\n")
+    (site / "cfgkit-1.0.dist-info" / "top_level.txt").write_text("cfgkit\n")
+    (site / "cfgkit" / "__init__.py").write_text(
+        "try:\n    import cfgkit_cloud_cli\nexcept ImportError as e:\n"
+        "    raise ImportError('Please make sure to pip install . to get the requirements.') from e\n")
+    (site / "cfgkit" / "utils.py").write_text("def update_batch_size_info(cfg):\n    return cfg\n")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "setup.py").write_text("from setuptools import setup\nsetup(name='shear')\n")
+    (repo / "train.py").write_text(
+        "import sys\n\nimport torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n"
+        "from cfgkit.utils import update_batch_size_info\n\n\n"
+        "def main(cfg):\n    cfg = update_batch_size_info(cfg)\n    init_device = cfg.model.get('init_device', 'cpu')\n"
+        "    assert init_device in ['meta', 'cpu']\n    model = nn.Sequential(nn.Linear(8, 8))\n    fully_shard(model)\n\n\n"
+        "if __name__ == '__main__':\n    main({'model': {}})\n")
+    # a fresh process: the folder is an installed package's (site-packages) from the start, as on a node
+    res = run_subprocess(["-m", "fsdp_lint", "train.py", "--world-size", "2", "--no-cache"], cwd=str(repo),
+                         env={"PYTHONPATH": str(site)})
+    assert res.returncode == 2, res.stdout
+    line = res.stderr.strip().splitlines()[0]
+    assert line.startswith("fsdp-lint: error: train.py:11: setup code failed on the meta device: AssertionError (it "
+                           "uses `update_batch_size_info().model.get`, which could not be imported: importing it "
+                           "failed inside: Please make sure to pip install . to get the requirements. (raised from: "
+                           "No module named 'cfgkit_cloud_cli') (`cfgkit_cloud_cli` is not installed here"), line
+
+
+def test_a_comment_that_ends_in_a_backslash_continues_nothing(tmp_path, monkeypatch):
+    # bash: a comment runs to the end of its line, backslash and all; the next line is a command of its own
+    # (a script that keeps its old launcher commented out above the new one)
+    from fsdp_lint.entry.shell import shell_launches
+
+    (tmp_path / "train.py").write_text("")
+    script = tmp_path / "prune.sh"
+    script.write_text("TRAIN_SCRIPT=train.py\n    # $LAUNCH_SCRIPT \\\n    composer $TRAIN_SCRIPT \\\n"
+                      "    cfg.yaml \\\n    run_name=x\n")
+    monkeypatch.chdir(tmp_path)
+    [launch] = shell_launches(str(script))
+    assert (launch.path, launch.args, launch.line) == (str(tmp_path / "train.py"), ["cfg.yaml", "run_name=x"], 3)

@@ -68,9 +68,10 @@ def _comment_at(text: str, i: int, quote: Optional[str]) -> bool:
     return quote is None and text[i] == "#" and (i == 0 or text[i - 1].isspace())
 
 
-def _open_quote(line: str, quote: Optional[str]) -> Optional[str]:
+def _open_quote(line: str, quote: Optional[str]) -> Tuple[Optional[str], bool]:
     """The quote still open at the end of `line` (bash's rules: nothing escapes inside '...'; a
-    backslash escapes the next character elsewhere; an unquoted ``#`` at a word's start is a comment)."""
+    backslash escapes the next character elsewhere; an unquoted ``#`` at a word's start is a comment),
+    and whether the line ends in a comment (whose final backslash continues nothing)."""
     i = 0
     while i < len(line) and not _comment_at(line, i, quote):
         if line[i] == "\\" and quote != "'":
@@ -78,7 +79,7 @@ def _open_quote(line: str, quote: Optional[str]) -> Optional[str]:
             continue
         quote = _after(line[i], quote)
         i += 1
-    return quote
+    return quote, i < len(line)
 
 
 def _logical_lines(text: str) -> List[Tuple[int, List[Tuple[int, str]]]]:
@@ -89,8 +90,8 @@ def _logical_lines(text: str) -> List[Tuple[int, List[Tuple[int, str]]]]:
     quote: Optional[str] = None
     for no, raw in enumerate(text.splitlines(), start=1):
         line = raw if quote else raw.rstrip()
-        quote = _open_quote(line, quote)
-        cont = quote != "'" and line.endswith("\\") and not line.endswith("\\\\")
+        quote, commented = _open_quote(line, quote)
+        cont = quote != "'" and line.endswith("\\") and not line.endswith("\\\\") and not commented
         if cont:     # inside double quotes bash drops the backslash-newline, words and all
             pieces.append((no, line[:-1] + (_JOIN if quote == '"' else "")))
         elif quote:

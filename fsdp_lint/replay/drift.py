@@ -16,8 +16,6 @@ files are those of the entry's folder and each folder above it up to the reposit
 first: an example's own requirements win over the root's)."""
 from __future__ import annotations
 
-import ast
-import linecache
 import os
 import re
 import sys
@@ -25,9 +23,11 @@ import types
 from typing import Dict, List, Optional, Tuple
 
 from fsdp_lint.entry.project import is_local, repo_root
+from fsdp_lint.replay.line_values import called_on_line
 
 _FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CANNOT_IMPORT = re.compile(r"cannot import name '[^']+' from '([^']+)'")
+_NO_MODULE = re.compile(r"No module named '([^']+)'")
 _CACHE: Dict[str, List[Tuple[str, str]]] = {}
 
 
@@ -47,6 +47,23 @@ def installed(module: str, entry_path: Optional[str]) -> str:
     dist = _distribution(module)
     return installed_version(module) + "".join(f"; {where} asks for {spec}" for where, spec, _ in
                                                _unmet([dist] if dist else [], entry_path))
+
+
+def failed_inside(missing: str, imp, entry_path: Optional[str]) -> Optional[str]:
+    """Why module `missing`, which is installed, could not be imported when its import failed inside it
+    (llmfoundry importing composer, whose ``from torch.cuda.amp.grad_scaler import ...`` the installed
+    torch lacks, or a module of a package not installed): that failure, named."""
+    from fsdp_lint.replay.imports import distribution_of
+
+    message = getattr(imp, "message", "") or ""
+    found = _CANNOT_IMPORT.search(message) or _NO_MODULE.search(message)
+    if found is None or found.group(1) == missing or found.group(1).startswith(missing + "."):
+        return None
+    if found.re is _NO_MODULE:
+        top = found.group(1).split(".")[0]
+        return f"importing it failed inside: {message} (`{top}` is not installed here: pip install {distribution_of(top)})"
+    return (f"importing it failed inside: {message} (the installed {installed(found.group(1), entry_path)}; "
+            f"the training repository needs other versions)")
 
 
 def _unmet(dists: List[str], entry_path: Optional[str]) -> List[Tuple[str, str, str]]:
@@ -71,7 +88,7 @@ def _pins(entry_path: str) -> List[Tuple[str, str]]:
     folder = os.path.dirname(os.path.abspath(entry_path))
     if folder in _CACHE:
         return _CACHE[folder]
-    from fsdp_lint.replay.imports import requirement_files
+    from fsdp_lint.replay.requirements import requirement_files
 
     root = repo_root(entry_path) or folder
     out: List[Tuple[str, str]] = []
@@ -101,7 +118,7 @@ def _implicated(exc: BaseException) -> List[str]:
     if last is not None and all(_ours(f.f_code.co_filename) for f, _ in frames[last:]):
         # the project's line raised, or fsdp-lint's hook of the library call it makes (the hooked
         # `Trainer.__init__` binding a keyword the installed Trainer no longer takes)
-        modules += _named_on_line(*frames[last])
+        modules += [m for m in (_library_module(obj) for obj in called_on_line(*frames[last])) if m]
     dists = [d for d in (_distribution(m) for m in modules if m) if d]
     return list(dict.fromkeys(dists))
 
@@ -120,28 +137,6 @@ def _ours(fname: str) -> bool:
     """A project file, fsdp-lint's own, or code without a file (``<string>``)."""
     return (is_local(fname) or fname.startswith("<")
             or os.path.abspath(fname).startswith(_FSDP_LINT_DIR + os.sep))
-
-
-def _named_on_line(frame: types.FrameType, line: int) -> List[str]:
-    """The library modules of what the calls of a project statement call (``Trainer(..., tokenizer=tok)``:
-    the class, through its project subclass, belongs to transformers)."""
-    fname = frame.f_code.co_filename
-    try:
-        tree = ast.parse("".join(linecache.getlines(fname)))
-    except (SyntaxError, ValueError):
-        return []
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and node.lineno <= line <= (node.end_lineno or node.lineno):
-            head = node.func
-            while isinstance(head, ast.Attribute):
-                head = head.value
-            if isinstance(head, ast.Name):
-                obj = frame.f_locals.get(head.id, frame.f_globals.get(head.id))
-                module = _library_module(obj)
-                if module:
-                    out.append(module)
-    return out
 
 
 def _library_module(obj) -> Optional[str]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from fsdp_lint.replay import arguments, drift
+from fsdp_lint.replay.stand_ins import stand_in_on_failing_line
 from fsdp_lint.replay.imports import (
     MissingImport,
     StubUse,
@@ -27,8 +28,8 @@ from fsdp_lint.replay.imports import (
     missing_module_of,
     package_behind,
     requirement,
-    set_project,
 )
+from fsdp_lint.replay.requirements import set_project
 from fsdp_lint.replay.network import (NetworkWait, NotDownloaded, network_ask as _network_ask,
                                       network_text as _network_text, remove_failed_downloads, removed_download)
 from fsdp_lint.replay.records import Skipped
@@ -210,7 +211,9 @@ class Failures:
 
         stmt = self.tolerant.get(os.path.abspath(path), {}).get(line)
         names, attrs = binding(stmt) if stmt is not None else (frozenset(), frozenset())
-        sk = Skipped(path=os.path.abspath(path), line=line, error=_one_line(exc), exc_type=type(exc).__name__)
+        stub = stand_in_on_failing_line(exc)       # `super().register(...)` in a class built on a stand-in
+        error = _one_line(exc) + (f" {self._uses_stand_in(stub)}" if stub is not None else "")
+        sk = Skipped(path=os.path.abspath(path), line=line, error=error, exc_type=type(exc).__name__)
         objects = acted_on(stmt, frame) if stmt is not None and frame is not None else []
         self.skips.append(SkipRecord(sk, names, attrs, exc, depth, objects))
         if isinstance(exc, NetworkWait) or _network_ask(exc):
@@ -296,14 +299,8 @@ class Failures:
             return self._stub_message(stub, entry_display)
         if stub is not None:
             # setup code (not the model) failed on a stand-in: the package it needs is the cause
-            top = stub.name.split(".")[0].split("(")[0]
-            imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
-            missing = imp.missing if imp is not None else top
-            need = (f"{imp.message} (the installed {drift.installed(imp.module, self.entry_path)})" if imp is not None and imp.absent_names
-                    else self._not_importable(missing, imp))
-            decides = self.decides_note(entry_display)
             return (f"{self._location(exc, entry_display)}: setup code failed {where_real}: {_one_line(exc)} "
-                    f"(it uses `{stub.name.rstrip('()')}`, which could not be imported: {need}{decides})")
+                    f"{self._uses_stand_in(stub, self.decides_note(entry_display))}")
         parsing = None if self.names_an_argument(exc) else \
             arguments.describe(exc, self._location(exc, entry_display), self.argv, entry_display, _one_line)
         if parsing:                                 # trials: the script refuses its arguments
@@ -355,6 +352,14 @@ class Failures:
         hint = _package_hint(exc, msg) or self._stub_hint(msg)
         decides = self.decides_note(entry_display, loc) if exc is self.refused else ""
         return f"{loc}: setup code failed {where_real}: {msg}{_download_hint(msg)}{hint}{decides}{later}"
+
+    def _uses_stand_in(self, stub: StubUse, decides: str = "") -> str:
+        """``(it uses `catalogue.Registry`, which could not be imported: <why>)``"""
+        top = stub.name.split(".")[0].split("(")[0]
+        imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
+        need = (f"{imp.message} (the installed {drift.installed(imp.module, self.entry_path)})" if imp is not None and imp.absent_names
+                else self._not_importable(imp.missing if imp is not None else top, imp))
+        return f"(it uses `{stub.name.rstrip('()')}`, which could not be imported: {need}{decides})"
 
     def _skipped_missing_input(self) -> Optional[SkipRecord]:
         """The first skipped failure for a model's hub config that is not here (fsdp-lint never downloads):
@@ -425,7 +430,7 @@ class Failures:
         for u in self.stub_uses:
             if u.in_model or (os.path.abspath(u.path), u.line) in lines:
                 return u
-        return None
+        return stand_in_on_failing_line(exc)
 
     def incomplete_plan(self, entry_display: str) -> Optional[str]:
         """The message when a stand-in for something not installed was used while the model was
@@ -457,6 +462,8 @@ class Failures:
         top = missing.split(".")[0]
         if "." in missing and self.resolves_locally is not None and self.resolves_locally(top):
             return f"the project has no module `{missing}` (its package `{top}` is here, that module is not)"
+        if importlib.util.find_spec(top) is not None and drift.failed_inside(missing, imp, self.entry_path):
+            return drift.failed_inside(missing, imp, self.entry_path)
         if "." in missing and importlib.util.find_spec(top) is not None:
             return (f"`{missing}` is not in the installed {drift.installed(top, self.entry_path)} (the training repository needs "
                     f"another version)")

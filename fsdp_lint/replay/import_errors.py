@@ -29,11 +29,20 @@ def _own_project_modules():
 
 
 def _import_message(exc: BaseException) -> str:
-    """The ImportError's first line without the path of the package's ``__init__.py``."""
+    """The ImportError's first line without the path of the package's ``__init__.py``; when a package
+    re-raised another ImportError as its own ("Please make sure to pip install ."), that one's too."""
     import re
 
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return re.sub(r" \((/|[A-Za-z]:\\)[^()]*\)$", "", text)
+    def first_line(e: BaseException) -> str:
+        text = str(e).splitlines()[0] if str(e) else ""
+        return re.sub(r" \((/|[A-Za-z]:\\)[^()]*\)$", "", text)
+
+    inner, seen = exc, {id(exc)}
+    while isinstance(inner.__cause__ or inner.__context__, ImportError) and id(inner.__cause__ or inner.__context__) not in seen:
+        inner = inner.__cause__ or inner.__context__
+        seen.add(id(inner))
+    text = first_line(exc)
+    return text if inner is exc or first_line(inner) in text else f"{text} (raised from: {first_line(inner)})"
 
 
 def _names_absent_from_installed(module: Optional[str], names, globs, exc=None) -> List[str]:

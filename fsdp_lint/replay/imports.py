@@ -15,13 +15,13 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
-import re
 import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from fsdp_lint.entry.project import is_local
+from fsdp_lint.replay.requirements import declared_distributions
 
 # import names whose PyPI distribution is called something else
 _DISTRIBUTIONS = {
@@ -36,7 +36,7 @@ _DISTRIBUTIONS = {
     "bitsandbytes": "bitsandbytes", "liger_kernel": "liger-kernel", "webdataset": "webdataset",
     "tiktoken": "tiktoken", "zmq": "pyzmq", "serial": "pyserial", "usb": "pyusb", "docx": "python-docx",
     "google.oauth2": "google-auth", "Levenshtein": "python-Levenshtein", "git": "GitPython", "pkg_resources": "'setuptools<82'",   # setuptools 82 removed pkg_resources
-    "streaming": "mosaicml-streaming",
+    "streaming": "mosaicml-streaming", "mcli": "mosaicml-cli", "composer": "mosaicml",
 }
 
 
@@ -47,94 +47,13 @@ def distribution_of(module: str) -> str:
     guess = _guess_distribution(module)
     if module in _DISTRIBUTIONS or top in _DISTRIBUTIONS:
         return guess
-    declared = _declared()
+    declared = declared_distributions()
     if guess not in declared:
         for name in declared:
             # mosaicml-streaming, ibm-fms, ai2-olmo-core; open-clip-torch
             if name.endswith("-" + guess) or name.startswith(guess + "-"):
                 return name
     return guess
-
-
-_PROJECT: List[Optional[str]] = [None]          # the entry file of the replay running here
-_DECLARED: Dict[str, Tuple[str, ...]] = {}      # repository root -> the distributions it depends on
-
-
-def set_project(entry_path: Optional[str]) -> None:
-    _PROJECT[0] = entry_path
-
-
-def _declared() -> Tuple[str, ...]:
-    """The distributions the entry's repository depends on, normalised (``ai2_olmo_core`` ->
-    ``ai2-olmo-core``): pyproject.toml's ``[project]`` dependencies and extras and Poetry's dependency
-    tables, the requirement lines of ``requirements*.txt``, the quoted requirements of ``setup.py``."""
-    from fsdp_lint.entry.project import repo_root
-
-    root = repo_root(_PROJECT[0]) if _PROJECT[0] else None
-    if root is None:
-        return ()
-    if root not in _DECLARED:
-        _DECLARED[root] = tuple(dict.fromkeys(_normalised(r) for r in _requirements(root) if _normalised(r)))
-    return _DECLARED[root]
-
-
-_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
-
-
-def _normalised(requirement: str) -> str:
-    """PEP 508's name of a requirement, as PEP 503 compares them ("Foo_Bar>=1" -> "foo-bar")."""
-    found = _REQUIREMENT_NAME.match(requirement)
-    return re.sub(r"[-_.]+", "-", found.group(1)).lower() if found else ""
-
-
-def _requirements(root: str) -> List[str]:
-    return [text for _, text in requirement_files(root)]
-
-
-def requirement_files(folder: str) -> List[Tuple[str, str]]:
-    """(file, requirement text) of the requirements `folder` declares: pyproject.toml's ``[project]``
-    dependencies and extras and Poetry's dependency tables (``name`` or ``name<spec>``), each line of
-    ``requirements*.txt``, the quoted requirements of setup.py's install_requires/extras_require."""
-    out: List[Tuple[str, str]] = []
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError:
-        return out
-    for name in names:
-        path = os.path.join(folder, name)
-        if not (name in ("pyproject.toml", "setup.py") or name.startswith("requirements") and name.endswith(".txt")):
-            continue
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read(500_000)
-        except OSError:
-            continue
-        if name == "pyproject.toml":
-            try:
-                import tomllib
-            except ImportError:  # Python < 3.11
-                continue
-            try:
-                doc = tomllib.loads(data.decode("utf-8", "replace"))
-            except ValueError:      # tomllib.TOMLDecodeError
-                continue
-            project = doc.get("project") or {}
-            texts = [r for r in project.get("dependencies") or [] if isinstance(r, str)]
-            for extra in (project.get("optional-dependencies") or {}).values():
-                texts += [r for r in extra if isinstance(r, str)] if isinstance(extra, list) else []
-            poetry = (doc.get("tool") or {}).get("poetry") or {}
-            texts += [k for k in poetry.get("dependencies") or {} if k != "python"]
-        elif name == "setup.py":            # the literal lists of install_requires= and extras_require=
-            text = data.decode("utf-8", "replace")
-            texts = []
-            for block in re.findall(r"(?:install_requires\s*=\s*\[|extras_require\s*=\s*\{)(.*?)[\]}]\s*,?\s*\n",
-                                    text, re.S):
-                texts += re.findall(r"""["']([A-Za-z0-9][^"']*)["']""", block)
-        else:
-            texts = [line for line in data.decode("utf-8", "replace").splitlines()
-                     if line.strip() and not line.lstrip().startswith(("#", "-"))]
-        out += [(path, t) for t in texts]
-    return out
 
 
 def _guess_distribution(module: str) -> str:
@@ -309,11 +228,13 @@ class Missing:
         return Missing(name, self._fsdp_lint_on_use, self._fsdp_lint_why)
 
     def __call__(self, *args, **kwargs):
-        if len(args) == 1 and not kwargs and isinstance(args[0], (type, types.FunctionType)):
-            # a decorator from a package that is not installed (`@register("name")`, `@numba.jit`)
-            # leaves the class or function it decorates as it is
+        if len(args) == 1 and not kwargs and isinstance(args[0], type):
+            # a decorator from a package that is not installed (`@register("name")`) leaves the class as it is
             self._fsdp_lint_on_use(self._fsdp_lint_name + "()", access=True)
             return args[0]
+        if len(args) == 1 and not kwargs and isinstance(args[0], types.FunctionType):
+            self._fsdp_lint_on_use(self._fsdp_lint_name + "()", access=True)
+            return _decorated(args[0], self)
         if _holds_a_module(args, kwargs):     # trials: `convert_to_float8_training(model)` acts on the model
             self._fsdp_lint_on_use(self._fsdp_lint_name + "()", model=True)
         else:
@@ -471,6 +392,27 @@ def stand_in_within(value, depth: int = 3):
 def only_observes(module: str) -> bool:
     """Whether the package of import `module` only looks at a model it is given (`wandb.watch(model)`)."""
     return (module or "").lstrip(".").split(".")[0] in _OBSERVERS
+
+
+def _decorated(fn: types.FunctionType, decorator: "Missing") -> Callable[..., Any]:
+    """`fn` as a decorator from a package that is not installed leaves it (`@numba.jit`), except for the
+    arguments the decorator would have supplied (`@draccus.wrap()` parses the config into `train(cfg)`,
+    called as `train()`): a call that `fn` cannot take is a use of the decorator, where it is called."""
+    import functools
+    import inspect
+
+    on_use, name = decorator._fsdp_lint_on_use, decorator._fsdp_lint_name
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            inspect.signature(fn).bind(*args, **kwargs)
+        except TypeError:
+            on_use(name + "()")         # (recorded at the caller's line: on_use reads the frame above this one)
+        except ValueError:              # no signature to read
+            pass
+        return fn(*args, **kwargs)
+    return call
 
 
 def _holds_a_module(args, kwargs) -> bool:

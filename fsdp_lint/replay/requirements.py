@@ -1,0 +1,89 @@
+"""What the entry's repository declares it depends on: pyproject.toml, requirements*.txt, setup.py.
+
+Install hints name the distribution a repository declares (``ai2-olmo-core`` for ``olmo_core``), and
+the drift note names the pin the installed version misses (``fsdp_lint.replay.drift``)."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Dict, List, Optional, Tuple
+
+_PROJECT: List[Optional[str]] = [None]          # the entry file of the replay running here
+_DECLARED: Dict[str, Tuple[str, ...]] = {}      # repository root -> the distributions it depends on
+
+
+def set_project(entry_path: Optional[str]) -> None:
+    _PROJECT[0] = entry_path
+
+
+def declared_distributions() -> Tuple[str, ...]:
+    """The distributions the entry's repository depends on, normalised (``ai2_olmo_core`` ->
+    ``ai2-olmo-core``): pyproject.toml's ``[project]`` dependencies and extras and Poetry's dependency
+    tables, the requirement lines of ``requirements*.txt``, the quoted requirements of ``setup.py``."""
+    from fsdp_lint.entry.project import repo_root
+
+    root = repo_root(_PROJECT[0]) if _PROJECT[0] else None
+    if root is None:
+        return ()
+    if root not in _DECLARED:
+        _DECLARED[root] = tuple(dict.fromkeys(_normalised(r) for r in _requirements(root) if _normalised(r)))
+    return _DECLARED[root]
+
+
+_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def _normalised(requirement: str) -> str:
+    """PEP 508's name of a requirement, as PEP 503 compares them ("Foo_Bar>=1" -> "foo-bar")."""
+    found = _REQUIREMENT_NAME.match(requirement)
+    return re.sub(r"[-_.]+", "-", found.group(1)).lower() if found else ""
+
+
+def _requirements(root: str) -> List[str]:
+    return [text for _, text in requirement_files(root)]
+
+
+def requirement_files(folder: str) -> List[Tuple[str, str]]:
+    """(file, requirement text) of the requirements `folder` declares: pyproject.toml's ``[project]``
+    dependencies and extras and Poetry's dependency tables (``name`` or ``name<spec>``), each line of
+    ``requirements*.txt``, the quoted requirements of setup.py's install_requires/extras_require."""
+    out: List[Tuple[str, str]] = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return out
+    for name in names:
+        path = os.path.join(folder, name)
+        if not (name in ("pyproject.toml", "setup.py") or name.startswith("requirements") and name.endswith(".txt")):
+            continue
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(500_000)
+        except OSError:
+            continue
+        if name == "pyproject.toml":
+            try:
+                import tomllib
+            except ImportError:  # Python < 3.11
+                continue
+            try:
+                doc = tomllib.loads(data.decode("utf-8", "replace"))
+            except ValueError:      # tomllib.TOMLDecodeError
+                continue
+            project = doc.get("project") or {}
+            texts = [r for r in project.get("dependencies") or [] if isinstance(r, str)]
+            for extra in (project.get("optional-dependencies") or {}).values():
+                texts += [r for r in extra if isinstance(r, str)] if isinstance(extra, list) else []
+            poetry = (doc.get("tool") or {}).get("poetry") or {}
+            texts += [k for k in poetry.get("dependencies") or {} if k != "python"]
+        elif name == "setup.py":            # the literal lists of install_requires= and extras_require=
+            text = data.decode("utf-8", "replace")
+            texts = []
+            for block in re.findall(r"(?:install_requires\s*=\s*\[|extras_require\s*=\s*\{)(.*?)[\]}]\s*,?\s*\n",
+                                    text, re.S):
+                texts += re.findall(r"""["']([A-Za-z0-9][^"']*)["']""", block)
+        else:
+            texts = [line for line in data.decode("utf-8", "replace").splitlines()
+                     if line.strip() and not line.lstrip().startswith(("#", "-"))]
+        out += [(path, t) for t in texts]
+    return out
