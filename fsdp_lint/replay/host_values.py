@@ -85,7 +85,8 @@ def make_on_host(func, args, kwargs):
 
 def is_device_mix(exc: BaseException) -> bool:
     text = str(exc)
-    return "meta" in text and ("device" in text or "cpu" in text)
+    # (`param.data = host_tensor`: "`variable` and `tensor` have incompatible tensor type", naming no device)
+    return "meta" in text and ("device" in text or "cpu" in text) or "have incompatible tensor type" in text
 
 
 def to_meta_args(args, kwargs):

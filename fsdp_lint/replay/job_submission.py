@@ -3,11 +3,14 @@
 On a cluster the callable is pickled, sent to SLURM and run by every task of the job with the
 job's environment (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ...). The simulated node is
 such a cluster: ``AutoExecutor`` finds SLURM there, and a submission runs the callable in this
-process as task 0 of a job of `world_size` tasks, with that environment while it runs. Nothing is
-pickled or queued; the report notes that the submitted job was linted."""
+process as task 0 of a job of `world_size` tasks, with that environment and the job process's command
+line (``submitit.core._submit FOLDER``) while it runs. Nothing is pickled or queued; the report notes
+that the submitted job was linted."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 from typing import Any, Callable, Dict
 
 from fsdp_lint.process.environ import environ_set
@@ -32,6 +35,19 @@ def slurm_env(world_size: int, gpus_per_node: int, nodes: Any = None) -> Dict[st
         "SLURM_GPUS_ON_NODE": str(per_node), "SLURM_JOB_NODELIST": nodelist, "SLURM_STEP_NODELIST": nodelist,
         "SLURMD_NODENAME": "node0",
     }
+
+
+def _job_world(params: Dict[str, Any], rec) -> None:
+    """The job's tasks (``nodes`` x ``tasks_per_node``) are the world when nothing else gave it (``python -m
+    pkg.submit --nodes 4`` with no launcher): the replay starts again on that world, as for Lightning."""
+    from fsdp_lint.replay.frameworks import current_options
+    from fsdp_lint.replay.records import WorldSizeFromScript
+
+    nodes, per_node = params.get("nodes"), params.get("ntasks_per_node", params.get("tasks_per_node"))
+    if not (isinstance(nodes, int) and isinstance(per_node, int) and nodes > 0 and per_node > 0):
+        return
+    if getattr(current_options(), "script_world", False) and nodes * per_node != rec.world_size:
+        raise WorldSizeFromScript(nodes * per_node, f"submitit job (nodes={nodes}, tasks_per_node={per_node})")
 
 
 class SubmittedJob:
@@ -74,6 +90,7 @@ def install(rec, patch: Patch) -> None:
 
     def run(executor, fn, args, kwargs):
         params = getattr(getattr(executor, "_executor", executor), "parameters", None) or {}
+        _job_world(params, rec)
         env = slurm_env(rec.world_size, getattr(rec, "gpus_per_node", None) or 8, params.get("nodes"))
         notes = rec.__dict__.setdefault("framework_notes", [])
         name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
@@ -82,8 +99,18 @@ def install(rec, patch: Patch) -> None:
                 f"run in this process")
         if text not in notes:
             notes.append(text)
-        with environ_set(env):
-            return SubmittedJob(fn(*args, **kwargs))
+        # the job's process is `python -u -m submitit.core._submit FOLDER` (what `sys.argv[1]` is to a job
+        # that reads its folder from there), with the folder in SUBMITIT_FOLDER
+        folder = getattr(getattr(executor, "_executor", executor), "folder", None)
+        argv = [os.path.join(os.path.dirname(core.__file__), "_submit.py"), str(folder)] if folder is not None \
+            else list(sys.argv)
+        saved = sys.argv
+        sys.argv = argv
+        try:
+            with environ_set({**env, **({"SUBMITIT_FOLDER": str(folder)} if folder is not None else {})}):
+                return SubmittedJob(fn(*args, **kwargs))
+        finally:
+            sys.argv = saved
 
     def submit(self, fn, *args, **kwargs):
         return run(self, fn, args, kwargs)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import io
 import os
 import sys
 from typing import Any, Callable, List, Optional, Tuple
@@ -36,6 +35,7 @@ from fsdp_lint.replay import (  # issue 11; issue 15: the node's GPU, data value
     checkpoints, data_values, host_values, job_submission, network, node, parallel, rank_values, smi, writes,
 )
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
+from fsdp_lint.replay.streams import NodeStream
 
 Patch = Callable[[Any, str, Any], None]
 
@@ -123,7 +123,7 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     install_frameworks(rec, patch)
     hooks += install_boundaries(rec, patch)
 
-    rec.stdout, rec.stderr = io.StringIO(), io.StringIO()
+    rec.stdout, rec.stderr = NodeStream(), NodeStream()     # files, as a node's streams are
     if owned_pg:
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
