@@ -128,8 +128,8 @@ for i, layer in enumerate(model.layers):
         stmt = src.statement(call)
         loops = src.enclosing_loops(stmt)
         root = codemods.model_name(src, call.args[0].value, loops)
-        if root is None:
-            return None
+        if root is None or root in ("self", "cls"):
+            return None         # a method wrapping its own object's parts: the root wrap is its caller's
         kws = codemods.keywords_text(src, call, without=codemods.loop_targets(loops) | {root})
         callee = src.code(call.func).strip()
         args = ", ".join([root] + kws)

@@ -354,8 +354,9 @@ def test_the_install_hint_names_the_distribution_the_project_declares(cli, tmp_p
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'trainer'\n")
     res = cli("train.py", "--world-size", "2", "--no-cache", cwd=str(tmp_path))
     assert "pip install olmo-core" in res.err, res.err
-    # a requirements file's line, a direct reference as uv and pip write them
+    # a requirements file's line, a direct reference as uv and pip write them: installed from where the
+    # repository gets it (its commit; a name on PyPI may be another project)
     (tmp_path / "requirements.txt").write_text(
         "# training\ntorch>=2.6\nai2_olmo_core @ git+https://github.com/allenai/OLMo-core.git@fa6c501\n")
     res = cli("train.py", "--world-size", "2", "--no-cache", cwd=str(tmp_path))
-    assert "pip install ai2-olmo-core" in res.err, res.err
+    assert "pip install 'ai2_olmo_core @ git+https://github.com/allenai/OLMo-core.git@fa6c501'" in res.err, res.err

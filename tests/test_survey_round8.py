@@ -334,3 +334,120 @@ def test_a_value_computed_on_the_host_assigned_to_a_meta_buffer_and_a_streams_de
     res = cli(str(path), "--world-size", "4", "--no-cache", cwd=str(tmp_path))
     assert res.code == 0, res.out
     assert "5 units" in res.out and "skipped" not in res.out, res.out
+
+
+WRAPS_ITS_OWN_PARTS = '''import torch
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import enable_wrap, wrap
+
+
+class Flamingo(nn.Module):
+    def __init__(self, dim=64):
+        super().__init__()
+        self.perceiver = nn.Linear(dim, dim)
+        self.blocks = nn.ModuleList(nn.Linear(dim, dim) for _ in range(2))
+        self.vision_encoder = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x):
+        return self.norm(self.vision_encoder(x))
+
+    def wrap_fsdp(self, device_id):
+        # every part wrapped twice (the outer unit frees the inner one's gathered parameters); the root
+        # is left unwrapped on purpose, its norm moved to the device by hand
+        with enable_wrap(wrapper_cls=FSDP, device_id=device_id, use_orig_params=True):
+            self.perceiver = wrap(wrap(self.perceiver))
+            self.blocks = nn.ModuleList(wrap(wrap(block)) for block in self.blocks)
+            self.vision_encoder = wrap(wrap(self.vision_encoder))
+        self.norm.to(device_id)
+
+
+model = Flamingo()
+model.wrap_fsdp(torch.cuda.current_device())
+'''
+
+
+def test_no_safe_fix_for_a_missing_root_wrap_where_the_model_is_the_methods_own_object(cli, tmp_path):
+    # open_flamingo's `wrap_fsdp`: the safe fix inserted `wrap = wrap(wrap)` (the nested call read as the
+    # variable `wrap`), which shadows the function and breaks the method; the root is reached by the caller
+    path = tmp_path / "flamingo.py"
+    path.write_text(WRAPS_ITS_OWN_PARTS)
+    res = cli(str(path), "--world-size", "4", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 1, res.err
+    [finding] = [line for line in res.out.splitlines() if " FSD301 " in line]
+    assert "[*]" not in finding and "the root model is not wrapped" in finding, finding
+    res = cli(str(path), "--world-size", "4", "--no-cache", "--diff", cwd=str(tmp_path))
+    assert "wrap = wrap(" not in res.out and "self = " not in res.out, res.out
+
+
+CONCRETE_CONFIG = '''"""DiLoCo-style: the config class named, read from the hub, the model built from it."""
+import functools
+
+import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+config = LlamaConfig.from_pretrained("PrimeLab/llama-1b-fresh")
+model = LlamaForCausalLM(config)
+model = FSDP(model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                                      transformer_layer_cls={LlamaDecoderLayer}),
+             sharding_strategy=ShardingStrategy.FULL_SHARD, use_orig_params=True,
+             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16), device_id=torch.cuda.current_device())
+'''
+
+
+def test_a_concrete_config_class_from_the_hub_takes_hf_config_or_names_the_missing_config(cli, tmp_path):
+    # `LlamaConfig.from_pretrained(hub id)`: only AutoConfig took --hf-config; this one failed on the
+    # offline hub with transformers' own text, --hf-config or not
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path / "train_fsdp.py"
+    path.write_text(CONCRETE_CONFIG)
+    res = cli(str(path), "--world-size", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    assert ("train_fsdp.py:10: setup code failed on the meta device: no config.json for the hub model "
+            "'PrimeLab/llama-1b-fresh' here, and fsdp-lint never downloads: pass --hf-config") in res.err, res.err
+    tiny = os.path.join(REPO, "fixtures", "frameworks", "configs", "tiny-llama")
+    res = cli(str(path), "--world-size", "8", "--no-cache", "--hf-config", tiny, cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    with torch.device("meta"):
+        expected = LlamaForCausalLM(LlamaConfig.from_pretrained(tiny))
+    layers = expected.config.num_hidden_layers
+    numel = sum(p.numel() for p in expected.parameters())
+    header = res.out.splitlines()[0]
+    assert f"· fsdp1 · world size 8 · {layers + 1} units" in header, header
+    assert f"LlamaForCausalLM ({numel / 1e3:.3g}K params" in header or f"({numel:,} params" in header, (header, numel)
+
+
+def test_a_package_the_repository_gets_from_a_url_is_installed_from_there(cli, tmp_path):
+    # `pydantic_config @ git+https://...` in requirements.txt: the hint said `pip install pydantic-config`,
+    # an unrelated project of that name on PyPI
+    url = "pydantic_config @ git+https://github.com/example-org/pydantic_config.git@8e19e05"
+    (tmp_path / "requirements.txt").write_text(f"torch\n{url}\n")
+    (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup(name='diloco')\n")
+    (tmp_path / "train_fsdp.py").write_text(
+        "import torch.nn as nn\nfrom pydantic_config import parse_argv\nfrom torch.distributed.fsdp import fully_shard\n\n"
+        "args = parse_argv()\nmodel = nn.Sequential(nn.Linear(args['dim'], args['dim']))\nfully_shard(model)\n")
+    res = cli("train_fsdp.py", "--world-size", "2", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    assert f"pip install '{url}'" in res.err, res.err
+
+
+def test_a_validation_error_names_its_fields(cli, tmp_path):
+    # pydantic's message is a list under its first line ("2 validation errors for Config"): a README's
+    # stale flag was reported without the fields that failed
+    (tmp_path / "train.py").write_text(
+        "import sys\n\nimport pydantic\nimport torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n\n"
+        "class Config(pydantic.BaseModel):\n    model_config = pydantic.ConfigDict(extra='forbid')\n"
+        "    dim: int = 64\n    ckpt_interval: int = 100\n\n\n"
+        "config = Config(**dict(a.lstrip('-').split('=', 1) for a in sys.argv[1:]))\n"
+        "model = nn.Sequential(nn.Linear(config.dim, config.dim))\nfully_shard(model)\n")
+    res = cli("train.py", "--world-size", "2", "--no-cache", "--", "--dim=64", "--checkpoint_interval=5",
+              cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    assert ("ValidationError: 1 validation error for Config: checkpoint_interval: Extra inputs are not permitted"
+            in res.err), res.err

@@ -154,6 +154,8 @@ def base_name(src: Source, expr) -> Optional[str]:
             expr = expr.value
         elif isinstance(expr, cst.Call):
             wrapper = isinstance(expr.func, cst.Name) and expr.func.value in _ITERATION_BUILTINS
+            if isinstance(expr.func, cst.Name) and not wrapper:
+                return None     # what a function returns (`wrap(wrap(block))`): not a variable's part
             expr = expr.args[0].value if wrapper and expr.args else expr.func
         else:
             return None

@@ -32,6 +32,7 @@ from fsdp_lint.replay.imports import (
 from fsdp_lint.replay.requirements import set_project
 from fsdp_lint.replay.network import (NetworkWait, NotDownloaded, network_ask as _network_ask,
                                       network_text as _network_text, remove_failed_downloads, removed_download)
+from fsdp_lint.replay.one_line import one_line as _one_line
 from fsdp_lint.replay.records import Skipped
 
 _FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -577,17 +578,6 @@ def _package_hint(exc: BaseException, msg: str) -> str:
     if not top or f"`{top}`" in msg or f"'{top}'" in msg:
         return ""
     return f" (`{top}` is not installed here: pip install {distribution_of(top)})"
-
-
-def _one_line(exc: BaseException, limit: int = 300) -> str:
-    text = str(exc).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    first = lines[0] if lines else ""
-    if first.endswith(":") and len(lines) > 1:
-        # a wrapper's header ("Failed to import transformers.trainer because of the following error
-        # (look up to see its traceback):"): the cause is the next line
-        first = f"{first} {lines[1]}"
-    return f"{type(exc).__name__}: {first[:limit]}" if first else type(exc).__name__
 
 
 def _download_hint(msg: str) -> str:

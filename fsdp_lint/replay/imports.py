@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from fsdp_lint.entry.project import is_local
-from fsdp_lint.replay.requirements import declared_distributions
+from fsdp_lint.replay.requirements import declared_distributions, declared_from_url
 
 # import names whose PyPI distribution is called something else
 _DISTRIBUTIONS = {
@@ -52,8 +52,10 @@ def distribution_of(module: str) -> str:
         for name in declared:
             # mosaicml-streaming, ibm-fms, ai2-olmo-core; open-clip-torch
             if name.endswith("-" + guess) or name.startswith(guess + "-"):
-                return name
-    return guess
+                guess = name
+                break
+    url = declared_from_url(guess) if guess in declared else None
+    return f"'{url}'" if url else guess         # pip install 'name @ git+https://...
 
 
 def _guess_distribution(module: str) -> str:

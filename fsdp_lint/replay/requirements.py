@@ -30,6 +30,18 @@ def declared_distributions() -> Tuple[str, ...]:
     return _DECLARED[root]
 
 
+def declared_from_url(name: str) -> Optional[str]:
+    """The requirement the repository declares for distribution `name` when it names where to get it
+    (``pydantic_config @ git+https://github.com/...``: a package not on PyPI, or another one of that name)."""
+    from fsdp_lint.entry.project import repo_root
+
+    root = repo_root(_PROJECT[0]) if _PROJECT[0] else None
+    for text in _requirements(root) if root is not None else ():
+        if _normalised(text) == name and re.match(r"^\s*[A-Za-z0-9._-]+(\[[^]]*\])?\s*@\s*\S", text):
+            return text.split(" #")[0].strip()
+    return None
+
+
 _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 

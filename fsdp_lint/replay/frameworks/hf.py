@@ -188,6 +188,42 @@ def _auto_config(hooks, module) -> None:
     hooks.wrap(module.AutoConfig, "from_pretrained", make)
 
 
+def _concrete_config(hooks, module) -> None:
+    """``LlamaConfig.from_pretrained("org/name")`` -- a concrete config class, not AutoConfig: `--hf-config`
+    when it is a config of that class's model type, else the local cache, never the hub (a local folder
+    or file is read as given)."""
+    import json
+
+    options = hooks.options
+    base = getattr(module, "PreTrainedConfig", None) or getattr(module, "PretrainedConfig")
+
+    def given_type():
+        try:
+            with open(options.hf_config) as fh:
+                return json.load(fh).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def make(from_pretrained):
+        def wrapped(cls, pretrained_model_name_or_path, *args, **kwargs):
+            name = pretrained_model_name_or_path
+            if os.path.exists(str(name)):
+                return from_pretrained(cls, name, *args, **kwargs)
+            if options.hf_config and given_type() == getattr(cls, "model_type", None):
+                kwargs.pop("subfolder", None)
+                name = options.hf_config
+            kwargs["local_files_only"] = True
+            try:
+                return from_pretrained(cls, name, *args, **kwargs)
+            except (OSError, ValueError) as exc:
+                if name == options.hf_config:
+                    raise HubConfigMissing(f"--hf-config {options.hf_config}: transformers cannot read it: {exc}") from None
+                raise HubConfigMissing(missing_config_message(str(name))) from None
+        return wrapped
+
+    hooks.wrap(base, "from_pretrained", make)
+
+
 def _reporting(get_callbacks, rec):
     """``report_to="wandb"`` with the logger's package not installed here: its callback refuses to be built
     ("WandbCallback requires wandb to be installed") where a node's logs the run. A logger never changes the
@@ -320,6 +356,7 @@ def hook_table() -> Dict[str, List[Any]]:
         "huggingface_hub.hf_api": [_hub],
         "transformers.modeling_utils": [_modeling],
         "transformers.models.auto.configuration_auto": [_auto_config],
+        "transformers.configuration_utils": [_concrete_config],
         "transformers.models.auto.tokenization_auto": [_auto_tokenizer],
         "transformers.trainer": [_trainer],
         "datasets": [_datasets],

@@ -1,0 +1,30 @@
+"""An exception said in one line, for the one-line error and the notes of skipped statements."""
+from __future__ import annotations
+
+import re
+
+from fsdp_lint.replay.network import NotDownloaded
+
+# pydantic's "2 validation errors for Config" heads a list: a field's location on a line of its own, its
+# message indented below it
+_VALIDATION_HEADER = re.compile(r"^\d+ validation errors? for \S+$")
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    if isinstance(exc, NotDownloaded):
+        return first          # fsdp-lint's own text: whole, without the class's name
+    if first.endswith(":") and len(lines) > 1:
+        # a wrapper's header ("Failed to import transformers.trainer because of the following error
+        # (look up to see its traceback):"): the cause is the next line
+        first = f"{first} {lines[1]}"
+    elif _VALIDATION_HEADER.match(first) and len(lines) > 1:
+        # which fields and why (a README's stale flag: `checkpoint_interval  Extra inputs are not permitted`)
+        raw = [line for line in text.splitlines() if line.strip()][1:]
+        fields = [(raw[i].strip(), raw[i + 1].strip()) for i in range(len(raw) - 1)
+                  if not raw[i].startswith(" ") and raw[i + 1].startswith(" ")]
+        if fields:
+            first = f"{first}: " + "; ".join(f"{name}: {why.split(' [type=')[0]}" for name, why in fields)
+    return f"{type(exc).__name__}: {first[:limit]}" if first else type(exc).__name__
