@@ -451,3 +451,61 @@ def test_a_validation_error_names_its_fields(cli, tmp_path):
     assert res.code == 2, res.out
     assert ("ValidationError: 1 validation error for Config: checkpoint_interval: Extra inputs are not permitted"
             in res.err), res.err
+
+
+
+VIDEO_DIT = os.path.join(REPO, "fixtures", "repos", "video_dit")
+
+
+@pytest.fixture
+def video_dit(monkeypatch):
+    pytest.importorskip("diffusers", reason="the test extras install diffusers")
+    monkeypatch.syspath_prepend(VIDEO_DIT)
+    yield VIDEO_DIT
+    for name in [n for n in sys.modules if n.split(".")[0] == "vdit"]:
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize("param_dtype", ["bf16", "fp32"])
+def test_a_diffusers_model_from_its_checkpoint_folder_is_built_as_diffusers_loads_it(cli, video_dit, tmp_path,
+                                                                                     param_dtype):
+    # Wan-style `VideoDiT.from_pretrained(ckpt_dir, torch_dtype=...)` of a checkpoint folder: diffusers'
+    # loader ran and asked for the weights. Oracle: real diffusers loading real saved weights -- the
+    # same parameters in the same dtypes (`_keep_in_fp32_modules` kept in float32 under bf16)
+    import torch
+
+    from fsdp_lint.config import Settings
+    from fsdp_lint.engine import analyse
+    from vdit.modules.model import VideoDiT
+
+    saved = tmp_path / "ckpt"
+    VideoDiT.from_config(VideoDiT.load_config(os.path.join(VIDEO_DIT, "ckpt"))).save_pretrained(saved)
+    real = VideoDiT.from_pretrained(saved, torch_dtype=torch.bfloat16 if param_dtype == "bf16" else None)
+    res = analyse(os.path.join(VIDEO_DIT, "generate.py"), Settings(world_size=8),
+                  argv=["--ckpt_dir", os.path.join(VIDEO_DIT, "ckpt"), "--dit_fsdp", "--param_dtype", param_dtype])
+    assert {n: p.dtype for n, p in res.tree.params.items()} == \
+        {n: str(p.dtype).replace("torch.", "") for n, p in real.named_parameters()}
+    assert [u.modules for u in res.plan.units] == [["blocks.0"], ["blocks.1"], [""]]
+    # under bf16 the root unit holds the float32 time embedding: real FSDP1 refuses to flatten it, and
+    # fsdp-lint says so (FSD203)
+    from functools import partial
+
+    from oracle import fake_pg, raises
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+    with fake_pg(8):
+        refused = raises(lambda: FSDP(real, device_id=torch.device("cpu"), auto_wrap_policy=partial(
+            lambda_auto_wrap_policy, lambda_fn=lambda m: m in real.blocks)))
+    assert (refused is not None) == (param_dtype == "bf16"), refused
+    cli_res = cli("generate.py", "--world-size", "8", "--no-cache", "--", "--ckpt_dir", "./ckpt", "--dit_fsdp",
+                  "--param_dtype", param_dtype, cwd=VIDEO_DIT)
+    assert (" FSD203 " in cli_res.out) == (param_dtype == "bf16"), cli_res.out
+
+
+def test_a_diffusers_checkpoint_folder_that_is_not_here_names_it(cli, video_dit):
+    res = cli("generate.py", "--world-size", "8", "--no-cache", "--", "--ckpt_dir", "./VideoDiT-14B", "--dit_fsdp",
+              cwd=VIDEO_DIT)
+    assert res.code == 2, res.out
+    assert ("generate.py:25: setup code failed on the meta device: no config.json in ./VideoDiT-14B here (the "
+            "model's checkpoint folder): its config decides the model and fsdp-lint reads no weights") in res.err, res.err

@@ -12,7 +12,8 @@ are fsdp-lint's recorders. The drivers here only
   `fsdp_lint.plan.frameworks`),
 * read configurations as the framework does (``--accelerate-config``: accelerate's own launcher code
   turns the YAML into the environment ``accelerate launch`` would set),
-* build Hugging Face models from a config without downloading (``--hf-config``, ``from_pretrained``).
+* build Hugging Face models from a config without downloading (``--hf-config``, ``from_pretrained``;
+  diffusers' ``ModelMixin.from_pretrained`` too).
 
 Nothing here imports a framework (or torch) until a replayed file does.
 """
@@ -45,13 +46,13 @@ def current_options():
 
 def install(rec, patch) -> None:
     """Called by the replay's sandbox after the FSDP recorders are in place."""
-    from fsdp_lint.replay.frameworks import accelerate, hf, lightning, trl
+    from fsdp_lint.replay.frameworks import accelerate, diffusers, hf, lightning, trl
     from fsdp_lint.replay.frameworks.hooks import install_hooks, simulate_ddp, simulate_object_collectives
 
     options = current_options()
     os.environ.update(options.launch_env)        # as the launch line exports it (the sandbox restores it)
     table: Dict[str, List[Any]] = {}
-    for driver in (lightning, accelerate, hf, trl):
+    for driver in (lightning, accelerate, hf, trl, diffusers):
         for name, fns in driver.hook_table().items():
             table.setdefault(name, []).extend(fns)
     for driver in (accelerate, hf):
