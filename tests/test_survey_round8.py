@@ -316,6 +316,8 @@ for block in model.blocks:
     fully_shard(block, mesh=mesh, mp_policy=mp)
 fully_shard(model, mesh=mesh, mp_policy=mp)
 model.to_empty(device="cuda")
+# every tensor NaN first, so that what init_weights misses shows
+model._apply(lambda t: torch.full_like(t, float("nan") if t.dtype.is_floating_point else 0, device="cuda"))
 model.init_weights()
 logger.info("model ready")
 '''
@@ -325,7 +327,8 @@ def test_a_value_computed_on_the_host_assigned_to_a_meta_buffer_and_a_streams_de
     # `self.periods.data = torch.arange(..., device=self.periods.device)` after the wrap: the small tensor
     # the replay computes on the host met the meta buffer in `set_data` ("incompatible tensor type", no
     # device named) and the lint failed; `os.isatty(sys.stdout.fileno())` failed on the captured stream
-    # and the logger's statement was skipped. Real torch builds the same units from the same file.
+    # and the logger's statement was skipped. Real torch builds the same units from the same file (the NaN
+    # fill through `_apply` of the wrapped modules included).
     from test_idioms import assert_plan_matches_torch
 
     path = tmp_path / "rope_vit.py"
