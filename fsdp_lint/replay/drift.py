@@ -33,7 +33,12 @@ _CACHE: Dict[str, List[Tuple[str, str]]] = {}
 
 def note(exc: BaseException, entry_path: Optional[str]) -> str:
     """`` (requirements.txt asks for transformers==4.45.2; installed here: 5.25.0)`` for each library
-    behind `exc` whose installed version the repository's pins exclude, or ''."""
+    behind `exc` whose installed version the repository's pins exclude, or ''. Not for what is not
+    downloaded: a config or tokenizer that is not here is the cause, whatever the versions."""
+    from fsdp_lint.replay.network import NotDownloaded
+
+    if isinstance(exc, NotDownloaded):
+        return ""
     texts = [f"{where} asks for {spec}; installed here: {version}" for where, spec, version in
              _unmet(_implicated(exc), entry_path)]
     return f" ({'; '.join(texts)})" if texts else ""
