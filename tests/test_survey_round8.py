@@ -514,3 +514,24 @@ def test_a_diffusers_checkpoint_folder_that_is_not_here_names_it(cli, video_dit)
     assert res.code == 2, res.out
     assert ("generate.py:25: setup code failed on the meta device: no config.json in ./VideoDiT-14B here (the "
             "model's checkpoint folder): its config decides the model and fsdp-lint reads no weights") in res.err, res.err
+
+
+def test_a_hub_file_the_projects_code_downloads_is_named_with_how_to_get_it(cli, tmp_path, monkeypatch):
+    # prismatic/openvla-style: the project asks the hub for a checkpoint's config.json with
+    # hf_hub_download and builds the model from it; huggingface_hub's offline error named no file
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty_hub_cache"))
+    (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup(name='vla')\n")
+    (tmp_path / "load.py").write_text(
+        "import json\n\nimport torch.nn as nn\nfrom huggingface_hub import hf_hub_download\n\n\n"
+        "def load(model_id):\n"
+        "    config_json = hf_hub_download(repo_id='Org/vlm-checkpoints', filename=f'{model_id}/config.json')\n"
+        "    with open(config_json) as fh:\n        cfg = json.load(fh)\n"
+        "    return nn.Sequential(*(nn.Linear(cfg['dim'], cfg['dim']) for _ in range(cfg['depth'])))\n")
+    (tmp_path / "train.py").write_text(
+        "from torch.distributed.fsdp import fully_shard\n\nfrom load import load\n\n"
+        "model = load('prism-224px+7b')\nfor layer in model:\n    fully_shard(layer)\nfully_shard(model)\n")
+    res = cli("train.py", "--world-size", "2", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    assert ("load.py:8: setup code failed on the meta device: prism-224px+7b/config.json of the hub repository "
+            "Org/vlm-checkpoints is not here, and fsdp-lint never downloads: `huggingface-cli download "
+            "Org/vlm-checkpoints prism-224px+7b/config.json` puts it in the local Hugging Face cache") in res.err, res.err

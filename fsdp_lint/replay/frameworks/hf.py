@@ -42,6 +42,11 @@ class TokenizerMissing(NotDownloaded):
     """A tokenizer named by its hub id has no files here (fsdp-lint never downloads)."""
 
 
+class HubFileMissing(NotDownloaded):
+    """A file the project's code asks the hub for (``hf_hub_download(repo_id, filename)``) is not in the
+    local cache (fsdp-lint never downloads)."""
+
+
 def missing_config_message(name: str) -> str:
     cache = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
     return (f"no config.json for the hub model {name!r} here, and fsdp-lint never downloads: pass "
@@ -351,9 +356,40 @@ def _hub(hooks, module) -> None:
         hooks.patch(module, "create_repo", create_repo)
 
 
+def _hub_file(hooks, module) -> None:
+    """``hf_hub_download(repo_id=..., filename=...)`` called by the project's own code (a VLM's checkpoint
+    config, a vision tower's weights) for a file the local cache lacks: huggingface_hub's offline error
+    says neither which file nor how to get it; the error names both. The libraries' own calls (their
+    probes for optional files expect the hub's errors) are left as they are."""
+    from fsdp_lint.entry.project import is_local
+
+    real = module.hf_hub_download
+
+    def hf_hub_download(*args, **kwargs):
+        try:
+            return real(*args, **kwargs)
+        except (OSError, ValueError) as exc:
+            caller = sys._getframe(1).f_code.co_filename
+            if not is_local(caller) or not type(exc).__module__.startswith("huggingface_hub"):
+                raise
+            repo = kwargs.get("repo_id", args[0] if args else "?")
+            name = kwargs.get("filename", args[1] if len(args) > 1 else "?")
+            name = f"{kwargs['subfolder']}/{name}" if kwargs.get("subfolder") else name
+            kind = kwargs.get("repo_type")
+            raise HubFileMissing(f"{name} of the hub repository {repo} is not here, and fsdp-lint never downloads: "
+                                 f"`huggingface-cli download {repo} {name}{f' --repo-type {kind}' if kind else ''}` "
+                                 f"puts it in the local Hugging Face cache ({type(exc).__name__})") from None
+
+    hooks.patch(module, "hf_hub_download", hf_hub_download)
+    package = sys.modules.get("huggingface_hub")
+    if package is not None and package.__dict__.get("hf_hub_download") is real:
+        hooks.patch(package, "hf_hub_download", hf_hub_download)
+
+
 def hook_table() -> Dict[str, List[Any]]:
     return {
         "huggingface_hub.hf_api": [_hub],
+        "huggingface_hub.file_download": [_hub_file],
         "transformers.modeling_utils": [_modeling],
         "transformers.models.auto.configuration_auto": [_auto_config],
         "transformers.configuration_utils": [_concrete_config],
