@@ -173,24 +173,7 @@ def _auto_config(hooks, module) -> None:
     ``AutoModel*`` classes load their config through it, then call the concrete class's ``from_pretrained``
     (patched in `_modeling`); each of them holds its own copy of ``from_pretrained``, so they are not
     patched themselves."""
-    options = hooks.options
-
-    def make(from_pretrained):
-        def wrapped(cls, pretrained_model_name_or_path, *args, **kwargs):
-            if options.hf_config:
-                kwargs.pop("subfolder", None)
-                pretrained_model_name_or_path = options.hf_config
-            kwargs["local_files_only"] = True
-            try:
-                return from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs)
-            except (OSError, ValueError) as exc:
-                if options.hf_config:
-                    raise HubConfigMissing(f"--hf-config {options.hf_config}: transformers cannot read it: "
-                                           f"{exc}") from None
-                raise HubConfigMissing(missing_config_message(str(pretrained_model_name_or_path))) from None
-        return wrapped
-
-    hooks.wrap(module.AutoConfig, "from_pretrained", make)
+    hooks.wrap(module.AutoConfig, "from_pretrained", _read_locally(hooks.options, lambda cls: True))
 
 
 def _concrete_config(hooks, module) -> None:
@@ -209,24 +192,33 @@ def _concrete_config(hooks, module) -> None:
         except (OSError, ValueError, AttributeError):
             return None
 
+    hooks.wrap(base, "from_pretrained", _read_locally(
+        options, lambda cls: bool(options.hf_config) and given_type() == getattr(cls, "model_type", None),
+        local_first=True))
+
+
+def _read_locally(options, applies, local_first: bool = False):
+    """A config class's ``from_pretrained`` for the replay: `--hf-config` where `applies(cls)`, else the
+    local cache only (`local_first`: a folder or file that is here is read as given); a config that
+    cannot be had is `HubConfigMissing`, naming it."""
     def make(from_pretrained):
         def wrapped(cls, pretrained_model_name_or_path, *args, **kwargs):
             name = pretrained_model_name_or_path
-            if os.path.exists(str(name)):
+            if local_first and os.path.exists(str(name)):
                 return from_pretrained(cls, name, *args, **kwargs)
-            if options.hf_config and given_type() == getattr(cls, "model_type", None):
+            if options.hf_config and applies(cls):
                 kwargs.pop("subfolder", None)
                 name = options.hf_config
             kwargs["local_files_only"] = True
             try:
                 return from_pretrained(cls, name, *args, **kwargs)
             except (OSError, ValueError) as exc:
-                if name == options.hf_config:
-                    raise HubConfigMissing(f"--hf-config {options.hf_config}: transformers cannot read it: {exc}") from None
+                if options.hf_config and name == options.hf_config:
+                    raise HubConfigMissing(f"--hf-config {options.hf_config}: transformers cannot read it: "
+                                           f"{exc}") from None
                 raise HubConfigMissing(missing_config_message(str(name))) from None
         return wrapped
-
-    hooks.wrap(base, "from_pretrained", make)
+    return make
 
 
 def _reporting(get_callbacks, rec):
