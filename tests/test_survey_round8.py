@@ -535,3 +535,37 @@ def test_a_hub_file_the_projects_code_downloads_is_named_with_how_to_get_it(cli,
     assert ("load.py:8: setup code failed on the meta device: prism-224px+7b/config.json of the hub repository "
             "Org/vlm-checkpoints is not here, and fsdp-lint never downloads: `huggingface-cli download "
             "Org/vlm-checkpoints prism-224px+7b/config.json` puts it in the local Hugging Face cache") in res.err, res.err
+
+
+def test_pretrained_weights_a_library_downloads_stand_in_as_a_missing_checkpoint(tmp_path):
+    # open_clip / timm style: `create_model(name, pretrained=True)` builds the tower, downloads its weights
+    # with hf_hub_download and loads them: offline the download failed inside the library and the model was
+    # never built. The weights change no unit: the plan is the one without them.
+    site = tmp_path / "site"
+    (site / "visionkit").mkdir(parents=True)
+    (site / "visionkit-1.0.dist-info").mkdir()
+    (site / "visionkit-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: visionkit\nVersion: 1.0\n")
+    (site / "visionkit-1.0.dist-info" / "top_level.txt").write_text("visionkit\n")
+    (site / "visionkit" / "__init__.py").write_text(
+        "import torch.nn as nn\nfrom huggingface_hub import hf_hub_download\nfrom safetensors.torch import load_file\n\n\n"
+        "def create_model(name, pretrained=False):\n"
+        "    model = nn.Sequential(*(nn.Linear(32, 32) for _ in range(4)))\n"
+        "    if pretrained:\n"
+        "        path = hf_hub_download(repo_id=f'visionkit/{name}', filename='open_clip_model.safetensors')\n"
+        "        model.load_state_dict(load_file(path))\n"
+        "    return model\n")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "setup.py").write_text("from setuptools import setup\nsetup(name='vlm')\n")
+    (repo / "train.py").write_text(
+        "import sys\n\nimport visionkit\nfrom torch.distributed.fsdp import fully_shard\n\n"
+        "tower = visionkit.create_model('vit-tiny', pretrained=sys.argv[1:] == ['--pretrained'])\n"
+        "for block in tower:\n    fully_shard(block)\nfully_shard(tower)\n")
+    env = {"PYTHONPATH": str(site), "HF_HOME": str(tmp_path / "empty_hub_cache")}
+    runs = [run_subprocess(["-m", "fsdp_lint", "train.py", "--world-size", "2", "--no-cache", *extra], cwd=str(repo),
+                           env=env) for extra in ([], ["--", "--pretrained"])]
+    for res in runs:
+        assert res.returncode in (0, 1), res.stderr
+    without, pretrained = (res.stdout.splitlines()[0].split(": ", 1)[1] for res in runs)
+    assert without == pretrained and "5 units" in without, (without, pretrained)
+    assert "open_clip_model.safetensors`, which is not on this machine, stands in" in runs[1].stdout, runs[1].stdout

@@ -348,11 +348,17 @@ def _hub(hooks, module) -> None:
         hooks.patch(module, "create_repo", create_repo)
 
 
+# the files of pretrained weights (never a config, a tokenizer or an index)
+_WEIGHTS = (".bin", ".safetensors", ".pt", ".pth", ".ckpt")
+
+
 def _hub_file(hooks, module) -> None:
-    """``hf_hub_download(repo_id=..., filename=...)`` called by the project's own code (a VLM's checkpoint
-    config, a vision tower's weights) for a file the local cache lacks: huggingface_hub's offline error
-    says neither which file nor how to get it; the error names both. The libraries' own calls (their
-    probes for optional files expect the hub's errors) are left as they are."""
+    """``hf_hub_download(repo_id=..., filename=...)`` of a file the local cache lacks. Pretrained weights
+    (a library building a vision tower with ``pretrained=True``) are not needed for a plan: their path
+    is given, and loading it stands in. Any other file the project's own code asks for (a checkpoint's
+    config): huggingface_hub's offline error says neither which file nor how to get it; the error names
+    both. The libraries' own calls for other files (their probes for optional files expect the hub's
+    errors) are left as they are."""
     from fsdp_lint.entry.project import is_local
 
     real = module.hf_hub_download
@@ -361,12 +367,19 @@ def _hub_file(hooks, module) -> None:
         try:
             return real(*args, **kwargs)
         except (OSError, ValueError) as exc:
-            caller = sys._getframe(1).f_code.co_filename
-            if not is_local(caller) or not type(exc).__module__.startswith("huggingface_hub"):
+            if not type(exc).__module__.startswith("huggingface_hub"):
                 raise
             repo = kwargs.get("repo_id", args[0] if args else "?")
             name = kwargs.get("filename", args[1] if len(args) > 1 else "?")
             name = f"{kwargs['subfolder']}/{name}" if kwargs.get("subfolder") else name
+            if str(name).endswith(_WEIGHTS):
+                # pretrained weights a library loads into the model it built (open_clip's, timm's): the
+                # path of a file that is not here, whose load stands in as the model's own state dict
+                # (fsdp_lint.replay.checkpoints), as a missing checkpoint file's does
+                folder = f"models--{str(repo).replace('/', '--')}"
+                return os.path.join(module.constants.HF_HUB_CACHE, folder, "snapshots", "not-downloaded", str(name))
+            if not is_local(sys._getframe(1).f_code.co_filename):
+                raise
             kind = kwargs.get("repo_type")
             raise HubFileMissing(f"{name} of the hub repository {repo} is not here, and fsdp-lint never downloads: "
                                  f"`huggingface-cli download {repo} {name}{f' --repo-type {kind}' if kind else ''}` "
