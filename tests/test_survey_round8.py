@@ -569,3 +569,138 @@ def test_pretrained_weights_a_library_downloads_stand_in_as_a_missing_checkpoint
     without, pretrained = (res.stdout.splitlines()[0].split(": ", 1)[1] for res in runs)
     assert without == pretrained and "5 units" in without, (without, pretrained)
     assert "open_clip_model.safetensors`, which is not on this machine, stands in" in runs[1].stdout, runs[1].stdout
+
+
+DEFAULT_TENSOR_TYPE = '''"""LLaMA2-Accessory-style: the model is built under a process-wide default dtype and device."""
+import functools
+
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+
+class default_tensor_type:
+    def __init__(self, dtype, device):
+        self.dtype, self.device = dtype, device
+
+    def __enter__(self):
+        self.saved = torch.get_default_dtype(), torch.get_default_device()
+        torch.set_default_tensor_type({torch.bfloat16: torch.cuda.BFloat16Tensor, torch.float32: torch.cuda.FloatTensor}[self.dtype])
+        torch.set_default_device(self.device)
+        torch.set_default_dtype(self.dtype)
+
+    def __exit__(self, *exc):
+        torch.set_default_tensor_type(torch.FloatTensor)
+        torch.set_default_dtype(self.saved[0])
+        torch.set_default_device(self.saved[1])
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.attention_norm = RMSNorm(dim)
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.ffn = nn.Linear(dim, 4 * dim, bias=False)
+
+    def forward(self, x):
+        return x + self.ffn(self.wq(x))[..., : x.shape[-1]]
+
+
+class Transformer(nn.Module):
+    def __init__(self, dim=64, n_layers=4):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(128, dim)
+        self.layers = nn.ModuleList(TransformerBlock(dim) for _ in range(n_layers))
+        self.norm = RMSNorm(dim)
+
+    def forward(self, ids):
+        x = self.tok_embeddings(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+with default_tensor_type(dtype=torch.bfloat16, device="cuda"):
+    model = Transformer()
+model = FSDP(model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={TransformerBlock}),
+             sharding_strategy=ShardingStrategy.SHARD_GRAD_OP, use_orig_params=True,
+             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16),
+             device_id=torch.cuda.current_device())
+'''
+
+
+def test_a_model_built_under_a_default_cuda_device_and_tensor_type(cli, tmp_path):
+    # `torch.set_default_device("cuda")` / `set_default_tensor_type(torch.cuda.BFloat16Tensor)`: the CPU build's
+    # CUDA backend was asked for the tensors (NotImplementedError), and the tensor type refused outright; on a
+    # node the model is built on its GPU in bf16 -- the parameters here are bf16 as real torch builds them
+    # under that default dtype
+    import torch
+
+    path = tmp_path / "main_finetune.py"
+    path.write_text(DEFAULT_TENSOR_TYPE)
+    res = cli(str(path), "--world-size", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    import json
+
+    [report] = json.loads(res.out)["files"]
+    assert [u["modules"] for u in report["plan"]["units"]] == [["layers.0"], ["layers.1"], ["layers.2"], ["layers.3"], [""]]
+    assert not report["replay"]["skipped_statements"], report["replay"]["skipped_statements"]
+    # the file's model built by torch under the default dtype the script sets
+    ns: dict = {}
+    exec(compile(DEFAULT_TENSOR_TYPE.split("with default_tensor_type")[0], str(path), "exec"), ns)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            expected = ns["Transformer"]()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert report["model"]["numel"] == sum(p.numel() for p in expected.parameters())
+    assert {d for u in report["plan"]["units"] for d in u["dtypes"]} == \
+        {str(p.dtype).replace("torch.", "") for p in expected.parameters()} == {"bfloat16"}
+
+
+def test_a_launch_lines_pipes_redirections_and_lists_are_not_the_scripts_arguments(tmp_path, monkeypatch):
+    # `torchrun ... main_finetune.py --data_config x 2>&1 | tee -a output/log` (LLaMA2-Accessory): bash gives
+    # the program the words before the redirection; they were passed on and argparse refused them
+    from fsdp_lint.entry.shell import shell_launches
+
+    (tmp_path / "main_finetune.py").write_text("")
+    script = tmp_path / "alpaca.sh"
+    script.write_text('''#!/bin/bash
+exp_name=finetune/sg/alpaca
+mkdir -p output/"$exp_name"
+torchrun --master_port=1112 --nproc_per_node=8 main_finetune.py \\
+  --data_parallel sdp --precision bf16 \\
+  --data_config configs/data/alpaca.yaml \\
+  2>&1 | tee -a output/"$exp_name"/output.log
+mkdir -p out && torchrun --nproc_per_node 2 main_finetune.py --epochs 1 > out/log.txt 2> out/err.txt
+torchrun --nproc_per_node 4 main_finetune.py --resume &> out/all.log &
+''')
+    monkeypatch.chdir(tmp_path)
+    piped, listed, background = shell_launches(str(script))
+    assert piped.args == ["--data_parallel", "sdp", "--precision", "bf16", "--data_config", "configs/data/alpaca.yaml"]
+    assert (listed.args, listed.world_size) == (["--epochs", "1"], 2)
+    assert (background.args, background.world_size) == (["--resume"], 4)
+
+
+def test_a_class_a_missing_package_decorates_names_the_package_where_its_additions_are_used(cli, tmp_path):
+    # verl-family: `@ray.remote(num_cpus=1) class Runner`, then `Runner.remote()`; without ray the stand-in
+    # decorator left the class as it is and the AttributeError named no package
+    (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup(name='rl')\n")
+    (tmp_path / "main.py").write_text(
+        "import ray\nimport torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n\n"
+        "@ray.remote(num_cpus=1)\nclass Runner:\n    def run(self):\n        model = nn.Sequential(nn.Linear(8, 8))\n"
+        "        fully_shard(model)\n\n\n"
+        "def main():\n    ray.init()\n    runner = Runner.remote()\n    ray.get(runner.run.remote())\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    res = cli("main.py", "--world-size", "2", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    assert ("main.py:15: AttributeError: type object 'Runner' has no attribute 'remote' (it uses `ray.remote`, which "
+            "could not be imported: `ray` is not installed here: pip install ray)") in res.err, res.err

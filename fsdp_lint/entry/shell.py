@@ -196,6 +196,29 @@ def _tokens(pieces, env: Dict[str, str], positional: Sequence[str] = ()) -> List
         raise ShellError(f"line {pieces[0][0]}: cannot read the command: {exc}") from None
 
 
+_CONTROL = {"|", "||", "&&", ";", "&", "|&"}
+_REDIRECT = re.compile(r"^(\d*|&)(>>?|<|>\|)(&?\d+|&-)?$")         # `>`, `2>>`, `2>&1`, `&>`: a target may follow
+_REDIRECT_TO = re.compile(r"^(\d*|&)(>>?|<)(?!&?\d+$)\S+$")       # `>out.log`, `2>/dev/null`
+
+
+def _commands(tokens) -> List[List[Tuple[str, int]]]:
+    """The simple commands of a list or pipeline (split at ``|``, ``&&``, ``;``, ...), each without its
+    redirections."""
+    out: List[List[Tuple[str, int]]] = [[]]
+    skip_target = False
+    for word, line in tokens:
+        if skip_target:
+            skip_target = False
+            continue
+        if word in _CONTROL:
+            out.append([])
+        elif _REDIRECT.match(word):
+            skip_target = not re.search(r"&(\d+|-)$", word)     # `2>&1` names its target itself
+        elif not _REDIRECT_TO.match(word):
+            out[-1].append((word, line))
+    return [c for c in out if c]
+
+
 def _value(tokens, i) -> Tuple[Optional[str], int]:
     word = tokens[i][0]
     if "=" in word:
@@ -473,10 +496,16 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
                 cd = next((os.path.normpath(os.path.join(b, target)) for b in bases
                            if os.path.isdir(os.path.join(b, target))), os.path.normpath(os.path.join(bases[0], target)))
             continue
-        tokens = _nested(_tokens(pieces, env, positional))
         if console is None:
             console = _console_commands(script, cd)
-        found = _launch(tokens, env, console)
+        # the first command of the line's list or pipeline that is a launch (`mkdir -p out && torchrun ...
+        # 2>&1 | tee out/log`), its redirections left out: bash gives the program none of them
+        found = None
+        for command in _commands(_tokens(pieces, env, positional)):
+            tokens = _nested(command)
+            found = _launch(tokens, env, console)
+            if found is not None:
+                break
         if found is None:
             continue
         if found.get("console"):

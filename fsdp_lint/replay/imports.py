@@ -231,8 +231,14 @@ class Missing:
 
     def __call__(self, *args, **kwargs):
         if len(args) == 1 and not kwargs and isinstance(args[0], type):
-            # a decorator from a package that is not installed (`@register("name")`) leaves the class as it is
+            # a decorator from a package that is not installed (`@register("name")`) leaves the class as it
+            # is, marked: a failure on what the decorator would have added (`@ray.remote` class's
+            # `Runner.remote()`) names the package (fsdp_lint.replay.stand_ins)
             self._fsdp_lint_on_use(self._fsdp_lint_name + "()", access=True)
+            try:
+                type.__setattr__(args[0], "_fsdp_lint_decorated_by", self._fsdp_lint_name + "()")
+            except (TypeError, AttributeError):
+                pass
             return args[0]
         if len(args) == 1 and not kwargs and isinstance(args[0], types.FunctionType):
             self._fsdp_lint_on_use(self._fsdp_lint_name + "()", access=True)

@@ -102,6 +102,44 @@ def current_cuda_index(rec) -> int:
     return 0
 
 
+def target_device(rec):
+    """Everything lives on meta; real FSDP1 needs real tensors (CPU); --run passes the rank's device
+    (the model is materialised there, FSDP2 included)."""
+    import torch
+
+    if rec.real and (getattr(rec, "api", None) != "fsdp2" or getattr(rec, "device", None) is not None):
+        return getattr(rec, "device", None) or torch.device("cpu")
+    return torch.device("meta")
+
+
+def _default_device_as_target(rec, patch: Patch) -> None:
+    """``torch.set_default_device("cuda")`` and ``torch.set_default_tensor_type(torch.cuda.BFloat16Tensor)``
+    (a model built under a process-wide default device): the node's GPU is where the replay builds, as
+    ``torch.device("cuda")`` and ``device="cuda"`` are."""
+    import torch
+
+    real = torch.set_default_device
+
+    def set_default_device(device):
+        if device is not None and torch.device(device if not isinstance(device, int) else "cuda").type == "cuda":
+            device = target_device(rec)
+        return real(device)
+
+    patch(torch, "set_default_device", set_default_device)
+    real_tensor_type = torch.set_default_tensor_type
+
+    def set_default_tensor_type(t):
+        # `torch.cuda.BFloat16Tensor` (a name, or the class a CPU build has but refuses): its dtype, on the
+        # node's GPU
+        kind = getattr(torch.cuda, t.rsplit(".", 1)[-1], None) if isinstance(t, str) and t.startswith("torch.cuda.") else t
+        if isinstance(kind, type) and getattr(kind, "is_cuda", False) and isinstance(getattr(kind, "dtype", None), torch.dtype):
+            torch.set_default_dtype(kind.dtype)
+            return set_default_device("cuda")
+        return real_tensor_type(t)
+
+    patch(torch, "set_default_tensor_type", set_default_tensor_type)
+
+
 def simulate_cuda(rec, patch: Patch, profile: gpus.GpuProfile) -> None:
     """CUDA is "available" with `world_size` devices of the profile's GPU."""
     import torch
@@ -131,6 +169,7 @@ def simulate_cuda(rec, patch: Patch, profile: gpus.GpuProfile) -> None:
             continue          # the real device answers for itself
         patch(torch.cuda, name, value)
     if not real_cuda(rec):
+        _default_device_as_target(rec, patch)
         _answer_as(profile, patch)
         # every other public torch.cuda function (peer access, allocator, graphs, telemetry)
         cuda_probes.answer(profile, patch, ws, lambda: current_cuda_index(rec))

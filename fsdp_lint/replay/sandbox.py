@@ -110,7 +110,7 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     if not node.real_cuda(rec):         # the node's nvidia-smi, first on PATH (os.environ is restored after)
         cleanups.append(smi.install(_node_profile(), rec.world_size))
     _simulate_mesh(rec, patch)
-    target_device = _target_device(rec)
+    target_device = node.target_device(rec)
     _record_param_changes(rec, patch, target_device)
     _record_optimizers(rec, patch)
     if not rec.real:
@@ -369,16 +369,6 @@ def _simulate_mesh(rec: Recorder, patch: Patch) -> None:
     parallel.install(rec, patch, real_init_mesh)
 
 
-def _target_device(rec: Recorder):
-    """Everything lives on meta; real FSDP1 needs real tensors (CPU); --run passes the rank's device
-    (the model is materialised there, FSDP2 included)."""
-    import torch
-
-    if rec.real and (getattr(rec, "api", None) != "fsdp2" or getattr(rec, "device", None) is not None):
-        return getattr(rec, "device", None) or torch.device("cpu")
-    return torch.device("meta")
-
-
 def _device_mode(target_device, rec):
     import torch
     from torch.overrides import TorchFunctionMode
@@ -447,7 +437,7 @@ def _record_module_tree(rec: Recorder, patch: Patch) -> List[Any]:
             rec.modules_seen[id(parent)] = parent
         return None
 
-    host = not rec.real and _target_device(rec).type == "meta"
+    host = not rec.real and node.target_device(rec).type == "meta"
 
     def on_register_param(module, name, param):
         if rec.wrap_calls and not rec.real:

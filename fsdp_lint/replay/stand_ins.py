@@ -4,8 +4,9 @@ The uses of a stand-in (for an import that failed) are recorded where they happe
 its traceback where one happened names the package. Some failures happen where the stand-in is only
 read: ``assert init_device in ("meta", "cpu")`` with ``init_device`` from a stand-in's call three lines
 above (list membership compares, it does not use), ``super().register(...)`` in a class built on a
-stand-in base (``super()`` reads the bases' own attributes, which an empty stand-in class lacks). The
-failing line's values say so: a stand-in, or an object or class built on one."""
+stand-in base (``super()`` reads the bases' own attributes, which an empty stand-in class lacks),
+``Runner.remote()`` of a class a stand-in decorated (``@ray.remote``). The failing line's values say
+so: a stand-in, an object or class built on one, or a class one decorated."""
 from __future__ import annotations
 
 from typing import Optional
@@ -34,6 +35,8 @@ def stand_in_on_failing_line(exc: BaseException) -> Optional[StubUse]:
 def _stand_in_name(value) -> Optional[str]:
     if isinstance(value, Missing):
         return value._fsdp_lint_name
+    if isinstance(value, type) and isinstance(value.__dict__.get("_fsdp_lint_decorated_by"), str):
+        return value.__dict__["_fsdp_lint_decorated_by"]      # a class a stand-in decorated (`@ray.remote`)
     kind = value if isinstance(value, type) else type(value)
     for base in getattr(kind, "__mro__", ()):
         name = base.__dict__.get("_fsdp_lint_stand_in")
