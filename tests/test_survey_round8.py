@@ -690,17 +690,32 @@ torchrun --nproc_per_node 4 main_finetune.py --resume &> out/all.log &
     assert (background.args, background.world_size) == (["--resume"], 4)
 
 
-def test_a_class_a_missing_package_decorates_names_the_package_where_its_additions_are_used(cli, tmp_path):
-    # verl-family: `@ray.remote(num_cpus=1) class Runner`, then `Runner.remote()`; without ray the stand-in
-    # decorator left the class as it is and the AttributeError named no package
+RAY_ACTOR = ("import ray\nimport torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n\n"
+             "@ray.remote(num_cpus=1)\nclass Runner:\n    def run(self):\n        model = nn.Sequential(nn.Linear(8, 8))\n"
+             "        fully_shard(model)\n\n\n"
+             "def main():\n    ray.init()\n    runner = Runner.remote()\n    ray.get(runner.run.remote())\n\n\n"
+             "if __name__ == '__main__':\n    main()\n")
+RAY_TASK = ("import ray\nimport torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n\n"
+            "def main(config):\n    if not ray.is_initialized():\n        ray.init()\n"
+            "    ray.get(main_task.remote(config))\n\n\n"
+            "@ray.remote\ndef main_task(config):\n    model = nn.Sequential(nn.Linear(config['dim'], 8))\n"
+            "    fully_shard(model)\n\n\n"
+            "if __name__ == '__main__':\n    main({'dim': 8})\n")
+
+
+@pytest.mark.parametrize("source, expected", [
+    (RAY_ACTOR, "main.py:15: AttributeError: type object 'Runner' has no attribute 'remote'"),
+    (RAY_TASK, "main.py:9: AttributeError: 'function' object has no attribute 'remote'"),
+], ids=["actor-class", "task-function"])
+def test_what_a_missing_package_decorates_names_the_package_where_its_additions_are_used(cli, tmp_path, source,
+                                                                                          expected):
+    # verl-family: `@ray.remote(num_cpus=1) class Runner` then `Runner.remote()` (EasyR1), `@ray.remote def
+    # main_task(config)` then `main_task.remote(config)` (TinyZero); without ray the stand-in decorator left
+    # them as they are: the AttributeError named no package, and for the task the lint said "main_task(config)
+    # wraps a model it is given" (it builds its own)
     (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup(name='rl')\n")
-    (tmp_path / "main.py").write_text(
-        "import ray\nimport torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n\n"
-        "@ray.remote(num_cpus=1)\nclass Runner:\n    def run(self):\n        model = nn.Sequential(nn.Linear(8, 8))\n"
-        "        fully_shard(model)\n\n\n"
-        "def main():\n    ray.init()\n    runner = Runner.remote()\n    ray.get(runner.run.remote())\n\n\n"
-        "if __name__ == '__main__':\n    main()\n")
+    (tmp_path / "main.py").write_text(source)
     res = cli("main.py", "--world-size", "2", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2, res.out
-    assert ("main.py:15: AttributeError: type object 'Runner' has no attribute 'remote' (it uses `ray.remote`, which "
-            "could not be imported: `ray` is not installed here: pip install ray)") in res.err, res.err
+    assert (f"{expected} (it uses `ray.remote`, which could not be imported: `ray` is not installed here: pip install "
+            f"ray)") in res.err, res.err

@@ -420,6 +420,7 @@ def _decorated(fn: types.FunctionType, decorator: "Missing") -> Callable[..., An
         except ValueError:              # no signature to read
             pass
         return fn(*args, **kwargs)
+    call._fsdp_lint_decorated_by = name + "()"      # (`@ray.remote def task(cfg)`, then `task.remote(cfg)`)
     return call
 
 

@@ -477,7 +477,7 @@ class _Run:
                 # file builds and wraps its own model (an unknown --model is a usage error, exit 2)
                 raise ReplayError(f"--model {self.target.text}: {self.target.name!r} is not defined in {self.display}")
         if not rec.wrap_calls and rec.stopped is None:
-            root, how = self._library_helpers(ns, timeout, where_real)
+            root, how = self._with_failures(lambda: self._library_helpers(ns, timeout, where_real), where_real)
         if not rec.wrap_calls and root is None and override is not None and not override.used:
             built: Dict[str, Any] = {}
 
@@ -533,7 +533,7 @@ class _Run:
             return None, None
         if self.override is None and not (self.facts.defines_model or self.rec.constructed):
             names = ", ".join(f"{h.name}({', '.join(h.params)})" for h in taking)
-            raise ReplayError(
+            raise NoModelError(     # (a skipped failure that kept the setup from calling it is named instead)
                 f"{self.display}: {names} wraps a model it is given, and nothing here builds one: lint the entry "
                 f"point that calls it (fsdp-lint train.py -- ARGS), or pass the model with --model path.py:Class(...)")
         if self.override is not None:

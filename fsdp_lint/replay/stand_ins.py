@@ -35,8 +35,10 @@ def stand_in_on_failing_line(exc: BaseException) -> Optional[StubUse]:
 def _stand_in_name(value) -> Optional[str]:
     if isinstance(value, Missing):
         return value._fsdp_lint_name
-    if isinstance(value, type) and isinstance(value.__dict__.get("_fsdp_lint_decorated_by"), str):
-        return value.__dict__["_fsdp_lint_decorated_by"]      # a class a stand-in decorated (`@ray.remote`)
+    own = getattr(value, "__dict__", None)         # (a class's is a mappingproxy, a function's a dict)
+    marker = own.get("_fsdp_lint_decorated_by") if callable(value) and hasattr(own, "get") else None
+    if isinstance(marker, str):
+        return marker          # a class or function a stand-in decorated (`@ray.remote`)
     kind = value if isinstance(value, type) else type(value)
     for base in getattr(kind, "__mro__", ()):
         name = base.__dict__.get("_fsdp_lint_stand_in")
