@@ -176,19 +176,27 @@ def test_super_of_a_class_built_on_a_missing_base_names_the_package(cli, standin
     assert "Policy (17.1K params" in res.out and "5 units" in res.out
 
 
+def _installed_package(tmp_path, name: str, files: dict):
+    """A folder holding package `name` as pip installs it (its dist-info beside it): a library's, not the
+    project's, for the replay (put it on PYTHONPATH of a fresh process)."""
+    site = tmp_path / "site"
+    (site / name).mkdir(parents=True)
+    (site / f"{name}-1.0.dist-info").mkdir()
+    (site / f"{name}-1.0.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (site / f"{name}-1.0.dist-info" / "top_level.txt").write_text(f"{name}\n")
+    for file, text in files.items():
+        (site / name / file).write_text(text)
+    return site
+
+
 def test_a_value_of_a_package_whose_import_failed_inside_names_that_failure(tmp_path):
     # an installed package that re-raises its dependency's failure as its own ImportError ("Please make
     # sure to pip install ."): the script's `assert init_device in (...)` on a value from its stand-in was
     # a bare AssertionError, then "`cfgkit.utils` is not in the installed cfgkit" (it is)
-    site = tmp_path / "site"
-    (site / "cfgkit").mkdir(parents=True)
-    (site / "cfgkit-1.0.dist-info").mkdir()
-    (site / "cfgkit-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: cfgkit\nVersion: 1.0\n")
-    (site / "cfgkit-1.0.dist-info" / "top_level.txt").write_text("cfgkit\n")
-    (site / "cfgkit" / "__init__.py").write_text(
-        "try:\n    import cfgkit_cloud_cli\nexcept ImportError as e:\n"
-        "    raise ImportError('Please make sure to pip install . to get the requirements.') from e\n")
-    (site / "cfgkit" / "utils.py").write_text("def update_batch_size_info(cfg):\n    return cfg\n")
+    site = _installed_package(tmp_path, "cfgkit", {
+        "__init__.py": "try:\n    import cfgkit_cloud_cli\nexcept ImportError as e:\n"
+                       "    raise ImportError('Please make sure to pip install . to get the requirements.') from e\n",
+        "utils.py": "def update_batch_size_info(cfg):\n    return cfg\n"})
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "setup.py").write_text("from setuptools import setup\nsetup(name='shear')\n")
@@ -541,19 +549,14 @@ def test_pretrained_weights_a_library_downloads_stand_in_as_a_missing_checkpoint
     # open_clip / timm style: `create_model(name, pretrained=True)` builds the tower, downloads its weights
     # with hf_hub_download and loads them: offline the download failed inside the library and the model was
     # never built. The weights change no unit: the plan is the one without them.
-    site = tmp_path / "site"
-    (site / "visionkit").mkdir(parents=True)
-    (site / "visionkit-1.0.dist-info").mkdir()
-    (site / "visionkit-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: visionkit\nVersion: 1.0\n")
-    (site / "visionkit-1.0.dist-info" / "top_level.txt").write_text("visionkit\n")
-    (site / "visionkit" / "__init__.py").write_text(
+    site = _installed_package(tmp_path, "visionkit", {"__init__.py": (
         "import torch.nn as nn\nfrom huggingface_hub import hf_hub_download\nfrom safetensors.torch import load_file\n\n\n"
         "def create_model(name, pretrained=False):\n"
         "    model = nn.Sequential(*(nn.Linear(32, 32) for _ in range(4)))\n"
         "    if pretrained:\n"
         "        path = hf_hub_download(repo_id=f'visionkit/{name}', filename='open_clip_model.safetensors')\n"
         "        model.load_state_dict(load_file(path))\n"
-        "    return model\n")
+        "    return model\n")})
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "setup.py").write_text("from setuptools import setup\nsetup(name='vlm')\n")

@@ -20,7 +20,7 @@ import os
 import re
 import sys
 import types
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from fsdp_lint.entry.project import is_local, repo_root
 from fsdp_lint.replay.line_values import called_on_line
@@ -28,7 +28,6 @@ from fsdp_lint.replay.line_values import called_on_line
 _FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CANNOT_IMPORT = re.compile(r"cannot import name '[^']+' from '([^']+)'")
 _NO_MODULE = re.compile(r"No module named '([^']+)'")
-_CACHE: Dict[str, List[Tuple[str, str]]] = {}
 
 
 def note(exc: BaseException, entry_path: Optional[str]) -> str:
@@ -93,8 +92,8 @@ def _pins(entry_path: str) -> List[Tuple[str, str]]:
     """(requirement file, requirement text) of each folder from the entry's own up to its repository
     root, nearest first."""
     folder = os.path.dirname(os.path.abspath(entry_path))
-    if folder in _CACHE:
-        return _CACHE[folder]
+    # (read each time: asked only when a failure or a note names a library; a file may change between lints
+    # of one process)
     from fsdp_lint.replay.requirements import requirement_files
 
     root = repo_root(entry_path) or folder
@@ -106,7 +105,6 @@ def _pins(entry_path: str) -> List[Tuple[str, str]]:
         if d == root or os.path.dirname(d) == d or not d.startswith(root):
             break
         d = os.path.dirname(d)
-    _CACHE[folder] = out
     return out
 
 
