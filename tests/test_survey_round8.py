@@ -722,3 +722,78 @@ def test_what_a_missing_package_decorates_names_the_package_where_its_additions_
     assert res.code == 2, res.out
     assert (f"{expected} (it uses `ray.remote`, which could not be imported: `ray` is not installed here: pip install "
             f"ray)") in res.err, res.err
+
+
+OPTIMIZER_OF_SOME = '''"""Only the first two blocks are optimized (the others keep their gradients for a probe)."""
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+
+class Block(nn.Module):
+    def __init__(self, dim=64):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class Net(nn.Module):
+    def __init__(self, depth=4):
+        super().__init__()
+        self.layers = nn.ModuleList(Block() for _ in range(depth))
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+with torch.device("meta"):
+    model = Net()
+for block in model.layers:
+    fully_shard(block)
+fully_shard(model)
+optimizer = torch.optim.AdamW([p for n, p in model.named_parameters() if n.startswith(("layers.0.", "layers.1."))])
+'''
+
+
+def test_optimizer_state_is_of_the_parameters_the_optimizer_holds(cli, tmp_path):
+    # open_flamingo-style: the optimizer gets some of the trainable parameters; the estimate counted AdamW's
+    # two states for every trainable parameter. Oracle: FSDPMemTracker's OptState on the same plan.
+    import json
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import oracle
+    from test_simulate import _tracked_steps
+
+    path = tmp_path / "probe_train.py"
+    path.write_text(OPTIMIZER_OF_SOME)
+    res = cli(str(path), "--world-size", "4", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    [report] = json.loads(res.out)["files"]
+    ns: dict = {}
+    exec(compile(OPTIMIZER_OF_SOME.split("with torch.device")[0], str(path), "exec"), ns)
+    with oracle.fake_pg(4):
+        mesh = init_device_mesh("cpu", (4,))
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            with torch.device("meta"):
+                model = ns["Net"]()
+            for block in model.layers:
+                ns["fully_shard"](block, mesh=mesh)
+            ns["fully_shard"](model, mesh=mesh)
+            model.to_empty(device="cpu")
+            optimizer = torch.optim.AdamW([p for n, p in model.named_parameters()
+                                           if n.startswith(("layers.0.", "layers.1."))])
+            snap = _tracked_steps(model, optimizer, lambda: (torch.randn(2, 16, 64),),
+                                  lambda out: out.float().pow(2).mean(), FSDPMemTracker(model, optimizer))
+    theirs = {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}["OptState"]
+    ours = report["memory"]["breakdown"]["optimizer_state"]
+    assert abs(ours - theirs) <= 0.05 * theirs + 64, (ours, theirs)

@@ -45,6 +45,23 @@ def stays_gathered(ul, plan: WrapPlan, tree: ModuleTree) -> bool:
     return runs_as_root(unit, plan, tree)
 
 
+def _optimized(plan: WrapPlan):
+    """The model's parameters the script's optimizers hold (`torch.optim.AdamW(some_params)`), or None
+    when no optimizer holding them was recorded (then every trainable parameter has its state). An
+    optimizer built over FSDP1's FlatParameters holds none of them by name: None too."""
+    held = {fqn for o in plan.optimizers for fqn in o.params}
+    return held or None
+
+
+def _held_share(unit_layout, tree: ModuleTree, held) -> float:
+    """The share of the unit's trainable elements the optimizers hold (1 without a recorded optimizer)."""
+    if held is None:
+        return 1.0
+    trainable = [p for p in unit_layout.unit.params if tree.params[p].requires_grad]
+    total = sum(tree.params[p].numel for p in trainable)
+    return sum(tree.params[p].numel for p in trainable if p in held) / total if total else 0.0
+
+
 def estimate_memory(plan: WrapPlan, tree: ModuleTree, units: list, trace=None,
             activations: bool = False) -> Memory:
     """Per-rank memory at the peak of a training step (the second one: optimizer state exists,
@@ -59,27 +76,27 @@ def estimate_memory(plan: WrapPlan, tree: ModuleTree, units: list, trace=None,
     """
     opt_cls = plan.optimizers[-1].cls if plan.optimizers else "AdamW"
     states = _OPTIMIZER_STATES.get(opt_cls, 2)
+    held = _optimized(plan)
     sharded_params = sharded_grads = optimizer = 0
     for u in units:
         itemsizes = [tree.params[p].itemsize for p in u.unit.params] or [4]
         orig = max(itemsizes)
+        share = _held_share(u, tree, held)
         if plan.api == "fsdp1":
             sharded_params += u.shard_numel * orig
             sharded_grads += u.grad_numel * orig
             trainable_shard = u.grad_numel if u.trainable_numel == u.numel else ceil_div(u.trainable_numel, u.world_size)
-            optimizer += states * trainable_shard * orig
+            optimizer += round(states * trainable_shard * orig * share)
         else:
             sharded_params += sum(  # rank 0's local shard (of the TP-local tensor for DTensor params)
                 _prod(p.local_shape_first or (1,)) * dtype_itemsize(p.dtype) for p in u.params)
             sharded_grads += u.grad_numel * orig
-            optimizer += states * u.grad_numel * orig
+            optimizer += round(states * u.grad_numel * orig * share)
     replicated = 0
-    for fqn in plan.leftover_params:
+    for fqn in list(plan.leftover_params) + list(plan.ignored_params):
         p = tree.params[fqn]
-        replicated += p.numel * p.itemsize * (1 + (1 + states if p.requires_grad else 0))
-    for fqn in plan.ignored_params:
-        p = tree.params[fqn]
-        replicated += p.numel * p.itemsize * (1 + (1 + states if p.requires_grad else 0))
+        state = states if held is None or fqn in held else 0
+        replicated += p.numel * p.itemsize * (1 + (1 + state if p.requires_grad else 0))
     # unsharded parameters: the units that stay gathered (roots, no reshard after forward), plus
     # the largest other unit being gathered (torch holds one all-gather in flight at the peak)
     kept = [u for u in units if u.all_gathers_per_step and stays_gathered(u, plan, tree)]
