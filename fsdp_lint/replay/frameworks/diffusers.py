@@ -50,6 +50,8 @@ def _modeling(hooks, module) -> None:
                                                  cache_dir=kwargs.get("cache_dir"), revision=kwargs.get("revision"),
                                                  return_unused_kwargs=True, **overrides)
             except (OSError, ValueError):
+                if os.path.isfile(os.path.join(str(name), subfolder or "", "config.json")):
+                    raise           # a config that is here and that diffusers refuses: a node fails there too
                 raise HubConfigMissing(missing_model_config(name, subfolder)) from None
             previous = torch.get_default_dtype()
             if dtype is not None and dtype.is_floating_point:
