@@ -477,16 +477,21 @@ def test_a_wrap_from_a_module_the_installed_torch_does_not_have_names_it(cli, tm
     assert "pip install" not in line, line
 
 
+def _assert_two_units_noting(cli, tmp_path, package: str) -> None:
+    """train.py in `tmp_path` plans its two Linear units and the root, with a note naming `package`."""
+    res = cli("train.py", "--world-size", "2", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert [u["modules"] for u in f["plan"]["units"]] == [["0"], ["1"], [""]]
+    assert any(package in n for n in f["notes"]), f["notes"]
+
+
 def test_a_profiler_context_from_a_package_not_installed_is_a_context_that_does_nothing(cli, tmp_path):
     (tmp_path / "train.py").write_text(
         "import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\nfrom gpu_tracer import trace_range\n\n"
         "with trace_range('build'):\n    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))\n"
         "    for layer in model:\n        fully_shard(layer)\n    fully_shard(model)\n")
-    res = cli("train.py", "--world-size", "2", "--format", "json", cwd=str(tmp_path))
-    assert res.code in (0, 1), res.err
-    f = json.loads(res.out)["files"][0]
-    assert [u["modules"] for u in f["plan"]["units"]] == [["0"], ["1"], [""]]
-    assert any("gpu_tracer" in n for n in f["notes"]), f["notes"]
+    _assert_two_units_noting(cli, tmp_path, "gpu_tracer")
 
 
 def test_an_import_inside_a_function_of_a_package_not_installed_gets_a_stand_in(cli, tmp_path):
@@ -503,11 +508,7 @@ def test_an_import_inside_a_function_of_a_package_not_installed_gets_a_stand_in(
         "        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))\n"
         "        for layer in model:\n            fully_shard(layer)\n        fully_shard(model)\n"
         "    logger.info(model)\n\n\nmain()\n")
-    res = cli("train.py", "--world-size", "2", "--format", "json", cwd=str(tmp_path))
-    assert res.code in (0, 1), res.err
-    f = json.loads(res.out)["files"][0]
-    assert [u["modules"] for u in f["plan"]["units"]] == [["0"], ["1"], [""]]
-    assert any("loguru_x" in n for n in f["notes"]), f["notes"]
+    _assert_two_units_noting(cli, tmp_path, "loguru_x")
 
 
 def test_a_launch_whose_world_is_a_variable_nothing_sets_says_what_it_planned_for(cli, tmp_path):

@@ -189,6 +189,15 @@ def _installed_package(tmp_path, name: str, files: dict):
     return site
 
 
+def _checkout(tmp_path, name: str, train: str):
+    """A repository root (its setup.py) holding `train` as train.py."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "setup.py").write_text(f"from setuptools import setup\nsetup(name='{name}')\n")
+    (repo / "train.py").write_text(train)
+    return repo
+
+
 def test_a_value_of_a_package_whose_import_failed_inside_names_that_failure(tmp_path):
     # an installed package that re-raises its dependency's failure as its own ImportError ("Please make
     # sure to pip install ."): the script's `assert init_device in (...)` on a value from its stand-in was
@@ -197,15 +206,12 @@ def test_a_value_of_a_package_whose_import_failed_inside_names_that_failure(tmp_
         "__init__.py": "try:\n    import cfgkit_cloud_cli\nexcept ImportError as e:\n"
                        "    raise ImportError('Please make sure to pip install . to get the requirements.') from e\n",
         "utils.py": "def update_batch_size_info(cfg):\n    return cfg\n"})
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "setup.py").write_text("from setuptools import setup\nsetup(name='shear')\n")
-    (repo / "train.py").write_text(
+    repo = _checkout(tmp_path, "shear", (
         "import sys\n\nimport torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n"
         "from cfgkit.utils import update_batch_size_info\n\n\n"
         "def main(cfg):\n    cfg = update_batch_size_info(cfg)\n    init_device = cfg.model.get('init_device', 'cpu')\n"
         "    assert init_device in ['meta', 'cpu']\n    model = nn.Sequential(nn.Linear(8, 8))\n    fully_shard(model)\n\n\n"
-        "if __name__ == '__main__':\n    main({'model': {}})\n")
+        "if __name__ == '__main__':\n    main({'model': {}})\n"))
     # a fresh process: the folder is an installed package's (site-packages) from the start, as on a node
     res = run_subprocess(["-m", "fsdp_lint", "train.py", "--world-size", "2", "--no-cache"], cwd=str(repo),
                          env={"PYTHONPATH": str(site)})
@@ -557,13 +563,10 @@ def test_pretrained_weights_a_library_downloads_stand_in_as_a_missing_checkpoint
         "        path = hf_hub_download(repo_id=f'visionkit/{name}', filename='open_clip_model.safetensors')\n"
         "        model.load_state_dict(load_file(path))\n"
         "    return model\n")})
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "setup.py").write_text("from setuptools import setup\nsetup(name='vlm')\n")
-    (repo / "train.py").write_text(
+    repo = _checkout(tmp_path, "vlm", (
         "import sys\n\nimport visionkit\nfrom torch.distributed.fsdp import fully_shard\n\n"
         "tower = visionkit.create_model('vit-tiny', pretrained=sys.argv[1:] == ['--pretrained'])\n"
-        "for block in tower:\n    fully_shard(block)\nfully_shard(tower)\n")
+        "for block in tower:\n    fully_shard(block)\nfully_shard(tower)\n"))
     env = {"PYTHONPATH": str(site), "HF_HOME": str(tmp_path / "empty_hub_cache")}
     runs = [run_subprocess(["-m", "fsdp_lint", "train.py", "--world-size", "2", "--no-cache", *extra], cwd=str(repo),
                            env=env) for extra in ([], ["--", "--pretrained"])]

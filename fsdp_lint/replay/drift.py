@@ -38,10 +38,13 @@ def note(exc: BaseException, entry_path: Optional[str]) -> str:
 
     if isinstance(exc, NotDownloaded):
         return ""
-    # (not torch: the simulated node's torch is fsdp-lint's own, >= 2.6, whatever an old checkout pins;
-    # a failure of a torch API that moved names it)
-    texts = [f"{where} asks for {spec}; installed here: {version}" for where, spec, version in
-             _unmet([d for d in _implicated(exc) if d != "torch"], entry_path)]
+    try:
+        # (not torch: the simulated node's torch is fsdp-lint's own, >= 2.6, whatever an old checkout pins;
+        # a failure of a torch API that moved names it)
+        texts = [f"{where} asks for {spec}; installed here: {version}" for where, spec, version in
+                 _unmet([d for d in _implicated(exc) if d != "torch"], entry_path)]
+    except Exception:  # noqa: BLE001  a note never costs the error its one line (odd metadata, a version
+        return ""      # packaging cannot parse)
     return f" ({'; '.join(texts)})" if texts else ""
 
 
@@ -50,9 +53,12 @@ def installed(module: str, entry_path: Optional[str]) -> str:
     excludes it: the installed version of an import that lacks a name the project imports."""
     from fsdp_lint.replay.imports import installed_version
 
-    dist = _distribution(module)
-    return installed_version(module) + "".join(f"; {where} asks for {spec}" for where, spec, _ in
-                                               _unmet([dist] if dist else [], entry_path))
+    try:
+        dist = _distribution(module)
+        pins = "".join(f"; {where} asks for {spec}" for where, spec, _ in _unmet([dist] if dist else [], entry_path))
+    except Exception:  # noqa: BLE001  as in `note`
+        pins = ""
+    return installed_version(module) + pins
 
 
 def failed_inside(missing: str, imp, entry_path: Optional[str]) -> Optional[str]:

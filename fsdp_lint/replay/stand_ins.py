@@ -25,11 +25,12 @@ def stand_in_on_failing_line(exc: BaseException) -> Optional[StubUse]:
         tb = tb.tb_next
     if last is None:
         return None
-    for value in named_on_line(last.tb_frame, last.tb_lineno):
-        name = _stand_in_name(value)
-        if name:
-            return StubUse(name, last.tb_frame.f_code.co_filename, last.tb_lineno, in_model=False)
-    return None
+    try:
+        names = [_stand_in_name(value) for value in named_on_line(last.tb_frame, last.tb_lineno)]
+    except Exception:  # noqa: BLE001  an explanation never turns the failure into fsdp-lint's own (a value
+        return None    # whose attributes raise)
+    name = next((n for n in names if n), None)
+    return StubUse(name, last.tb_frame.f_code.co_filename, last.tb_lineno, in_model=False) if name else None
 
 
 def _stand_in_name(value) -> Optional[str]:
