@@ -19,6 +19,7 @@ from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from fsdp_lint.replay import arguments, drift
 from fsdp_lint.replay.stand_ins import stand_in_on_failing_line
+from fsdp_lint.replay.handlers import handled_by_the_script
 from fsdp_lint.replay.imports import (
     MissingImport,
     StubUse,
@@ -101,6 +102,9 @@ class Failures:
             return False
         if raised_by_model_validation(exc):         # issue 18: a real node fails on that line too
             return False
+        if line is not None and not isinstance(exc, (NetworkWait, NotDownloaded)) and self.stub_cause(exc) is None \
+                and handled_by_the_script(exc, frame, line, self._is_project_path):
+            return False            # the script's own `except` takes it, as on a node (replay.handlers)
         # raised inside model construction, a wrap/freeze/cast/optimizer statement, or fsdp-lint
         tb = exc.__traceback__
         while tb is not None:
@@ -131,6 +135,9 @@ class Failures:
             return False
         stmt = self.tolerant.get(os.path.abspath(frame.f_code.co_filename), {}).get(line)
         return stmt is not None and works_on_a_module(stmt, frame)
+
+    def _is_project_path(self, path: str) -> bool:
+        return path == self.entry_path or _is_project(path)
 
     def standin_length(self, exc: BaseException, frame, line: int, over: bool = False) -> int:
         """The length of a data set whose ``__len__`` (at `line`) fails because the statement that would have
@@ -226,13 +233,10 @@ class Failures:
         is likely its consequence."""
         from fsdp_lint.replay.consequences import holds
 
-        def is_project(path):
-            return path == self.entry_path or _is_project(path)
-
         found, before = None, len(self.skips) if before is None else before
         for _ in range(5):              # back along the chain: a skipped failure that follows from an earlier one
             match = next((i for i in range(before - 1, -1, -1)     # the closest one before the failure
-                          if self.skips[i].exc is not exc and holds(exc, self.skips[i].acted_on, is_project)), None)
+                          if self.skips[i].exc is not exc and holds(exc, self.skips[i].acted_on, self._is_project_path)), None)
             if match is None:
                 break
             found, before = self.skips[match], match
