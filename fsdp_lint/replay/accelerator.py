@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable
 
+from fsdp_lint.replay import cuda_probes
+
 
 def simulate_accelerator(patch: Callable[[Any, str, Any], None]) -> None:
     """Patch the ``torch.accelerator`` functions that exist in this torch to answer as CUDA does in
@@ -38,7 +40,7 @@ def simulate_accelerator(patch: Callable[[Any, str, Any], None]) -> None:
         "max_memory_reserved": lambda *a, **k: 0,
         "reset_peak_memory_stats": lambda *a, **k: None,
         "reset_accumulated_memory_stats": lambda *a, **k: None,
-        "memory_stats": lambda *a, **k: {},
+        "memory_stats": cuda_probes.idle_memory_stats,
         # torch's own answers a dict of the supported dtypes; the simulated GPU's are what its
         # torch.cuda capability says (the `torch.cuda` patches are read at call time)
         "get_device_capability": lambda *a, **k: _capability(cuda),

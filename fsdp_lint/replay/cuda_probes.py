@@ -28,6 +28,14 @@ import collections
 import contextlib
 from typing import Any, Callable
 
+
+def idle_memory_stats(*args, **kwargs) -> "collections.defaultdict":
+    """``torch.cuda.memory_stats()`` of an initialised device that has allocated nothing: every counter
+    torch documents (``active_bytes.all.peak``, ``num_alloc_retries``, ...) reads 0 -- a GPU memory
+    monitor built at setup indexes them (an empty dict, what an uninitialised device answers, made it
+    fail with ``KeyError``)."""
+    return collections.defaultdict(int, num_ooms=0, num_alloc_retries=0)
+
 Patch = Callable[[Any, str, Any], None]
 
 def device_index(device, default: int = 0) -> int:
@@ -62,7 +70,7 @@ def answer(profile, patch: Patch, world_size: int, current_index: Callable[[], i
         # torch's own formatter over the counters of a device that has allocated nothing
         memory = torch.cuda.memory
         real_stats = memory.memory_stats
-        memory.memory_stats = lambda *a, **k: collections.defaultdict(int, num_ooms=0, num_alloc_retries=0)
+        memory.memory_stats = idle_memory_stats
         try:
             return memory.memory_summary(device_index(device, current_index()), abbreviated)
         finally:

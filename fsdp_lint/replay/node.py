@@ -152,7 +152,7 @@ def simulate_cuda(rec, patch: Patch, profile: gpus.GpuProfile) -> None:
         "empty_cache": _noop(), "reset_peak_memory_stats": _noop(),
         "reset_max_memory_allocated": _noop(), "reset_accumulated_memory_stats": _noop(),
         "memory_allocated": zero, "max_memory_allocated": zero, "memory_reserved": zero,
-        "max_memory_reserved": zero, "memory_stats": lambda *a, **k: {}, "is_initialized": lambda: True,
+        "max_memory_reserved": zero, "memory_stats": cuda_probes.idle_memory_stats, "is_initialized": lambda: True,
         "init": _noop(), "ipc_collect": _noop(), "set_per_process_memory_fraction": _noop(),
         "device": lambda *a, **k: contextlib.nullcontext(), "stream": lambda *a, **k: contextlib.nullcontext(),
         "Stream": _NullStream, "Event": _NullStream, "current_stream": lambda *a, **k: _NullStream(),

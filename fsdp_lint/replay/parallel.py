@@ -18,6 +18,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_lint.model import modwalk  # issue 10
+from fsdp_lint.replay import backends
 from fsdp_lint.replay.placements import (_concatenate_error, _describe_style, _group_ranks, _is_dtensor, _placement,
                                          _root_mesh, _torch_message, _validate_fsdp2_mesh, reshard_int_dtensor_error,
                                          spmd_error)
@@ -535,6 +536,8 @@ def _without_backend(c10d, ranks, args, kwargs):
 
 
 def _install_groups(state: ParallelState, patch, ensure_pg, dist, c10d) -> None:
+    made_with = backends.install(patch, dist)     # the backend each group was made with
+
     def new_group(ranks=None, *args, **kwargs):
         ensure_pg(max(ranks) + 1 if ranks else 0)
         try:
@@ -550,6 +553,7 @@ def _install_groups(state: ParallelState, patch, ensure_pg, dist, c10d) -> None:
         if ranks is not None:
             state.groups[id(pg)] = sorted(int(r) for r in ranks)
             state.group_pos[id(pg)] = state._where()
+        made_with(pg, args, kwargs)
         return pg
 
     def new_subgroups(group_size=None, group=None, *args, **kwargs):

@@ -151,6 +151,33 @@ def tag_factory_result(out, func, args, kwargs) -> None:
         pass
 
 
+def set_item(func, args, kwargs):
+    """``t[key] = value`` (``Tensor.__setitem__``, `func`) on a host tensor where `key` or `value` is
+    tagged -- ``is_in_the_same_node[rank] = 1`` before an ``all_reduce``: rank r's tensor has rank r's
+    key set to rank r's value (on top of what rank r held before). Any other assignment runs as it is."""
+    tensor = args[0] if args else None
+    if len(args) < 3 or getattr(tensor, "is_meta", True) or not (has_rank_values(args[1]) or has_rank_values(args[2])):
+        return func(*args, **kwargs)
+    import torch
+
+    prior = _tensor_at(tensor)
+    with torch._C.DisableTorchFunction():
+        before = tensor.clone() if prior is None else None
+    out = func(*args, **kwargs)
+    key, value = args[1], args[2]
+
+    def at(rank):
+        with torch._C.DisableTorchFunction():
+            held = prior(rank).clone() if prior is not None else before.clone()
+            held[value_at(key, rank)] = value_at(value, rank)
+            return held
+    try:
+        tensor.__dict__[_ATTR] = at
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
 def tensor_values(tensor, ranks: List[int]):
     """Each of `ranks`' value of the tagged `tensor`, or None (not tagged)."""
     at = _tensor_at(tensor)

@@ -251,7 +251,6 @@ def _simulate_dist(rec: Recorder, patch: Patch) -> bool:
         "all_reduce": _noop(), "broadcast": _noop(), "all_gather": _noop(), "reduce": _noop(),
         "all_gather_object": _noop(), "broadcast_object_list": _noop(),
         "new_group": _noop(), "monitored_barrier": _noop(), "is_torchelastic_launched": lambda: True,
-        "get_backend": lambda *a, **k: "nccl",
     }.items():
         if hasattr(dist, name):
             patch(dist, name, value)
@@ -376,6 +375,7 @@ def _device_mode(target_device, rec):
     # small tensors made outside the model hold values (fsdp_lint/replay/host_values.py)
     host = target_device.type == "meta" and not rec.real
     factories = host_values.factories() if host else frozenset()
+    set_item = torch.Tensor.__setitem__
 
     class _DeviceMode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -389,6 +389,8 @@ def _device_mode(target_device, rec):
                 kwargs["device"] = target_device
             if func in factories:
                 return host_values.make_on_host(func, args, kwargs)
+            if func is set_item and host:
+                return rank_values.set_item(func, args, kwargs)   # `t[rank] = 1`: each rank its own slot
             if func is torch.Tensor.cuda or (func is torch.Tensor.cpu and target_device.type == "meta"):
                 return args[0]       # every device is the target device, as `.to(device)` is
             if func is torch.Tensor.to:
