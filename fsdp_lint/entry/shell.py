@@ -24,7 +24,12 @@ _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*
 # own "gpu" (every GPU of the node), which the simulated node's --gpus-per-node answers
 _GPU_COUNT = re.compile(r"\$\((?:nvidia-smi\s+(?:-L|--list-gpus)\s*\|\s*wc\s+-l|python3?\s+-c\s+(['\"])import torch;?\s*"
                         r"print\(torch\.cuda\.device_count\(\)\)\1)\s*\)")
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(:?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
+# $NAME, ${NAME}, ${NAME:-default}, ${NAME[@]} (an array's elements), ${NAME[0]}, $1, $@
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:\[([@*]|[0-9]+)\])?(:?-([^}]*))?\}"
+                  r"|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
+# `args=(` ... `)`: a bash array, its elements over several lines
+_ARRAY = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=\((.*)\)$", re.S)
+_ARRAY_OPEN = re.compile(r"^\s*(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?[A-Za-z_][A-Za-z0-9_]*\+?=\(")
 _LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3", "lightning", "fabric", "composer")
 # what the environment a launch line exports holds that is about the processes or this machine, not the job,
 # and what keeps a lint offline (`export HF_HUB_OFFLINE=0`, `WANDB_MODE=online` stay the lint's)
@@ -92,6 +97,9 @@ def _logical_lines(text: str) -> List[Tuple[int, List[Tuple[int, str]]]]:
         line = raw if quote else raw.rstrip()
         quote, commented = _open_quote(line, quote)
         cont = quote != "'" and line.endswith("\\") and not line.endswith("\\\\") and not commented
+        if not cont and not quote and (pieces or _ARRAY_OPEN.match(line)) and _array_open(pieces, line):
+            pieces.append((no, _uncommented(line) + "\n"))    # `args=(` ... `)`: one element or more a line
+            continue
         if cont:     # inside double quotes bash drops the backslash-newline, words and all
             pieces.append((no, line[:-1] + (_JOIN if quote == '"' else "")))
         elif quote:
@@ -106,6 +114,38 @@ def _logical_lines(text: str) -> List[Tuple[int, List[Tuple[int, str]]]]:
     return out
 
 
+def _uncommented(line: str) -> str:
+    """`line` without its comment (a ``#`` at a word's start outside quotes)."""
+    quote: Optional[str] = None
+    i = 0
+    while i < len(line) and not _comment_at(line, i, quote):
+        if line[i] == "\\" and quote != "'":
+            i += 2
+            continue
+        quote = _after(line[i], quote)
+        i += 1
+    return line[:i].rstrip()
+
+
+def _array_open(pieces, line: str) -> bool:
+    """Whether the array assignment that `pieces` + `line` start is still open after `line` (its `(` not
+    yet closed outside quotes)."""
+    text = "".join(t for _, t in pieces) + _uncommented(line)
+    if not _ARRAY_OPEN.match(text):
+        return False
+    depth, quote, i = 0, None, 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and quote != "'":
+            i += 2
+            continue
+        if quote is None and c in "()":
+            depth += 1 if c == "(" else -1
+        quote = _after(c, quote)
+        i += 1
+    return depth > 0
+
+
 _JOIN = "\x1f"       # a continued line inside double quotes: joined to the next with nothing between
 
 
@@ -117,7 +157,7 @@ def _joined(pieces) -> str:
 def _value_of(m, env: Dict[str, str], positional: Sequence[str]):
     """What one expansion gives: a string, the script's arguments (a list, for ``$@``/``$*``), or None
     (a variable neither the script nor the environment sets: kept as written)."""
-    name = m.group(1) or m.group(4)
+    name = m.group(1) or m.group(5)
     if name in "@*":
         return list(positional)
     if name == "#":
@@ -127,8 +167,14 @@ def _value_of(m, env: Dict[str, str], positional: Sequence[str]):
         value = positional[index - 1] if 0 < index <= len(positional) else None
     else:
         value = env.get(name, os.environ.get(name))
-    if m.group(2) is not None and (value is None or (value == "" and m.group(2).startswith(":"))):
-        return m.group(3)
+    if isinstance(value, list):     # an array: "${NAME[@]}" its elements, ${NAME[k]} one, $NAME the first
+        sub = m.group(2)
+        if sub in ("@", "*"):
+            return list(value)
+        index = int(sub) if sub else 0
+        value = value[index] if index < len(value) else ""
+    if m.group(3) is not None and (value is None or (value == "" and m.group(3).startswith(":"))):
+        return m.group(4)
     if value is None:
         return "" if name.isdigit() else None
     return value
@@ -473,6 +519,16 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         if exporting and words and all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", w) for w in words):
             exported.update(words)              # `export MODEL` of a variable set before
             continue
+        array = _ARRAY.match(stripped.replace("\n", " "))
+        if array:                                # `args=(--lr 1 "$X")`, `args+=(--fsdp)`: its elements' words
+            name, append, inner = array.groups()
+            try:
+                elements = _expanded_words(inner, env, positional)
+            except ValueError:
+                elements = []
+            before = env.get(name) if append else None
+            env[name] = (before if isinstance(before, list) else [before] if before else []) + elements
+            continue
         if words and all(_ASSIGN.match(w) for w in words):     # `MODEL=...`, `export NPROC=8`
             for w in words:
                 name, _, value = w.partition("=")
@@ -527,7 +583,8 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             acc = os.path.join(base, acc)
         passed = {name: env[name] for name in exported if name in env}
         passed.update(found.get("env") or {})
-        passed = {k: v for k, v in passed.items() if not _NOT_PASSED.match(k) and "$" not in v and "`" not in v}
+        passed = {k: v for k, v in passed.items()
+                  if isinstance(v, str) and not _NOT_PASSED.match(k) and "$" not in v and "`" not in v}
         out.append(ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
                                module if found.get("module") else None, found.get("every_gpu_of"),
                                found.get("unset_world")))
