@@ -75,6 +75,9 @@ class Recorder:
         self.parents: Dict[int, Any] = {}        # id(child module) -> parent module
         self.modules_seen: Dict[int, Any] = {}
         self.constructed: List[Tuple[Any, Position]] = []   # modules built during the replay, in order
+        # ids of modules built by the import of another module than the linted file (a default argument,
+        # `act=nn.PReLU()` in a `def` of an imported module): never the model the setup builds
+        self.built_at_import: set = set()
         self.mesh_sizes: List[Tuple[int, ...]] = []
         self.seq = itertools.count()
         # structural changes after the latest wrap call (record mode), undone at the end so the

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from fsdp_lint.process.alarm import alarm
 from fsdp_lint.entry.project import Entry, Reach, facts_for, reach
-from fsdp_lint.replay import asked_keys, boundary, drift, network
+from fsdp_lint.replay import asked_keys, boundary, drift, endings, network
 from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_line
 from fsdp_lint.replay.import_errors import (_import_message, _innermost_project_line, _names_absent_from_installed,
                                            _own_project_modules)
@@ -300,6 +300,9 @@ class _Run:
                 code = self._compile(self.facts, main=True)
                 self._run(lambda: self._exec_entry(code, ns), timeout, where_real)
                 root, how = self._find_model(ns, timeout, where_real)
+                unreached = endings.training_unreached(self)
+                if unreached is not None:
+                    raise unreached
             finally:
                 self.finished = True
                 with contextlib.suppress(ValueError):
@@ -354,7 +357,7 @@ class _Run:
         try:
             return fn()
         except NoModelError as exc:     # trials: say which skipped failure kept the wrap code from running
-            raise self._unreached(exc) from None
+            raise endings.unreached(self, exc) from None
         except (ReplayError, TrainingBoundary):
             raise
         except Exception as exc:
@@ -374,7 +377,7 @@ class _Run:
             if self.setup_done is not None and not self.rec.stopped:
                 self.ended_after_setup = f"sys.exit({exc.code!r})"
                 return
-            self._on_exit(exc)
+            endings.on_exit(self, exc)
         except ReplayError:
             raise
         except Exception as exc:
@@ -382,43 +385,6 @@ class _Run:
                 self.ended_after_setup = _one_line(exc)
                 return
             raise self._error(exc, where_real) from exc
-
-    def _unreached(self, exc: "NoModelError") -> "NoModelError":
-        """No model, though the entry reaches wrap code: when setup statements failed and were skipped, the
-        first of them is the likely cause (a logger whose backend is missing left `fabric` unbound, and
-        every statement after it was skipped in turn)."""
-        launch = self._cli_launch()
-        if launch is not None:
-            return launch
-        cause = self.failures.first_cause()
-        if cause is None or not self.project.reaches_fsdp or self.rec.wrap_calls:
-            return exc
-        n = len(self.failures.skips) - 1
-        later = f"; {n} later setup statement{'s' if n != 1 else ''} failed too" if n else ""
-        skipped_at = f"{_display(cause.skipped.path, self.path, self.shown)}:{cause.skipped.line}"
-        failed_at = _innermost_project_line(cause.exc)
-        where = (f"{_display(failed_at[0], self.path, self.shown)}:{failed_at[1]}" if failed_at else skipped_at)
-        how = "failed here and skipped" if where == skipped_at else f"the statement at {skipped_at} was skipped"
-        err = NoModelError(f"{self.display}: the setup never reached a model or its wrap code: "
-                           f"{where}: {cause.skipped.error} ({how}{later})")
-        err.user_exception = cause.exc
-        return err
-
-    def _cli_launch(self) -> Optional["NoModelError"]:
-        """A file without a ``__main__`` block that builds no model when run: the project's command line
-        calls it (``litgpt pretrain``, ``python -m pkg pretrain``); the error names that launch."""
-        from fsdp_lint.entry.launches import cli_launches
-
-        if self.facts.main_guard_line is not None or self.rec.wrap_calls or self.override is not None:
-            return None
-        launches = cli_launches(self.entry)
-        if not launches:
-            return None
-        first = launches[0]
-        err = NoModelError(f"{self.display}: no model found: it has no `if __name__ == \"__main__\"` block; the project "
-                           f"runs it through its command line `{first.command}` ({_display(first.cli_path, self.path, self.shown)}): "
-                           f"lint that launch: {first.lint_hint(lambda p: _display(p, self.path, self.shown))}")
-        return err
 
     def _error(self, exc: BaseException, where_real: str) -> ReplayError:
         launch = f" ({self._namespace_launch()})" if self.entry.namespace and not self.entry.launched else ""
@@ -433,37 +399,6 @@ class _Run:
         root = self.entry.root if root.startswith("..") or root == "." else root
         return (f"run as `python -m {self.entry.module}` from {root}: {self.display} is a module of the namespace "
                 f"package {self.entry.package}")
-
-    def _on_exit(self, exc: SystemExit) -> None:
-        """The script called sys.exit: the end of the script (status 0), or its argument parser
-        stopping it, or a failure."""
-        code = exc.code
-        if code in (0, None):
-            out = self.rec.stdout.getvalue() if getattr(self.rec, "stdout", None) else ""
-            if (set(self.argv or ()) & {"-h", "--help", "--helpfull"} or out.lstrip().lower().startswith("usage:")) \
-                    and not self.rec.wrap_calls:
-                # the script printed its help and ended: there is no plan to lint in that run
-                args = " ".join(self.argv) if self.argv else "(none)"
-                raise ReplayError(f"{self.display}: the script printed its help and exited (arguments {args}) "
-                                  f"before it built a model: pass the arguments of a real launch after --: "
-                                  f"fsdp-lint {self.display} -- ARGS")
-            return
-        err_text = self.rec.stderr.getvalue() if getattr(self.rec, "stderr", None) else ""
-        lines = [ln.strip() for ln in err_text.strip().splitlines() if ln.strip()]
-        usage = next((ln for ln in lines if ln.lower().startswith("usage:")), None)
-        # trials: with no line saying "error", the first line says why (litgpt: "checkpoint_dir ... is missing
-        # the files ...", then download hints); the last one is a hint
-        last_error = next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[0] if lines else "")
-        if usage or (last_error and "argument" in last_error.lower()):
-            args = " ".join(self.argv) if self.argv else "(none)"
-            raise ReplayError(
-                f"{self.display}: the script's argument parser stopped it with arguments {args}: {last_error}"
-                + (f" [{usage}]" if usage and usage != last_error else "")
-                + ("" if self.argv else f" (pass the script's own arguments after --: fsdp-lint {self.display} -- ARGS)"))
-        if not self.project.reaches_fsdp and not self.rec.wrap_calls:
-            return        # a model file whose __main__ block exits (a test runner, a demo)
-        detail = f": {last_error}" if last_error else ""
-        raise ReplayError(f"{self.display}: the script exited with status {code!r} before training started{detail}")
 
     # -- the model ------------------------------------------------------------------------------
     def _find_model(self, ns, timeout, where_real):
@@ -581,6 +516,7 @@ class _Run:
                              f"(the installed {drift.installed(imp.module, self.path)}); `python` stops there, "
                              f"fsdp-lint stood in for it (not used by the model)")
         return notes
+
 
 
 def _depth(frame) -> int:

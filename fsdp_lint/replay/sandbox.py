@@ -36,6 +36,7 @@ from fsdp_lint.replay import (  # issue 11; issue 15: the node's GPU, data value
 )
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
 from fsdp_lint.replay.streams import NodeStream
+from fsdp_lint.replay import targets
 
 Patch = Callable[[Any, str, Any], None]
 
@@ -52,6 +53,7 @@ _LAUNCHER_ENV = {
     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled",
     "HF_HUB_DISABLE_TELEMETRY": "1",
 }
+
 
 
 def _parse_to_args(args, kwargs):
@@ -456,6 +458,8 @@ def _record_module_tree(rec: Recorder, patch: Patch) -> List[Any]:
         real_module_init(self, *args, **kwargs)
         if rec.stopped is None:
             rec.constructed.append((self, rec.position()))
+            if targets.built_by_an_import(sys._getframe(1), rec.path):
+                rec.built_at_import.add(id(self))
 
     patch(nn.Module, "__init__", module_init)
     hooks = [nn.modules.module.register_module_module_registration_hook(on_register),

@@ -27,6 +27,9 @@ from fsdp_lint.replay.records import NoModelError, ReplayError, TrainingBoundary
 from fsdp_lint.entry.source import SourceFacts
 from fsdp_lint.model.tree import user_class
 
+_FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_CO_OPTIMIZED = 0x1          # inspect.CO_OPTIMIZED: a function's code (not a module or class body)
+
 # `path.py:Name` or `pkg.mod:Name.attr` inside a target expression
 _REF = re.compile(
     r"(?P<src>(?:[A-Za-z]:[\\/])?[\w./\\-]+\.py|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
@@ -358,12 +361,27 @@ def build_override(override: Override, rec: Recorder):
                       f"built no model")
 
 
+def built_by_an_import(frame, entry_path: str) -> bool:
+    """Whether the module whose ``__init__`` chain runs in `frame` is built by the module-level code of a
+    module other than the linted file (while it is imported): the first frame above the constructors."""
+    import torch
+
+    skip = (os.path.dirname(torch.__file__) + os.sep, _FSDP_LINT_DIR)
+    while frame is not None and (frame.f_code.co_name == "__init__" or frame.f_code.co_filename.startswith(skip)):
+        frame = frame.f_back
+    # a class body (its defaults are evaluated there) runs in the module that defines it
+    while frame is not None and frame.f_code.co_name != "<module>" and not frame.f_code.co_flags & _CO_OPTIMIZED:
+        frame = frame.f_back
+    return (frame is not None and frame.f_code.co_name == "<module>"
+            and os.path.abspath(frame.f_code.co_filename) != entry_path)
+
+
 def largest_built_model(rec: Recorder) -> Optional[Tuple[Any, Any]]:
     """The largest root module the setup code built (model, position), or None."""
     best = None
     best_numel = 0
     for module, pos in rec.constructed:
-        if id(module) in rec.parents:
+        if id(module) in rec.parents or id(module) in rec.built_at_import:
             continue
         numel = sum(p.numel() for p in module.parameters())
         if numel > best_numel:

@@ -221,8 +221,8 @@ class _Transformer:
             if i in skip:
                 out.append(ast.copy_location(ast.Pass(), stmt))
                 continue
-            if id(stmt) in self.synthetic or _is_stop(stmt):
-                out.append(stmt)
+            if id(stmt) in self.synthetic or _is_stop(stmt) or _is_docstring(stmt):
+                out.append(stmt)      # (a docstring stays the body's first statement: `__doc__` is read at import)
                 continue
             if tolerate and isinstance(stmt, (ast.Import, ast.ImportFrom)):
                 out.append(tolerant_local_import(stmt))

@@ -1,0 +1,128 @@
+"""How a replay ends without a plan, in one line naming the cause: no model reached (a skipped failure
+kept the setup from its model or wrap code, or the script said why it stopped), a training script whose
+setup never reached its wrap or its training, a file the project's command line runs, and the script's own
+``sys.exit`` (the end of the script, its argument parser, or a failure it was handling). Functions of the
+replay's run (`fsdp_lint.replay.runner._Run`)."""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from fsdp_lint.replay.failures import _display, _one_line, package_hint
+from fsdp_lint.replay.import_errors import _innermost_project_line
+from fsdp_lint.replay.records import NoModelError, ReplayError
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")     # a coloured logger's escapes
+
+
+def unreached(run, exc: NoModelError) -> NoModelError:
+    """No model, though the entry reaches wrap code: when setup statements failed and were skipped, the
+    first of them is the likely cause (a logger whose backend is missing left `fabric` unbound, and
+    every statement after it was skipped in turn)."""
+    launch = _cli_launch(run)
+    if launch is not None:
+        return launch
+    if run.project.reaches_fsdp and not run.rec.wrap_calls:
+        err = _first_cause_error(run, "the setup never reached a model or its wrap code")
+        if err is not None:
+            return err
+    said = _error_line(run) if run.facts.main_guard_line is not None and run.override is None else ""
+    if said:        # nothing failed here, but the script said why it did not go on (its own parser, a check)
+        return NoModelError(f"{run.display}: the script ran to its end without building a model or reaching its "
+                            f"wrap code; it reported: {said}")
+    return exc
+
+
+def _error_line(run) -> str:
+    """The last line the script wrote to stderr that says "error" (its own argument parser, a check)."""
+    err_text = run.rec.stderr.getvalue() if getattr(run.rec, "stderr", None) else ""
+    lines = [ln.strip() for ln in _ANSI.sub("", err_text).splitlines() if ln.strip()]
+    return next((ln for ln in reversed(lines) if "error" in ln.lower()), "")
+
+
+def _first_cause_error(run, what: str) -> Optional[NoModelError]:
+    """``<what>: <where>: <the first skipped failure> (...)`` or None (nothing was skipped)."""
+    cause = run.failures.first_cause()
+    if cause is None:
+        return None
+    n = len(run.failures.skips) - 1
+    later = f"; {n} later setup statement{'s' if n != 1 else ''} failed too" if n else ""
+    skipped_at = f"{_display(cause.skipped.path, run.path, run.shown)}:{cause.skipped.line}"
+    failed_at = _innermost_project_line(cause.exc)
+    where = (f"{_display(failed_at[0], run.path, run.shown)}:{failed_at[1]}" if failed_at else skipped_at)
+    how = "failed here and skipped" if where == skipped_at else f"the statement at {skipped_at} was skipped"
+    first = run.failures.skips[0]
+    if first is not cause:      # what failed before it, left an argument at its default (`steps = None`)
+        how += (f"; the first setup statement that failed: {_display(first.skipped.path, run.path, run.shown)}:"
+                f"{first.skipped.line}: {first.skipped.error}")
+    err = NoModelError(f"{run.display}: {what}: {where}: {cause.skipped.error} ({how}{later})")
+    err.user_exception = cause.exc
+    return err
+
+
+def training_unreached(run) -> Optional[NoModelError]:
+    """A script (it has a ``__main__`` block) whose setup wrapped nothing and never reached training
+    because statements failed and were skipped: the model found is whatever was built on the way (a
+    module made as a default argument at import), and a suggested plan for it would pass as the job's.
+    The first skipped failure is the cause, as on a node that stops there."""
+    if (run.rec.wrap_calls or run.rec.stopped is not None or run.override is not None
+            or run.facts.main_guard_line is None or run.ended_after_setup):
+        return None
+    return _first_cause_error(run, "the setup never reached its wrap code or its training")
+
+
+def _cli_launch(run) -> Optional[NoModelError]:
+    """A file without a ``__main__`` block that builds no model when run: the project's command line
+    calls it (``litgpt pretrain``, ``python -m pkg pretrain``); the error names that launch."""
+    from fsdp_lint.entry.launches import cli_launches
+
+    if run.facts.main_guard_line is not None or run.rec.wrap_calls or run.override is not None:
+        return None
+    launches = cli_launches(run.entry)
+    if not launches:
+        return None
+    first = launches[0]
+    err = NoModelError(f"{run.display}: no model found: it has no `if __name__ == \"__main__\"` block; the project "
+                       f"runs it through its command line `{first.command}` ({_display(first.cli_path, run.path, run.shown)}): "
+                       f"lint that launch: {first.lint_hint(lambda p: _display(p, run.path, run.shown))}")
+    return err
+
+
+def on_exit(run, exc: SystemExit) -> None:
+    """The script called sys.exit: the end of the script (status 0), or its argument parser
+    stopping it, or a failure."""
+    code = exc.code
+    if code in (0, None):
+        out = run.rec.stdout.getvalue() if getattr(run.rec, "stdout", None) else ""
+        if (set(run.argv or ()) & {"-h", "--help", "--helpfull"} or out.lstrip().lower().startswith("usage:")) \
+                and not run.rec.wrap_calls:
+            # the script printed its help and ended: there is no plan to lint in that run
+            args = " ".join(run.argv) if run.argv else "(none)"
+            raise ReplayError(f"{run.display}: the script printed its help and exited (arguments {args}) "
+                              f"before it built a model: pass the arguments of a real launch after --: "
+                              f"fsdp-lint {run.display} -- ARGS")
+        return
+    err_text = run.rec.stderr.getvalue() if getattr(run.rec, "stderr", None) else ""
+    lines = [ln.strip() for ln in err_text.strip().splitlines() if ln.strip()]
+    usage = next((ln for ln in lines if ln.lower().startswith("usage:")), None)
+    # trials: with no line saying "error", the first line says why (litgpt: "checkpoint_dir ... is missing
+    # the files ...", then download hints); the last one is a hint
+    last_error = next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[0] if lines else "")
+    if usage or (last_error and "argument" in last_error.lower()):
+        args = " ".join(run.argv) if run.argv else "(none)"
+        raise ReplayError(
+            f"{run.display}: the script's argument parser stopped it with arguments {args}: {last_error}"
+            + (f" [{usage}]" if usage and usage != last_error else "")
+            + ("" if run.argv else f" (pass the script's own arguments after --: fsdp-lint {run.display} -- ARGS)"))
+    if not run.project.reaches_fsdp and not run.rec.wrap_calls:
+        return        # a model file whose __main__ block exits (a test runner, a demo)
+    handled = exc.__context__
+    if isinstance(handled, Exception):
+        # `except ImportError: print("pip install x"); exit(1)`: the failure it was handling is the cause
+        where = _innermost_project_line(handled)
+        at = f"{_display(where[0], run.path, run.shown)}:{where[1]}: " if where else ""
+        text = _one_line(handled)
+        raise ReplayError(f"{run.display}: the script exited with status {code!r} before training started, "
+                          f"handling {at}{text}{package_hint(handled, text)}")
+    detail = f": {last_error}" if last_error else ""
+    raise ReplayError(f"{run.display}: the script exited with status {code!r} before training started{detail}")
