@@ -19,6 +19,7 @@ from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from fsdp_lint.replay import arguments, drift
 from fsdp_lint.replay.stand_ins import stand_in_on_failing_line
+from fsdp_lint.replay.framework_checks import raised_by_framework_launch
 from fsdp_lint.replay.handlers import handled_by_the_script
 from fsdp_lint.replay.imports import (
     MissingImport,
@@ -100,7 +101,7 @@ class Failures:
             return False
         if arguments.while_parsing(exc, frame):     # trials: the script refuses its arguments
             return False
-        if raised_by_model_validation(exc):         # issue 18: a real node fails on that line too
+        if raised_by_model_validation(exc) or raised_by_framework_launch(exc):   # a real node fails there too
             return False
         if line is not None and not isinstance(exc, (NetworkWait, NotDownloaded)) and self.stub_cause(exc) is None \
                 and handled_by_the_script(exc, frame, line, self._is_project_path):
@@ -339,7 +340,7 @@ class Failures:
                 return (f"{at}: {_network_text(earlier.exc)} (skipped; what it would have set up was used later: "
                         f"{loc}: {_one_line(exc)})")
             return (f"{at}: setup code failed {where_real}: {earlier.skipped.error}{_download_hint(earlier.skipped.error)}"
-                    f"{_package_hint(earlier.exc, earlier.skipped.error)}"
+                    f"{package_hint(earlier.exc, earlier.skipped.error)}"
                     f" (skipped; what it would have set up was used later: {loc}: {_one_line(exc)})")
         if isinstance(exc, ImportError):
             text = self.describe_import_error(exc, importer)
@@ -354,7 +355,7 @@ class Failures:
             return f"{loc}: {msg} (torch's own check of the model: the script fails on this line on a GPU node too)"
         if _network_ask(exc):
             return f"{loc}: {_network_text(exc)}"
-        hint = _package_hint(exc, msg) or self._stub_hint(msg)
+        hint = package_hint(exc, msg) or self._stub_hint(msg)
         decides = self.decides_note(entry_display, loc) if exc is self.refused else ""
         return f"{loc}: setup code failed {where_real}: {msg}{_download_hint(msg)}{hint}{decides}{later}"
 
@@ -469,7 +470,9 @@ class Failures:
             return f"the project has no module `{missing}` (its package `{top}` is here, that module is not)"
         if importlib.util.find_spec(top) is not None and drift.failed_inside(missing, imp, self.entry_path):
             return drift.failed_inside(missing, imp, self.entry_path)
-        if "." in missing and importlib.util.find_spec(top) is not None:
+        spec = importlib.util.find_spec(top) if "." in missing else None
+        if spec is not None and spec.origin not in (None, "namespace"):
+            # (a namespace package -- `google` -- is shared by distributions: google.protobuf is protobuf's)
             return (f"`{missing}` is not in the installed {drift.installed(top, self.entry_path)} (the training repository needs "
                     f"another version)")
         return f"`{missing}` is not installed{where}: pip install {requirement(imp) if imp is not None else distribution_of(missing)}"
@@ -575,7 +578,7 @@ def _display(path: str, entry_path: str, entry_display: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-def _package_hint(exc: BaseException, msg: str) -> str:
+def package_hint(exc: BaseException, msg: str) -> str:
     """`` (`streaming` is not installed here: pip install mosaicml-streaming)`` when a package that is not
     installed is behind `exc` and `msg` does not name it already."""
     top = package_behind(exc)
