@@ -285,6 +285,9 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         accelerate_config=accelerate_config, hf_config=hf_config, hf_class=hf_class,
         input_shape=input_shape, input_dtype=input_dtype)
     input_shape, input_dtype = settings.input_shape, settings.input_dtype   # [tool.fsdp-lint] input-shape too
+    if settings.world_size_source == "default" and settings.world_size != settings.gpus_per_node:
+        # no world given: one node of the node's GPUs (`python train.py` on a node of 4 sees 4 devices)
+        settings = settings.with_overrides(world_size=settings.gpus_per_node)
     if run_ and os.environ.get("WORLD_SIZE", "").isdigit() and os.environ.get("RANK") and os.environ.get("MASTER_ADDR"):
         nproc = int(os.environ["WORLD_SIZE"])   # under torchrun every process is one rank
     if run_ and world_size is None:
