@@ -15,21 +15,17 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from fsdp_lint.entry.bash_words import (  # noqa: F401 - ShellError: this module's error too
+    _ARRAY, ShellError, _expand, _expanded_words, _joined, _logical_lines, _split, _tokens)
 
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 # what a node's shell counts its GPUs with (`--nproc_per_node=$(nvidia-smi -L | wc -l)`): read as torchrun's
 # own "gpu" (every GPU of the node), which the simulated node's --gpus-per-node answers
 _GPU_COUNT = re.compile(r"\$\((?:nvidia-smi\s+(?:-L|--list-gpus)\s*\|\s*wc\s+-l|python3?\s+-c\s+(['\"])import torch;?\s*"
                         r"print\(torch\.cuda\.device_count\(\)\)\1)\s*\)")
-# $NAME, ${NAME}, ${NAME:-default}, ${NAME[@]} (an array's elements), ${NAME[0]}, $1, $@
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:\[([@*]|[0-9]+)\])?(:?-([^}]*))?\}"
-                  r"|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
-# `args=(` ... `)`: a bash array, its elements over several lines
-_ARRAY = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=\((.*)\)$", re.S)
-_ARRAY_OPEN = re.compile(r"^\s*(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?[A-Za-z_][A-Za-z0-9_]*\+?=\(")
 _LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3", "lightning", "fabric", "composer")
 # what the environment a launch line exports holds that is about the processes or this machine, not the job,
 # and what keeps a lint offline (`export HF_HUB_OFFLINE=0`, `WANDB_MODE=online` stay the lint's)
@@ -38,10 +34,6 @@ _NOT_PASSED = re.compile(r"^(CUDA_VISIBLE_DEVICES|MASTER_ADDR|MASTER_PORT|WORLD_
                          r"HF_HOME|HF_HUB_CACHE|HF_DATASETS_CACHE|TRANSFORMERS_CACHE|TORCH_HOME|.*_DIR|.*_PATH|.*_ROOT|"
                          r"HF_HUB_OFFLINE|TRANSFORMERS_OFFLINE|HF_DATASETS_OFFLINE|HF_HUB_DISABLE_TELEMETRY|WANDB_MODE|"
                          r"WANDB_DISABLED)$")
-
-
-class ShellError(Exception):
-    pass
 
 
 @dataclass
@@ -60,186 +52,6 @@ class ShellLaunch:
     module: Optional[Tuple[str, str]] = None        # `-m training.run`: (the module, the folder it resolves from)
     every_gpu_of: Optional[int] = None              # `--nproc_per_node gpu` on this many nodes
     unset_world: Optional[str] = None               # `--nproc_per_node=$nproc_per_node` of a variable nothing sets
-
-
-def _after(c: str, quote: Optional[str]) -> Optional[str]:
-    """The quote open after the character `c` (not a backslash) read with `quote` open."""
-    if quote is not None:
-        return None if c == quote else quote
-    return c if c in "'\"" else None
-
-
-def _comment_at(text: str, i: int, quote: Optional[str]) -> bool:
-    return quote is None and text[i] == "#" and (i == 0 or text[i - 1].isspace())
-
-
-def _open_quote(line: str, quote: Optional[str]) -> Tuple[Optional[str], bool]:
-    """The quote still open at the end of `line` (bash's rules: nothing escapes inside '...'; a
-    backslash escapes the next character elsewhere; an unquoted ``#`` at a word's start is a comment),
-    and whether the line ends in a comment (whose final backslash continues nothing)."""
-    i = 0
-    while i < len(line) and not _comment_at(line, i, quote):
-        if line[i] == "\\" and quote != "'":
-            i += 2
-            continue
-        quote = _after(line[i], quote)
-        i += 1
-    return quote, i < len(line)
-
-
-def _logical_lines(text: str) -> List[Tuple[int, List[Tuple[int, str]]]]:
-    """(first line, [(line, text)] of its physical lines): a command with its `\\` continuations, and a
-    quoted word over several lines (``ARGS="\\n--lr 1\\n--fsdp\\n"``: its newlines kept, as bash keeps them;
-    each such piece but the last ends in a newline)."""
-    out, pieces = [], []
-    quote: Optional[str] = None
-    for no, raw in enumerate(text.splitlines(), start=1):
-        line = raw if quote else raw.rstrip()
-        quote, commented = _open_quote(line, quote)
-        cont = quote != "'" and line.endswith("\\") and not line.endswith("\\\\") and not commented
-        if not cont and not quote and (pieces or _ARRAY_OPEN.match(line)) and _array_open(pieces, line):
-            pieces.append((no, _uncommented(line) + "\n"))    # `args=(` ... `)`: one element or more a line
-            continue
-        if cont:     # inside double quotes bash drops the backslash-newline, words and all
-            pieces.append((no, line[:-1] + (_JOIN if quote == '"' else "")))
-        elif quote:
-            pieces.append((no, line + "\n"))
-        else:
-            pieces.append((no, line))
-        if not cont and not quote:
-            out.append((pieces[0][0], pieces))
-            pieces = []
-    if pieces:
-        out.append((pieces[0][0], pieces))
-    return out
-
-
-def _uncommented(line: str) -> str:
-    """`line` without its comment (a ``#`` at a word's start outside quotes)."""
-    quote: Optional[str] = None
-    i = 0
-    while i < len(line) and not _comment_at(line, i, quote):
-        if line[i] == "\\" and quote != "'":
-            i += 2
-            continue
-        quote = _after(line[i], quote)
-        i += 1
-    return line[:i].rstrip()
-
-
-def _array_open(pieces, line: str) -> bool:
-    """Whether the array assignment that `pieces` + `line` start is still open after `line` (its `(` not
-    yet closed outside quotes)."""
-    text = "".join(t for _, t in pieces) + _uncommented(line)
-    if not _ARRAY_OPEN.match(text):
-        return False
-    depth, quote, i = 0, None, 0
-    while i < len(text):
-        c = text[i]
-        if c == "\\" and quote != "'":
-            i += 2
-            continue
-        if quote is None and c in "()":
-            depth += 1 if c == "(" else -1
-        quote = _after(c, quote)
-        i += 1
-    return depth > 0
-
-
-_JOIN = "\x1f"       # a continued line inside double quotes: joined to the next with nothing between
-
-
-def _joined(pieces) -> str:
-    """The command's text: continued lines joined by a space, a quoted word's lines by their newlines."""
-    return "".join(t[:-1] if t.endswith(_JOIN) else t if t.endswith("\n") else t + " " for _, t in pieces).strip()
-
-
-def _value_of(m, env: Dict[str, str], positional: Sequence[str]):
-    """What one expansion gives: a string, the script's arguments (a list, for ``$@``/``$*``), or None
-    (a variable neither the script nor the environment sets: kept as written)."""
-    name = m.group(1) or m.group(5)
-    if name in "@*":
-        return list(positional)
-    if name == "#":
-        return str(len(positional))
-    if name.isdigit():       # the script's own arguments ($0 is the script)
-        index = int(name)
-        value = positional[index - 1] if 0 < index <= len(positional) else None
-    else:
-        value = env.get(name, os.environ.get(name))
-    if isinstance(value, list):     # an array: "${NAME[@]}" its elements, ${NAME[k]} one, $NAME the first
-        sub = m.group(2)
-        if sub in ("@", "*"):
-            return list(value)
-        index = int(sub) if sub else 0
-        value = value[index] if index < len(value) else ""
-    if m.group(3) is not None and (value is None or (value == "" and m.group(3).startswith(":"))):
-        return m.group(4)
-    if value is None:
-        return "" if name.isdigit() else None
-    return value
-
-
-def _expand(text: str, env: Dict[str, str], positional: Sequence[str] = ()) -> str:
-    def sub(m):
-        value = _value_of(m, env, positional)
-        if value is None:
-            return m.group(0)
-        return " ".join(value) if isinstance(value, list) else value
-    return _VAR.sub(sub, text)
-
-
-def _split(text: str) -> List[str]:
-    return shlex.split(text, comments=True)
-
-
-def _expanded_words(text: str, env: Dict[str, str], positional: Sequence[str]) -> List[str]:
-    """bash's words of `text`: expansions are made before the words are split, as bash makes them --
-    one inside double quotes stays in its word, an unquoted one is split on whitespace (``$ARGS`` of
-    ``ARGS="--lr 1 --fsdp"`` is three words), ``"$@"`` is each argument as a word; nothing in a value
-    is read as quotes. Single-quoted text is not expanded."""
-    out: List[str] = []
-    quote: Optional[str] = None
-    i = 0
-    while i < len(text) and not _comment_at(text, i, quote):
-        c = text[i]
-        if c == "\\" and quote != "'":
-            out.append(text[i:i + 2])
-            i += 2
-            continue
-        if c == "$" and quote != "'":
-            m = _VAR.match(text, i)
-            value = _value_of(m, env, positional) if m else None
-            if m and value is not None:
-                if quote == '"' and isinstance(value, list):   # "$@": each argument its own word
-                    out.append('"' + " ".join(shlex.quote(a) for a in value) + '"' if value else '"' + '"')
-                elif quote == '"':
-                    out.append(value.replace("\\", "\\\\").replace('"', '\\"'))
-                else:                                       # word splitting
-                    words = value if isinstance(value, list) else value.split()
-                    out.append(" ".join(shlex.quote(w) for w in words))
-                i = m.end()
-                continue
-        out.append(c)
-        quote = _after(c, quote)
-        i += 1
-    joined = "".join(out)
-    # `"$@"` alone with no arguments gives no word at all (not an empty one)
-    joined = re.sub(r'(^|\s)""""(?=\s|$)', r"\1", joined) if not positional else joined
-    return shlex.split(joined)
-
-
-def _tokens(pieces, env: Dict[str, str], positional: Sequence[str] = ()) -> List[Tuple[str, int]]:
-    """The command's words after expansion, each with the script line it is written on (a quoted word
-    over several lines: the command's first line)."""
-    try:
-        return [(w, no) for no, text in pieces for w in _expanded_words(text, env, positional)]
-    except ValueError:
-        pass
-    try:
-        return [(w, pieces[0][0]) for w in _expanded_words(_joined(pieces), env, positional)]
-    except ValueError as exc:
-        raise ShellError(f"line {pieces[0][0]}: cannot read the command: {exc}") from None
 
 
 _CONTROL = {"|", "||", "&&", ";", "&", "|&"}
@@ -474,6 +286,31 @@ def _console_commands(script: str, cd: Optional[str]) -> Dict[str, str]:
     return out
 
 
+def _top_level_names(text: str) -> Optional[set]:
+    """The names a module binds at its top level (defs, classes, assignments, imports), or None (unreadable,
+    or it binds names in ways not read here: ``from x import *``, ``globals()``)."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    if "globals()" in text:
+        return None
+    names: set = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" for a in node.names):
+                return None
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
 def _console_file(command: str, target: str, script: str, cd: Optional[str], line: int) -> Tuple[str, str]:
     """The file a console script runs, when running that file as a script calls the same function."""
     module, _, function = target.partition(":")
@@ -483,6 +320,12 @@ def _console_file(command: str, target: str, script: str, cd: Optional[str], lin
                          f"not in this checkout")
     with open(path, encoding="utf-8", errors="replace") as fh:
         text = fh.read()
+    name = function.split(".")[0]
+    defined = _top_level_names(text)
+    if defined is not None and name not in defined:
+        raise ShellError(f"line {line} runs `{command}`, the project's command ({target}), but {os.path.relpath(path)} "
+                         f"defines no `{name}`: the command fails there on a node too (ImportError: cannot import name "
+                         f"'{name}'); lint the file as `python {os.path.relpath(path)}` runs it, or fix the entry point")
     main = re.search(r"^if\s+__name__\s*==\s*[\"']__main__[\"']\s*:(.*?)(?=^\S|\Z)", text, re.S | re.M)
     if not main or not re.search(rf"\b{re.escape(function.split('.')[-1])}\s*\(", main.group(1)):
         raise ShellError(f"line {line} runs `{command}`, the project's command ({target}); running "

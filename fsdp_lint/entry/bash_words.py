@@ -1,0 +1,204 @@
+"""How bash reads a launch script, without running it: logical lines (``\\`` continuations, quoted words
+over several lines, arrays over several lines), comments, quotes, and the expansions it makes before
+splitting words (``$VAR``, ``${VAR:-default}``, ``"$@"``, ``"${args[@]}"``). `fsdp_lint.entry.shell` finds
+the launches in what this reads."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from typing import Dict, List, Optional, Sequence, Tuple
+
+
+class ShellError(Exception):
+    """A launch script that cannot be read (or whose launch cannot be found): one line, exit 2."""
+
+
+# $NAME, ${NAME}, ${NAME:-default}, ${NAME[@]} (an array's elements), ${NAME[0]}, $1, $@
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:\[([@*]|[0-9]+)\])?(:?-([^}]*))?\}"
+                  r"|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
+# `args=(` ... `)`: a bash array, its elements over several lines
+_ARRAY = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=\((.*)\)$", re.S)
+_ARRAY_OPEN = re.compile(r"^\s*(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?[A-Za-z_][A-Za-z0-9_]*\+?=\(")
+
+
+def _after(c: str, quote: Optional[str]) -> Optional[str]:
+    """The quote open after the character `c` (not a backslash) read with `quote` open."""
+    if quote is not None:
+        return None if c == quote else quote
+    return c if c in "'\"" else None
+
+
+def _comment_at(text: str, i: int, quote: Optional[str]) -> bool:
+    return quote is None and text[i] == "#" and (i == 0 or text[i - 1].isspace())
+
+
+def _open_quote(line: str, quote: Optional[str]) -> Tuple[Optional[str], bool]:
+    """The quote still open at the end of `line` (bash's rules: nothing escapes inside '...'; a
+    backslash escapes the next character elsewhere; an unquoted ``#`` at a word's start is a comment),
+    and whether the line ends in a comment (whose final backslash continues nothing)."""
+    i = 0
+    while i < len(line) and not _comment_at(line, i, quote):
+        if line[i] == "\\" and quote != "'":
+            i += 2
+            continue
+        quote = _after(line[i], quote)
+        i += 1
+    return quote, i < len(line)
+
+
+def _logical_lines(text: str) -> List[Tuple[int, List[Tuple[int, str]]]]:
+    """(first line, [(line, text)] of its physical lines): a command with its `\\` continuations, and a
+    quoted word over several lines (``ARGS="\\n--lr 1\\n--fsdp\\n"``: its newlines kept, as bash keeps them;
+    each such piece but the last ends in a newline)."""
+    out, pieces = [], []
+    quote: Optional[str] = None
+    for no, raw in enumerate(text.splitlines(), start=1):
+        line = raw if quote else raw.rstrip()
+        quote, commented = _open_quote(line, quote)
+        cont = quote != "'" and line.endswith("\\") and not line.endswith("\\\\") and not commented
+        if not cont and not quote and (pieces or _ARRAY_OPEN.match(line)) and _array_open(pieces, line):
+            pieces.append((no, _uncommented(line) + "\n"))    # `args=(` ... `)`: one element or more a line
+            continue
+        if cont:     # inside double quotes bash drops the backslash-newline, words and all
+            pieces.append((no, line[:-1] + (_JOIN if quote == '"' else "")))
+        elif quote:
+            pieces.append((no, line + "\n"))
+        else:
+            pieces.append((no, line))
+        if not cont and not quote:
+            out.append((pieces[0][0], pieces))
+            pieces = []
+    if pieces:
+        out.append((pieces[0][0], pieces))
+    return out
+
+
+def _uncommented(line: str) -> str:
+    """`line` without its comment (a ``#`` at a word's start outside quotes)."""
+    quote: Optional[str] = None
+    i = 0
+    while i < len(line) and not _comment_at(line, i, quote):
+        if line[i] == "\\" and quote != "'":
+            i += 2
+            continue
+        quote = _after(line[i], quote)
+        i += 1
+    return line[:i].rstrip()
+
+
+def _array_open(pieces, line: str) -> bool:
+    """Whether the array assignment that `pieces` + `line` start is still open after `line` (its `(` not
+    yet closed outside quotes)."""
+    text = "".join(t for _, t in pieces) + _uncommented(line)
+    if not _ARRAY_OPEN.match(text):
+        return False
+    depth, quote, i = 0, None, 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and quote != "'":
+            i += 2
+            continue
+        if quote is None and c in "()":
+            depth += 1 if c == "(" else -1
+        quote = _after(c, quote)
+        i += 1
+    return depth > 0
+
+
+_JOIN = "\x1f"       # a continued line inside double quotes: joined to the next with nothing between
+
+
+def _joined(pieces) -> str:
+    """The command's text: continued lines joined by a space, a quoted word's lines by their newlines."""
+    return "".join(t[:-1] if t.endswith(_JOIN) else t if t.endswith("\n") else t + " " for _, t in pieces).strip()
+
+
+def _value_of(m, env: Dict[str, str], positional: Sequence[str]):
+    """What one expansion gives: a string, the script's arguments (a list, for ``$@``/``$*``), or None
+    (a variable neither the script nor the environment sets: kept as written)."""
+    name = m.group(1) or m.group(5)
+    if name in "@*":
+        return list(positional)
+    if name == "#":
+        return str(len(positional))
+    if name.isdigit():       # the script's own arguments ($0 is the script)
+        index = int(name)
+        value = positional[index - 1] if 0 < index <= len(positional) else None
+    else:
+        value = env.get(name, os.environ.get(name))
+    if isinstance(value, list):     # an array: "${NAME[@]}" its elements, ${NAME[k]} one, $NAME the first
+        sub = m.group(2)
+        if sub in ("@", "*"):
+            return list(value)
+        index = int(sub) if sub else 0
+        value = value[index] if index < len(value) else ""
+    if m.group(3) is not None and (value is None or (value == "" and m.group(3).startswith(":"))):
+        return m.group(4)
+    if value is None:
+        return "" if name.isdigit() else None
+    return value
+
+
+def _expand(text: str, env: Dict[str, str], positional: Sequence[str] = ()) -> str:
+    def sub(m):
+        value = _value_of(m, env, positional)
+        if value is None:
+            return m.group(0)
+        return " ".join(value) if isinstance(value, list) else value
+    return _VAR.sub(sub, text)
+
+
+def _split(text: str) -> List[str]:
+    return shlex.split(text, comments=True)
+
+
+def _expanded_words(text: str, env: Dict[str, str], positional: Sequence[str]) -> List[str]:
+    """bash's words of `text`: expansions are made before the words are split, as bash makes them --
+    one inside double quotes stays in its word, an unquoted one is split on whitespace (``$ARGS`` of
+    ``ARGS="--lr 1 --fsdp"`` is three words), ``"$@"`` is each argument as a word; nothing in a value
+    is read as quotes. Single-quoted text is not expanded."""
+    out: List[str] = []
+    quote: Optional[str] = None
+    i = 0
+    while i < len(text) and not _comment_at(text, i, quote):
+        c = text[i]
+        if c == "\\" and quote != "'":
+            out.append(text[i:i + 2])
+            i += 2
+            continue
+        if c == "$" and quote != "'":
+            m = _VAR.match(text, i)
+            value = _value_of(m, env, positional) if m else None
+            if m and value is not None:
+                if quote == '"' and isinstance(value, list):   # "$@": each argument its own word
+                    out.append('"' + " ".join(shlex.quote(a) for a in value) + '"' if value else '"' + '"')
+                elif quote == '"':
+                    out.append(value.replace("\\", "\\\\").replace('"', '\\"'))
+                else:                                       # word splitting
+                    words = value if isinstance(value, list) else value.split()
+                    out.append(" ".join(shlex.quote(w) for w in words))
+                i = m.end()
+                continue
+        out.append(c)
+        quote = _after(c, quote)
+        i += 1
+    joined = "".join(out)
+    # `"$@"` alone with no arguments gives no word at all (not an empty one)
+    joined = re.sub(r'(^|\s)""""(?=\s|$)', r"\1", joined) if not positional else joined
+    return shlex.split(joined)
+
+
+def _tokens(pieces, env: Dict[str, str], positional: Sequence[str] = ()) -> List[Tuple[str, int]]:
+    """The command's words after expansion, each with the script line it is written on (a quoted word
+    over several lines: the command's first line)."""
+    try:
+        return [(w, no) for no, text in pieces for w in _expanded_words(text, env, positional)]
+    except ValueError:
+        pass
+    try:
+        return [(w, pieces[0][0]) for w in _expanded_words(_joined(pieces), env, positional)]
+    except ValueError as exc:
+        raise ShellError(f"line {pieces[0][0]}: cannot read the command: {exc}") from None
+
+
