@@ -396,3 +396,49 @@ def test_a_node_of_four_gpus_is_a_world_of_four_where_no_world_is_given(cli, fab
     real = assert_framework_plan_matches(os.path.join(fabric_example, "train.py"), Settings(world_size=4, gpus_per_node=4))
     assert [u["module"] for u in f["plan"]["units"]] == [u.modules[0] for u in real.plan.units] == \
         ["layers.0", "layers.1", "layers.2", "layers.3", ""]
+
+
+def test_a_failure_inside_a_contextmanager_region_is_not_swallowed_at_its_yield(cli, video):
+    # `with region("load_modules"): self.modules = {...load the model...}` where region is the project's
+    # @contextmanager: the load's failure is thrown into the generator at its `yield`; skipping it there
+    # swallowed it, the `with` carried on, and the replay reported the consequence two statements later
+    # ('NoneType' object has no attribute 'blocks')
+    res = cli("vidgen/training/train_pipeline.py", "--no-cache", "--", "--model_path", "org/vidgen-small", cwd=video)
+    assert res.code == 2, res.out
+    line = res.err.splitlines()[0]
+    assert line.startswith("fsdp-lint: error: vidgen/training/train_pipeline.py: vidgen/pipeline.py:23: "), line
+    assert "org/vidgen-small/config.json" in line, line
+    # with the model's folder the plan is the one the script wraps
+    f = _lint_json(cli, "vidgen/training/train_pipeline.py", cwd=video,
+                   script_args=("--model_path", "checkpoints/vidgen-small"))
+    assert [u["module"] for u in f["plan"]["units"]] == ["blocks.0", "blocks.1", "blocks.2", ""]
+
+
+def test_a_launch_script_reads_its_own_folder_as_bash_gives_it(tmp_path, cli):
+    # VALIDATION_FILE="$(dirname "$0")/validation.json", ROOT=$(cd "$(dirname "$0")/.." && pwd) style idioms
+    folder = tmp_path / "examples" / "finetune"
+    folder.mkdir(parents=True)
+    (folder / "validation.json").write_text("{}")
+    (tmp_path / "train.py").write_text('''
+import argparse, os
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+parser = argparse.ArgumentParser()
+parser.add_argument("--validation_dataset_file", required=True)
+parser.add_argument("--script", required=True)
+args = parser.parse_args()
+assert os.path.exists(args.validation_dataset_file), args.validation_dataset_file
+assert args.script.endswith("finetune.sh"), args.script
+model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+for layer in model:
+    fully_shard(layer)
+fully_shard(model)
+''')
+    (folder / "finetune.sh").write_text('''#!/bin/bash
+VALIDATION_DATASET_FILE="$(dirname "$0")/validation.json"
+torchrun --nproc_per_node 2 train.py --validation_dataset_file $VALIDATION_DATASET_FILE --script "$0"
+''')
+    f = _lint_json(cli, "examples/finetune/finetune.sh", cwd=str(tmp_path))
+    assert f["args"] == ["--validation_dataset_file", "examples/finetune/validation.json",
+                         "--script", "examples/finetune/finetune.sh"]
+    assert f["plan"]["world_size"] == 2

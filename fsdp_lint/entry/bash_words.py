@@ -22,6 +22,25 @@ _ARRAY = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)
 _ARRAY_OPEN = re.compile(r"^\s*(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?[A-Za-z_][A-Za-z0-9_]*\+?=\(")
 
 
+# the script's own path, as bash runs it (`bash examples/run.sh`: $0 is examples/run.sh): `$0`, `${0}`,
+# `${BASH_SOURCE[0]}`, and the folder idioms `$(dirname "$0")`, `$(cd "$(dirname "$0")" && pwd)`
+_SELF = r'(?:"?\$\{?0\}?"?|"?\$\{BASH_SOURCE(?:\[0\])?\}"?)'
+_SCRIPT_DIR_ABS = re.compile(r'\$\(\s*cd\s+"?\$\(\s*dirname\s+' + _SELF + r'\s*\)"?\s*(?:&&|;)\s*pwd(?:\s+-P)?\s*\)')
+_SCRIPT_DIR = re.compile(r'\$\(\s*dirname\s+' + _SELF + r'\s*\)|`\s*dirname\s+' + _SELF + r'\s*`')
+_SCRIPT_PATH = re.compile(r'\$\{BASH_SOURCE(?:\[0\])?\}|\$\{0\}|\$0(?![0-9])')
+
+
+def with_script_path(text: str, script: str) -> str:
+    """`text` with the script's own path and folder written in where bash computes them (a path with a
+    space or quote is left as written)."""
+    if any(c in script for c in " '\"$`\\"):
+        return text
+    folder = os.path.dirname(script) or "."
+    text = _SCRIPT_DIR_ABS.sub(os.path.abspath(folder), text)
+    text = _SCRIPT_DIR.sub(folder, text)
+    return _SCRIPT_PATH.sub(script, text)
+
+
 def _after(c: str, quote: Optional[str]) -> Optional[str]:
     """The quote open after the character `c` (not a backslash) read with `quote` open."""
     if quote is not None:

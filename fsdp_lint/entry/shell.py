@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fsdp_lint.entry.bash_words import (  # noqa: F401 - ShellError: this module's error too
-    _ARRAY, ShellError, _expand, _expanded_words, _joined, _logical_lines, _split, _tokens)
+    _ARRAY, ShellError, with_script_path, _expand, _expanded_words, _joined, _logical_lines, _split, _tokens)
 
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 # what a node's shell counts its GPUs with (`--nproc_per_node=$(nvidia-smi -L | wc -l)`): read as torchrun's
@@ -342,7 +342,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             text = fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise ShellError(f"cannot read it: {exc}") from None
-    text = _GPU_COUNT.sub("gpu", text)
+    text = with_script_path(_GPU_COUNT.sub("gpu", text), script)
     env: Dict[str, str] = {}
     exported: set = set()
     cd: Optional[str] = None

@@ -589,7 +589,8 @@ def package_hint(exc: BaseException, msg: str) -> str:
 
 def _download_hint(msg: str) -> str:
     """fsdp-lint never downloads: a hub model needs its config locally, or a factory from a config."""
-    if "huggingface.co" in msg or "from_pretrained" in msg or "cached files" in msg or "offline mode" in msg:
+    if any(w in msg for w in ("huggingface.co", "from_pretrained", "cached files", "offline mode", "HF Hub",
+                              "outgoing traffic has been disabled")):
         return (" (fsdp-lint does not download models or configs: have the model's config.json in the local "
                 "Hugging Face cache (HF_HOME), or build the model from a config in the linted code, e.g. "
                 "AutoModelForCausalLM.from_config(AutoConfig.for_model(...)))")

@@ -91,6 +91,20 @@ def _returns(stmt: ast.stmt) -> bool:
     return False
 
 
+def _yields(stmt: ast.stmt) -> bool:
+    """The statement yields (not in a nested function): what is raised at its ``yield`` is the consumer's
+    failure thrown into the generator -- the body of ``with region():`` of a ``@contextmanager`` --, and
+    skipping it there would swallow that failure and carry on after the ``with``."""
+    todo: List[ast.AST] = [stmt]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            return True
+        todo.extend(c for c in ast.iter_child_nodes(node)
+                    if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)))
+    return False
+
+
 def _is_docstring(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
 
@@ -233,7 +247,7 @@ class _Transformer:
                     # retry loop: `while not os.path.exists(ready): time.sleep(10)`); a loop that only
                     # computes (`while dim % 8: dim += 1`) runs
                     out.append(ast.copy_location(ast.Pass(), stmt))
-                elif isinstance(stmt, _NEVER_WRAP) or not tolerate:
+                elif isinstance(stmt, _NEVER_WRAP) or not tolerate or _yields(stmt):
                     self._visit_defs_in(stmt)
                     out.append(stmt)
                 else:
