@@ -442,3 +442,20 @@ torchrun --nproc_per_node 2 train.py --validation_dataset_file $VALIDATION_DATAS
     assert f["args"] == ["--validation_dataset_file", "examples/finetune/validation.json",
                          "--script", "examples/finetune/finetune.sh"]
     assert f["plan"]["world_size"] == 2
+
+
+def test_a_model_built_as_a_torch_container_subclass_is_a_model(tmp_path, cli):
+    # `class Tower(nn.Sequential)` in a model file with no FSDP use was screened out as "no nn.Module"
+    (tmp_path / "tower.py").write_text('''
+import torch.nn as nn
+
+
+class Tower(nn.Sequential):
+    def __init__(self, width=32, depth=4):
+        super().__init__(*[nn.Linear(width, width) for _ in range(depth)])
+''')
+    import torch.nn as nn
+
+    f = _lint_json(cli, "tower.py", "-n", "4", cwd=str(tmp_path))
+    real = sum(p.numel() for p in nn.Sequential(*[nn.Linear(32, 32) for _ in range(4)]).parameters())
+    assert f["model"]["class"] == "Tower" and f["model"]["numel"] == real

@@ -25,7 +25,7 @@ from fsdp_lint.entry.source import (FACTORY_NAMES, FRAMEWORK_MODULES, FRAMEWORK_
 # every name the collector keys a model, wrap, policy or framework fact on (``Module`` covers
 # ``nn.Module``, ``ModuleWrapPolicy`` and ``LightningModule``)
 TRIGGER_WORDS = sorted(WRAP_FSDP1 | WRAP_FSDP2 | {"FSDP"} | POLICY_NAMES | HF_FACTORIES | set(FACTORY_NAMES)
-                       | FRAMEWORK_MODULES | FRAMEWORK_NAMES | set(FRAMEWORK_PACKAGES) | {"Module", "PreTrainedModel"})
+                       | FRAMEWORK_MODULES | FRAMEWORK_NAMES | set(FRAMEWORK_PACKAGES) | {"Module", "PreTrainedModel", "Sequential"})
 
 
 def may_matter(text: str) -> bool:

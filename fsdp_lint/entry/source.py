@@ -262,6 +262,13 @@ def relevant_lines_with(facts: SourceFacts, relevant_names: Set[str]) -> Set[int
     return out
 
 
+def _nn_container(base: str) -> bool:
+    """``nn.Sequential``/``nn.ModuleList``/``nn.ModuleDict`` as a base: a model built as a container
+    (``class Tower(nn.Sequential)``) is an nn.Module."""
+    parts = base.split(".")
+    return len(parts) >= 2 and parts[-2] == "nn" and parts[-1] in ("Sequential", "ModuleList", "ModuleDict")
+
+
 def dotted(node) -> str:
     if isinstance(node, ast.Name):
         return node.id
@@ -440,7 +447,8 @@ class _Collector(ast.NodeVisitor):
     def visit_ClassDef(self, node):
         bases = [dotted(b) for b in node.bases]
         self.classes.setdefault(node.name, bases)
-        if any(b.split(".")[-1] in ("Module", "PreTrainedModel") or b.endswith("nn.Module") for b in bases) or any(
+        if any(b.split(".")[-1] in ("Module", "PreTrainedModel") or b.endswith("nn.Module") or _nn_container(b)
+               for b in bases) or any(
             b in {c for c, _ in self.module_classes} for b in bases
         ):
             self.module_classes.append((node.name, node.lineno))
