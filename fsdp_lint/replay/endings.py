@@ -66,9 +66,37 @@ def training_unreached(run) -> Optional[NoModelError]:
     module made as a default argument at import), and a suggested plan for it would pass as the job's.
     The first skipped failure is the cause, as on a node that stops there."""
     if (run.rec.wrap_calls or run.rec.stopped is not None or run.override is not None
-            or run.facts.main_guard_line is None or run.ended_after_setup):
+            or run.facts.main_guard_line is None or run.ended_after_setup
+            or any(getattr(rec, "in_training", True) for rec in run.failures.skips)):
         return None
     return _first_cause_error(run, "the setup never reached its wrap code or its training")
+
+
+# a framework's training entry (the HF Trainer's train, Lightning's fit): a failure inside it (its data
+# loader) is past the set-up, where the framework decides the plan
+_TRAINING_ENTRIES = frozenset({"train", "fit", "_inner_training_loop", "_fit_impl", "_run"})
+_FRAMEWORK_DIRS = ("transformers", "trl", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate")
+
+
+def under_framework_training(frame, exc: BaseException) -> bool:
+    """Whether the skipped failure `exc`, caught in `frame`, happened inside a framework's training entry:
+    a caller of `frame`, or a frame between it and where `exc` was raised."""
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for f in frames:
+        parts = f.f_code.co_filename.replace("\\", "/").split("/")
+        if f.f_code.co_name in _TRAINING_ENTRIES and "site-packages" in parts and \
+                any(d in parts for d in _FRAMEWORK_DIRS):
+            return True
+        if "fsdp_lint" in parts and "frameworks" in parts:
+            return True         # fsdp-lint's hooks on the framework's training (the HF Trainer's data loader)
+    return False
 
 
 def _cli_launch(run) -> Optional[NoModelError]:

@@ -141,6 +141,7 @@ class _Run:
             if not self.failures.may_skip(exc, frame, line):
                 return False
             self.failures.record_skip(frame.f_code.co_filename, line, exc, depth=_depth(frame), frame=frame)
+            self.failures.skips[-1].in_training = endings.under_framework_training(frame, exc)
             return True
 
         def stub_import(names, globs, module, exc):
