@@ -10,7 +10,7 @@ from typing import Optional
 
 from fsdp_lint.replay.failures import _display, _one_line, package_hint
 from fsdp_lint.replay.import_errors import _innermost_project_line
-from fsdp_lint.replay.records import NoModelError, ReplayError
+from fsdp_lint.replay.records import IN_TRAINING, NoModelError, ReplayError
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")     # a coloured logger's escapes
 
@@ -67,7 +67,8 @@ def training_unreached(run) -> Optional[NoModelError]:
     The first skipped failure is the cause, as on a node that stops there."""
     if (run.rec.wrap_calls or run.rec.stopped is not None or run.override is not None
             or run.facts.main_guard_line is None or run.ended_after_setup
-            or any(getattr(rec, "in_training", True) for rec in run.failures.skips)):
+            or any(getattr(rec, "in_training", False) or getattr(rec.exc, IN_TRAINING, False)
+                   for rec in run.failures.skips)):
         return None
     return _first_cause_error(run, "the setup never reached its wrap code or its training")
 
@@ -94,8 +95,6 @@ def under_framework_training(frame, exc: BaseException) -> bool:
         if f.f_code.co_name in _TRAINING_ENTRIES and "site-packages" in parts and \
                 any(d in parts for d in _FRAMEWORK_DIRS):
             return True
-        if "fsdp_lint" in parts and "frameworks" in parts:
-            return True         # fsdp-lint's hooks on the framework's training (the HF Trainer's data loader)
     return False
 
 

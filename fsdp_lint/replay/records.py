@@ -8,6 +8,10 @@ from typing import Any, Dict, List, Optional, Tuple
 _counter = itertools.count()
 
 
+# set on a failure a framework hook tolerated inside the framework's training (the HF Trainer's data loader)
+IN_TRAINING = "_fsdp_lint_in_training"
+
+
 class ReplayError(Exception):
     """The file's setup code could not be replayed (message is one line)."""
 

@@ -26,6 +26,7 @@ import types
 from typing import Any, Dict, List
 
 from fsdp_lint.replay.network import NotDownloaded
+from fsdp_lint.replay.records import IN_TRAINING
 
 FRAMEWORK = "transformers"
 
@@ -300,6 +301,7 @@ def _trainer(hooks, module) -> None:
             except Exception as exc:
                 if own and _has_real_rows(getattr(self, "train_dataset", None)):
                     raise       # the project's own loader failing over data that is here: as on a node
+                setattr(exc, IN_TRAINING, True)       # the Trainer's training was reached
                 hooks.rec.record_skip(hooks.rec.position().path, hooks.rec.position().line, exc)
                 return DataLoader([0], batch_size=1)
             if not _has_rows(loader):
