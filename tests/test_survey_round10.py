@@ -459,3 +459,4 @@ class Tower(nn.Sequential):
     f = _lint_json(cli, "tower.py", "-n", "4", cwd=str(tmp_path))
     real = sum(p.numel() for p in nn.Sequential(*[nn.Linear(32, 32) for _ in range(4)]).parameters())
     assert f["model"]["class"] == "Tower" and f["model"]["numel"] == real
+

@@ -149,7 +149,13 @@ def on_exit(run, exc: SystemExit) -> None:
         where = _innermost_project_line(handled)
         at = f"{_display(where[0], run.path, run.shown)}:{where[1]}: " if where else ""
         text = _one_line(handled)
+        if run.failures.root_cause(handled) is not None:     # a name a skipped statement should have bound
+            first = run.failures.skips[0]
+            first = (f" (it follows from what failed and was skipped before it; the first: "
+                     f"{_display(first.skipped.path, run.path, run.shown)}:{first.skipped.line}: {first.skipped.error})")
+        else:
+            first = package_hint(handled, text)
         raise ReplayError(f"{run.display}: the script exited with status {code!r} before training started, "
-                          f"handling {at}{text}{package_hint(handled, text)}")
+                          f"handling {at}{text}{first}")
     detail = f": {last_error}" if last_error else ""
     raise ReplayError(f"{run.display}: the script exited with status {code!r} before training started{detail}")
