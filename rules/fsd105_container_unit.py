@@ -92,6 +92,29 @@ model = Stack()
 fully_shard(model.blocks)
 fully_shard(model)
 ''', note="nn.Sequential has a forward"),
+        Example(_MODEL + '''
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+class WithHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = Net()
+        self.extra_heads = nn.ModuleList()       # no extra heads in this configuration
+
+    def forward(self, x):
+        return self.net(x)
+
+# a LoRA-style rule, `all(p.requires_grad for p in m.parameters())`, is True for the empty container too
+def wrap_it(m):
+    return isinstance(m, Block) or (isinstance(m, nn.ModuleList) and all(p.requires_grad for p in m.parameters())
+                                    and not any(True for _ in m.parameters()))
+
+def policy(module, recurse, nonwrapped_numel):
+    return recurse or lambda_auto_wrap_policy(module, recurse, nonwrapped_numel, wrap_it)
+
+model = FSDP(WithHeads(), auto_wrap_policy=policy)
+''', note="FSDP1: a container without parameters gathers nothing"),
     ]
     INVALID = [
         Example(_MODEL + '''
@@ -122,6 +145,8 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({nn.ModuleList}))
                 info = tree.modules.get(m)
                 if info is None or info.has_forward or not m:
                     continue
+                if plan.api != "fsdp2" and not any(True for _ in tree.params_under(m)):
+                    continue        # FSDP1 gathers nothing for it: no element runs on sharded parameters
                 yield self._finding(ctx, unit, m)
 
     def _finding(self, ctx, unit, fqn):

@@ -314,8 +314,8 @@ def _hydra_without_outputs(patch: Patch) -> Callable[[], None]:
 
     try:
         import hydra
-    except ImportError:
-        return lambda: None
+    except Exception:  # noqa: BLE001 - not installed, or one that cannot import here (hydra 1.0 on Python
+        return lambda: None        # 3.11): the script's own `import hydra` fails there, as on a node
     tmp = tempfile.mkdtemp(prefix="fsdp-lint-hydra-")
     # Hydra catches the task's exception, prints "Set the environment variable HYDRA_FULL_ERROR=1 for a
     # complete stack trace" and exits 1: with it set, the exception itself reaches the replay, which
