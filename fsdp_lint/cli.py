@@ -79,6 +79,38 @@ def _run_ranks(results, nproc: Optional[int], world_size: Optional[int]) -> int:
     return next(iter(sizes), _DEFAULT_RUN_RANKS)
 
 
+def _accelerate_config_processes(script: str, launch) -> Optional[int]:
+    """``accelerate launch --config_file CFG`` without ``--num_processes``: the config's ``num_processes``
+    is the world (accelerate reads it); a config without it is refused by accelerate on a node too."""
+    import re
+
+    try:
+        with open(launch.accelerate_config, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        return None         # (the accelerate config's own error is reported where it is read)
+    found = re.search(r"^num_processes:\s*(\d+)\s*$", text, re.M)
+    if found:
+        return int(found.group(1))
+    before = dict(os.environ)
+    try:        # what accelerate itself says of the launch line
+        from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+        _validate_launch_command(launch_command_parser().parse_args(["--config_file", launch.accelerate_config,
+                                                                     "train.py"]))
+        return None
+    except ImportError:
+        return None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+    raise BadInput(f"{script}: line {launch.line}: `accelerate launch --config_file {os.path.relpath(launch.accelerate_config)}` "
+                   f"passes no --num_processes and the config has no num_processes: accelerate refuses it on a node "
+                   f"too ({said}); add one of them")
+
+
 def _shell_runs(scripts, settings, script_args, cli_world_size):
     """The launch lines of shell scripts named on the command line, as runs of the files they launch with
     their arguments, world size and accelerate config (fsdp_lint.entry.shell)."""
@@ -96,6 +128,8 @@ def _shell_runs(scripts, settings, script_args, cli_world_size):
         for launch in launches:
             overrides = {"launch_script": os.path.abspath(script), "launched": True}
             world = launch.world_size or (launch.every_gpu_of * settings.gpus_per_node if launch.every_gpu_of else None)
+            if not world and launch.accelerate_config and cli_world_size is None:
+                world = _accelerate_config_processes(script, launch)
             if world and cli_world_size is None:
                 overrides.update(world_size=world, world_size_source="launch script")
             elif launch.unset_world and cli_world_size is None:

@@ -39,6 +39,14 @@ def _undo_after_last_wrap(rec: Recorder) -> None:
 def _root_of(rec: Recorder):
     """The top ancestor of the wrapped modules (the model the file builds)."""
     tops: Dict[int, Any] = {}       # a wrap call per level of a deep model: each path walked once
+    last_root = rec.wrap_calls[-1].modules[0] if rec.wrap_calls and rec.wrap_calls[-1].modules else None
+    built = {}
+
+    def _adopted(parent, child) -> bool:
+        """`parent` was built after `child`: it took an existing module (a wrapper), it did not build it."""
+        if not built:
+            built.update({id(mod): i for i, (mod, _) in enumerate(rec.constructed)})
+        return built.get(id(parent), -1) > built.get(id(child), -1) >= 0
 
     def top(m):
         path, seen = [], set()
@@ -48,6 +56,9 @@ def _root_of(rec: Recorder):
             parent = rec.parents[id(m)]
             if getattr(parent, "_orig_mod", None) is m:
                 break       # `torch.compile(model)` holds the model; the model is still the root FSDP wraps
+            if m is last_root and _adopted(parent, m) and not _held(parent, rec):
+                break       # a wrapper built around the model that nothing holds any more (PEFT's
+                            # inject_adapter_in_model makes a LoraModel(model) and returns the model)
             m = parent
         found = tops.get(id(m), m)
         for key in path:
@@ -64,10 +75,28 @@ def _root_of(rec: Recorder):
     counts: Dict[int, int] = {}
     for c in candidates:
         counts[id(c)] = counts.get(id(c), 0) + 1
-    if counts.get(id(best), 0) * 2 < len(candidates):
+    most = max(counts.values())
+    if counts.get(id(best), 0) * 2 < len(candidates) and counts.get(id(best), 0) < most:
+        # (a tie keeps the last call's: a T5 encoder, then two DiTs each wrapped once -- the DiTs are the job)
         best = max(candidates, key=lambda c: counts[id(c)])
     trained = _trained_root(rec, candidates)
     return trained if trained is not None else best
+
+
+def _held(obj, rec: Recorder) -> bool:
+    """Whether anything but fsdp-lint's own records of the replay refers to `obj` (the script, a module)."""
+    import gc
+
+    own = {id(rec.parents), id(rec.modules_seen), id(rec.constructed), id(rec.undo), id(rec.__dict__)}
+    for ref in gc.get_referrers(obj):
+        if id(ref) in own or type(ref).__name__ == "frame":
+            continue
+        if isinstance(ref, tuple) and ref and ref[0] is obj and any(ref is c for c in rec.constructed):
+            continue        # (module, where it was built)
+        if isinstance(ref, tuple) and any(ref is u for u in rec.undo):
+            continue
+        return True
+    return False
 
 
 def _trained_root(rec: Recorder, candidates):

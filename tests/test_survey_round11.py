@@ -1,0 +1,269 @@
+"""Round 11 of the real-launch survey (benchmarks/realworld.md, "Round 11"): which model a launch is about,
+accelerate's process count from its config, and parameter-less containers in FSDP1 policies. Each fixture
+is written in the idiom the survey met; the oracle is real torch, PEFT or accelerate running the same code."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+THREE_MODELS = '''
+from functools import partial
+import os
+import torch
+import torch.nn as nn
+import torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
+from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ff = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.ff(x)
+
+
+class TextEncoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(1000, 64)
+        self.blocks = nn.ModuleList(Block(64) for _ in range(2))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+class DiT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(128) for _ in range(3))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def shard_model(model, device_id):
+    return FSDP(model, auto_wrap_policy=partial(lambda_auto_wrap_policy, lambda_fn=lambda m: m in model.blocks),
+                mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+                device_id=device_id, sync_module_states=True)
+
+
+class WanT2V:
+    def __init__(self, device_id):
+        shard_fn = partial(shard_model, device_id=device_id)
+        self.text_encoder = shard_fn(TextEncoder().eval().requires_grad_(False))
+        self.low_noise_model = shard_fn(DiT().eval().requires_grad_(False))
+        self.high_noise_model = shard_fn(DiT().eval().requires_grad_(False))
+
+    def generate(self):
+        with torch.no_grad():
+            context = self.text_encoder(torch.zeros(1, 8, dtype=torch.long, device="cuda"))
+            return self.low_noise_model(self.high_noise_model(torch.randn(1, 8, 128, device="cuda")))
+
+
+if __name__ == "__main__":
+    dist.init_process_group("nccl")
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(rank)
+    WanT2V(rank).generate()
+'''
+
+
+def test_of_several_models_each_wrapped_once_the_last_is_the_one_the_job_is_about(tmp_path, cli):
+    # Wan2.2's generate: a frozen text encoder wrapped first, then the low- and high-noise DiTs with the same
+    # shard function; no optimizer says which is trained. A tie of single wraps kept the first (the text
+    # encoder); the last call's model is the plan's, as with two models (Wan2.1)
+    from oracle import fsdp1_units
+
+    (tmp_path / "generate.py").write_text(THREE_MODELS)
+    res = cli("generate.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["model"]["class"] == "DiT"
+    ns: dict = {}
+    exec(compile(THREE_MODELS.split("class WanT2V")[0], "generate.py", "exec"), ns)
+    real = fsdp1_units(ns["DiT"], world_size=8, auto_wrap_policy=ns["partial"](
+        ns["lambda_auto_wrap_policy"], lambda_fn=lambda m: type(m).__name__ == "Block"))
+    # (torch's root unit of a DiT whose parameters are all in its blocks owns no FlatParameter)
+    assert [u["module"] for u in f["plan"]["units"] if u["numel"]] == [r["module"] for r in real] == \
+        ["blocks.0", "blocks.1", "blocks.2"]
+
+
+PEFT_INJECT = '''
+import os
+import torch
+import torch.nn as nn
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from peft import LoraConfig, inject_adapter_in_model
+
+
+class Block(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.to_q = nn.Linear(d, d)
+        self.to_k = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.to_q(x) + self.to_k(x)
+
+
+class Transformer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj_in = nn.Linear(64, 64)
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+
+    def forward(self, x):
+        x = self.proj_in(x)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+    def add_adapter(self, config):
+        inject_adapter_in_model(config, self)        # diffusers' ModelMixin.add_adapter
+
+
+def main():
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    transformer = Transformer()
+    transformer.requires_grad_(False)
+    transformer.add_adapter(LoraConfig(r=4, target_modules=["to_q", "to_k"]))
+    for block in transformer.blocks:
+        fully_shard(block)
+    fully_shard(transformer)
+    params = [p for p in transformer.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    for step in range(10):
+        transformer(torch.randn(2, 64, device="cuda")).sum().backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_wrapper_peft_builds_around_the_model_and_drops_is_not_its_root(tmp_path, cli):
+    # diffusers' add_adapter -> peft.inject_adapter_in_model makes a LoraModel(model), injects the LoRA
+    # layers in place and drops the LoraModel: the root is the transformer, root-wrapped, units `blocks.N`
+    # (as real FSDP2 builds them on the same code), not `model.blocks.N` of a LoraModel
+    from oracle import fsdp2_groups
+    from peft import LoraConfig, inject_adapter_in_model
+
+    (tmp_path / "train_lora.py").write_text(PEFT_INJECT)
+    res = cli("train_lora.py", "-n", "4", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    ns: dict = {}
+    exec(compile(PEFT_INJECT.split("def main")[0], "train_lora.py", "exec"), ns)
+
+    def build():
+        model = ns["Transformer"]()
+        model.requires_grad_(False)
+        inject_adapter_in_model(LoraConfig(r=4, target_modules=["to_q", "to_k"]), model)
+        return model
+
+    def wrap(model, mesh):
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    real = fsdp2_groups(build, world_size=4, apply=wrap)
+    assert f["model"]["class"] == "Transformer" and f["plan"]["root_wrapped"] is True
+    assert [u["module"] for u in f["plan"]["units"]] == [g["modules"][0] for g in real] == \
+        ["blocks.0", "blocks.1", "blocks.2", ""]
+    assert [u["trainable_numel"] for u in f["plan"]["units"]] == \
+        [sum(_numel(p["shape"]) for p in g["params"] if p["requires_grad"]) for g in real]
+
+
+ACC_YAML = '''compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+fsdp_config:
+  fsdp_version: 2
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_transformer_layer_cls_to_wrap: Block
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+mixed_precision: bf16
+{processes}'''
+
+ACC_TRAIN = '''
+import torch
+import torch.nn as nn
+from accelerate import Accelerator
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ff = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.ff(x)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+accelerator = Accelerator()
+model = Net()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+model, optimizer = accelerator.prepare(model, optimizer)
+for step in range(10):
+    accelerator.backward(model(torch.randn(2, 64, device=accelerator.device)).sum())
+    optimizer.step()
+'''
+
+
+@pytest.mark.parametrize("processes", ["num_processes: 4\n", ""])
+def test_accelerate_launch_takes_the_configs_process_count_or_is_refused_without_one(tmp_path, cli, processes):
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    (tmp_path / "fsdp.yaml").write_text(ACC_YAML.format(processes=processes))
+    (tmp_path / "train.py").write_text(ACC_TRAIN)
+    (tmp_path / "launch.sh").write_text("#!/bin/bash\naccelerate launch --config_file fsdp.yaml train.py\n")
+    args = launch_command_parser().parse_args(["--config_file", str(tmp_path / "fsdp.yaml"), "train.py"])
+    try:      # the oracle: what accelerate itself does with the launch line
+        args, _, _ = _validate_launch_command(args)
+        refused = None
+    except ValueError as exc:
+        refused = exc
+    res = cli("launch.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    if refused is None:
+        assert res.code in (0, 1), res.err
+        assert json.loads(res.out)["files"][0]["plan"]["world_size"] == args.num_processes == 4
+    else:
+        assert res.code == 2
+        assert res.err.splitlines()[0].startswith("fsdp-lint: error: launch.sh: line 2: `accelerate launch "
+                                                  "--config_file fsdp.yaml` passes no --num_processes")
+        assert str(refused) in res.err
