@@ -267,3 +267,62 @@ def test_accelerate_launch_takes_the_configs_process_count_or_is_refused_without
         assert res.err.splitlines()[0].startswith("fsdp-lint: error: launch.sh: line 2: `accelerate launch "
                                                   "--config_file fsdp.yaml` passes no --num_processes")
         assert str(refused) in res.err
+
+
+def test_a_hub_file_an_installed_library_asks_for_is_named(tmp_path, cli):
+    # moshi's CheckpointInfo.from_hf_repo resolves a checkpoint's files with hf_hub_download: the weights
+    # stand in, the tokenizer file is not here and the hub's offline error ends the lint -- naming the file
+    # and the command that gets it (huggingface_hub's own message names neither)
+    site = tmp_path / "venv" / "lib" / "site-packages"
+    (site / "hublib").mkdir(parents=True)
+    (site / "hublib" / "__init__.py").write_text('''
+from dataclasses import dataclass
+
+from huggingface_hub import hf_hub_download
+
+
+@dataclass
+class CheckpointInfo:
+    weights: str
+    tokenizer: str
+    dim: int = 64
+
+    @staticmethod
+    def from_hf_repo(repo):
+        weights = hf_hub_download(repo, "model.safetensors")
+        tokenizer = hf_hub_download(repo, "tokenizer_spm_32k_3.model")
+        return CheckpointInfo(weights, tokenizer)
+''')
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "train.py").write_text('''
+import safetensors.torch
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from hublib import CheckpointInfo
+
+
+class LM(nn.Sequential):
+    def __init__(self, dim):
+        super().__init__(*[nn.Linear(dim, dim) for _ in range(4)])
+
+
+info = CheckpointInfo.from_hf_repo("someorg/somemodel")
+with torch.device("meta"):
+    model = LM(info.dim)
+model.load_state_dict(safetensors.torch.load_file(info.weights), assign=True)
+model = FSDP(model, device_id=torch.device("cpu"))
+''')
+    sys.path.insert(0, str(site))
+    try:
+        res = cli("train.py", "-n", "2", "--no-cache", cwd=str(repo))
+    finally:
+        sys.path.remove(str(site))
+        sys.modules.pop("hublib", None)
+    assert res.code == 2, res.out
+    line = res.err.splitlines()[0]
+    assert line.startswith("fsdp-lint: error: train.py:14: setup code failed on the meta device: LocalEntryNotFoundError"), line
+    assert line.endswith("(tokenizer_spm_32k_3.model of the hub repository someorg/somemodel is not here, and fsdp-lint "
+                         "never downloads: `huggingface-cli download someorg/somemodel tokenizer_spm_32k_3.model` puts "
+                         "it in the local Hugging Face cache)"), line

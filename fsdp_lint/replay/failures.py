@@ -32,7 +32,7 @@ from fsdp_lint.replay.imports import (
     requirement,
 )
 from fsdp_lint.replay.requirements import set_project
-from fsdp_lint.replay.network import (NetworkWait, NotDownloaded, network_ask as _network_ask,
+from fsdp_lint.replay.network import (NetworkWait, NotDownloaded, download_hint, network_ask as _network_ask,
                                       network_text as _network_text, remove_failed_downloads, removed_download)
 from fsdp_lint.replay.one_line import one_line as _one_line
 from fsdp_lint.replay.records import Skipped
@@ -339,7 +339,7 @@ class Failures:
             if _network_ask(earlier.exc) or isinstance(earlier.exc, NetworkWait):
                 return (f"{at}: {_network_text(earlier.exc)} (skipped; what it would have set up was used later: "
                         f"{loc}: {_one_line(exc)})")
-            return (f"{at}: setup code failed {where_real}: {earlier.skipped.error}{_download_hint(earlier.skipped.error)}"
+            return (f"{at}: setup code failed {where_real}: {earlier.skipped.error}{download_hint(earlier.skipped.error, earlier.exc)}"
                     f"{package_hint(earlier.exc, earlier.skipped.error)}"
                     f" (skipped; what it would have set up was used later: {loc}: {_one_line(exc)})")
         if isinstance(exc, ImportError):
@@ -357,7 +357,7 @@ class Failures:
             return f"{loc}: {_network_text(exc)}"
         hint = package_hint(exc, msg) or self._stub_hint(msg)
         decides = self.decides_note(entry_display, loc) if exc is self.refused else ""
-        return f"{loc}: setup code failed {where_real}: {msg}{_download_hint(msg)}{hint}{decides}{later}"
+        return f"{loc}: setup code failed {where_real}: {msg}{download_hint(msg, exc)}{hint}{decides}{later}"
 
     def _uses_stand_in(self, stub: StubUse, decides: str = "") -> str:
         """``(it uses `catalogue.Registry`, which could not be imported: <why>)``"""
@@ -585,13 +585,3 @@ def package_hint(exc: BaseException, msg: str) -> str:
     if not top or f"`{top}`" in msg or f"'{top}'" in msg:
         return ""
     return f" (`{top}` is not installed here: pip install {distribution_of(top)})"
-
-
-def _download_hint(msg: str) -> str:
-    """fsdp-lint never downloads: a hub model needs its config locally, or a factory from a config."""
-    if any(w in msg for w in ("huggingface.co", "from_pretrained", "cached files", "offline mode", "HF Hub",
-                              "outgoing traffic has been disabled")):
-        return (" (fsdp-lint does not download models or configs: have the model's config.json in the local "
-                "Hugging Face cache (HF_HOME), or build the model from a config in the linted code, e.g. "
-                "AutoModelForCausalLM.from_config(AutoConfig.for_model(...)))")
-    return ""

@@ -197,3 +197,27 @@ def network_text(exc: BaseException) -> str:
     return (f"the setup reads over the network ({type(exc).__name__} asking for {network_ask(exc)}), which a lint "
             f"does not have, and the model or its wrap depends on what it reads: point the script at a local copy "
             f"(a data set, a tokenizer, a config), or run it once where it can download")
+
+
+# on a hub error an installed library's `hf_hub_download` raised (frameworks.hf._hub_file): the file it asked for
+HUB_FILE = "_fsdp_lint_hub_file"
+
+
+def download_hint(msg: str, exc: Optional[BaseException] = None) -> str:
+    """fsdp-lint never downloads: the hub file a library asked for (named, with the command that gets it),
+    else a hub model's config, else nothing."""
+    seen = 0
+    while exc is not None and seen < 8:
+        asked = getattr(exc, HUB_FILE, None)
+        if asked:
+            repo, name, kind = asked
+            return (f" ({name} of the hub repository {repo} is not here, and fsdp-lint never downloads: "
+                    f"`huggingface-cli download {repo} {name}{f' --repo-type {kind}' if kind else ''}` puts it in "
+                    f"the local Hugging Face cache)")
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    if any(w in msg for w in ("huggingface.co", "from_pretrained", "cached files", "offline mode", "HF Hub",
+                              "outgoing traffic has been disabled")):
+        return (" (fsdp-lint does not download models or configs: have the model's config.json in the local "
+                "Hugging Face cache (HF_HOME), or build the model from a config in the linted code, e.g. "
+                "AutoModelForCausalLM.from_config(AutoConfig.for_model(...)))")
+    return ""

@@ -25,7 +25,7 @@ import sys
 import types
 from typing import Any, Dict, List
 
-from fsdp_lint.replay.network import NotDownloaded
+from fsdp_lint.replay.network import HUB_FILE, NotDownloaded
 from fsdp_lint.replay.records import IN_TRAINING
 
 FRAMEWORK = "transformers"
@@ -380,9 +380,12 @@ def _hub_file(hooks, module) -> None:
                 # (fsdp_lint.replay.checkpoints), as a missing checkpoint file's does
                 folder = f"models--{str(repo).replace('/', '--')}"
                 return os.path.join(module.constants.HF_HUB_CACHE, folder, "snapshots", "not-downloaded", str(name))
-            if not is_local(sys._getframe(1).f_code.co_filename):
-                raise
             kind = kwargs.get("repo_type")
+            if not is_local(sys._getframe(1).f_code.co_filename):
+                # a library's own call: its probes for optional files expect the hub's error, which ends
+                # the lint naming the file if nothing catches it
+                setattr(exc, HUB_FILE, (repo, name, kind))
+                raise
             raise HubFileMissing(f"{name} of the hub repository {repo} is not here, and fsdp-lint never downloads: "
                                  f"`huggingface-cli download {repo} {name}{f' --repo-type {kind}' if kind else ''}` "
                                  f"puts it in the local Hugging Face cache ({type(exc).__name__})") from None
