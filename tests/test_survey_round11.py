@@ -326,3 +326,46 @@ model = FSDP(model, device_id=torch.device("cpu"))
     assert line.endswith("(tokenizer_spm_32k_3.model of the hub repository someorg/somemodel is not here, and fsdp-lint "
                          "never downloads: `huggingface-cli download someorg/somemodel tokenizer_spm_32k_3.model` puts "
                          "it in the local Hugging Face cache)"), line
+
+
+def test_a_launch_scripts_argument_loop_leaves_its_defaults(tmp_path, cli):
+    # mochi's fine-tuner: `while [[ $# -gt 0 ]]; do case $1 in -c|--config) CONFIG_PATH="$2"; shift 2;; ...`
+    # over several lines; without arguments no arm runs and the default stands (its arms' assignments
+    # were made in order, and --config-path '' refused)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "finetune.yaml").write_text("lr: 1e-4\n")
+    (tmp_path / "train.py").write_text('''
+import argparse, os
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+parser = argparse.ArgumentParser()
+parser.add_argument("--config-path", required=True)
+args = parser.parse_args()
+assert os.path.exists(args.config_path), args.config_path
+model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+for layer in model:
+    fully_shard(layer)
+fully_shard(model)
+''')
+    (tmp_path / "run.bash").write_text('''#!/bin/bash
+SCRIPT_DIR="$(cd "$(dirname "$0")" && pwd)"
+CONFIG_PATH="${SCRIPT_DIR}/configs/finetune.yaml"
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        -c|--config)
+            CONFIG_PATH="$2"
+            shift 2
+            ;;
+        *)
+            echo "Unknown option $1"
+            exit 1
+            ;;
+    esac
+done
+python "${SCRIPT_DIR}/train.py" --config-path "${CONFIG_PATH}"
+''')
+    res = cli("run.bash", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["args"] == ["--config-path", os.path.join(os.path.realpath(str(tmp_path)), "configs", "finetune.yaml")] or \
+        f["args"] == ["--config-path", os.path.join(str(tmp_path), "configs", "finetune.yaml")]

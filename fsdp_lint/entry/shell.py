@@ -334,6 +334,10 @@ def _console_file(command: str, target: str, script: str, cd: Optional[str], lin
     return path, base
 
 
+def _is_launcher_word(word: str) -> bool:
+    return os.path.basename(word) in _LAUNCHERS or word.endswith(".py")
+
+
 def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLaunch]:
     """Every launch of a Python file in the shell script, in order, the script run with the arguments
     ``positional`` (``bash SCRIPT ARGS``)."""
@@ -348,6 +352,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
     cd: Optional[str] = None
     console: Optional[Dict[str, str]] = None        # the repository's console scripts, read when needed
     out: List[ShellLaunch] = []
+    in_case = 0
     for start, pieces in _logical_lines(text):
         stripped = _joined(pieces)
         if not stripped or stripped.startswith("#"):
@@ -356,6 +361,12 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             words = _split(stripped)
         except ValueError:
             words = []
+        # `case "$1" in -c|--config) CONFIG="$2"; shift 2;; ... esac`: an arm runs for the arguments it
+        # matches, which are not followed here -- its assignments and shifts are not made, the defaults stand
+        opened = in_case > 0 or "case" in words[:1]
+        in_case += sum(1 for w in words if w == "case") - sum(1 for w in words if w in ("esac", "esac;"))
+        if (opened or in_case > 0) and not any(_is_launcher_word(w) for w in words):
+            continue
         exporting = bool(words) and words[0] == "export"
         if words and words[0] in ("export", "local", "readonly"):
             words = words[1:]
