@@ -15,6 +15,14 @@ from conftest import REPO  # noqa: E402
 HANDLED = os.path.join(REPO, "fixtures", "repos", "handled_probe")
 
 
+def checkout(monkeypatch, root: str, package: str):
+    """A fixture repository as `pip install -e .` leaves it: its package importable (and forgotten after)."""
+    monkeypatch.syspath_prepend(root)
+    yield root
+    for name in [n for n in sys.modules if n.split(".")[0] == package]:
+        sys.modules.pop(name, None)
+
+
 def _lint_json(cli, *argv, cwd, script_args=()):
     res = cli(*argv, "--no-cache", "--format", "json", *(("--", *script_args) if script_args else ()), cwd=cwd)
     assert res.code in (0, 1), res.err
@@ -23,12 +31,9 @@ def _lint_json(cli, *argv, cwd, script_args=()):
 
 @pytest.fixture
 def handled(monkeypatch):
-    monkeypatch.syspath_prepend(HANDLED)
     for var in ("R2_PROFILE", "R2_ENDPOINT_URL", "R2_ENDPOINT"):
         monkeypatch.delenv(var, raising=False)
-    yield HANDLED
-    for name in [n for n in sys.modules if n.split(".")[0] == "olm"]:
-        sys.modules.pop(name, None)
+    yield from checkout(monkeypatch, HANDLED, "olm")
 
 
 def test_a_failure_the_scripts_own_except_catches_by_name_reaches_it(cli, handled):
@@ -91,10 +96,7 @@ VIDEO = os.path.join(REPO, "fixtures", "repos", "video_coord")
 
 @pytest.fixture
 def video(monkeypatch):
-    monkeypatch.syspath_prepend(VIDEO)
-    yield VIDEO
-    for name in [n for n in sys.modules if n.split(".")[0] == "vidgen"]:
-        sys.modules.pop(name, None)
+    yield from checkout(monkeypatch, VIDEO, "vidgen")
 
 
 def test_a_launch_script_built_from_bash_arrays_on_a_node_of_coordinated_groups(cli, video):
@@ -170,10 +172,7 @@ FULL_ARGS = ("--output_dir", "out", "--fsdp_enable", "--optimizer", "adamw", "--
 
 @pytest.fixture
 def tuner(monkeypatch):
-    monkeypatch.syspath_prepend(TUNER)
-    yield TUNER
-    for name in [n for n in sys.modules if n.split(".")[0] == "tuner"]:
-        sys.modules.pop(name, None)
+    yield from checkout(monkeypatch, TUNER, "tuner")
 
 
 def test_a_script_whose_own_parser_reports_and_returns_names_what_it_reported(cli, tuner):

@@ -56,6 +56,12 @@ def _open_quote(line: str, quote: Optional[str]) -> Tuple[Optional[str], bool]:
     """The quote still open at the end of `line` (bash's rules: nothing escapes inside '...'; a
     backslash escapes the next character elsewhere; an unquoted ``#`` at a word's start is a comment),
     and whether the line ends in a comment (whose final backslash continues nothing)."""
+    quote, i = _scan(line, quote)
+    return quote, i < len(line)
+
+
+def _scan(line: str, quote: Optional[str] = None) -> Tuple[Optional[str], int]:
+    """The quote open at the end of `line`, or where its comment starts, and that position."""
     i = 0
     while i < len(line) and not _comment_at(line, i, quote):
         if line[i] == "\\" and quote != "'":
@@ -63,7 +69,7 @@ def _open_quote(line: str, quote: Optional[str]) -> Tuple[Optional[str], bool]:
             continue
         quote = _after(line[i], quote)
         i += 1
-    return quote, i < len(line)
+    return quote, i
 
 
 def _logical_lines(text: str) -> List[Tuple[int, List[Tuple[int, str]]]]:
@@ -95,15 +101,7 @@ def _logical_lines(text: str) -> List[Tuple[int, List[Tuple[int, str]]]]:
 
 def _uncommented(line: str) -> str:
     """`line` without its comment (a ``#`` at a word's start outside quotes)."""
-    quote: Optional[str] = None
-    i = 0
-    while i < len(line) and not _comment_at(line, i, quote):
-        if line[i] == "\\" and quote != "'":
-            i += 2
-            continue
-        quote = _after(line[i], quote)
-        i += 1
-    return line[:i].rstrip()
+    return line[:_scan(line)[1]].rstrip()
 
 
 def _array_open(pieces, line: str) -> bool:
