@@ -369,25 +369,3 @@ python "${SCRIPT_DIR}/train.py" --config-path "${CONFIG_PATH}"
     f = json.loads(res.out)["files"][0]
     assert f["args"] == ["--config-path", os.path.join(os.path.realpath(str(tmp_path)), "configs", "finetune.yaml")] or \
         f["args"] == ["--config-path", os.path.join(str(tmp_path), "configs", "finetune.yaml")]
-
-
-def test_the_same_launch_in_two_branches_or_per_rank_is_linted_once(tmp_path):
-    # mochi: `if [ "$NUM_GPUS" -gt 1 ]; then for RANK in ...; do env RANK=$RANK python train.py ... & done;
-    # else python train.py ... & fi`: one launch of train.py with those arguments, not two (every error twice)
-    from fsdp_lint.entry.shell import shell_launches
-
-    (tmp_path / "train.py").write_text("print('train')\n")
-    (tmp_path / "run.bash").write_text('''#!/bin/bash
-NUM_GPUS=1
-if [ "$NUM_GPUS" -gt 1 ]; then
-    for RANK in $(seq 0 $((NUM_GPUS-1))); do
-        env RANK=$RANK CUDA_VISIBLE_DEVICES=$RANK python train.py --config-path cfg.yaml &
-    done
-else
-    python train.py --config-path cfg.yaml &
-fi
-python train.py --config-path other.yaml
-''')
-    launches = shell_launches(str(tmp_path / "run.bash"))
-    assert [(os.path.basename(l.path), l.args) for l in launches] == [
-        ("train.py", ["--config-path", "cfg.yaml"]), ("train.py", ["--config-path", "other.yaml"])]

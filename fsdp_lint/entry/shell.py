@@ -442,13 +442,4 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         out.append(ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
                                module if found.get("module") else None, found.get("every_gpu_of"),
                                found.get("unset_world")))
-    # the same launch in two branches (`if [ "$NUM_GPUS" -gt 1 ]; then ... python train.py ... &; else
-    # python train.py ...`), or once per rank of a loop: one run of it
-    seen, unique = set(), []
-    for launch in out:
-        key = (launch.path, tuple(launch.args), launch.cwd, launch.world_size, launch.accelerate_config,
-               tuple(sorted(launch.env.items())), launch.module)
-        if key not in seen:
-            seen.add(key)
-            unique.append(launch)
-    return unique
+    return out
