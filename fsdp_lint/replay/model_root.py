@@ -56,7 +56,8 @@ def _root_of(rec: Recorder):
             parent = rec.parents[id(m)]
             if getattr(parent, "_orig_mod", None) is m:
                 break       # `torch.compile(model)` holds the model; the model is still the root FSDP wraps
-            if m is last_root and _adopted(parent, m) and not _held(parent, rec):
+            if m is last_root and not rec.real and getattr(parent, "_fsdp_wrapped_module", None) is not m \
+                    and _adopted(parent, m) and not _held(parent, rec):
                 break       # a wrapper built around the model that nothing holds any more (PEFT's
                             # inject_adapter_in_model makes a LoraModel(model) and returns the model)
             m = parent
