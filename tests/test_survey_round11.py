@@ -369,3 +369,53 @@ python "${SCRIPT_DIR}/train.py" --config-path "${CONFIG_PATH}"
     f = json.loads(res.out)["files"][0]
     assert f["args"] == ["--config-path", os.path.join(os.path.realpath(str(tmp_path)), "configs", "finetune.yaml")] or \
         f["args"] == ["--config-path", os.path.join(str(tmp_path), "configs", "finetune.yaml")]
+
+
+def test_a_stand_in_data_set_cut_into_token_blocks_gives_blocks(tmp_path, cli):
+    # mdlm: OpenWebText tokenized, concatenated and cut into 1,024-token blocks (the remainder dropped), then
+    # a shuffled DataLoader, whose length the model's set-up reads. One-line placeholder rows gave 0 blocks
+    # and `RandomSampler`'s "num_samples=0" stopped the lint; a data set of documents' length gives blocks
+    (tmp_path / "train.py").write_text('''
+import itertools
+
+import datasets
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+
+def group_texts(examples, block_size):
+    ids = list(itertools.chain(*examples["input_ids"]))
+    total = (len(ids) // block_size) * block_size
+    return {"input_ids": [ids[i:i + block_size] for i in range(0, total, block_size)]}
+
+
+def get_dataloaders(block_size=1024):
+    ds = datasets.load_dataset("Skylion007/openwebtext", split="train")
+    ds = ds.map(lambda ex: {"input_ids": [[ord(c) % 256 for c in t] for t in ex["text"]]},
+                batched=True, remove_columns=["text"])
+    ds = ds.map(group_texts, batched=True, fn_kwargs={"block_size": block_size})
+    train_loader = torch.utils.data.DataLoader(ds.with_format("torch"), batch_size=8, shuffle=True)
+    return train_loader, len(train_loader)
+
+
+def main():
+    loader, steps_per_epoch = get_dataloaders()
+    model = nn.Sequential(nn.Embedding(256, 64), *[nn.Linear(64, 64) for _ in range(3)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, 1e-3, total_steps=steps_per_epoch)
+    for batch in loader:
+        pass
+
+
+if __name__ == "__main__":
+    main()
+''')
+    res = cli("train.py", "-n", "2", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert [u["module"] for u in f["plan"]["units"]] == ["0", "1", "2", "3", ""]
+    assert not any("num_samples" in s["error"] for s in f["replay"]["skipped_statements"])

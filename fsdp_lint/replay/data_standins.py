@@ -35,7 +35,9 @@ from typing import Any, Dict, List, Optional
 # the marker a stand-in's DatasetInfo carries: map/shuffle/select/concatenate/split keep it
 MARK = "fsdp-lint: a stand-in for a data set that cannot be loaded here"
 ROWS = 16
-TEXT = "a placeholder sample: the data set cannot be loaded here"
+# a document's length (about 1,000 words): text that a pipeline concatenates and cuts into blocks of 1,024 to
+# 8,192 tokens gives blocks, as a node's data set does (a one-line placeholder gave none: `num_samples=0`)
+TEXT = " ".join(["a placeholder sample: the data set cannot be loaded here."] * 100)
 _RETRIES = 16
 
 
