@@ -419,3 +419,47 @@ if __name__ == "__main__":
     f = json.loads(res.out)["files"][0]
     assert [u["module"] for u in f["plan"]["units"]] == ["0", "1", "2", "3", ""]
     assert not any("num_samples" in s["error"] for s in f["replay"]["skipped_statements"])
+
+
+def test_a_look_at_the_data_before_the_model_exists_is_set_up_not_training(tmp_path, cli):
+    # mdlm's main: `train_ds, valid_ds = get_dataloaders(...)`, `_print_batch(train_ds, valid_ds)` (one batch of
+    # each, printed), then the model. Iterating a DataLoader before any model exists trains nothing: it runs
+    # in this process, and the replay goes on to the model and its wrap (it stopped there, "never reached a
+    # model", before)
+    (tmp_path / "train.py").write_text('''
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def print_batch(train_loader, valid_loader, k=4):
+    train_batch, valid_batch = next(iter(train_loader)), next(iter(valid_loader))
+    print("train", train_batch[0].shape, train_batch[0][0, :k].tolist())
+    print("valid", valid_batch[0].shape, valid_batch[0][0, :k].tolist())
+    return train_batch[0].shape[-1]
+
+
+def main():
+    data = TensorDataset(torch.arange(64 * 16).reshape(64, 16))
+    train_loader = DataLoader(data, batch_size=8, shuffle=True, num_workers=4)
+    valid_loader = DataLoader(data, batch_size=8)
+    seq_len = print_batch(train_loader, valid_loader)
+    model = nn.Sequential(nn.Embedding(1024, 2 * seq_len), *[nn.Linear(2 * seq_len, 2 * seq_len) for _ in range(2)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for (tokens,) in train_loader:
+        model(tokens).sum().backward()
+        optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+''')
+    res = cli("train.py", "-n", "2", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert [u["module"] for u in f["plan"]["units"]] == ["0", "1", "2", ""]
+    assert f["replay"]["skipped_statements"] == [] and f["notes"] == []

@@ -6,7 +6,8 @@ Training starts -- and the replay stops, raising `TrainingBoundary` -- at the fi
   module whose parameters an optimizer holds;
 * ``Tensor.backward()`` / ``torch.autograd.backward``;
 * an optimizer's ``step()``;
-* iteration over a ``torch.utils.data.DataLoader``.
+* iteration over a ``torch.utils.data.DataLoader`` once a model exists (before, a look at the data during
+  set-up runs in this process).
 
 (Frameworks' fit/train calls are driven up to their first step by the framework drivers; the
 static second line -- training loops found in the code -- is in ``transform``.)
@@ -55,11 +56,35 @@ def install_boundaries(rec, patch: Callable[[Any, str, Any], None]) -> List[Any]
 
     handles.append(register_optimizer_step_pre_hook(on_step))
 
+    real_iter = torch.utils.data.DataLoader.__iter__
+
     def loader_iter(self):
+        if not rec.real and not _a_model_exists(rec):
+            # nothing to train yet: a look at the data during set-up (`_print_batch(train_loader)` before the
+            # model is built), in this process (no worker processes), as the loader would give it
+            return real_iter(_in_process(self))
         stop("iteration over a DataLoader")
 
     patch(torch.utils.data.DataLoader, "__iter__", loader_iter)
     return handles
+
+
+def _a_model_exists(rec) -> bool:
+    """A module with parameters was built by the set-up (not at an import) or wrapped."""
+    if rec.wrap_calls:
+        return True
+    skip = getattr(rec, "built_at_import", ())
+    return any(next(m.parameters(), None) is not None for m, _ in rec.constructed if id(m) not in skip)
+
+
+def _in_process(loader):
+    """The same data, batches and collation as `loader`, without worker processes."""
+    import torch.utils.data as data
+
+    if loader.batch_size is None and loader.batch_sampler is not None:
+        return data.DataLoader(loader.dataset, batch_sampler=loader.batch_sampler, collate_fn=loader.collate_fn)
+    return data.DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=loader.sampler,
+                           collate_fn=loader.collate_fn, drop_last=loader.drop_last)
 
 
 def _user_class(module) -> str:
