@@ -463,3 +463,78 @@ if __name__ == "__main__":
     f = json.loads(res.out)["files"][0]
     assert [u["module"] for u in f["plan"]["units"]] == ["0", "1", "2", ""]
     assert f["replay"]["skipped_statements"] == [] and f["notes"] == []
+
+
+REENTRANT = '''
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from torch.distributed.fsdp import fully_shard
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class Net(nn.Module):
+    def __init__(self, d=64, n=4, vocab=128, gradient_checkpointing=True):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.head = nn.Linear(d, vocab)
+        self.gradient_checkpointing = gradient_checkpointing
+
+    def forward(self, tokens):
+        h = self.emb(tokens)
+        for block in self.blocks:
+            if self.training and self.gradient_checkpointing:
+                h = cp.checkpoint(block, h, use_reentrant=True)
+            else:
+                h = block(h)
+        return self.head(h)
+
+
+def example_inputs():
+    return torch.randint(0, 128, (2, 16))
+
+
+if __name__ == "__main__":
+    model = Net()
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for step in range(10):
+        model(example_inputs()).sum().backward()
+        optimizer.step()
+'''
+
+
+def test_reentrant_checkpointing_gathers_each_block_again_in_backward(tmp_path, cli):
+    # FSDP-Training's model: `h = checkpoint(block, h)` with use_reentrant=True runs each block's forward
+    # under no_grad, and backward recomputes it with grad, gathering the block again: the all-gathers of a
+    # real step (torch's FSDP2 under the fake process group, counted) -- every block twice
+    from oracle_nd import step_collectives
+
+    (tmp_path / "train.py").write_text(REENTRANT)
+    res = cli("train.py", "-n", "4", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    units = json.loads(res.out)["files"][0]["plan"]["units"]
+    ns: dict = {}
+    exec(compile(REENTRANT.split('if __name__')[0], "train.py", "exec"), ns)
+
+    def wrap(model, mesh):
+        for block in model.blocks:
+            ns["fully_shard"](block, mesh=mesh)
+        ns["fully_shard"](model, mesh=mesh)
+
+    log = step_collectives(ns["Net"], wrap, ns["example_inputs"], world_size=4, rank=0, mesh_shape=(4,),
+                           mesh_dim_names=None)
+    real = sum(1 for entry in log if entry[0] == "all_gather")
+    assert sum(u["all_gathers_per_step"] for u in units) == real
+    assert [u["all_gathers_per_step"] for u in units if u["module"].startswith("blocks.")] == [2, 2, 2, 2]

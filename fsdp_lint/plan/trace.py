@@ -235,7 +235,7 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, 
                 if unit_stack:
                     unit_stack.pop()
                 pending.get(u, set()).discard(id(mod))
-                rg = any(t.requires_grad for t in _tensors(output))
+                rg = any(t.requires_grad for t in _tensors(output)) or _in_reentrant_checkpoint_with_grad()
                 out.unit_output_requires_grad[u] = bool(out.unit_output_requires_grad[u]) or rg
                 if u not in out.unit_post_order:
                     out.unit_post_order.append(u)
@@ -575,3 +575,26 @@ def _quiet():
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+def _in_reentrant_checkpoint_with_grad() -> bool:
+    """The forward runs inside a reentrant ``torch.utils.checkpoint.checkpoint`` (under ``no_grad``) whose
+    inputs require grad: backward recomputes it with grad, so autograd reaches the unit (FSDP gathers it again)
+    although its output here does not require grad."""
+    import sys
+
+    import torch
+
+    if torch.is_grad_enabled():
+        return False
+    f = sys._getframe(2)
+    for _ in range(40):
+        if f is None:
+            return False
+        code = f.f_code
+        if code.co_name == "forward" and code.co_filename.replace("\\", "/").endswith("torch/utils/checkpoint.py"):
+            args = f.f_locals.get("args", ())
+            return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        f = f.f_back
+    return False
+
