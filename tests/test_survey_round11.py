@@ -538,3 +538,52 @@ def test_reentrant_checkpointing_gathers_each_block_again_in_backward(tmp_path, 
     real = sum(1 for entry in log if entry[0] == "all_gather")
     assert sum(u["all_gathers_per_step"] for u in units) == real
     assert [u["all_gathers_per_step"] for u in units if u["module"].startswith("blocks.")] == [2, 2, 2, 2]
+
+
+def test_a_data_set_call_its_library_refuses_is_the_scripts_error(tmp_path, cli):
+    # `dataset, _ = load_dataset()`: datasets refuses the call itself (no path), on a node too; a stand-in
+    # data set was returned for it, and the unpack of that stand-in was reported instead
+    import datasets
+
+    try:
+        datasets.load_dataset()
+        raise AssertionError("datasets accepted load_dataset() without a path")
+    except TypeError as exc:
+        refused = f"TypeError: {exc}"
+    (tmp_path / "train.py").write_text('''
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from datasets import load_dataset
+
+
+class Block(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class Trainer:
+    def __init__(self, model, loader):
+        self.loader = loader
+        self.model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"))
+
+
+def main():
+    model = nn.Sequential(*[Block() for _ in range(4)])
+    dataset, _ = load_dataset()
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8)
+    Trainer(model, loader)
+
+
+if __name__ == "__main__":
+    main()
+''')
+    res = cli("train.py", "-n", "2", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    line = res.err.splitlines()[0]
+    assert f"train.py:26: {refused}" in line and "not enough values to unpack" not in line, line
