@@ -81,6 +81,9 @@ def _in_process(loader):
     """The same data, batches and collation as `loader`, without worker processes."""
     import torch.utils.data as data
 
+    if isinstance(loader.dataset, data.IterableDataset):
+        return data.DataLoader(loader.dataset, batch_size=loader.batch_size, collate_fn=loader.collate_fn,
+                               drop_last=loader.drop_last)
     if loader.batch_size is None and loader.batch_sampler is not None:
         return data.DataLoader(loader.dataset, batch_sampler=loader.batch_sampler, collate_fn=loader.collate_fn)
     return data.DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=loader.sampler,
