@@ -62,7 +62,12 @@ def install_boundaries(rec, patch: Callable[[Any, str, Any], None]) -> List[Any]
         if not rec.real and not _a_model_exists(rec):
             # nothing to train yet: a look at the data during set-up (`_print_batch(train_loader)` before the
             # model is built), in this process (no worker processes), as the loader would give it
-            return real_iter(_in_process(self))
+            try:
+                single = _in_process(self)
+            except Exception:  # noqa: BLE001 - a loader that cannot be rebuilt so: the boundary, as before
+                single = None
+            if single is not None:
+                return real_iter(single)
         stop("iteration over a DataLoader")
 
     patch(torch.utils.data.DataLoader, "__iter__", loader_iter)
