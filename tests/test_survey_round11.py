@@ -587,3 +587,26 @@ if __name__ == "__main__":
     assert res.code == 2, res.out
     line = res.err.splitlines()[0]
     assert f"train.py:26: {refused}" in line and "not enough values to unpack" not in line, line
+
+
+def test_the_same_launch_in_two_branches_of_an_if_is_linted_once(tmp_path):
+    # mochi: `if [ "$NUM_GPUS" -gt 1 ]; then for RANK in ...; do env RANK=$RANK python train.py ... & done;
+    # else python train.py ... & fi`: only one branch runs, so one launch (its error was printed twice);
+    # launches one after the other are each a launch
+    from fsdp_lint.entry.shell import shell_launches
+
+    (tmp_path / "train.py").write_text("print('train')\n")
+    (tmp_path / "run.bash").write_text('''#!/bin/bash
+NUM_GPUS=1
+if [ "$NUM_GPUS" -gt 1 ]; then
+    for RANK in $(seq 0 $((NUM_GPUS-1))); do
+        env RANK=$RANK CUDA_VISIBLE_DEVICES=$RANK python train.py --config-path cfg.yaml &
+    done
+else
+    python train.py --config-path cfg.yaml &
+fi
+python train.py --config-path cfg.yaml
+''')
+    launches = shell_launches(str(tmp_path / "run.bash"))
+    assert [(os.path.basename(l.path), l.args, l.line) for l in launches] == [
+        ("train.py", ["--config-path", "cfg.yaml"], 5), ("train.py", ["--config-path", "cfg.yaml"], 10)]

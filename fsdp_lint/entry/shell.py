@@ -353,6 +353,9 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
     console: Optional[Dict[str, str]] = None        # the repository's console scripts, read when needed
     out: List[ShellLaunch] = []
     in_case = 0
+    blocks: List[List[int]] = []           # the open `if` statements: [its number, its branch]
+    counter = [0]
+    where: List[Tuple[Tuple[int, int], ...]] = []      # each launch's branches
     for start, pieces in _logical_lines(text):
         stripped = _joined(pieces)
         if not stripped or stripped.startswith("#"):
@@ -363,6 +366,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             words = []
         # `case "$1" in -c|--config) CONFIG="$2"; shift 2;; ... esac`: an arm runs for the arguments it
         # matches, which are not followed here -- its assignments and shifts are not made, the defaults stand
+        _branches(words, blocks, counter)
         opened = in_case > 0 or "case" in words[:1]
         in_case += sum(1 for w in words if w == "case") - sum(1 for w in words if w in ("esac", "esac;"))
         if (opened or in_case > 0) and not any(_is_launcher_word(w) for w in words):
@@ -439,7 +443,33 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         passed.update(found.get("env") or {})
         passed = {k: v for k, v in passed.items()
                   if isinstance(v, str) and not _NOT_PASSED.match(k) and "$" not in v and "`" not in v}
-        out.append(ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
-                               module if found.get("module") else None, found.get("every_gpu_of"),
-                               found.get("unset_world")))
+        launch = ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
+                             module if found.get("module") else None, found.get("every_gpu_of"),
+                             found.get("unset_world"))
+        at = tuple((b[0], b[1]) for b in blocks)
+        if not any(_alternatives(launch, at, other, other_at) for other, other_at in zip(out, where)):
+            out.append(launch)
+            where.append(at)
     return out
+
+
+def _branches(words: List[str], blocks: List[List[int]], counter: List[int]) -> None:
+    """Follow `if` / `elif` / `else` / `fi` (one on a line; a one-line `if ...; fi` opens nothing)."""
+    if not words:
+        return
+    head = words[0].rstrip(";")
+    if head == "if" and "fi" not in words and "fi;" not in words:
+        counter[0] += 1
+        blocks.append([counter[0], 0])
+    elif head in ("elif", "else") and blocks:
+        blocks[-1][1] += 1
+    elif head == "fi" and blocks:
+        blocks.pop()
+
+
+def _alternatives(a: ShellLaunch, a_at, b: ShellLaunch, b_at) -> bool:
+    """The same launch in two branches of one `if` (`if [ "$NUM_GPUS" -gt 1 ]; then ... python train.py ... &
+    else python train.py ...`): only one of them runs."""
+    same = (a.path, a.args, a.cwd, a.world_size, a.accelerate_config, a.env, a.module) == \
+        (b.path, b.args, b.cwd, b.world_size, b.accelerate_config, b.env, b.module)
+    return same and any(x[0] == y[0] and x[1] != y[1] for x in a_at for y in b_at)
