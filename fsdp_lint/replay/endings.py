@@ -33,11 +33,15 @@ def unreached(run, exc: NoModelError) -> NoModelError:
     return exc
 
 
+def _stderr_lines(run):
+    """The lines the script wrote to stderr, without a coloured logger's escapes."""
+    err_text = run.rec.stderr.getvalue() if getattr(run.rec, "stderr", None) else ""
+    return [ln.strip() for ln in _ANSI.sub("", err_text).splitlines() if ln.strip()]
+
+
 def _error_line(run) -> str:
     """The last line the script wrote to stderr that says "error" (its own argument parser, a check)."""
-    err_text = run.rec.stderr.getvalue() if getattr(run.rec, "stderr", None) else ""
-    lines = [ln.strip() for ln in _ANSI.sub("", err_text).splitlines() if ln.strip()]
-    return next((ln for ln in reversed(lines) if "error" in ln.lower()), "")
+    return next((ln for ln in reversed(_stderr_lines(run)) if "error" in ln.lower()), "")
 
 
 def _first_cause_error(run, what: str) -> Optional[NoModelError]:
@@ -129,8 +133,7 @@ def on_exit(run, exc: SystemExit) -> None:
                               f"before it built a model: pass the arguments of a real launch after --: "
                               f"fsdp-lint {run.display} -- ARGS")
         return
-    err_text = run.rec.stderr.getvalue() if getattr(run.rec, "stderr", None) else ""
-    lines = [ln.strip() for ln in err_text.strip().splitlines() if ln.strip()]
+    lines = _stderr_lines(run)
     usage = next((ln for ln in lines if ln.lower().startswith("usage:")), None)
     # trials: with no line saying "error", the first line says why (litgpt: "checkpoint_dir ... is missing
     # the files ...", then download hints); the last one is a hint

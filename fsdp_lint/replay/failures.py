@@ -35,9 +35,9 @@ from fsdp_lint.replay.requirements import set_project
 from fsdp_lint.replay.network import (NetworkWait, NotDownloaded, download_hint, network_ask as _network_ask,
                                       network_text as _network_text, remove_failed_downloads, removed_download)
 from fsdp_lint.replay.one_line import one_line as _one_line
-from fsdp_lint.replay.records import Skipped
+from fsdp_lint.replay.records import FSDP_LINT_DIR, Skipped
 
-_FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_FSDP_LINT_DIR = FSDP_LINT_DIR
 
 
 # the length of a project data set whose data is not here (`Failures.standin_length`)

@@ -20,7 +20,8 @@ import ast
 import os
 from typing import Dict, List, Optional, Tuple
 
-_FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from fsdp_lint.replay.records import FSDP_LINT_DIR
+
 _TRY = (ast.Try,) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _BLANKET = (Exception, BaseException)
@@ -128,7 +129,7 @@ def handled_by_the_script(exc: BaseException, frame, line: int, is_project) -> b
         if f is None:
             return False
         path = os.path.abspath(f.f_code.co_filename)
-        if path.startswith(_FSDP_LINT_DIR + os.sep):
+        if path.startswith(FSDP_LINT_DIR + os.sep):
             return False                  # the replay's own runner: the top of the script's stack
         if is_project(path):
             for handler in _enclosing_handlers(path, at):

@@ -1,12 +1,17 @@
 """What a replay records: wrap calls, optimizers, parameter events, and the result."""
 from __future__ import annotations
 
+import os
+
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 _counter = itertools.count()
 
+
+# fsdp-lint's own package folder: its frames are the replay's, never the linted code's
+FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # set on a failure a framework hook tolerated inside the framework's training (the HF Trainer's data loader)
 IN_TRAINING = "_fsdp_lint_in_training"

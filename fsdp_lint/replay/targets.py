@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from fsdp_lint.replay.recorders import FakeMesh, Recorder
-from fsdp_lint.replay.records import NoModelError, ReplayError, TrainingBoundary
+from fsdp_lint.replay.records import FSDP_LINT_DIR, NoModelError, ReplayError, TrainingBoundary
 from fsdp_lint.entry.source import SourceFacts
 from fsdp_lint.model.tree import user_class
 
-_FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _CO_OPTIMIZED = 0x1          # inspect.CO_OPTIMIZED: a function's code (not a module or class body)
 
 # `path.py:Name` or `pkg.mod:Name.attr` inside a target expression
@@ -366,7 +365,7 @@ def built_by_an_import(frame, entry_path: str) -> bool:
     module other than the linted file (while it is imported): the first frame above the constructors."""
     import torch
 
-    skip = (os.path.dirname(torch.__file__) + os.sep, _FSDP_LINT_DIR)
+    skip = (os.path.dirname(torch.__file__) + os.sep, FSDP_LINT_DIR + os.sep)
     while frame is not None and (frame.f_code.co_name == "__init__" or frame.f_code.co_filename.startswith(skip)):
         frame = frame.f_back
     # a class body (its defaults are evaluated there) runs in the module that defines it
