@@ -89,18 +89,16 @@ def _accelerate_config_processes(script: str, launch) -> Optional[int]:
             text = fh.read()
     except OSError:
         return None         # (the accelerate config's own error is reported where it is read)
-    found = re.search(r"^num_processes:\s*(\d+)\s*$", text, re.M)
-    if found:
-        return int(found.group(1))
     before = dict(os.environ)
-    try:        # what accelerate itself says of the launch line
+    try:        # accelerate's own reading of the launch line (YAML or JSON config), and its refusal
         from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
-        _validate_launch_command(launch_command_parser().parse_args(["--config_file", launch.accelerate_config,
-                                                                     "train.py"]))
-        return None
-    except ImportError:
-        return None
+        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(
+            ["--config_file", launch.accelerate_config, "train.py"]))
+        return int(args.num_processes) if args.num_processes else None
+    except ImportError:       # no accelerate here: the config's own top-level key
+        found = re.search(r"^num_processes:\s*(\d+)\s*$", text, re.M)
+        return int(found.group(1)) if found else None
     except (Exception, SystemExit) as exc:  # noqa: BLE001
         said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     finally:
