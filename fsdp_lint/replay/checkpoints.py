@@ -8,7 +8,8 @@ the load returns a `StandInStateDict`, the state dict of the model's own paramet
 their shapes and dtypes (weights never change a plan; shapes and dtypes must not):
 
 * ``module.load_state_dict(stand_in, ...)`` loads nothing and reports no missing or unexpected keys, so
-  the module keeps its own parameters (``assign=True`` included);
+  the module keeps its own parameters (``assign=True`` included; a module the setup built on meta is then
+  real, as the checkpoint's tensors are on a node: `fsdp_lint.replay.device_mode`);
 * read before any module loads it (``for k, v in sd.items(): if model_sd[k].shape != v.shape``), it holds
   the state dict of the largest model built so far;
 * a key that is no parameter name (``ckpt["model"]``, ``ckpt["ema"]``: a checkpoint of sub-dicts) is a
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import os
 from typing import Any, Optional
+
+from fsdp_lint.replay import device_mode
 
 
 class StandInStateDict(dict):
@@ -99,6 +102,11 @@ class StandInStateDict(dict):
         return f"<state dict of {self._path!r}: not on this machine>"
 
 
+def _tensors(module):
+    yield from module.named_parameters()
+    yield from module.named_buffers()
+
+
 def _largest_model(rec) -> Optional[Any]:
     """The largest top-level module built so far (none of its ancestors was built)."""
     best, best_numel = None, 0
@@ -151,6 +159,9 @@ def install(rec, patch) -> None:
     def load_state_dict(self, state_dict, *args, **kwargs):
         if isinstance(state_dict, StandInStateDict):
             state_dict._bind(self)
+            if kwargs.get("assign", args[1] if len(args) > 1 else False):
+                # the checkpoint's tensors replace the module's: a setup's meta model is real now
+                device_mode.unmark(rec, [t for name, t in _tensors(self) if name in state_dict])
             from torch.nn.modules.module import _IncompatibleKeys
 
             return _IncompatibleKeys([], [])

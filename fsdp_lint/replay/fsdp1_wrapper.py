@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Dict
 
+from fsdp_lint.replay import device_mode
+
 
 def _defaults() -> Dict[str, Any]:
     """The options a ``FullyShardedDataParallel`` keeps as attributes, at torch's defaults."""
@@ -64,8 +66,8 @@ def owned_params(root, units, ignored=()) -> Dict[int, list]:
 
 
 def _flat_param(params):
-    """A stand-in for the instance's FlatParameter, on meta as the recorded model is (code after the
-    wrap that reads ``_flat_param`` -- accelerate's fp32 upcast -- skips meta parameters)."""
+    """A stand-in for the instance's FlatParameter, on meta for every reader (code after the wrap that reads
+    ``_flat_param`` -- accelerate's fp32 upcast -- skips meta parameters; the plan applies the upcast)."""
     import torch
     import torch.nn as nn
 
@@ -76,7 +78,7 @@ def _flat_param(params):
     with torch._C.DisableTorchFunction():
         data = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device="meta")
     flat = nn.Parameter(data, requires_grad=any(p.requires_grad for p in params))
-    return flat
+    return device_mode.stand_in(flat)
 
 
 def expose(module, kwargs: Dict[str, Any], world_size: int, root: bool = True, params=None) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from fsdp_lint.replay.accelerator import simulate_accelerator
 from fsdp_lint.entry.project import is_local
 from fsdp_lint.replay.boundary import install_boundaries
+from fsdp_lint.replay.device_mode import device_mode, materialise_module, parse_to_args
 from fsdp_lint.replay.recorders import (
     FakeMesh,
     Recorder,
@@ -54,16 +55,6 @@ _LAUNCHER_ENV = {
     "HF_HUB_DISABLE_TELEMETRY": "1",
 }
 
-
-
-def _parse_to_args(args, kwargs):
-    import torch
-
-    try:
-        device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-    except Exception:
-        return None, None
-    return device, dtype
 
 
 def _noop():
@@ -132,7 +123,7 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
         saved.real_init_pg(backend="fake", store=FakeStore(), rank=0, world_size=rec.world_size)
     try:
         with contextlib.redirect_stdout(rec.stdout), contextlib.redirect_stderr(rec.stderr), \
-                torch.device(target_device), _device_mode(target_device, rec), _quiet_warnings():
+                torch.device(target_device), device_mode(target_device, rec), _quiet_warnings():
             yield
     finally:
         for h in hooks:
@@ -370,48 +361,6 @@ def _simulate_mesh(rec: Recorder, patch: Patch) -> None:
     parallel.install(rec, patch, real_init_mesh)
 
 
-def _device_mode(target_device, rec):
-    import torch
-    from torch.overrides import TorchFunctionMode
-
-    # small tensors made outside the model hold values (fsdp_lint/replay/host_values.py)
-    host = target_device.type == "meta" and not rec.real
-    factories = host_values.factories() if host else frozenset()
-    set_item = torch.Tensor.__setitem__
-
-    class _DeviceMode(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            read = data_values.reads_a_value(func)
-            if read is not None:     # issue 15: `.item()`, `bool(t)` of a tensor with no data here
-                return data_values.read_value(read, func, args, kwargs, rec)
-            if func is torch.device and len(args) == 1 and type(args[0]) is int and not kwargs:
-                return func("cuda", args[0])     # an ordinal names a device of the node's accelerator
-            if "device" in kwargs and kwargs["device"] is not None:
-                kwargs["device"] = target_device
-            if func in factories:
-                return host_values.make_on_host(func, args, kwargs)
-            if func is set_item and host:
-                return rank_values.set_item(func, args, kwargs)   # `t[rank] = 1`: each rank its own slot
-            if func is torch.Tensor.cuda or (func is torch.Tensor.cpu and target_device.type == "meta"):
-                return args[0]       # every device is the target device, as `.to(device)` is
-            if func is torch.Tensor.to:
-                device, dtype = _parse_to_args(args[1:], kwargs)
-                if dtype is None:
-                    return args[0]
-                return func(args[0], dtype=dtype)
-            try:
-                return func(*args, **kwargs)
-            except (RuntimeError, NotImplementedError) as exc:
-                if not host or not host_values.is_device_mix(exc):
-                    raise
-                # a host tensor met a meta one: no data in, no data out
-                moved_args, moved_kwargs = host_values.to_meta_args(args, kwargs)
-                return func(*moved_args, **moved_kwargs)
-
-    return _DeviceMode()
-
-
 @contextlib.contextmanager
 def _quiet_warnings():
     import warnings
@@ -494,7 +443,9 @@ def _record_param_changes(rec: Recorder, patch: Patch, target_device) -> None:
     real_module_to = nn.Module.to
 
     def module_to(self, *args, **kwargs):
-        device, dtype = _parse_to_args(args, kwargs)
+        device, dtype = parse_to_args(args, kwargs)
+        if device is not None and device.type == "meta":
+            materialise_module(rec, self, device)     # `model.to("meta")`: the setup's own meta tensors
         if dtype is not None:
             before = [p for p in self.parameters()]
             with quiet():
@@ -520,7 +471,10 @@ def _record_param_changes(rec: Recorder, patch: Patch, target_device) -> None:
         patch(nn.Module, name, make_cast(name))
     patch(nn.Module, "cuda", lambda self, *a, **k: self)
     if target_device.type == "meta":
-        patch(nn.Module, "to_empty", lambda self, *a, **k: self)
+        def to_empty(self, *, device, recurse=True):
+            materialise_module(rec, self, device, recurse)    # real on `device` on a node
+            return self
+        patch(nn.Module, "to_empty", to_empty)
 
     real_requires_grad_ = nn.Module.requires_grad_
 
