@@ -101,3 +101,91 @@ def test_is_meta_answers_as_the_node_does(cli, tmp_path):
     f = json.loads(res.out)["files"][0]
     assert [u["module"] for u in f["plan"]["units"]] == ["blocks.0", "blocks.1", "blocks.2", ""]
     assert f["plan"]["units"][0]["dtypes"] == ["bfloat16"]
+
+
+# a launch script picks its launcher, GPU count or config with an `if` chain on a variable it set above
+# (finetrainers' train.sh); bash runs one branch. The oracle is bash itself, with the launchers echoing
+# what they were given
+BRANCH_SCRIPTS = {
+    "launcher.sh": '''#!/bin/bash
+BACKEND="ptd"
+NUM_GPUS=4
+if [ "$BACKEND" == "accelerate" ]; then
+  accelerate launch --config_file multi_gpu.yaml train.py --backend accelerate
+elif [ "$BACKEND" == "ptd" ]; then
+  torchrun --standalone --nnodes=1 --nproc_per_node=$NUM_GPUS train.py --backend ptd
+fi
+''',
+    "count.sh": '''#!/bin/bash
+NUM_GPUS=2
+if [ "$NUM_GPUS" == 1 ]; then
+  NPROC=1
+elif [[ $NUM_GPUS -eq 2 ]]; then
+  NPROC=2
+else
+  NPROC=8
+fi
+torchrun --nproc_per_node=$NPROC train.py
+''',
+    "negated.sh": '''#!/bin/bash
+DEBUG=""
+if ! [ -z "$DEBUG" ]; then
+  torchrun --nproc_per_node=1 train.py --debug
+else
+  torchrun --nproc_per_node 8 train.py
+fi
+''',
+    "nested.sh": '''#!/bin/bash
+MODE=full
+NODES=1
+if [ "$MODE" != "lora" ]; then
+  if [ $NODES -gt 1 ]; then
+    torchrun --nnodes=$NODES --nproc_per_node=8 train.py --full
+  else
+    torchrun --nproc_per_node=4 train.py --full
+  fi
+fi
+''',
+}
+
+
+def _bash_runs(script) -> list:
+    import subprocess
+
+    shim = ('torchrun() { echo "torchrun $*"; }; accelerate() { echo "accelerate $*"; }; '
+            'export -f torchrun accelerate; bash "$0"')
+    out = subprocess.run(["bash", "-c", shim, str(script)], capture_output=True, text=True, check=True).stdout
+    return out.splitlines()
+
+
+def test_a_launch_scripts_if_runs_the_branch_bash_runs(tmp_path, monkeypatch):
+    from fsdp_lint.entry.shell import shell_launches
+
+    (tmp_path / "train.py").write_text("import torch\n")
+    (tmp_path / "multi_gpu.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 8\n")
+    monkeypatch.chdir(tmp_path)
+    for name, text in BRANCH_SCRIPTS.items():
+        (tmp_path / name).write_text(text)
+        [ran] = _bash_runs(tmp_path / name)
+        [launch] = shell_launches(str(tmp_path / name))
+        assert ran.split()[0] == "torchrun" and launch.accelerate_config is None, name
+        nproc = ran.split("--nproc_per_node")[1].lstrip("= ").split()[0]
+        assert launch.world_size == int(nproc), name
+        assert launch.args == ran.split("train.py")[1].split(), name
+
+
+def test_an_if_on_what_the_script_cannot_know_keeps_every_branch(tmp_path, monkeypatch):
+    # a file test or a variable from outside: bash's choice is not known here, each launch is linted
+    from fsdp_lint.entry.shell import shell_launches
+
+    (tmp_path / "train.py").write_text("import torch\n")
+    (tmp_path / "run.sh").write_text('''#!/bin/bash
+if [ -f /etc/cluster.conf ]; then
+  torchrun --nproc_per_node=8 train.py --cluster
+elif [ "$SLURM_JOB_ID" == "" ]; then
+  torchrun --nproc_per_node=2 train.py --local
+fi
+''')
+    monkeypatch.chdir(tmp_path)
+    assert [(l.world_size, l.args) for l in shell_launches(str(tmp_path / "run.sh"))] == \
+        [(8, ["--cluster"]), (2, ["--local"])]

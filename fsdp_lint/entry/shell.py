@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from fsdp_lint.entry.bash_branches import Branches
 from fsdp_lint.entry.bash_words import (  # noqa: F401 - ShellError: this module's error too
     _ARRAY, ShellError, with_script_path, _expand, _expanded_words, _joined, _logical_lines, _split, _tokens)
 
@@ -353,8 +354,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
     console: Optional[Dict[str, str]] = None        # the repository's console scripts, read when needed
     out: List[ShellLaunch] = []
     in_case = 0
-    blocks: List[List[int]] = []           # the open `if` statements: [its number, its branch]
-    counter = [0]
+    branches = Branches()                  # the open `if` statements, and whether bash runs the line
     where: List[Tuple[Tuple[int, int], ...]] = []      # each launch's branches
     for start, pieces in _logical_lines(text):
         stripped = _joined(pieces)
@@ -366,9 +366,11 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             words = []
         # `case "$1" in -c|--config) CONFIG="$2"; shift 2;; ... esac`: an arm runs for the arguments it
         # matches, which are not followed here -- its assignments and shifts are not made, the defaults stand
-        _branches(words, blocks, counter)
+        branches.follow(words, env, positional)
         opened = in_case > 0 or "case" in words[:1]
         in_case += sum(1 for w in words if w == "case") - sum(1 for w in words if w in ("esac", "esac;"))
+        if not branches.runs():
+            continue                # a branch bash does not take (`if [ "$BACKEND" == "accelerate" ]`)
         if (opened or in_case > 0) and not any(_is_launcher_word(w) for w in words):
             continue
         exporting = bool(words) and words[0] == "export"
@@ -446,25 +448,11 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         launch = ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
                              module if found.get("module") else None, found.get("every_gpu_of"),
                              found.get("unset_world"))
-        at = tuple((b[0], b[1]) for b in blocks)
+        at = branches.at()
         if not any(_alternatives(launch, at, other, other_at) for other, other_at in zip(out, where)):
             out.append(launch)
             where.append(at)
     return out
-
-
-def _branches(words: List[str], blocks: List[List[int]], counter: List[int]) -> None:
-    """Follow `if` / `elif` / `else` / `fi` (one on a line; a one-line `if ...; fi` opens nothing)."""
-    if not words:
-        return
-    head = words[0].rstrip(";")
-    if head == "if" and "fi" not in words and "fi;" not in words:
-        counter[0] += 1
-        blocks.append([counter[0], 0])
-    elif head in ("elif", "else") and blocks:
-        blocks[-1][1] += 1
-    elif head == "fi" and blocks:
-        blocks.pop()
 
 
 def _alternatives(a: ShellLaunch, a_at, b: ShellLaunch, b_at) -> bool:
