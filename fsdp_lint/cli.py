@@ -112,7 +112,7 @@ def _accelerate_config_processes(script: str, launch) -> Optional[int]:
 def _shell_runs(scripts, settings, script_args, cli_world_size):
     """The launch lines of shell scripts named on the command line, as runs of the files they launch with
     their arguments, world size and accelerate config (fsdp_lint.entry.shell)."""
-    from fsdp_lint.entry.shell import ShellError, shell_launches
+    from fsdp_lint.entry.shell import ShellError, launcher_refusal, shell_launches
 
     runs = []
     for script, explicit in scripts:
@@ -124,6 +124,10 @@ def _shell_runs(scripts, settings, script_args, cli_world_size):
             raise BadInput(f"{script}: no launch of a Python file in it (torchrun, python -m torch.distributed.run, "
                            f"accelerate launch, deepspeed, lightning run model / fabric run, or python FILE.py)")
         for launch in launches:
+            refusal = launcher_refusal(launch)
+            if refusal:
+                raise BadInput(f"{script}: line {launch.line}: {refusal} (torchrun refuses the launch before it starts "
+                               f"anything, on a node too)")
             overrides = {"launch_script": os.path.abspath(script), "launched": True}
             world = launch.world_size or (launch.every_gpu_of * settings.gpus_per_node if launch.every_gpu_of else None)
             if not world and launch.accelerate_config and cli_world_size is None:

@@ -597,7 +597,7 @@ def test_the_same_launch_in_two_branches_of_an_if_is_linted_once(tmp_path):
 
     (tmp_path / "train.py").write_text("print('train')\n")
     (tmp_path / "run.bash").write_text('''#!/bin/bash
-NUM_GPUS=1
+NUM_GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 if [ "$NUM_GPUS" -gt 1 ]; then
     for RANK in $(seq 0 $((NUM_GPUS-1))); do
         env RANK=$RANK CUDA_VISIBLE_DEVICES=$RANK python train.py --config-path cfg.yaml &
@@ -610,3 +610,7 @@ python train.py --config-path cfg.yaml
     launches = shell_launches(str(tmp_path / "run.bash"))
     assert [(os.path.basename(l.path), l.args, l.line) for l in launches] == [
         ("train.py", ["--config-path", "cfg.yaml"], 5), ("train.py", ["--config-path", "cfg.yaml"], 10)]
+    # (a count the script sets itself decides the branch, as bash does: the `else` launch)
+    text = (tmp_path / "run.bash").read_text().replace("$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)", "1")
+    (tmp_path / "run.bash").write_text(text)
+    assert [l.line for l in shell_launches(str(tmp_path / "run.bash"))] == [8, 10]

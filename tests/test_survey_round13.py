@@ -189,3 +189,24 @@ fi
     monkeypatch.chdir(tmp_path)
     assert [(l.world_size, l.args) for l in shell_launches(str(tmp_path / "run.sh"))] == \
         [(8, ["--cluster"]), (2, ["--local"])]
+
+
+def test_a_launch_line_torchrun_refuses_is_refused_with_torchruns_words(cli, tmp_path):
+    # finetrainers' docs: `torchrun --standalone --nodes=1 --nproc_per_node=8 ... train.py` (the flag is
+    # --nnodes): torchrun exits before it starts anything. The oracle is torchrun itself
+    import subprocess
+
+    (tmp_path / "train.py").write_text(NODE_ANSWERS)
+    line = "torchrun --standalone --nodes=1 --nproc_per_node=8 --rdzv_endpoint=localhost:0 train.py --lr 1e-4"
+    (tmp_path / "run.sh").write_text(f"#!/bin/bash\nNPROC=8\n{line}\n")
+    real = subprocess.run([sys.executable, "-m", "torch.distributed.run"] + line.split()[1:], cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert real.returncode == 2
+    res = cli("run.sh", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    [said] = [ln for ln in res.err.splitlines() if ln.startswith("fsdp-lint: error:")]
+    assert "run.sh: line 3:" in said and real.stderr.strip().splitlines()[-1].split("error: ")[1] in said, said
+    # the same launch with torchrun's own flag, and a count from a variable the script does not set: linted
+    (tmp_path / "run.sh").write_text(f"#!/bin/bash\n{line.replace('--nodes=1', '--nnodes=1').replace('=8', '=$NPROC')}\n")
+    res = cli("run.sh", "--no-cache", "-n", "4", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err

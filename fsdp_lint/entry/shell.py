@@ -53,6 +53,9 @@ class ShellLaunch:
     module: Optional[Tuple[str, str]] = None        # `-m training.run`: (the module, the folder it resolves from)
     every_gpu_of: Optional[int] = None              # `--nproc_per_node gpu` on this many nodes
     unset_world: Optional[str] = None               # `--nproc_per_node=$nproc_per_node` of a variable nothing sets
+    # torchrun's words from its first option to the end (`torchrun` or `python -m torch.distributed.run`:
+    # "run"; `python -m torch.distributed.launch`: "launch"), for torch's own parser (`launcher_refusal`)
+    torchrun: Optional[Tuple[str, List[str]]] = None
 
 
 _CONTROL = {"|", "||", "&&", ";", "&", "|&"}
@@ -164,12 +167,14 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
     opts: Dict[str, Optional[str]] = {}
     j = i if implicit else i + (2 if head == "accelerate" else 3 if head == "lightning" else 2 if head == "fabric" else 1)
     module = None
+    torchrun = ("run", j) if head == "torchrun" else None
     while j < len(words):
         w = words[j]
         if w.endswith(".py") and not w.startswith("-"):
             break
         if w in ("-m",) and head.startswith("python") and j + 1 < len(words) and \
                 words[j + 1] in ("torch.distributed.run", "torch.distributed.launch"):
+            torchrun = (words[j + 1].rsplit(".", 1)[1], j + 2)
             j += 2
             continue
         if w in ("-m", "--module") and j + 1 < len(words):    # `torchrun ... -m pkg.train`, `python -m pkg.train`
@@ -204,7 +209,45 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
             "every_gpu_of": nodes if raw in ("gpu", "auto") and head != "accelerate" else None,
             "unset_world": next((v for v in (raw, opts.get("nnodes") or opts.get("num_nodes"))
                                  if isinstance(v, str) and "$" in v), None),
-            "accelerate_config": opts.get("config_file") if head == "accelerate" else None}
+            "accelerate_config": opts.get("config_file") if head == "accelerate" else None,
+            "torchrun": (torchrun[0], words[torchrun[1]:]) if torchrun else None}
+
+
+def launcher_refusal(launch: ShellLaunch) -> Optional[str]:
+    """torchrun's own refusal of the launch line (``unrecognized arguments: --nodes=1``), or None: its words
+    parsed by torch's parser, as torchrun parses them before it starts anything. A value from a variable the
+    script does not set stands in as ``1``; a word with one inside it is not judged."""
+    if launch.torchrun is None:
+        return None
+    kind, words = launch.torchrun
+    given = []
+    for w in words:
+        name, eq, value = w.partition("=") if w.startswith("-") else ("", "", w)
+        if re.fullmatch(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", value):
+            w = f"{name}=1" if eq else "1"
+        elif "$" in w or "`" in w:
+            return None
+        given.append(w)
+    import argparse
+    import contextlib
+    import io
+
+    if kind == "launch":
+        from torch.distributed.launch import get_args_parser
+    else:
+        from torch.distributed.run import get_args_parser
+    parser = get_args_parser()
+    parser.prog = "torchrun"
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            parser.parse_args(given)
+    except SystemExit:
+        lines = [ln for ln in said.getvalue().strip().splitlines() if ln.strip()]
+        return lines[-1] if lines else "its arguments are refused"
+    except argparse.ArgumentError as exc:
+        return str(exc)
+    return None
 
 
 def _lightning_cli_env(opts: Dict[str, Optional[str]]) -> Dict[str, str]:
@@ -447,7 +490,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
                   if isinstance(v, str) and not _NOT_PASSED.match(k) and "$" not in v and "`" not in v}
         launch = ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
                              module if found.get("module") else None, found.get("every_gpu_of"),
-                             found.get("unset_world"))
+                             found.get("unset_world"), found.get("torchrun"))
         at = branches.at()
         if not any(_alternatives(launch, at, other, other_at) for other, other_at in zip(out, where)):
             out.append(launch)
