@@ -210,3 +210,80 @@ def test_a_launch_line_torchrun_refuses_is_refused_with_torchruns_words(cli, tmp
     (tmp_path / "run.sh").write_text(f"#!/bin/bash\n{line.replace('--nodes=1', '--nnodes=1').replace('=8', '=$NPROC')}\n")
     res = cli("run.sh", "--no-cache", "-n", "4", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
+
+
+OWN_FSDP2 = '''
+import torch
+import torch.nn as nn
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ff = nn.Linear(128, 128)
+
+    def forward(self, x):
+        return x + self.ff(x)
+
+
+def main():
+    dist.init_process_group("nccl")
+    model = nn.Sequential(*[Block() for _ in range(4)])
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    optim = torch.optim.AdamW(model.parameters())
+    for _ in range(10):
+        model(torch.randn(4, 128, device="cuda")).sum().backward()
+        optim.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+PREPARED = '''
+import torch
+import torch.nn as nn
+from accelerate import Accelerator
+
+
+def main():
+    accelerator = Accelerator()
+    model = nn.Sequential(*[nn.Linear(128, 128) for _ in range(4)])
+    optim = torch.optim.AdamW(model.parameters())
+    model, optim = accelerator.prepare(model, optim)
+    for _ in range(10):
+        accelerator.backward(model(torch.randn(4, 128, device=accelerator.device)).sum())
+        optim.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_accelerate_launch_of_a_script_that_shards_itself_is_its_process_launcher(cli, tmp_path):
+    # finetrainers: `accelerate launch --config_file uncompiled_8.yaml train.py` with `distributed_type:
+    # MULTI_GPU`; the script calls fully_shard itself. accelerate only starts the 8 processes: the plan is the
+    # one torchrun's launch of the same file gives. An Accelerator preparing the model under that config wraps
+    # it in DDP: said in one line
+    (tmp_path / "train.py").write_text(OWN_FSDP2)
+    (tmp_path / "prepared.py").write_text(PREPARED)
+    (tmp_path / "multi_gpu.yaml").write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\n"
+                                             "mixed_precision: bf16\nnum_machines: 1\nnum_processes: 8\n")
+    (tmp_path / "accelerate.sh").write_text("accelerate launch --config_file multi_gpu.yaml train.py\n")
+    (tmp_path / "torchrun.sh").write_text("torchrun --nproc_per_node 8 train.py\n")
+    plans = []
+    for script in ("accelerate.sh", "torchrun.sh"):
+        res = cli(script, "--no-cache", "--format", "json", cwd=str(tmp_path))
+        assert res.code in (0, 1), res.err
+        plans.append(json.loads(res.out)["files"][0]["plan"])
+    assert plans[0]["world_size"] == plans[1]["world_size"] == 8
+    assert plans[0]["units"] == plans[1]["units"]
+    (tmp_path / "prepared.sh").write_text("accelerate launch --config_file multi_gpu.yaml prepared.py\n")
+    res = cli("prepared.sh", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "wraps the model in DistributedDataParallel (accelerate's distributed_type is MULTI_GPU" in res.err

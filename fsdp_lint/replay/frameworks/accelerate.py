@@ -6,6 +6,8 @@ threshold, ``NO_WRAP``) and calls ``FullyShardedDataParallel(model, ...)`` (``fs
 ``fully_shard`` per module, embedding and tail groups, root (``fsdp_version: 2``): fsdp-lint's recorders
 see exactly those calls. The configuration comes from the code (``FullyShardedDataParallelPlugin``),
 the environment ``accelerate launch`` sets (``ACCELERATE_USE_FSDP``, ``FSDP_*``), or ``--accelerate-config``.
+A config that is not FSDP's starts the processes for a script that shards with torch's FSDP itself; an
+Accelerator that prepares a model under it would wrap it in DDP, which is said in one line.
 
 Patched for the replay only:
 
@@ -69,10 +71,35 @@ def _accelerator(hooks, module) -> None:
 
     hooks.wrap(module.Accelerator, "prepare", make)
     hooks.wrap(module.Accelerator, "__init__", make_init)
+    hooks.wrap(module.Accelerator, "prepare_model", _not_sharding)
     if not hooks.rec.real:
         hooks.wrap(module.Accelerator, "prepare_model", lambda fn: _upcast_after(hooks, fn))
         # data loaders do not change the plan, and their samplers' generators cannot live on meta
         hooks.wrap(module.Accelerator, "prepare_data_loader", lambda fn: lambda self, loader, *a, **k: loader)
+
+
+def _not_sharding(prepare_model):
+    """An accelerate config that is not FSDP's (``distributed_type: MULTI_GPU``) launches the processes a
+    script that calls FSDP itself needs; an Accelerator that prepares the model under it wraps it in DDP
+    (or DeepSpeed): nothing to plan, said in one line."""
+    def wrapped(self, model, *args, **kwargs):
+        kind = str(getattr(self, "distributed_type", "")).rsplit(".", 1)[-1]
+        if kind in ("MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_HPU", "DEEPSPEED") \
+                and not _is_fsdp(model):
+            from fsdp_lint.replay.records import ReplayError
+
+            wrapper = "DeepSpeed" if kind == "DEEPSPEED" else "DistributedDataParallel"
+            raise ReplayError(f"`Accelerator.prepare` wraps the model in {wrapper} (accelerate's distributed_type is "
+                              f"{kind}, not FSDP): nothing is sharded -- set `distributed_type: FSDP` and its "
+                              f"fsdp_config in the accelerate config")
+        return prepare_model(self, model, *args, **kwargs)
+    return wrapped
+
+
+def _is_fsdp(model) -> bool:
+    # a model the script wrapped itself before handing it to accelerate
+    return any(type(m).__name__ in ("FullyShardedDataParallel",) or type(m).__name__.startswith("FSDP")
+               for m in model.modules()) if hasattr(model, "modules") else True
 
 
 def _upcast_after(hooks, prepare_model):
