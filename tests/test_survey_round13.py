@@ -6,6 +6,8 @@ import json
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(__file__))
 
 from conftest import REPO  # noqa: E402
@@ -287,3 +289,231 @@ def test_accelerate_launch_of_a_script_that_shards_itself_is_its_process_launche
     res = cli("prepared.sh", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
     assert "wraps the model in DistributedDataParallel (accelerate's distributed_type is MULTI_GPU" in res.err
+
+
+DORA_TRAIN = '''
+from dora import argparse_main
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+from .model import Net, Block
+
+
+@argparse_main()
+def main(args):
+    dist.init_process_group("nccl")
+    model = FSDP(Net(args.dim), auto_wrap_policy=ModuleWrapPolicy({Block}))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_dora_run_launches_the_packages_train_module(tmp_path, monkeypatch):
+    # audiocraft: `dora run -d solver=... fsdp.use=true` imports <package>.train (the one folder of the current
+    # folder with an __init__.py and a train.py) and calls its main with the words after dora's options; -d is
+    # one worker per GPU of the node, without it one process
+    from fsdp_lint.entry.shell import ShellError, shell_launches
+
+    (tmp_path / "musicproj").mkdir()
+    (tmp_path / "musicproj" / "__init__.py").write_text("")
+    (tmp_path / "musicproj" / "train.py").write_text(DORA_TRAIN)
+    (tmp_path / "docs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    cases = {
+        "dora run -d solver=lm/base fsdp.use=true": (["solver=lm/base", "fsdp.use=true"], None, 1),
+        "dora run --ddp_workers 4 -d -- --dim 128": (["--dim", "128"], 4, None),
+        "python -m dora run solver=lm/base": (["solver=lm/base"], 1, None),
+        "dora -P musicproj run -d -f 9c2f solver=lm/base": (["solver=lm/base"], None, 1),
+    }
+    for line, (args, world, every_gpu_of) in cases.items():
+        (tmp_path / "run.sh").write_text(f"#!/bin/bash\n{line}\n")
+        [launch] = shell_launches(str(tmp_path / "run.sh"))
+        assert launch.module[0] == "musicproj.train" and launch.path == str(tmp_path / "musicproj" / "train.py"), line
+        assert (launch.args, launch.world_size, launch.every_gpu_of) == (args, world, every_gpu_of), line
+    (tmp_path / "run.sh").write_text("#!/bin/bash\ndora run -d --dim 128\n")
+    with pytest.raises(ShellError, match="refuses `--dim`"):
+        shell_launches(str(tmp_path / "run.sh"))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "__init__.py").write_text("")
+    (tmp_path / "other" / "train.py").write_text(DORA_TRAIN)
+    (tmp_path / "run.sh").write_text("#!/bin/bash\ndora run -d solver=lm/base\n")
+    with pytest.raises(ShellError, match=r"several packages \(musicproj, other\)"):
+        shell_launches(str(tmp_path / "run.sh"))
+
+
+def test_a_missing_dora_names_the_distribution_that_provides_it(cli, tmp_path):
+    # `pip install dora` is an unrelated package: the import `dora` comes from `dora-search`
+    import importlib.util
+
+    assert importlib.util.find_spec("dora") is None
+    (tmp_path / "musicproj").mkdir()
+    (tmp_path / "musicproj" / "__init__.py").write_text("")
+    (tmp_path / "musicproj" / "train.py").write_text(DORA_TRAIN)
+    (tmp_path / "musicproj" / "model.py").write_text(
+        "import torch.nn as nn\n\nclass Block(nn.Linear):\n    pass\n\n"
+        "class Net(nn.Sequential):\n    def __init__(self, d=64):\n        super().__init__(*[Block(d, d) for _ in range(4)])\n")
+    (tmp_path / "run.sh").write_text("#!/bin/bash\ndora run -d -- --dim 128\n")
+    res = cli("run.sh", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "pip install dora-search" in res.err, res.err
+
+
+HYDRA_APP = '''
+import hydra
+import hydra.utils
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.ff = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.ff(x)
+
+
+class Net(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(d) for _ in range(4))
+        self.head = nn.Linear(d, d)
+
+
+def resolve_paths(cfg):
+    for key, value in cfg.datasource.items():
+        cfg.datasource[key] = hydra.utils.to_absolute_path(value)
+
+
+def get_solver(cfg):
+    world = dist.get_world_size()
+    assert cfg.batch_size % world == 0, f"batch {cfg.batch_size} does not divide over {world} ranks"
+    resolve_paths(cfg)
+    with open(cfg.datasource.train) as fh:
+        fh.read()
+    return Net(cfg.dim)
+
+
+@hydra.main(config_path="conf", config_name="config", version_base="1.1")
+def main(cfg):
+    dist.init_process_group("nccl")
+    model = get_solver(cfg)
+    model = FSDP(model.blocks[0]), FSDP(model.blocks[1])
+    optim = torch.optim.AdamW(model[0].parameters())
+    for step in range(10):
+        optim.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_hydra_run_folder_keeps_the_scripts_own_paths_and_checks(cli, tmp_path):
+    # audiocraft under Hydra's version_base 1.1 (the job changes into its run folder): findings of a file
+    # linted by a relative path were located in fsdp-lint's temporary run folder (no `--fix`, SARIF pointing
+    # nowhere); a loop over a config section named like data (`cfg.datasource.items()`) was dropped as a
+    # training loop, so the data file was not found and a skipped statement was noted; a batch that does not
+    # divide over the world is the script's own assertion, which stops a node of 6 GPUs too
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text("dim: 64\nbatch_size: 16\ndatasource:\n  train: data/train.txt\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.txt").write_text("hello\n")
+    (tmp_path / "train.py").write_text(HYDRA_APP)
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 1, res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["notes"] == [] and f["replay"]["skipped_statements"] == [], f["notes"]
+    assert [x["code"] for x in f["findings"]] and all(x["path"] == "train.py" for x in f["findings"])
+    res = cli("train.py", "-n", "6", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "train.py:34: AssertionError: batch 16 does not divide over 6 ranks (the script's own check" in res.err, res.err
+
+
+OWN_CHECK = '''
+import os
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+
+class ParallelBackend:
+    def __init__(self, world_size, dp_degree=1, dp_shards=8):
+        if dp_degree * dp_shards != world_size:
+            raise ValueError(f"World size {world_size} must equal dp_degree * dp_shards ({dp_degree * dp_shards})")
+        self.world_size = world_size
+
+
+def main():
+    dist.init_process_group("nccl")
+    backend = ParallelBackend(int(os.environ["WORLD_SIZE"]))
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(backend.world_size // 2)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optim = torch.optim.AdamW(model.parameters())
+    for _ in range(10):
+        optim.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_the_scripts_own_check_of_the_launch_stops_the_lint(cli, tmp_path):
+    # finetrainers' ParallelBackend raises when the world does not match its degrees: every rank of a 4-GPU
+    # node stops there, so a plan for 4 ranks would be a job that never starts
+    (tmp_path / "train.py").write_text(OWN_CHECK)
+    res = cli("train.py", "-n", "4", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "train.py:12: ValueError: World size 4 must equal dp_degree * dp_shards (8)" in res.err, res.err
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 5
+
+
+def test_a_raise_after_a_file_test_is_about_the_machine_not_the_script(tmp_path):
+    from fsdp_lint.replay.own_raises import raised_by_the_script
+
+    (tmp_path / "checks.py").write_text('''
+import os
+
+
+def data_root(root):
+    if not os.path.isdir(root):
+        raise ValueError(f"{root} holds no shards")
+    return root
+
+
+def degrees(world, dp):
+    if world % dp:
+        raise ValueError(f"world {world} does not divide by dp {dp}")
+
+
+def translated(path):
+    try:
+        open(path)
+    except OSError as exc:
+        raise RuntimeError("cannot read the config") from exc
+''')
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import checks
+    finally:
+        sys.path.remove(str(tmp_path))
+    project = lambda path: path.startswith(str(tmp_path))  # noqa: E731
+    for call, own in ((lambda: checks.data_root("/nope"), False), (lambda: checks.degrees(6, 4), True),
+                      (lambda: checks.translated("/nope.yaml"), False)):
+        with pytest.raises(Exception) as info:
+            call()
+        assert raised_by_the_script(info.value, project) is own, info.value

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fsdp_lint.entry.bash_branches import Branches
+from fsdp_lint.entry.dora_launch import dora_launch, find_package, is_dora
 from fsdp_lint.entry.bash_words import (  # noqa: F401 - ShellError: this module's error too
     _ARRAY, ShellError, with_script_path, _expand, _expanded_words, _joined, _logical_lines, _split, _tokens)
 
@@ -27,7 +28,7 @@ _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*
 # own "gpu" (every GPU of the node), which the simulated node's --gpus-per-node answers
 _GPU_COUNT = re.compile(r"\$\((?:nvidia-smi\s+(?:-L|--list-gpus)\s*\|\s*wc\s+-l|python3?\s+-c\s+(['\"])import torch;?\s*"
                         r"print\(torch\.cuda\.device_count\(\)\)\1)\s*\)")
-_LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3", "lightning", "fabric", "composer")
+_LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3", "lightning", "fabric", "composer", "dora")
 # what the environment a launch line exports holds that is about the processes or this machine, not the job,
 # and what keeps a lint offline (`export HF_HUB_OFFLINE=0`, `WANDB_MODE=online` stay the lint's)
 _NOT_PASSED = re.compile(r"^(CUDA_VISIBLE_DEVICES|MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|NODE_RANK|"
@@ -148,6 +149,16 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
         return None
     head = os.path.basename(tokens[i][0])
     words = [t[0] for t in tokens]
+    after = is_dora(words, i)
+    if after is not None:              # `dora run -d ARGS`: the package's train module (entry.dora_launch)
+        dora = dora_launch(words, after, env)
+        if dora is not None and "refused" in dora:
+            raise ShellError(f"`dora run` refuses `{dora['refused']}` (dora: unrecognized arguments; the job's own "
+                             f"flags go after --), on a node too")
+        return None if dora is None else {
+            "dora": dora, "file": None, "first_arg": len(words), "argv": dora["argv"], "world_size": dora["world_size"],
+            "every_gpu_of": dora["every_gpu_of"], "module": True, "accelerate_config": None,
+            "env": {k: v for k, v in (tokens[n][0].split("=", 1) for n in range(i) if _ASSIGN.match(tokens[n][0]))}}
     # python without the word: `uv run -m pkg.train`, `uv run train.py`, an executable `./train.py`
     implicit = words[i] in ("-m", "--module") or words[i].endswith(".py")
     head = "python" if implicit else head
@@ -378,6 +389,21 @@ def _console_file(command: str, target: str, script: str, cd: Optional[str], lin
     return path, base
 
 
+def _dora_module(dora: dict, cd: Optional[str], line: int) -> str:
+    """``PKG.MOD`` that `dora run` imports (its package found as dora finds it, in the folder it runs in)."""
+    package = dora["package"]
+    if package is None:
+        folder = cd or os.getcwd()
+        found = find_package(dora["main_module"], folder)
+        if len(found) != 1:
+            what = "no package" if not found else f"several packages ({', '.join(found)})"
+            raise ShellError(f"line {line} runs `dora run`, which finds {what} with an __init__.py and a "
+                             f"{dora['main_module']}.py in {os.path.relpath(folder)}: dora stops there too (use -P, "
+                             f"or set DORA_PACKAGE)")
+        package = found[0]
+    return f"{package}.{dora['main_module']}"
+
+
 def _is_launcher_word(word: str) -> bool:
     return os.path.basename(word) in _LAUNCHERS or word.endswith(".py")
 
@@ -467,7 +493,11 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
                 break
         if found is None:
             continue
-        if found.get("console"):
+        if found.get("dora"):
+            found["file"] = _dora_module(found["dora"], cd, start)
+            path, base = _console_file("dora run", found["file"] + ":main", script, cd, start)
+            module = (found["file"], _module_root(path, found["file"]))
+        elif found.get("console"):
             path, base = _console_file(found["console"], found["file"], script, cd, start)
         elif found.get("module"):
             path, base = _module_file(found["file"], script, cd)
@@ -479,8 +509,9 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         if path is None:
             raise ShellError(f"line {start} launches {found['file']}, which is not there (from the current folder, "
                              f"the script's folder or the folders above it){_near(found['file'], script, cd)}")
-        args = [t[0] for t in tokens[found["first_arg"]:]]
-        lines = [t[1] for t in tokens[found["first_arg"]:]]
+        given = found.get("argv", range(found["first_arg"], len(tokens)))    # (dora: its words, not its options)
+        args = [tokens[n][0] for n in given]
+        lines = [tokens[n][1] for n in given]
         acc = found["accelerate_config"]
         if acc and not os.path.isabs(acc):
             acc = os.path.join(base, acc)

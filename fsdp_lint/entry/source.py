@@ -395,8 +395,10 @@ class _Collector(ast.NodeVisitor):
         else:
             # the whole expression: `enumerate(tqdm(self.train_dataloader))`, `range(start_epoch, epochs)`
             it = _expr_text(node.iter).lower()
+            # (a config section's entries, `cfg.datasource.items()`, are settings, not data)
             if any(w in it for w in ("loader", "batch", "epoch")) or (
-                    any(w in it for w in ("dataset", "data")) and not _DATA_SOURCES & set(re.split(r"[^a-z0-9]+", it))):
+                    any(w in it for w in ("dataset", "data")) and not _DATA_SOURCES & set(re.split(r"[^a-z0-9]+", it))
+                    and not re.search(r"\.(items|keys|values)\(\)$", it)):
                 self.training_loop_lines.add(line)
         try:
             self.generic_visit(node)

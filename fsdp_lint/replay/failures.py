@@ -21,6 +21,7 @@ from fsdp_lint.replay import arguments, drift
 from fsdp_lint.replay.stand_ins import stand_in_on_failing_line
 from fsdp_lint.replay.framework_checks import raised_by_framework_launch
 from fsdp_lint.replay.handlers import handled_by_the_script
+from fsdp_lint.replay.own_raises import raised_by_the_script
 from fsdp_lint.replay.imports import (
     MissingImport,
     StubUse,
@@ -106,6 +107,10 @@ class Failures:
         if line is not None and not isinstance(exc, (NetworkWait, NotDownloaded)) and self.stub_cause(exc) is None \
                 and handled_by_the_script(exc, frame, line, self._is_project_path):
             return False            # the script's own `except` takes it, as on a node (replay.handlers)
+        if line is not None and self.stub_cause(exc) is None and stand_in_on_failing_line(exc) is None \
+                and self.root_cause(exc) is None and self.acted_on_by_skip(exc) is None \
+                and raised_by_the_script(exc, self._is_project_path):
+            return False            # the script's own refusal of what the node gives it (replay.own_raises)
         # raised inside model construction, a wrap/freeze/cast/optimizer statement, or fsdp-lint
         tb = exc.__traceback__
         while tb is not None:
@@ -353,6 +358,8 @@ class Failures:
         msg = _one_line(exc)
         if raised_by_model_validation(exc):
             return f"{loc}: {msg} (torch's own check of the model: the script fails on this line on a GPU node too)"
+        if raised_by_the_script(exc, self._is_project_path):
+            return f"{loc}: {msg} (the script's own check of what the node gives it: it stops there on a GPU node too)"
         if _network_ask(exc):
             return f"{loc}: {_network_text(exc)}"
         hint = package_hint(exc, msg) or self._stub_hint(msg)

@@ -37,6 +37,8 @@ _DISTRIBUTIONS = {
     "tiktoken": "tiktoken", "zmq": "pyzmq", "serial": "pyserial", "usb": "pyusb", "docx": "python-docx",
     "google.oauth2": "google-auth", "Levenshtein": "python-Levenshtein", "git": "GitPython", "pkg_resources": "'setuptools<82'",   # setuptools 82 removed pkg_resources
     "streaming": "mosaicml-streaming", "mcli": "mosaicml-cli", "composer": "mosaicml",
+    "dora": "dora-search", "lm_eval": "lm-eval", "imageio_ffmpeg": "imageio-ffmpeg", "fitz": "PyMuPDF",
+    "Bio": "biopython", "skvideo": "scikit-video",
 }
 
 

@@ -18,6 +18,7 @@ It never changes what valid code means beyond these points, and it keeps line nu
 from __future__ import annotations
 
 import ast
+import os
 import types
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
@@ -544,7 +545,8 @@ def transform(facts: SourceFacts, *, main: bool, relevant: Optional[Set[int]] = 
     tree = transformer.module(tree)
     # every node the transform made has a position already (ast.fix_missing_locations walks the
     # whole tree in Python: a second on a large file)
-    code = compile(tree, facts.path, "exec", dont_inherit=True)
+    # an absolute file name: a setup that changes folder (Hydra's run folder) still names its lines
+    code = compile(tree, os.path.abspath(facts.path), "exec", dont_inherit=True)
     return Transformed(code=code, tolerant=transformer.tolerant, fatal_lines=fatal,
                        terminal_spans=transformer.terminal_spans)
 

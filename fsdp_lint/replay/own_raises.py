@@ -1,0 +1,92 @@
+"""The setup code's own refusals: a `raise` or `assert` of the project that stops every rank of a node too.
+
+Setup code validates its launch before it builds anything:
+
+    if dp_degree * dp_shards != world_size:
+        raise ValueError(f"World size {world_size} must equal dp_degree * dp_shards")
+    assert cfg.batch_size % world_size == 0, "the batch must divide by the world"
+
+Skipping such a statement as a failure of the simulated node planned a job that never starts (`-n 4` for a
+script written for 8). The refusal is the script's when it is raised by a ``raise``/``assert`` statement
+of the project itself, of a validation kind (ValueError, AssertionError, RuntimeError, TypeError,
+NotImplementedError), from values the node gives: no stand-in on the failing line, no earlier skipped
+statement it follows from, no file-system probe in its test (``os.path.exists``, ``Path.is_file``,
+``glob``: the files a node has and this machine lacks), and no word of the simulation in its message.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import os
+from typing import Callable, Optional
+
+_KINDS = (ValueError, AssertionError, RuntimeError, TypeError, NotImplementedError)
+_NOT_KINDS = (OSError, ImportError, LookupError, UnicodeError)
+# calls that ask about files: a node has them, this machine may not
+_FILE_PROBES = frozenset({"exists", "isfile", "isdir", "is_file", "is_dir", "glob", "iglob", "rglob", "listdir",
+                          "scandir", "stat", "getsize", "access", "lexists", "walk", "open", "load", "read_text"})
+_SIMULATION_WORDS = ("meta", "cuda", "fake", "storage", "nccl", "gpu", "device", "download", "offline",
+                     "not found", "no such", "missing", "does not exist", "doesn't exist", "empty")
+
+
+def raised_by_the_script(exc: BaseException, is_project_path: Callable[[str], bool]) -> bool:
+    """Whether `exc` is the project's own refusal (see the module); the caller has ruled out stand-ins and
+    consequences of skipped statements."""
+    if not isinstance(exc, _KINDS) or isinstance(exc, _NOT_KINDS):
+        return False
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    if last is None or exc.__cause__ is not None or exc.__context__ is not None:
+        return False        # a failure translated into the project's words (`raise ValueError(...) from e`)
+    path = os.path.abspath(last.tb_frame.f_code.co_filename)
+    if not is_project_path(path):
+        return False
+    found = _statement_at(path, last.tb_lineno)
+    if found is None:
+        return False
+    _, test = found
+    if any(word in str(exc).lower() for word in _SIMULATION_WORDS):
+        return False
+    return test is None or not _probes_files(test)
+
+
+def _probes_files(node: ast.AST) -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            func = sub.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if name in _FILE_PROBES:
+                return True
+    return False
+
+
+def _statement_at(path: str, line: int):
+    """(the raise/assert statement at `line`, the test that guards it: the assert's, or the innermost `if`
+    around the raise), or None when `line` is not a raise/assert of the file."""
+    return _statements(path).get(line)
+
+
+@functools.lru_cache(maxsize=64)
+def _statements(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8-sig") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    out: dict = {}
+
+    def visit(node: ast.AST, test: Optional[ast.AST]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Assert):
+                out[child.lineno] = (child, child.test)
+            elif isinstance(child, ast.Raise) and child.exc is not None:
+                out[child.lineno] = (child, test)
+            elif isinstance(child, ast.If):
+                visit(child, child.test)
+            elif isinstance(child, ast.stmt):
+                visit(child, None if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else test)
+
+    visit(tree, None)
+    return out
