@@ -517,3 +517,53 @@ def translated(path):
         with pytest.raises(Exception) as info:
             call()
         assert raised_by_the_script(info.value, project) is own, info.value
+
+
+def test_a_cached_config_without_its_own_code_names_the_code_files(cli, tmp_path, monkeypatch):
+    # audiocraft's MusicGen-Style: `AutoModel.from_pretrained("m-a-p/MERT-v1-95M", trust_remote_code=True)`
+    # with the config in the cache and its `auto_map` code not: transformers refuses it offline (the oracle),
+    # and fsdp-lint said "no config.json" -- false, the code files are what is missing
+    snapshot = tmp_path / "hf" / "hub" / "models--acme--remote-encoder" / "snapshots" / ("1" * 40)
+    snapshot.mkdir(parents=True)
+    (tmp_path / "hf" / "hub" / "models--acme--remote-encoder" / "refs").mkdir()
+    (tmp_path / "hf" / "hub" / "models--acme--remote-encoder" / "refs" / "main").write_text("1" * 40)
+    (snapshot / "config.json").write_text(json.dumps({
+        "architectures": ["RemoteEncoder"], "model_type": "remote_encoder", "hidden_size": 32,
+        "auto_map": {"AutoConfig": "configuration_remote.RemoteConfig", "AutoModel": "modeling_remote.RemoteEncoder"}}))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    import subprocess
+
+    real = subprocess.run([sys.executable, "-c", "from transformers import AutoModel; AutoModel.from_pretrained("
+                           "'acme/remote-encoder', trust_remote_code=True, local_files_only=True)"],
+                          capture_output=True, text=True, timeout=300)
+    assert real.returncode != 0 and "OSError" in real.stderr
+    (tmp_path / "train.py").write_text('''
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+from transformers import AutoModel
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = AutoModel.from_pretrained("acme/remote-encoder", trust_remote_code=True)
+        self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(4))
+
+
+def main():
+    torch.distributed.init_process_group("nccl")
+    model = Net()
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+
+
+if __name__ == "__main__":
+    main()
+''')
+    res = cli("train.py", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "has its config.json here but not its own code (configuration_remote.py, modeling_remote.py" in res.err
+    assert "huggingface-cli download acme/remote-encoder configuration_remote.py modeling_remote.py" in res.err

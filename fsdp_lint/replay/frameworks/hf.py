@@ -51,9 +51,35 @@ class HubFileMissing(NotDownloaded):
 
 def missing_config_message(name: str) -> str:
     cache = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    code = _missing_code(name)
+    if code:
+        # the config is here; the model's own code (`auto_map`, trust_remote_code) is not
+        return (f"the hub model {name!r} has its config.json here but not its own code ({', '.join(code)}; "
+                f"trust_remote_code), and fsdp-lint never downloads: put them in the local Hugging Face cache "
+                f"({cache}) with `huggingface-cli download {name} {' '.join(code)}`")
     return (f"no config.json for the hub model {name!r} here, and fsdp-lint never downloads: pass "
             f"--hf-config path/to/config.json (or the model's directory), or put the config in the local Hugging "
             f"Face cache ({cache}) with `huggingface-cli download {name} config.json`")
+
+
+def _missing_code(name: str) -> List[str]:
+    """The code files a cached config.json's ``auto_map`` names that are not in the cache (``[]`` without
+    a cached config)."""
+    import json
+
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        config = try_to_load_from_cache(name, "config.json")
+        if not isinstance(config, str):
+            return []
+        with open(config, encoding="utf-8") as fh:
+            auto_map = json.load(fh).get("auto_map") or {}
+    except Exception:  # noqa: BLE001  (not a hub id, an unreadable config: the plain message)
+        return []
+    refs = [r for v in auto_map.values() for r in (v if isinstance(v, list) else [v]) if isinstance(r, str)]
+    files = sorted({r.split("--")[-1].rsplit(".", 1)[0] + ".py" for r in refs if "." in r})
+    return [f for f in files if not isinstance(try_to_load_from_cache(name, f), str)]
 
 
 def load_config(name_or_path, options, **kwargs):
