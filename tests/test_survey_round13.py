@@ -567,3 +567,50 @@ if __name__ == "__main__":
     assert res.code == 2
     assert "has its config.json here but not its own code (configuration_remote.py, modeling_remote.py" in res.err
     assert "huggingface-cli download acme/remote-encoder configuration_remote.py modeling_remote.py" in res.err
+
+
+GROUPED_OPTIONS = '''
+import argparse
+
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+from proj.cli import list as list_runs  # noqa: F401  (the project's own `list` command)
+
+
+def setup():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--preset", choices=list({"small": 2, "large": 8}), default="small")
+    model_group = parser.add_argument_group("model")
+    model_group.add_argument("--layers", type=int, default=6)
+    debug = parser.add_argument_group("debug")
+    debug.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args()
+    if args.dry_run:
+        return None
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(args.layers)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+if __name__ == "__main__":
+    model = setup()
+    torch.optim.AdamW(model.parameters())
+'''
+
+
+def test_options_of_an_argument_group_are_the_parsers(cli, tmp_path):
+    # cosmos-rl's launcher: `group = parser.add_argument_group(...)`; `group.add_argument(...)` changes the
+    # parser through the group, so the slice of a function that also wraps keeps it (else `args.layers` is
+    # missing); and a project function named `list` is not the builtin `list(...)` of another module
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "__init__.py").write_text("")
+    (tmp_path / "proj" / "cli.py").write_text("import torch\n\n\ndef list(model):\n"
+                                              "    return torch.optim.AdamW(model.parameters()).param_groups\n")
+    (tmp_path / "train.py").write_text(GROUPED_OPTIONS)
+    res = cli("train.py", "--no-cache", "--format", "json", "--", "--layers", "3", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 4

@@ -19,7 +19,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
-from fsdp_lint.entry.source import SourceError, SourceFacts, mark_relevance, read_source, read_text
+from fsdp_lint.entry.source import SourceError, SourceFacts, called_here, mark_relevance, read_source, read_text
 
 _REPO_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg", ".hg")
 
@@ -277,7 +277,7 @@ class Reach:
         while changed:
             changed = False
             for facts in self.modules.values():
-                mark_relevance(facts.functions, relevant, wraps)
+                mark_relevance(facts.functions, called_here(facts, relevant), called_here(facts, wraps))
                 for f in facts.functions.values():
                     names = {f.name} | ({f.cls} if f.cls and f.name in ("__init__", "__post_init__") else set())
                     if f.relevant and not names <= relevant:

@@ -15,6 +15,7 @@ from fsdp_lint.entry.noqa import _noqa_lines, file_noqa_lines
 from fsdp_lint.entry.reading import SourceError, read_text  # noqa: F401 - the names callers import from here
 
 import ast
+import builtins
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
@@ -254,12 +255,22 @@ def relevant_lines_with(facts: SourceFacts, relevant_names: Set[str]) -> Set[int
     """The module's relevant statement lines when the names in `relevant_names` (functions of other
     project modules that wrap, freeze, cast or build optimizers) are relevant too."""
     own = {n for n, f in facts.functions.items() if f.relevant}
-    names = own | relevant_names
+    names = own | called_here(facts, relevant_names)
     out = set(facts.relevant_stmt_lines)
     for line, calls in getattr(facts, "_stmt_calls", {}).items():
         if calls & names:
             out.add(line)
     return out
+
+
+_BUILTIN_NAMES = frozenset(dir(builtins))
+
+
+def called_here(facts: SourceFacts, names: Set[str]) -> Set[str]:
+    """Which of other modules' function `names` a bare call in this module can mean: another module's
+    `def list(...)` is not this module's `list(PRESETS)` unless it defines or imports that name."""
+    bound = set(facts.functions) | {a for i in facts.imports for a in i.names}
+    return {n for n in names if n not in _BUILTIN_NAMES or n in bound}
 
 
 def _nn_container(base: str) -> bool:

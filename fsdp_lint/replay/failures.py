@@ -21,7 +21,7 @@ from fsdp_lint.replay import arguments, drift
 from fsdp_lint.replay.stand_ins import stand_in_on_failing_line
 from fsdp_lint.replay.framework_checks import raised_by_framework_launch
 from fsdp_lint.replay.handlers import handled_by_the_script
-from fsdp_lint.replay.own_raises import raised_by_the_script
+from fsdp_lint.replay.own_raises import raised_by_model_validation, raised_by_the_script
 from fsdp_lint.replay.imports import (
     MissingImport,
     StubUse,
@@ -75,6 +75,7 @@ class Failures:
     argv: List[str] = field(default_factory=list)        # the script's arguments
     cycles: List[List[str]] = field(default_factory=list)  # circular imports met (module names, in order)
     resolves_locally: Optional[object] = None            # callable(module name) -> project file or None
+    approximated: Optional[object] = None                # callable() -> a collective gave rank 0's values for all
 
     def __post_init__(self):
         set_project(self.entry_path)        # install hints name the distributions the project declares
@@ -109,7 +110,7 @@ class Failures:
             return False            # the script's own `except` takes it, as on a node (replay.handlers)
         if line is not None and self.stub_cause(exc) is None and stand_in_on_failing_line(exc) is None \
                 and self.root_cause(exc) is None and self.acted_on_by_skip(exc) is None \
-                and raised_by_the_script(exc, self._is_project_path):
+                and self._own_refusal(exc):
             return False            # the script's own refusal of what the node gives it (replay.own_raises)
         # raised inside model construction, a wrap/freeze/cast/optimizer statement, or fsdp-lint
         tb = exc.__traceback__
@@ -129,6 +130,11 @@ class Failures:
                 return False
             f = f.f_back
         return True
+
+    def _own_refusal(self, exc: BaseException) -> bool:
+        # not after a collective that filled every rank's slot with rank 0's values: what the script checks
+        # may be that approximation (each rank's slice of the data, gathered)
+        return not (self.approximated and self.approximated()) and raised_by_the_script(exc, self._is_project_path)
 
     def _changes_the_model_without_a_download(self, exc: BaseException, frame, line: int) -> bool:
         """A statement that works on a model fails because a download was skipped before it (the tokenizer
@@ -358,8 +364,11 @@ class Failures:
         msg = _one_line(exc)
         if raised_by_model_validation(exc):
             return f"{loc}: {msg} (torch's own check of the model: the script fails on this line on a GPU node too)"
-        if raised_by_the_script(exc, self._is_project_path):
+        if self._own_refusal(exc):
             return f"{loc}: {msg} (the script's own check of what the node gives it: it stops there on a GPU node too)"
+        if raised_by_the_script(exc, self._is_project_path):
+            return (f"{loc}: {msg} (the script's own check, after a collective here gave every rank's slot rank 0's "
+                    f"value -- each rank's own share on a node, which the check may depend on)")
         if _network_ask(exc):
             return f"{loc}: {_network_text(exc)}"
         hint = package_hint(exc, msg) or self._stub_hint(msg)
@@ -488,37 +497,6 @@ class Failures:
 # --------------------------------------------------------------------------------------------
 # torch's own checks of a model, its names, shapes and options (issue 18): what they refuse, they
 # refuse on a GPU node too -- the script's bug, never a gap of the simulation to skip
-_VALIDATING = ("nn", "optim")          # torch's sub-packages whose checks these are
-_VALIDATION_ERRORS = (KeyError, TypeError, ValueError, IndexError)
-# what the simulated node itself lacks, even where torch.nn raises it (meta tensors, devices)
-_SIMULATION_WORDS = ("meta", "device", "cuda", "fake", "storage")
-
-
-def raised_by_model_validation(exc: BaseException) -> bool:
-    """`exc` was raised by torch.nn's or torch.optim's own validation (``add_module("a.b", m)``,
-    ``register_buffer`` with a taken name, an optimizer option out of range): the innermost frame is
-    torch.nn/torch.optim code and the error is a validation error that does not come from the meta
-    device or the simulated devices."""
-    if not isinstance(exc, _VALIDATION_ERRORS) or isinstance(exc, ImportError):
-        return False
-    tb = exc.__traceback__
-    last = None
-    while tb is not None:
-        last = tb
-        tb = tb.tb_next
-    if last is None:
-        return False
-    torch = sys.modules.get("torch")
-    if torch is None or not getattr(torch, "__file__", None):
-        return False
-    fname = os.path.abspath(last.tb_frame.f_code.co_filename)
-    root = os.path.dirname(os.path.abspath(torch.__file__))
-    if not any(fname.startswith(os.path.join(root, sub) + os.sep) for sub in _VALIDATING):
-        return False
-    text = str(exc).lower()
-    return not any(word in text for word in _SIMULATION_WORDS)
-
-
 def _line_in(exc: BaseException, frame, line: int) -> int:
     """The line of `frame` that `exc` came from (inside the block statement at `line`)."""
     tb = exc.__traceback__

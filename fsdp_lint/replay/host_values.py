@@ -307,6 +307,7 @@ def _note_gather(rec, tensor) -> None:
 
 
 def _note(rec, what: str) -> None:
+    rec.__dict__["approximated_by_collective"] = True      # (replay.own_raises: no certain refusal after it)
     pos = rec.position()
     where = f"{os.path.basename(pos.path)}:{pos.line}" if pos.line else os.path.basename(pos.path)
     seen = rec.__dict__.setdefault("_host_value_lines", set())

@@ -1,4 +1,5 @@
-"""The setup code's own refusals: a `raise` or `assert` of the project that stops every rank of a node too.
+"""Refusals that stop every rank of a node too: torch's own checks of the model, and the setup code's own
+`raise` or `assert` of what the node gives it.
 
 Setup code validates its launch before it builds anything:
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import ast
 import functools
 import os
+import sys
 from typing import Callable, Optional
 
 _KINDS = (ValueError, AssertionError, RuntimeError, TypeError, NotImplementedError)
@@ -27,6 +29,39 @@ _FILE_PROBES = frozenset({"exists", "isfile", "isdir", "is_file", "is_dir", "glo
                           "scandir", "stat", "getsize", "access", "lexists", "walk", "open", "load", "read_text"})
 _SIMULATION_WORDS = ("meta", "cuda", "fake", "storage", "nccl", "gpu", "device", "download", "offline",
                      "not found", "no such", "missing", "does not exist", "doesn't exist", "empty")
+
+
+# torch's own checks of a model or optimizer
+_VALIDATING = ("nn", "optim")          # torch's sub-packages whose checks these are
+_VALIDATION_ERRORS = (KeyError, TypeError, ValueError, IndexError)
+# what the simulated node itself lacks, even where torch.nn raises it (meta tensors, devices)
+_TORCH_SIMULATION_WORDS = ("meta", "device", "cuda", "fake", "storage")
+
+
+def raised_by_model_validation(exc: BaseException) -> bool:
+    """`exc` was raised by torch.nn's or torch.optim's own validation (``add_module("a.b", m)``,
+    ``register_buffer`` with a taken name, an optimizer option out of range): the innermost frame is
+    torch.nn/torch.optim code and the error is a validation error that does not come from the meta
+    device or the simulated devices."""
+    if not isinstance(exc, _VALIDATION_ERRORS) or isinstance(exc, ImportError):
+        return False
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    if last is None:
+        return False
+    torch = sys.modules.get("torch")
+    if torch is None or not getattr(torch, "__file__", None):
+        return False
+    fname = os.path.abspath(last.tb_frame.f_code.co_filename)
+    root = os.path.dirname(os.path.abspath(torch.__file__))
+    if not any(fname.startswith(os.path.join(root, sub) + os.sep) for sub in _VALIDATING):
+        return False
+    text = str(exc).lower()
+    return not any(word in text for word in _TORCH_SIMULATION_WORDS)
+
 
 
 def raised_by_the_script(exc: BaseException, is_project_path: Callable[[str], bool]) -> bool:

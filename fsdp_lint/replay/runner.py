@@ -114,7 +114,8 @@ class _Run:
         self.rec = Recorder(path, self.world_size, real=self.real)
         self.rec.device = self.device
         self.rec.api = self.facts.api
-        self.failures = Failures(entry_path=path, argv=list(self.argv))
+        self.failures = Failures(entry_path=path, argv=list(self.argv),
+                                 approximated=lambda: bool(self.rec.__dict__.get("approximated_by_collective")))
         self.rec.record_skip = self.failures.record_skip
         self.rec.on_wrap_stand_in = self._wrap_stand_in
         from fsdp_lint.entry.project import Project

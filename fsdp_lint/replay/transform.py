@@ -125,6 +125,7 @@ class _Transformer:
         self.torch_names: Set[str] = set()        # ... of them, those bound from torch
         self.import_package: Dict[str, str] = {}  # ... of them, the top-level package each came from
         self._assigned_from: Dict[str, Set[str]] = {}   # in the list being sliced: name -> names its value read
+        self._part_of: Dict[str, Optional[str]] = {}    # a name bound to a part of an object: name -> the object
 
     # -- the module ----------------------------------------------------------------------------
     def module(self, tree: ast.Module) -> ast.Module:
@@ -333,10 +334,14 @@ class _Transformer:
                 # it was defined
                 needed |= self._def_reads(stmt)
         # `blocks = model.layers` ... `for b in blocks:`: what a name of this list was assigned from
-        self._assigned_from = {}
+        self._assigned_from, self._part_of = {}, {}
         for stmt in stmts:
             if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
                 self._assigned_from[stmt.targets[0].id] = _reads(stmt.value)
+                # `group = parser.add_argument_group(...)`, `head = model.head`: a part of the object
+                if isinstance(stmt.value, (ast.Attribute, ast.Subscript)) or isinstance(stmt.value, ast.Call) \
+                        and isinstance(stmt.value.func, ast.Attribute):
+                    self._part_of[stmt.targets[0].id] = _root_name(stmt.value)
         skip: Set[int] = set()
         for i in range(len(stmts) - 1, -1, -1):
             stmt = stmts[i]
@@ -388,8 +393,8 @@ class _Transformer:
                     return True                  # torch.manual_seed(0), OmegaConf.register_new_resolver(...)
                 if bare and sets_library_state(self.import_package, self.trainers, root, needed):
                     return True                  # fs_init.initialize_model_parallel(1), then fs_init.get_...()
-                if isinstance(node.func, ast.Attribute) and root in objects:
-                    return True                  # model.apply(init), config.update(...)
+                if isinstance(node.func, ast.Attribute) and (root in objects or self._part_of.get(root) in objects):
+                    return True                  # model.apply(init), config.update(...), group.add_argument(...)
                 if not bare or (isinstance(node.func, ast.Name) and node.func.id in self.trainers):
                     continue                     # issue 18: train(model) holds a training loop: no set-up
                 for arg in list(node.args) + [k.value for k in node.keywords]:

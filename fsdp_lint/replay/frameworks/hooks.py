@@ -181,17 +181,21 @@ def simulate_object_collectives(rec, patch) -> None:
     def ranks(group):
         return groups_of(group) or list(range(rec.world_size))
 
-    def all_gather_object(object_list, obj, group=None):
-        # each rank's own value where the node knows it (its rank, local rank, host name: rank_values)
+    def fill(slots, obj, group):
+        # each rank's own value where the node knows it (its rank, local rank, host name: rank_values), else
+        # rank 0's, which a value each rank computes from its own share would not be
         of = ranks(group)
-        for i in range(len(object_list)):
-            object_list[i] = value_at(obj, of[i]) if i < len(of) else obj
+        for i in range(len(slots)):
+            slots[i] = value_at(obj, of[i]) if i < len(of) else obj
+            if i and slots[i] is obj:
+                rec.__dict__["approximated_by_collective"] = True
+
+    def all_gather_object(object_list, obj, group=None):
+        fill(object_list, obj, group)
 
     def gather_object(obj, object_gather_list=None, dst=0, group=None, **kwargs):
         if object_gather_list is not None:
-            of = ranks(group)
-            for i in range(len(object_gather_list)):
-                object_gather_list[i] = value_at(obj, of[i]) if i < len(of) else obj
+            fill(object_gather_list, obj, group)
 
     def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=0, group=None, **kwargs):
         if scatter_object_output_list:
