@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from fsdp_lint.entry.noqa import _noqa_lines, file_noqa_lines
 from fsdp_lint.entry.reading import SourceError, read_text  # noqa: F401 - the names callers import from here
+from fsdp_lint.entry.relevance import called_here, mark_relevance, relevant_lines_with  # noqa: F401 - (callers' names)
 
 import ast
-import builtins
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
@@ -228,49 +228,6 @@ def parse_source(path: str, text: str) -> SourceFacts:
             for loop in loops:
                 facts.loop_calls.setdefault(loop, set()).add(value)
     return facts
-
-
-def mark_relevance(functions: Dict[str, FunctionFacts], extra_relevant: Set[str] = frozenset(),
-                   extra_wraps: Set[str] = frozenset()) -> None:
-    """A function is relevant when it (transitively) holds a site; `extra_*`: names known to be
-    relevant / to wrap from other modules of the project."""
-    for f in functions.values():
-        f.relevant = bool(f.direct_markers) or bool(f.calls & extra_relevant)
-        f.wraps = bool(f.direct_markers & {"fsdp1", "fsdp2"}) or bool(f.calls & extra_wraps)
-    changed = True
-    while changed:
-        changed = False
-        for f in functions.values():
-            for callee in f.calls:
-                g = functions.get(callee)
-                if g is None or g is f:
-                    continue
-                if g.relevant and not f.relevant:
-                    f.relevant = changed = True
-                if g.wraps and not f.wraps:
-                    f.wraps = changed = True
-
-
-def relevant_lines_with(facts: SourceFacts, relevant_names: Set[str]) -> Set[int]:
-    """The module's relevant statement lines when the names in `relevant_names` (functions of other
-    project modules that wrap, freeze, cast or build optimizers) are relevant too."""
-    own = {n for n, f in facts.functions.items() if f.relevant}
-    names = own | called_here(facts, relevant_names)
-    out = set(facts.relevant_stmt_lines)
-    for line, calls in getattr(facts, "_stmt_calls", {}).items():
-        if calls & names:
-            out.add(line)
-    return out
-
-
-_BUILTIN_NAMES = frozenset(dir(builtins))
-
-
-def called_here(facts: SourceFacts, names: Set[str]) -> Set[str]:
-    """Which of other modules' function `names` a bare call in this module can mean: another module's
-    `def list(...)` is not this module's `list(PRESETS)` unless it defines or imports that name."""
-    bound = set(facts.functions) | {a for i in facts.imports for a in i.names}
-    return {n for n in names if n not in _BUILTIN_NAMES or n in bound}
 
 
 def _nn_container(base: str) -> bool:
