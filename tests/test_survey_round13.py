@@ -614,3 +614,55 @@ def test_options_of_an_argument_group_are_the_parsers(cli, tmp_path):
     res = cli("train.py", "--no-cache", "--format", "json", "--", "--layers", "3", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
     assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 4
+
+
+CONTROLLER_WORKER = '''
+import json
+import os
+import time
+import urllib.request
+
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+
+def get_with_retry(url, retries=30, delay=0.2):
+    for attempt in range(retries):
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return json.loads(r.read())
+        except Exception:
+            time.sleep(delay)
+            delay = min(delay * 2, 4.0)
+    raise RuntimeError("the controller never answered")
+
+
+def main():
+    cfg = get_with_retry(f"http://localhost:{os.environ['CONTROLLER_PORT']}/api/meta")["config"]
+    model = nn.Sequential(*[nn.Linear(cfg["dim"], cfg["dim"]) for _ in range(cfg["layers"])])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    torch.optim.AdamW(model.parameters())
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_worker_that_asks_a_controller_on_this_node_ends_naming_it(cli, tmp_path, monkeypatch):
+    # cosmos-rl's policy worker gets its config from the controller its launcher starts on localhost, with
+    # retries and back-off: nothing listens there in a lint, and the replay waited until its deadline
+    import socket
+
+    with socket.socket() as s:          # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("CONTROLLER_PORT", str(port))
+    (tmp_path / "worker.py").write_text(CONTROLLER_WORKER)
+    res = cli("worker.py", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert f"waits on a service of this node: it asks for 127.0.0.1:{port} at worker.py:15" in res.err, res.err
+    assert "replay-timeout" not in res.err

@@ -5,7 +5,9 @@ remote server for the size of each data file blocked the replay until its deadli
 Name resolution of anything but this machine answers ``socket.gaierror`` (``EAI_NONAME``) and a
 connect to an address off this machine answers ``ENETUNREACH``, each naming the host and saying why.
 The first such attempt is noted with the project line that made it. Loopback (the simulated process
-group's store, ``MASTER_ADDR=127.0.0.1``) works as before."""
+group's store, ``MASTER_ADDR=127.0.0.1``) works as before; a loopback port nothing listens on (a controller
+the job's launcher starts beside its workers) is refused as a node without that service would refuse it,
+and retries with back-off end after the same few refusals, naming the service."""
 from __future__ import annotations
 
 import errno
@@ -70,13 +72,19 @@ def install(rec, patch: Patch) -> None:
     asked = []       # (host, port, where) of each refused attempt
     waited = [0]     # how many had been refused when the last NetworkWait was raised
 
-    def note(host, port) -> str:
+    def note(host, port, local: bool = False) -> str:
         where = _asker()
         asked.append((host, port, where))
         at = f" at {where}" if where else ""
         if len(asked) - waited[0] > REFUSALS_BEFORE_STOP:
             again = sum(1 for h, _, _ in asked[:-1] if h == host)
             waited[0] = len(asked)      # the next statement gets its own ordinary refusals first
+            if local:
+                raise NetworkWait(
+                    f"the setup code waits on a service of this node: it asks for {host}:{port}{at} ({again} times "
+                    f"refused before): nothing listens there in a lint -- a service the job's launcher starts beside "
+                    f"the workers (a controller, a parameter server) is not running; lint the launch the workers get "
+                    f"their settings from, or give them as arguments")
             raise NetworkWait(
                 f"the setup code waits on the network: it asks for {host}:{port}{at} ({again} times refused "
                 f"before; {len(asked)} requests in all: retries, or one request per remote file); a lint has no "
@@ -100,14 +108,24 @@ def install(rec, patch: Patch) -> None:
 
     def connect(self, address):
         refuse(self, address)
-        return real_connect(self, address)
+        try:
+            return real_connect(self, address)
+        except ConnectionRefusedError:
+            # nothing listens on this machine's port: a service the node's launcher would have started;
+            # retrying with back-off would wait until the replay's deadline
+            if self.family in (socket.AF_INET, socket.AF_INET6) and isinstance(address, tuple):
+                note(address[0], address[1], local=True)
+            raise
 
     def connect_ex(self, address):
         try:
             refuse(self, address)
         except OSError as exc:
             return exc.errno
-        return real_connect_ex(self, address)
+        code = real_connect_ex(self, address)
+        if code == errno.ECONNREFUSED and self.family in (socket.AF_INET, socket.AF_INET6) and isinstance(address, tuple):
+            note(address[0], address[1], local=True)
+        return code
 
     patch(socket, "getaddrinfo", getaddrinfo)
     patch(socket.socket, "connect", connect)
