@@ -666,3 +666,75 @@ def test_a_worker_that_asks_a_controller_on_this_node_ends_naming_it(cli, tmp_pa
     assert res.code == 2
     assert f"waits on a service of this node: it asks for 127.0.0.1:{port} at worker.py:15" in res.err, res.err
     assert "replay-timeout" not in res.err
+
+
+DISPATCHER = '''
+import importlib.util
+import os
+import subprocess
+import sys
+
+ROUTES = {"train": "tunekit.train"}
+
+
+def main():
+    command, argv = sys.argv[1], sys.argv[2:]
+    path = importlib.util.find_spec(ROUTES[command]).origin
+    nproc = os.environ.get("NPROC_PER_NODE")
+    if nproc:
+        launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", nproc, path, *argv]
+    else:
+        launch = [sys.executable, path, *argv]
+    sys.exit(subprocess.run(launch).returncode)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+DISPATCHED = '''
+import argparse
+import torch
+import torch.nn as nn
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n_layers", type=int, default=4)
+    args = parser.parse_args()
+    dist.init_process_group("nccl")
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(args.n_layers)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    torch.optim.AdamW(model.parameters())
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_command_that_starts_the_training_launch_in_a_subprocess_names_it(cli, tmp_path, monkeypatch):
+    # ms-swift's `swift sft`, LLaMA-Factory's `llamafactory-cli train`: the project's command builds
+    # `python -m torch.distributed.run --nproc_per_node N pkg/train.py ARGS` and runs it with subprocess. The
+    # replay started that torchrun for real and waited until its deadline; now it names the launch to lint
+    (tmp_path / "tunekit").mkdir()
+    (tmp_path / "tunekit" / "__init__.py").write_text("")
+    (tmp_path / "tunekit" / "cli.py").write_text(DISPATCHER)
+    (tmp_path / "tunekit" / "train.py").write_text(DISPATCHED)
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "tunekit"\nversion = "0.1"\n\n'
+                                             '[project.scripts]\ntunekit = "tunekit.cli:main"\n')
+    (tmp_path / "run.sh").write_text("#!/bin/bash\nNPROC_PER_NODE=8 tunekit train --n_layers 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    res = cli("run.sh", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    [said] = [ln for ln in res.err.splitlines() if ln.startswith("fsdp-lint: error:")]
+    assert "tunekit/cli.py:18: the setup starts `" in said and "torch.distributed.run --nproc_per_node 8" in said
+    lint = said.split("lint the launch: `fsdp-lint ")[1].split("`")[0].split()
+    assert lint == ["tunekit/train.py", "-n", "8", "--", "--n_layers", "2"]
+    res = cli("--no-cache", "--format", "json", *lint, cwd=str(tmp_path))       # the launch it names
+    assert res.code in (0, 1), res.err
+    assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 3

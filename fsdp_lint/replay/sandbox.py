@@ -33,7 +33,8 @@ from fsdp_lint.replay.recorders import (
     _install_recorders,
 )
 from fsdp_lint.replay import (  # issue 11; issue 15: the node's GPU, data values, rank values, jobs, network
-    checkpoints, data_values, host_values, job_submission, network, node, parallel, rank_values, smi, writes,
+    checkpoints, data_values, host_values, job_submission, network, node, parallel, rank_values, smi,
+    subprocess_launches, writes,
 )
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
 from fsdp_lint.replay.streams import NodeStream
@@ -292,6 +293,7 @@ def _simulate_launchers(rec: Recorder, patch: Patch) -> None:
     patch(tmp, "spawn", spawn)
     job_submission.install(rec, patch)     # submitit's executor.submit(fn): the job runs here, as task 0
     network.install(rec, patch)            # no network: a connection fails at once, never waits
+    subprocess_launches.install(rec, patch)   # a launcher's own `subprocess.run(["torchrun", ...])` is named
     writes.install(rec, patch)             # what the setup writes is removed (or restored) when the replay ends
 
 

@@ -1,0 +1,112 @@
+"""A launcher that starts the training processes itself: ``subprocess.run(["torchrun", ...])``.
+
+Project command lines (ms-swift's ``swift sft``, LLaMA-Factory's ``llamafactory-cli train``, cosmos-rl's
+``cosmos-rl``) build a launch -- ``python -m torch.distributed.run --nproc_per_node 8 pkg/train.py ARGS``,
+``torchrun ...``, ``accelerate launch ...``, ``bash launch_replica.sh`` -- and run it with `subprocess`. The
+model is built in those processes, not in the launcher, and a lint never starts processes (the real torchrun
+ran until the replay's deadline). During a replay a subprocess that is such a launch ends the replay with
+one line naming the command and the lint of it (``fsdp-lint pkg/train.py -n 8 -- ARGS``); any other
+subprocess (``git rev-parse``, ``nvidia-smi``) runs as before.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import Any, Callable, List, Optional
+
+Patch = Callable[[Any, str, Any], None]
+
+
+def install(rec, patch: Patch) -> None:
+    import subprocess
+
+    real_init = subprocess.Popen.__init__
+
+    def init(self, args, *rest, **kwargs):
+        words = _words(args)
+        if words:
+            hint = _launch_hint(words, kwargs.get("cwd"), kwargs.get("env"))
+            if hint is not None:
+                from fsdp_lint.replay.records import ReplayError
+
+                raise ReplayError(hint)
+        return real_init(self, args, *rest, **kwargs)
+
+    patch(subprocess.Popen, "__init__", init)
+
+
+def _words(args) -> List[str]:
+    if isinstance(args, (str, bytes)):
+        try:
+            return shlex.split(os.fsdecode(args))
+        except ValueError:
+            return []
+    try:
+        return [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in args]
+    except TypeError:
+        return []
+
+
+def _launch_hint(words: List[str], cwd, env) -> Optional[str]:
+    """The one line for a subprocess that launches training (None for any other command)."""
+    from fsdp_lint.entry.shell import _launch
+
+    where = _caller()
+    shown = " ".join(shlex.quote(w) for w in words)
+    if len(shown) > 160:
+        shown = shown[:157] + "..."
+    head = os.path.basename(words[0])
+    if head in ("bash", "sh") and len(words) > 1 and words[1].endswith(".sh"):
+        return (f"{where}the setup starts `{shown}` in a subprocess: the training processes are that launch "
+                f"script's; lint it (`fsdp-lint {words[1]}`, with the environment the launcher gives it) -- a lint "
+                f"never starts processes")
+    found = _launch([(w, 0) for w in (["python"] + words[1:] if _is_python(words[0]) else words)], {}, {})
+    if not found or not found.get("file"):
+        return None
+    target = found["file"]
+    base = os.fsdecode(cwd) if cwd else os.getcwd()
+    if found.get("module"):
+        module_file = os.path.join(base, *target.split(".")) + ".py"
+        if not os.path.isfile(module_file) and not target.startswith("torch."):
+            spec = _find_spec(target)
+            if spec is None:
+                return None
+            module_file = spec
+        target = module_file
+    path = target if os.path.isabs(target) else os.path.join(base, target)
+    if not os.path.isfile(path):
+        return None
+    rel = os.path.relpath(path)
+    world = f" -n {found['world_size']}" if found.get("world_size") else ""
+    args = words[found["first_arg"]:]
+    rest = f" -- {' '.join(shlex.quote(a) for a in args)}" if args else ""
+    return (f"{where}the setup starts `{shown}` in a subprocess: the model is built in that launch's processes, "
+            f"not in this one; lint the launch: `fsdp-lint {rel}{world}{rest}` -- a lint never starts processes")
+
+
+def _is_python(word: str) -> bool:
+    base = os.path.basename(word)
+    return word == sys.executable or base.startswith("python")
+
+
+def _find_spec(module: str) -> Optional[str]:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None and spec.origin and spec.origin.endswith(".py") else None
+
+
+def _caller() -> str:
+    from fsdp_lint.entry.project import is_local
+
+    f = sys._getframe(3)
+    while f is not None:
+        name = f.f_code.co_filename
+        if os.path.isabs(name) and is_local(name) and "fsdp_lint" not in name:
+            return f"{os.path.relpath(name)}:{f.f_lineno}: "
+        f = f.f_back
+    return ""
