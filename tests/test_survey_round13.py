@@ -738,3 +738,46 @@ def test_a_command_that_starts_the_training_launch_in_a_subprocess_names_it(cli,
     res = cli("--no-cache", "--format", "json", *lint, cwd=str(tmp_path))       # the launch it names
     assert res.code in (0, 1), res.err
     assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 3
+
+
+DEFAULT_GROUP = '''
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.distributed_c10d import _get_default_group
+from torch.distributed.fsdp import fully_shard
+
+
+def get_rank():
+    # mmengine.dist.get_rank: the default group's rank in a distributed run, else 0
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(_get_default_group())
+    return 0
+
+
+if get_rank() == 0:
+    print("flash-attn is not installed: using the eager attention")
+
+
+def main():
+    dist.init_process_group("nccl")
+    assert get_rank() == 0 and dist.get_world_size(dist.group.WORLD) == 8
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(3)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    torch.optim.AdamW(model.parameters())
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_the_default_group_of_an_initialised_node_is_there(cli, tmp_path):
+    # xtuner through mmengine: `dist.get_rank(_get_default_group())` (at import, and after init) raised
+    # "Default process group has not been initialized" and `dist.group.WORLD` was None
+    (tmp_path / "train.py").write_text(DEFAULT_GROUP)
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 4

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from fsdp_lint.model import modwalk  # issue 10
 from fsdp_lint.replay import backends
+from fsdp_lint.replay.default_group import default_group_on_demand
 from fsdp_lint.replay.placements import (_concatenate_error, _describe_style, _group_ranks, _is_dtensor, _placement,
                                          _root_mesh, _torch_message, _validate_fsdp2_mesh, reshard_int_dtensor_error,
                                          spmd_error)
@@ -461,6 +462,7 @@ def install(rec, patch, real_init_mesh) -> None:
             if real is not None:
                 patch(dm_mod.DeviceMesh, name, _off_meta(real))
         _install_groups(state, patch, ensure_pg, dist, c10d)
+        default_group_on_demand(rec, patch, ensure_pg, c10d)
     _install_parallelize(state, patch)
 
 
