@@ -781,3 +781,44 @@ def test_the_default_group_of_an_initialised_node_is_there(cli, tmp_path):
     res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
     assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 4
+
+
+CYCLOPTS_APP = '''
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from cyclopts import App
+from torch.distributed.fsdp import fully_shard
+
+app = App(help="pretrain")
+
+
+@app.default()
+def main(*, n_layers: int = 4, dim: int = 256):
+    dist.init_process_group("nccl")
+    model = nn.Sequential(*[nn.Linear(dim, dim) for _ in range(n_layers)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    torch.optim.AdamW(model.parameters())
+
+
+if __name__ == "__main__":
+    app()
+'''
+
+
+def test_arguments_a_missing_cli_package_would_parse_are_not_dropped(cli, tmp_path):
+    # xtuner's entry point is a cyclopts App: without cyclopts, fsdp-lint ran main() with its defaults and
+    # planned 4 layers for a launch that asks for 2 (exit 0, a wrong plan)
+    import importlib.util
+
+    assert importlib.util.find_spec("cyclopts") is None
+    (tmp_path / "train.py").write_text(CYCLOPTS_APP)
+    res = cli("train.py", "--no-cache", "--", "--n-layers", "2", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "arguments (--n-layers 2) reach main() through `cyclopts`, which is not installed here (pip install " \
+           "cyclopts)" in res.err, res.err
+    res = cli("train.py", "--no-cache", "--format", "json", cwd=str(tmp_path))     # no arguments: its defaults
+    assert res.code in (0, 1), res.err
+    assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 5

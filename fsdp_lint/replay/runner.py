@@ -459,6 +459,7 @@ class _Run:
         for helper in [h for h in helpers if h.defaults == len(h.params)]:
             fn = ns.get(helper.name)
             if callable(fn) and not rec.wrap_calls:
+                self._arguments_not_dropped(helper.name, fn)
                 try:
                     self._run(fn, timeout, where_real)
                 except ReplayError:
@@ -489,6 +490,23 @@ class _Run:
             args, kwargs = helper_arguments(fn, root, rec, self.display)
             self._run(lambda: fn(*args, **kwargs), timeout, where_real)
         return root, how
+
+    def _arguments_not_dropped(self, name: str, fn) -> None:
+        """`fn` is called here with its defaults because the script's command-line framework is a stand-in
+        (``app = cyclopts.App(); @app.default def main(...)``, ``fire.Fire(main)``): with arguments given, that
+        plan would not be the launch's -- refused, naming the package."""
+        missing = [i for i in self.failures.imports if not i.local and os.path.abspath(i.path) == self.path]
+        if not self.argv or not missing:
+            return
+        from fsdp_lint.replay.imports import distribution_of
+
+        by = getattr(fn, "_fsdp_lint_decorated_by", None)
+        packages = [i.missing for i in missing if by is None or by.split(".")[0] in (i.missing, *i.names)] or \
+            [i.missing for i in missing]
+        top = packages[0].split(".")[0]
+        raise ReplayError(f"{self.display}: the script's arguments ({' '.join(self.argv)}) reach {name}() through "
+                          f"`{top}`, which is not installed here (pip install {distribution_of(top)}): run with its "
+                          f"defaults, {name}() would not plan the launch")
 
     def _notes(self) -> List[str]:
         notes = []
