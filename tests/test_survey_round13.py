@@ -822,3 +822,53 @@ def test_arguments_a_missing_cli_package_would_parse_are_not_dropped(cli, tmp_pa
     res = cli("train.py", "--no-cache", "--format", "json", cwd=str(tmp_path))     # no arguments: its defaults
     assert res.code in (0, 1), res.err
     assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 5
+
+
+COMPUTED_LAUNCH = '''#!/bin/bash
+set -euo pipefail
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "${SCRIPT_DIR}/.." && pwd)"
+CONFIG_PATH="${1:-${REPO_ROOT}/configs/small.yaml}"
+nproc_per_node=2
+torchrun --nproc_per_node $nproc_per_node "${REPO_ROOT}/train.py" --config "${CONFIG_PATH}" \\
+    --gradient_accumulation_steps $(expr 16 / $nproc_per_node) --micro $((32 / nproc_per_node / 4)) \\
+    --layers $(( 2 * (1 + 2) )) --tag "${RUN_TAG:+tagged}" --out "${OUT:=out}"
+'''
+
+
+def test_a_launch_lines_computed_words_are_bashs(tmp_path, monkeypatch):
+    # ms-swift's `$(expr 16 / $nproc_per_node)`, xtuner's `$(cd "${SCRIPT_DIR}/.." && pwd)` and
+    # `${1:-${REPO_ROOT}/...}`: read as bash computes them (the oracle is bash, its launchers echoing)
+    from fsdp_lint.entry.shell import ShellError, shell_launches
+
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "small.yaml").write_text("layers: 2\n")
+    (tmp_path / "train.py").write_text("import torch\n")
+    script = tmp_path / "scripts" / "run.sh"
+    script.write_text(COMPUTED_LAUNCH)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RUN_TAG", raising=False)
+    for given in ((), ("configs/other.yaml",)):
+        [ran] = _bash_runs_with(script, given)
+        [launch] = shell_launches(str(script), given)
+        words = ran.split()
+        assert words[1:3] == ["--nproc_per_node", str(launch.world_size)]
+        assert os.path.realpath(launch.path) == os.path.realpath(words[3])
+        assert [a for a in launch.args if a] == words[4:]     # (echo shows the empty --tag as nothing)
+        assert launch.args[launch.args.index("--tag") + 1] == ""
+    script.write_text('#!/bin/bash\n: "${MODEL_PATH:?MODEL_PATH is required}"\ntorchrun --nproc_per_node 8 train.py\n')
+    import subprocess
+
+    real = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert real.returncode != 0 and "MODEL_PATH is required" in real.stderr
+    with pytest.raises(ShellError, match="line 2: MODEL_PATH: MODEL_PATH is required: bash stops there"):
+        shell_launches(str(script))
+
+
+def _bash_runs_with(script, given) -> list:
+    import subprocess
+
+    shim = 'torchrun() { echo "torchrun $*"; }; export -f torchrun; bash "$0" "$@"'
+    return subprocess.run(["bash", "-c", shim, str(script), *given], capture_output=True, text=True,
+                          check=True).stdout.splitlines()

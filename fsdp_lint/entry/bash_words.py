@@ -9,14 +9,21 @@ import re
 import shlex
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from fsdp_lint.entry.bash_substitutions import closing, substitute
+
 
 class ShellError(Exception):
     """A launch script that cannot be read (or whose launch cannot be found): one line, exit 2."""
 
 
-# $NAME, ${NAME}, ${NAME:-default}, ${NAME[@]} (an array's elements), ${NAME[0]}, $1, $@
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:\[([@*]|[0-9]+)\])?(:?-([^}]*))?\}"
+# $NAME, ${NAME}, ${NAME:-default} (also `-`, `:?`/`?` message, `:=`/`=`, `:+`/`+`), ${NAME[@]} (an array's
+# elements), ${NAME[0]}, $1, $@; a default holding another expansion (`${1:-${DIR}/x}`) matches once that is made
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:\[([@*]|[0-9]+)\])?((:?)([-?=+])([^{}]*))?\}"
                   r"|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
+
+
+class UnsetError(ShellError):
+    """``${NAME:?message}`` of a variable the script does not set: bash stops there."""
 # `args=(` ... `)`: a bash array, its elements over several lines
 _ARRAY = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=\((.*)\)$", re.S)
 _ARRAY_OPEN = re.compile(r"^\s*(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?[A-Za-z_][A-Za-z0-9_]*\+?=\(")
@@ -134,7 +141,7 @@ def _joined(pieces) -> str:
 def _value_of(m, env: Dict[str, str], positional: Sequence[str]):
     """What one expansion gives: a string, the script's arguments (a list, for ``$@``/``$*``), or None
     (a variable neither the script nor the environment sets: kept as written)."""
-    name = m.group(1) or m.group(5)
+    name = m.group(1) or m.group(7)
     if name in "@*":
         return list(positional)
     if name == "#":
@@ -150,8 +157,15 @@ def _value_of(m, env: Dict[str, str], positional: Sequence[str]):
             return list(value)
         index = int(sub) if sub else 0
         value = value[index] if index < len(value) else ""
-    if m.group(3) is not None and (value is None or (value == "" and m.group(3).startswith(":"))):
-        return m.group(4)
+    if m.group(3) is not None:
+        unset = value is None or (value == "" and m.group(4) == ":")
+        op, word = m.group(5), _expand(m.group(6), env, positional)
+        if op == "?" and unset:
+            raise UnsetError(f"{name}: {word or 'parameter null or not set'}")
+        if op in "-=" and unset:
+            return word
+        if op == "+":
+            return "" if unset else word
     if value is None:
         return "" if name.isdigit() else None
     return value
@@ -163,7 +177,29 @@ def _expand(text: str, env: Dict[str, str], positional: Sequence[str] = ()) -> s
         if value is None:
             return m.group(0)
         return " ".join(value) if isinstance(value, list) else value
-    return _VAR.sub(sub, text)
+    for _ in range(4):      # (a default holding an expansion: the inner one first)
+        expanded = _VAR.sub(sub, text)
+        if expanded == text:
+            break
+        text = expanded
+    return _substituted(text, lambda t: _expand(t, env, positional))
+
+
+def _substituted(text: str, expand) -> str:
+    """`text` with the ``$((...))``/``$(expr ...)``/``$(cd DIR && pwd)`` bash computes written in."""
+    out, i = [], 0
+    while True:
+        j = text.find("$(", i)
+        if j < 0:
+            return "".join(out) + text[i:]
+        end = closing(text, j + 1)
+        value = substitute(text[j + 2:end], expand) if end is not None else None
+        if value is None:
+            out.append(text[i:j + 2])
+            i = j + 2
+            continue
+        out.append(text[i:j] + value)
+        i = end + 1
 
 
 def _split(text: str) -> List[str]:
@@ -184,8 +220,24 @@ def _expanded_words(text: str, env: Dict[str, str], positional: Sequence[str]) -
             out.append(text[i:i + 2])
             i += 2
             continue
+        if c == "$" and quote != "'" and text.startswith("$(", i):
+            end = closing(text, i + 1)
+            value = substitute(text[i + 2:end], lambda t: _expand(t, env, positional)) if end is not None else None
+            if value is not None:       # `$((16 / n))`, `$(expr 16 / $n)`, `$(cd "$DIR/.." && pwd)`
+                out.append(value.replace('"', '\\"') if quote == '"' else shlex.quote(value))
+                i = end + 1
+                continue
         if c == "$" and quote != "'":
             m = _VAR.match(text, i)
+            if m is None and text.startswith("${", i):      # `${1:-${DIR}/x}`: the inner expansion first
+                end = closing(text, i + 1, "{", "}")
+                if end is not None:
+                    m = _VAR.fullmatch("${" + _expand(text[i + 2:end], env, positional) + "}")
+                    if m is not None:
+                        value = _value_of(m, env, positional)
+                        if value is not None:
+                            text = text[:i] + m.group(0) + text[end + 1:]
+                            m = _VAR.match(text, i)
             value = _value_of(m, env, positional) if m else None
             if m and value is not None:
                 if quote == '"' and isinstance(value, list):   # "$@": each argument its own word

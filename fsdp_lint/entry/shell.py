@@ -21,7 +21,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from fsdp_lint.entry.bash_branches import Branches
 from fsdp_lint.entry.dora_launch import dora_launch, find_package, is_dora
 from fsdp_lint.entry.bash_words import (  # noqa: F401 - ShellError: this module's error too
-    _ARRAY, ShellError, with_script_path, _expand, _expanded_words, _joined, _logical_lines, _split, _tokens)
+    _ARRAY, ShellError, UnsetError, with_script_path, _expand, _expanded_words, _joined, _logical_lines, _split,
+    _tokens)
 
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 # what a node's shell counts its GPUs with (`--nproc_per_node=$(nvidia-smi -L | wc -l)`): read as torchrun's
@@ -390,6 +391,15 @@ def _console_file(command: str, target: str, script: str, cd: Optional[str], lin
     return path, base
 
 
+def _unset_stops(line: int, fn, *args):
+    """`fn(*args)`, where ``${NAME:?message}`` of a variable the script does not set stops bash: one line."""
+    try:
+        return fn(*args)
+    except UnsetError as exc:
+        raise ShellError(f"line {line}: {exc}: bash stops there (set it before the launch: {exc.args[0].split(':')[0]}=...)") \
+            from None
+
+
 def _dora_module(dora: dict, cd: Optional[str], line: int) -> str:
     """``PKG.MOD`` that `dora run` imports (its package found as dora finds it, in the folder it runs in)."""
     package = dora["package"]
@@ -462,7 +472,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         if words and all(_ASSIGN.match(w) for w in words):     # `MODEL=...`, `export NPROC=8`
             for w in words:
                 name, _, value = w.partition("=")
-                env[name] = _expand(value, env, positional)
+                env[name] = _unset_stops(start, _expand, value, env, positional)
                 if exporting:
                     exported.add(name)
             continue
@@ -487,7 +497,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         # the first command of the line's list or pipeline that is a launch (`mkdir -p out && torchrun ...
         # 2>&1 | tee out/log`), its redirections left out: bash gives the program none of them
         found = None
-        for command in _commands(_tokens(pieces, env, positional)):
+        for command in _commands(_unset_stops(start, _tokens, pieces, env, positional)):
             tokens = _nested(command)
             found = _launch(tokens, env, console)
             if found is not None:

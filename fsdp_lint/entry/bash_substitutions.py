@@ -1,0 +1,95 @@
+"""What bash computes inside a launch line before it runs it: arithmetic and the command substitutions a
+launch script uses for numbers and folders.
+
+* ``$((16 / nproc_per_node))``, ``$(( 2 * $N ))``: integer arithmetic on the script's variables (``/``
+  truncates, as bash's does);
+* ``$(expr 16 / $nproc_per_node)``: the same through ``expr``;
+* ``$(cd "${SCRIPT_DIR}/.." && pwd)``: the folder, where it exists (from the folder the script runs in).
+
+Anything else (a variable the script does not set, another command) is left as written, as before.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+from typing import Callable, Optional
+
+_CD_PWD = re.compile(r'^\s*cd\s+(?:"([^"$`]*)"|([^\s"$`;&]+))\s*(?:&&|;)\s*pwd(?:\s+-[PL])?\s*$')
+
+
+def closing(text: str, i: int, open_: str = "(", close: str = ")") -> Optional[int]:
+    """The index of the `close` that matches the `open_` at `i` (quotes respected), or None."""
+    depth, quote = 0, None
+    for j in range(i, len(text)):
+        c = text[j]
+        if quote:
+            if c == quote:
+                quote = None
+            continue
+        if c in "'\"":
+            quote = c
+        elif c == open_:
+            depth += 1
+        elif c == close:
+            depth -= 1
+            if depth == 0:
+                return j
+    return None
+
+
+def substitute(inner: str, expand: Callable[[str], str]) -> Optional[str]:
+    """The value of ``$(INNER)`` (``$((...))`` when INNER is ``(...)``), or None when it is not computed here.
+    `expand` expands the script's variables in a text."""
+    if inner.startswith("(") and inner.endswith(")"):
+        return arithmetic(inner[1:-1], expand)
+    words = expand(inner).split()
+    if words[:1] == ["expr"] and len(words) == 4:
+        return arithmetic(" ".join(w.replace("\\*", "*") for w in words[1:]), lambda s: s)
+    m = _CD_PWD.match(expand(inner))
+    if m:
+        folder = m.group(1) if m.group(1) is not None else m.group(2)
+        if os.path.isdir(folder):
+            return os.path.abspath(folder)
+    return None
+
+
+def arithmetic(text: str, expand: Callable[[str], str]) -> Optional[str]:
+    """``$((TEXT))``: bash's integer arithmetic, names read as the script's variables."""
+    text = expand(text)
+    # bash arithmetic reads bare names as variables too
+    text = re.sub(r"[A-Za-z_][A-Za-z0-9_]*", lambda m: expand("$" + m.group(0)), text)
+    if "$" in text or re.search(r"[A-Za-z_]", text):
+        return None                     # a variable nothing sets here
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError:
+        return None
+    try:
+        result = _evaluate(tree.body)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return None if result is None else str(result)
+
+
+def _evaluate(node) -> Optional[int]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = _evaluate(node.operand)
+        return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
+    if isinstance(node, ast.BinOp):
+        a, b = _evaluate(node.left), _evaluate(node.right)
+        if a is None or b is None:
+            return None
+        if isinstance(node.op, ast.Add):
+            return a + b
+        if isinstance(node.op, ast.Sub):
+            return a - b
+        if isinstance(node.op, ast.Mult):
+            return a * b
+        if isinstance(node.op, (ast.Div, ast.FloorDiv)):
+            return int(a / b) if b else None         # truncates toward zero, as bash
+        if isinstance(node.op, ast.Mod):
+            return a - b * int(a / b) if b else None
+    return None
