@@ -872,3 +872,28 @@ def _bash_runs_with(script, given) -> list:
     shim = 'torchrun() { echo "torchrun $*"; }; export -f torchrun; bash "$0" "$@"'
     return subprocess.run(["bash", "-c", shim, str(script), *given], capture_output=True, text=True,
                           check=True).stdout.splitlines()
+
+
+def test_torchrun_of_an_installed_console_script_runs_its_module(tmp_path, monkeypatch):
+    # lerobot's docs: `torchrun --nproc-per-node=4 $(which lerobot-train) --policy.type=act ...`: the command
+    # pip installed (made here by pip's own script maker) is a Python file without .py that imports the
+    # module's main
+    from pip._vendor.distlib.scripts import ScriptMaker
+
+    from fsdp_lint.entry.shell import shell_launches
+
+    (tmp_path / "src" / "toyproj").mkdir(parents=True)
+    (tmp_path / "src" / "toyproj" / "__init__.py").write_text("")
+    (tmp_path / "src" / "toyproj" / "train.py").write_text(DISPATCHED)
+    (tmp_path / "bin").mkdir()
+    maker = ScriptMaker(None, str(tmp_path / "bin"))
+    maker.executable, maker.variants = sys.executable, {""}
+    [made] = maker.make("toyproj-train = toyproj.train:main")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    for line in ("torchrun --nproc-per-node=4 $(which toyproj-train) --n_layers 2",
+                 f"torchrun --nproc-per-node 4 {made} --n_layers 2"):
+        (tmp_path / "run.sh").write_text(f"#!/bin/bash\n{line}\n")
+        [launch] = shell_launches(str(tmp_path / "run.sh"))
+        assert launch.path == str(tmp_path / "src" / "toyproj" / "train.py"), line
+        assert (launch.world_size, launch.args) == (4, ["--n_layers", "2"]), line

@@ -4,7 +4,8 @@ launch script uses for numbers and folders.
 * ``$((16 / nproc_per_node))``, ``$(( 2 * $N ))``: integer arithmetic on the script's variables (``/``
   truncates, as bash's does);
 * ``$(expr 16 / $nproc_per_node)``: the same through ``expr``;
-* ``$(cd "${SCRIPT_DIR}/.." && pwd)``: the folder, where it exists (from the folder the script runs in).
+* ``$(cd "${SCRIPT_DIR}/.." && pwd)``: the folder, where it exists (from the folder the script runs in);
+* ``$(which COMMAND)``: the installed command (a console script, whose file `fsdp_lint.entry.shell` reads).
 
 Anything else (a variable the script does not set, another command) is left as written, as before.
 """
@@ -46,6 +47,11 @@ def substitute(inner: str, expand: Callable[[str], str]) -> Optional[str]:
     words = expand(inner).split()
     if words[:1] == ["expr"] and len(words) == 4:
         return arithmetic(" ".join(w.replace("\\*", "*") for w in words[1:]), lambda s: s)
+    if len(words) == 2 and words[0] in ("which", "command -v"):
+        import shutil
+
+        found = shutil.which(words[1])      # `torchrun $(which lerobot-train)`: the node's installed command
+        return found
     m = _CD_PWD.match(expand(inner))
     if m:
         folder = m.group(1) if m.group(1) is not None else m.group(2)

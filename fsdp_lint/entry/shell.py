@@ -185,6 +185,11 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
         w = words[j]
         if w.endswith(".py") and not w.startswith("-"):
             break
+        wrapper = console_wrapper(w) if head in ("torchrun", "accelerate") or torchrun else None
+        if wrapper:      # `torchrun $(which lerobot-train) ...`: an installed console script's file
+            return {"file": wrapper, "first_arg": j + 1, "world_size": _world_of(opts, head),
+                    "accelerate_config": opts.get("config_file") if head == "accelerate" else None,
+                    "console": os.path.basename(w), "torchrun": (torchrun[0], words[torchrun[1]:]) if torchrun else None}
         if w in ("-m",) and head.startswith("python") and j + 1 < len(words) and \
                 words[j + 1] in ("torch.distributed.run", "torch.distributed.launch"):
             torchrun = (words[j + 1].rsplit(".", 1)[1], j + 2)
@@ -389,6 +394,29 @@ def _console_file(command: str, target: str, script: str, cd: Optional[str], lin
                          f"{os.path.relpath(path)} as a script does not call {function}(): lint the file the "
                          f"command dispatches to")
     return path, base
+
+
+_WRAPPER = re.compile(r"^from\s+([\w.]+)\s+import\s+(\w+)\s*$.*?sys\.exit\(\s*\2\(\)\s*\)", re.S | re.M)
+
+
+def console_wrapper(path: str) -> Optional[str]:
+    """"module:function" of a console script pip installed (``bin/lerobot-train``: ``from lerobot.scripts.
+    lerobot_train import main`` ... ``sys.exit(main())``), or None for any other word."""
+    if path.endswith(".py") or path.startswith("-") or os.sep not in path or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(4096)
+    except OSError:
+        return None
+    m = _WRAPPER.search(text) if text.startswith("#!") and "python" in text.splitlines()[0] else None
+    return f"{m.group(1)}:{m.group(2)}" if m else None
+
+
+def _world_of(opts, head) -> Optional[int]:
+    nproc = _int(opts.get("nproc_per_node") or opts.get("num_processes"))
+    nodes = _int(opts.get("nnodes") or opts.get("num_machines")) or 1
+    return nproc * (1 if "num_processes" in opts else nodes) if nproc else None
 
 
 def _unset_stops(line: int, fn, *args):
