@@ -80,11 +80,14 @@ def _accelerator(hooks, module) -> None:
 
 def _not_sharding(prepare_model):
     """An accelerate config that is not FSDP's (``distributed_type: MULTI_GPU``) launches the processes a
-    script that calls FSDP itself needs; an Accelerator that prepares the model under it wraps it in DDP
-    (or DeepSpeed): nothing to plan, said in one line."""
+    script that calls FSDP itself needs; an Accelerator that prepares the model under that config wraps it
+    in DDP (or DeepSpeed): nothing to plan, said in one line."""
     def wrapped(self, model, *args, **kwargs):
+        from fsdp_lint.replay.frameworks import current_options
+
         kind = str(getattr(self, "distributed_type", "")).rsplit(".", 1)[-1]
-        if kind in ("MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_HPU", "DEEPSPEED") \
+        # (without a config -- the HF Trainer without FSDP arguments -- the plan is fsdp-lint's suggestion)
+        if current_options().accelerate_config and kind in ("MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_HPU", "DEEPSPEED") \
                 and not _is_fsdp(model):
             from fsdp_lint.replay.records import ReplayError
 

@@ -70,7 +70,10 @@ def _missing_code(name: str) -> List[str]:
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        config = try_to_load_from_cache(name, "config.json")
+        # (the cache the environment names now: huggingface_hub reads it once, at its import)
+        home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+        cache = os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub")
+        config = try_to_load_from_cache(name, "config.json", cache_dir=cache)
         if not isinstance(config, str):
             return []
         with open(config, encoding="utf-8") as fh:
@@ -79,7 +82,7 @@ def _missing_code(name: str) -> List[str]:
         return []
     refs = [r for v in auto_map.values() for r in (v if isinstance(v, list) else [v]) if isinstance(r, str)]
     files = sorted({r.split("--")[-1].rsplit(".", 1)[0] + ".py" for r in refs if "." in r})
-    return [f for f in files if not isinstance(try_to_load_from_cache(name, f), str)]
+    return [f for f in files if not isinstance(try_to_load_from_cache(name, f, cache_dir=cache), str)]
 
 
 def load_config(name_or_path, options, **kwargs):
