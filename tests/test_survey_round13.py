@@ -897,3 +897,19 @@ def test_torchrun_of_an_installed_console_script_runs_its_module(tmp_path, monke
         [launch] = shell_launches(str(tmp_path / "run.sh"))
         assert launch.path == str(tmp_path / "src" / "toyproj" / "train.py"), line
         assert (launch.world_size, launch.args) == (4, ["--n_layers", "2"]), line
+
+
+def test_a_syntax_error_of_a_project_for_a_newer_python_names_its_requirement(cli, tmp_path):
+    # lerobot asks for Python >= 3.12 (PEP 695 `type` aliases): on an older Python its modules do not parse,
+    # and the error named only the line
+    newer = f"{sys.version_info.major}.{sys.version_info.minor + 1}"
+    (tmp_path / "pyproject.toml").write_text(f'[project]\nname = "newsyntax"\nversion = "0.1"\n'
+                                             f'requires-python = ">={newer}"\n')
+    (tmp_path / "newsyntax").mkdir()
+    (tmp_path / "newsyntax" / "__init__.py").write_text("")
+    (tmp_path / "newsyntax" / "types.py").write_text("type Shape = tuple[int, ...]\nfrom typing import (\n")
+    (tmp_path / "train.py").write_text("import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n"
+                                       "from newsyntax.types import Shape\n\nfully_shard(nn.Linear(4, 4))\n")
+    res = cli("train.py", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert f"(pyproject.toml asks for requires-python >={newer}; fsdp-lint runs on Python " in res.err, res.err

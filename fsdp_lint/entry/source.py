@@ -12,7 +12,7 @@ takes a second.
 from __future__ import annotations
 
 from fsdp_lint.entry.noqa import _noqa_lines, file_noqa_lines
-from fsdp_lint.entry.reading import SourceError, read_text  # noqa: F401 - the names callers import from here
+from fsdp_lint.entry.reading import SourceError, python_requirement_note, read_text  # noqa: F401 - (callers' names)
 from fsdp_lint.entry.relevance import called_here, mark_relevance, relevant_lines_with  # noqa: F401 - (callers' names)
 
 import ast
@@ -161,7 +161,8 @@ def parse_tree(path: str, text: str) -> ast.Module:
     try:
         return ast.parse(text, filename=path)
     except SyntaxError as exc:
-        raise SourceError(f"{path}:{exc.lineno or 1}:{exc.offset or 1}: syntax error: {exc.msg}") from None
+        raise SourceError(f"{path}:{exc.lineno or 1}:{exc.offset or 1}: syntax error: {exc.msg}"
+                          f"{python_requirement_note(path)}") from None
     except (ValueError, MemoryError, RecursionError) as exc:   # NUL bytes, absurd nesting
         raise SourceError(f"{path}: cannot parse: {exc}") from None
 
