@@ -913,3 +913,23 @@ def test_a_syntax_error_of_a_project_for_a_newer_python_names_its_requirement(cl
     res = cli("train.py", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
     assert f"(pyproject.toml asks for requires-python >={newer}; fsdp-lint runs on Python " in res.err, res.err
+
+
+def test_a_missing_package_behind_a_lazy_import_is_named(cli, tmp_path):
+    # ms-swift's `_LazyModule`: `from pkg import MediaResource` imports pkg.media in the package's __getattr__,
+    # whose class body calls a function of a package that is not installed (modelscope); the import failure
+    # was named without the package
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text(
+        "import importlib\n\n_where = {'MediaResource': 'media'}\n\n\ndef __getattr__(name):\n"
+        "    if name in _where:\n        module = importlib.import_module('.' + _where[name], __name__)\n"
+        "        value = getattr(module, name)\n    else:\n        raise AttributeError(name)\n"
+        "    globals()[name] = value\n    return value\n")
+    (tmp_path / "pkg" / "media.py").write_text(
+        "import os\nfrom remotehub_toolkit.utils import get_cache_dir\n\n\nclass MediaResource:\n"
+        "    cache_dir = os.path.join(get_cache_dir(), 'media')\n")
+    (tmp_path / "train.py").write_text("import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n"
+                                       "from pkg import MediaResource\n\nfully_shard(nn.Linear(4, 4))\n")
+    res = cli("train.py", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "pkg/media.py:6:" in res.err and "`remotehub_toolkit` is not installed here: pip install remotehub" in res.err

@@ -332,6 +332,9 @@ class Failures:
             # the line in the skipped statement that failed (a call in the branch of an `if`), else the statement
             loc = self._location(exc, entry_display, f"{_display(cause.skipped.path, self.entry_path, entry_display)}:{cause.skipped.line}")
             earlier = self.acted_on_by_skip(exc, before=self.skips.index(cause))
+            stub = self.stub_cause(exc)
+            if stub is not None and earlier is None:    # the first failure worked on a stand-in: its package
+                return f"{loc}: setup code failed {where_real}: {_one_line(exc)} {self._uses_stand_in(stub)}{later}"
         else:
             loc = self._location(exc, entry_display)
             earlier = self.acted_on_by_skip(exc)
