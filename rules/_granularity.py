@@ -55,7 +55,7 @@ def per_block_layout(ctx, block=None):
     """(plan, layout) of the per-block alternative to ctx.plan (`block`: a class or several;
     default: the model's repeated blocks), or (None, None)."""
     from fsdp_lint.plan.layout import compute_layout
-    from fsdp_lint.plan.build import per_block_plan
+    from fsdp_lint.plan.alternatives import per_block_plan
 
     alt = per_block_plan(ctx.tree, ctx.plan, block)
     if alt is None:

@@ -933,3 +933,60 @@ def test_a_missing_package_behind_a_lazy_import_is_named(cli, tmp_path):
     res = cli("train.py", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
     assert "pkg/media.py:6:" in res.err and "`remotehub_toolkit` is not installed here: pip install remotehub" in res.err
+
+
+OFFLOADED = '''
+import argparse
+import torch
+import torch.nn as nn
+import torch.distributed as dist
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--offload", type=int, default=1)
+    args = parser.parse_args()
+    dist.init_process_group("nccl")
+    with torch.device("meta"):
+        model = nn.Sequential(*[Block(8192) for _ in range(40)])
+    policy = CPUOffloadPolicy() if args.offload else OffloadPolicy()
+    for block in model:
+        fully_shard(block, offload_policy=policy)
+    fully_shard(model, offload_policy=policy)
+    torch.optim.AdamW(model.parameters())
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_cpu_offload_keeps_the_sharded_state_off_the_device(cli, tmp_path):
+    # ms-swift's FSDP QLoRA example offloads parameters (accelerate's fsdp_offload_params): the estimate
+    # counted the sharded parameters, gradients and AdamW state on the device and FSD801 said a 72B model
+    # did not fit two GPUs. With offload they are in host memory; the device holds the units in flight
+    (tmp_path / "train.py").write_text(OFFLOADED)
+    mem = {}
+    for offload in (0, 1):
+        res = cli("train.py", "-n", "2", "--no-cache", "--format", "json", "--", "--offload", str(offload),
+                  cwd=str(tmp_path))
+        f = json.loads(res.out)["files"][0]
+        mem[offload] = (f["memory"], [x["code"] for x in f["findings"]])
+    (plain, plain_codes), (off, off_codes) = mem[0], mem[1]
+    moved = sum(plain["breakdown"][k] for k in ("sharded_params", "sharded_grads", "optimizer_state"))
+    assert plain_codes == ["FSD801"] and off_codes == []
+    assert off["host_bytes"] == moved and plain["host_bytes"] == 0
+    assert off["per_rank_bytes"] == plain["per_rank_bytes"] - moved
+    res = cli("train.py", "-n", "2", "--no-cache", cwd=str(tmp_path))
+    assert "/rank on the device, + " in res.out and "/rank offloaded to the CPU" in res.out

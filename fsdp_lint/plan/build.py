@@ -37,6 +37,9 @@ class Unit:
     call_site: Optional[Tuple[str, int]] = None
     # FSDP2 shard_placement_fn evaluated on the call's parameters: FQN -> dim (the unit's own apply)
     shard_dims: Dict[str, int] = field(default_factory=dict)
+    # FSDP2 offload_policy=CPUOffloadPolicy() / FSDP1 cpu_offload=CPUOffload(offload_params=True): its sharded
+    # parameters, gradients and optimizer state live in host memory
+    cpu_offload: bool = False
 
 
 @dataclass
@@ -285,6 +288,7 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
                 param_dtype=_dtype_or_none(getattr(mp, "param_dtype", None)),
                 reduce_dtype=_dtype_or_none(getattr(mp, "reduce_dtype", None)),
                 shard_size=shard_size,
+                cpu_offload=type(kw.get("offload_policy")).__name__ == "CPUOffloadPolicy",
             )
             for f in fqns:
                 if f in seen_modules:
@@ -327,6 +331,7 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
                 plan.sharding_strategy = strategy
             param_dtype = _dtype_or_none(getattr(mp, "param_dtype", None))
             reduce_dtype = _dtype_or_none(getattr(mp, "reduce_dtype", None)) or param_dtype
+            offload = bool(getattr(kw.get("cpu_offload"), "offload_params", False))
             for m in kw.get("ignored_modules") or []:
                 f = fqn_of.get(id(m))
                 if f is not None and f not in plan.ignored_modules:
@@ -354,7 +359,7 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
                 plan.units.append(Unit(
                     module=f, modules=[f], cls=tree.modules[f].cls, path=call.pos.path, line=call.pos.line,
                     col=call.pos.col, seq=call.seq, origin="policy", param_dtype=param_dtype,
-                    reduce_dtype=reduce_dtype, shard_size=options.world_size,
+                    reduce_dtype=reduce_dtype, shard_size=options.world_size, cpu_offload=offload,
                     reshard_after_forward=strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD"),
                     call_site=plan.call_sites.get((call.pos.path, call.pos.line))))
             f = fqns[0]
@@ -363,7 +368,7 @@ def _plan_from_calls(plan: WrapPlan, tree: ModuleTree, options: PlanOptions, cal
                                                  f"FSDP wraps {f or 'the root'} a second time"))
             unit = Unit(module=f, modules=[f], cls=tree.modules[f].cls, path=call.pos.path, line=call.pos.line,
                         col=call.pos.col, seq=call.seq, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                        shard_size=options.world_size,
+                        shard_size=options.world_size, cpu_offload=offload,
                         reshard_after_forward=strategy not in ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD"),
                         call_site=plan.call_sites.get((call.pos.path, call.pos.line)))
             seen_order.setdefault(f, len(seen_order))
@@ -545,54 +550,6 @@ def _managed_modules_post_order(tree: ModuleTree, roots: List[str], nested_roots
 # --------------------------------------------------------------------------------------------
 # the per-block alternative (what FSD101/FSD102 compare a plan with)
 # --------------------------------------------------------------------------------------------
-def per_block_plan(tree: ModuleTree, plan: WrapPlan, block=None) -> Optional[WrapPlan]:
-    """The per-block plan for `plan`'s model: one unit per outermost instance of the repeated block
-    classes (``tree.repeated_blocks()`` unless `block`, a class or several, is given), children
-    first, then the root;
-    with `plan`'s API, world size and options (sharding strategy, ``use_orig_params``, mixed
-    precision and shard size of its root unit, ignored modules and parameters). Feed it to
-    ``compute_layout`` to compare peaks and collectives. None when the model has no repeated block."""
-    block = block or tree.repeated_blocks()
-    if not block:
-        return None
-    instances = tree.instances_of(block)
-    if not instances:
-        return None
-    return alternative_plan(tree, plan, instances, "per-block")
-
-
-def alternative_plan(tree: ModuleTree, plan: WrapPlan, modules: List, origin: str) -> WrapPlan:
-    """`plan` with other units: one per module in `modules` (children first; a tuple of modules is
-    one unit of them all, FSDP2's ``fully_shard([a, b])``, placed as its first), then the root; the
-    API, world size and options as in ``per_block_plan`` (``modules=[]``: the whole model as one
-    unit)."""
-    template = plan.root_unit or (plan.units[-1] if plan.units else None)
-    alt = WrapPlan(api=plan.api or "fsdp2", world_size=plan.world_size, units=[], root_wrapped=False,
-                   use_orig_params=plan.use_orig_params, sharding_strategy=plan.sharding_strategy,
-                   origin=origin, ignored_params=list(plan.ignored_params),
-                   ignored_modules=list(plan.ignored_modules), optimizers=list(plan.optimizers),
-                   mesh=plan.mesh, param_sharding=plan.param_sharding,
-                   param_shard_dims=dict(plan.param_shard_dims))
-
-    groups = {m[0]: list(m) for m in modules if not isinstance(m, str)}
-
-    def unit(fqn: str, seq: int) -> Unit:
-        return Unit(module=fqn, modules=groups.get(fqn, [fqn]), cls=tree.modules[fqn].cls,
-                    path=template.path if template else f"<{origin}>", line=template.line if template else 0,
-                    col=template.col if template else 0, seq=seq, origin=origin,
-                    param_dtype=template.param_dtype if template else None,
-                    reduce_dtype=template.reduce_dtype if template else None,
-                    shard_size=template.shard_size if template else plan.world_size,
-                    replicate_size=template.replicate_size if template else 1,
-                    mesh=template.mesh if template else None)
-
-    for seq, fqn in enumerate(_post_order(tree, [m if isinstance(m, str) else m[0] for m in modules])):
-        alt.units.append(unit(fqn, seq))
-    alt.units.append(unit("", len(alt.units)))
-    _assign_params(alt, tree)
-    return alt
-
-
 def wrap_pattern_matches(tree: ModuleTree, pattern: str) -> List[str]:
     """The modules a ``--wrap`` class name or FQN glob selects (what the CLI plan wraps)."""
     return _modules_matching(tree, [pattern])

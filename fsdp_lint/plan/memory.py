@@ -24,6 +24,9 @@ class Memory:
     # the activations alive at the peak, by unit (repeated units' FQNs as a glob: ``layers.*``)
     activations_by_unit: Dict[str, int] = field(default_factory=dict)
     checkpointed_regions: int = 0     # activation-checkpointed regions the traced forward ran
+    # CPU offload (FSDP2 CPUOffloadPolicy / FSDP1 CPUOffload(offload_params=True)): the offloaded units'
+    # sharded parameters, gradients and optimizer state, in host memory (not in per_rank_bytes)
+    host_bytes: int = 0
 
 
 # the static breakdown's keys, always all present (JSON consumers read them by name)
@@ -77,21 +80,23 @@ def estimate_memory(plan: WrapPlan, tree: ModuleTree, units: list, trace=None,
     opt_cls = plan.optimizers[-1].cls if plan.optimizers else "AdamW"
     states = _OPTIMIZER_STATES.get(opt_cls, 2)
     held = _optimized(plan)
-    sharded_params = sharded_grads = optimizer = 0
+    sharded_params = sharded_grads = optimizer = host = 0
     for u in units:
         itemsizes = [tree.params[p].itemsize for p in u.unit.params] or [4]
         orig = max(itemsizes)
         share = _held_share(u, tree, held)
         if plan.api == "fsdp1":
-            sharded_params += u.shard_numel * orig
-            sharded_grads += u.grad_numel * orig
+            params, grads = u.shard_numel * orig, u.grad_numel * orig
             trainable_shard = u.grad_numel if u.trainable_numel == u.numel else ceil_div(u.trainable_numel, u.world_size)
-            optimizer += round(states * trainable_shard * orig * share)
+            state = round(states * trainable_shard * orig * share)
         else:
-            sharded_params += sum(  # rank 0's local shard (of the TP-local tensor for DTensor params)
+            params = sum(  # rank 0's local shard (of the TP-local tensor for DTensor params)
                 _prod(p.local_shape_first or (1,)) * dtype_itemsize(p.dtype) for p in u.params)
-            sharded_grads += u.grad_numel * orig
-            optimizer += round(states * u.grad_numel * orig * share)
+            grads, state = u.grad_numel * orig, round(states * u.grad_numel * orig * share)
+        if getattr(u.unit, "cpu_offload", False):
+            host += params + grads + state          # the device holds the unit only while it is gathered
+            continue
+        sharded_params, sharded_grads, optimizer = sharded_params + params, sharded_grads + grads, optimizer + state
     replicated = 0
     for fqn in list(plan.leftover_params) + list(plan.ignored_params):
         p = tree.params[fqn]
@@ -149,7 +154,7 @@ def estimate_memory(plan: WrapPlan, tree: ModuleTree, units: list, trace=None,
                   phase=phase, activation_inputs=(trace.inputs if traced else None) if activations else None,
                   activation_note=_activation_note(trace, activations),
                   activations_by_unit=activations_by_unit,
-                  checkpointed_regions=trace.checkpointed if traced else 0,
+                  checkpointed_regions=trace.checkpointed if traced else 0, host_bytes=host,
                   unsharded_peak_bytes=_unsharded_peak(plan, gathered, [u.unsharded_bytes for u in others]))
 
 
@@ -213,7 +218,7 @@ def backward_moments(plan: WrapPlan, tree: ModuleTree, units: list, trace, base:
         return u.padded_numel * u.trainable_numel // u.numel * dtype_itemsize(u.param_dtype)
 
     def grad_shard(i: int) -> int:
-        return units[i].grad_numel * itemsize[i]
+        return 0 if getattr(units[i].unit, "cpu_offload", False) else units[i].grad_numel * itemsize[i]
 
     def rs_input(i: int) -> int:
         u = units[i]

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from fsdp_lint.plan.layout import Layout, compute_layout
-from fsdp_lint.plan.build import WrapPlan, alternative_plan, per_block_plan
+from fsdp_lint.plan.alternatives import alternative_plan, per_block_plan
+from fsdp_lint.plan.build import WrapPlan
 
 
 @dataclass

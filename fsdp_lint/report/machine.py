@@ -107,7 +107,8 @@ def memory_to_json(res) -> dict:
     mem = res.layout.memory
     out = {"per_rank_bytes": mem.per_rank_bytes, "breakdown": mem.breakdown, "optimizer": mem.optimizer,
            "covers": mem.covers, "phase": mem.phase, "note": mem.activation_note,
-           "checkpointed_regions": mem.checkpointed_regions, "activations_by_unit": mem.activations_by_unit}
+           "checkpointed_regions": mem.checkpointed_regions, "activations_by_unit": mem.activations_by_unit,
+           "host_bytes": mem.host_bytes}
     if getattr(res, "simulated", None) is not None:
         out["simulated"] = res.simulated
     budget = getattr(res, "budget", None)

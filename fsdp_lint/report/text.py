@@ -119,9 +119,13 @@ def unsupported_notes(res) -> List[str]:
 
 def memory_summary(memory) -> str:
     """The estimate with what it covers: never a bare total that reads as the peak."""
+    host = getattr(memory, "host_bytes", 0)
+    offloaded = f", + {human_bytes(host)}/rank offloaded to the CPU" if host else ""
     if "activations" in memory.covers:
-        return f"peak ~{human_bytes(memory.per_rank_bytes)}/rank ({memory.activation_note})"
-    return f"{memory.covers} ~{human_bytes(memory.per_rank_bytes)}/rank ({memory.activation_note})"
+        return f"peak ~{human_bytes(memory.per_rank_bytes)}/rank on the device{offloaded} ({memory.activation_note})" \
+            if host else f"peak ~{human_bytes(memory.per_rank_bytes)}/rank ({memory.activation_note})"
+    return f"{memory.covers} ~{human_bytes(memory.per_rank_bytes)}/rank{' on the device' if host else ''}{offloaded} " \
+           f"({memory.activation_note})"
 
 
 def unit_table(res) -> str:

@@ -22,7 +22,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple, Union
 
-from fsdp_lint.plan.build import WrapPlan, alternative_plan
+from fsdp_lint.plan.alternatives import alternative_plan
+from fsdp_lint.plan.build import WrapPlan
 
 Unit = Union[str, Tuple[str, ...]]      # a granularity entry: a module, or modules sharded as one group
 GRANULARITIES = ("file", "blocks", "blocks+embeddings", "experts")
