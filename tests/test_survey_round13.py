@@ -990,3 +990,39 @@ def test_cpu_offload_keeps_the_sharded_state_off_the_device(cli, tmp_path):
     assert off["per_rank_bytes"] == plain["per_rank_bytes"] - moved
     res = cli("train.py", "-n", "2", "--no-cache", cwd=str(tmp_path))
     assert "/rank on the device, + " in res.out and "/rank offloaded to the CPU" in res.out
+
+
+def test_a_launcher_that_swallows_failures_of_its_popen_still_ends_naming_the_launch(cli, tmp_path):
+    # cosmos-rl's launcher runs `launch_replica.sh ...` (executed directly, shell=True) inside
+    # `try: ... except Exception: log` and goes on: the lint must neither start it nor be swallowed there
+    (tmp_path / "train.py").write_text(DISPATCHED)
+    (tmp_path / "launch_replica.sh").write_text("#!/bin/bash\ntorchrun --nproc_per_node 8 train.py \"$@\"\n")
+    os.chmod(tmp_path / "launch_replica.sh", 0o755)
+    (tmp_path / "launch.py").write_text(f'''
+import logging
+import subprocess
+
+import train   # noqa: F401  (the project's trainer, whose defaults the launcher shows in its help)
+
+
+def start(cmd):
+    try:
+        return subprocess.Popen(cmd, shell=True)
+    except Exception as exc:
+        logging.error("could not start %s: %s", cmd, exc)
+
+
+def main():
+    procs = [start("{tmp_path / 'launch_replica.sh'} --n_layers 2")]
+    for p in procs:
+        if p is not None:
+            p.wait()
+
+
+if __name__ == "__main__":
+    main()
+''')
+    res = cli("launch.py", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "launch.py:10: the setup starts `" in res.err and "(it launches train.py)" in res.err, res.err
+    assert "`fsdp-lint launch_replica.sh -- --n_layers 2`" in res.err

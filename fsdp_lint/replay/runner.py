@@ -62,6 +62,7 @@ from fsdp_lint.replay.transform import LENGTH, LOOP, REBIND, SETUP_DONE, SKIP, S
 from fsdp_lint.replay.helpers import ReplayHelper
 from fsdp_lint.entry.source import SourceFacts, relevant_lines_with
 from fsdp_lint.replay.argv_hint import argv_hint
+from fsdp_lint.replay.subprocess_launches import LaunchElsewhere
 from fsdp_lint.replay.roots import last_resort_roots
 from fsdp_lint.model.tree import user_class
 from fsdp_lint.replay.model_root import _root_of, _undo_after_last_wrap  # noqa: F401 (api.py imports them here)
@@ -375,6 +376,8 @@ class _Run:
             raise ReplayError(f"{self.display}: replaying the setup code took longer than {timeout:.0f} s") from None
         except network.NetworkWait as exc:      # issue 15: never wait on a network the lint does not have
             raise ReplayError(f"{self.display}: {exc}{self.failures.decides_note(self.shown)}") from None
+        except LaunchElsewhere as exc:          # ... nor start the processes a launcher starts
+            raise ReplayError(str(exc)) from None
         except SystemExit as exc:
             if self.setup_done is not None and not self.rec.stopped:
                 self.ended_after_setup = f"sys.exit({exc.code!r})"

@@ -18,6 +18,11 @@ from typing import Any, Callable, List, Optional
 Patch = Callable[[Any, str, Any], None]
 
 
+class LaunchElsewhere(BaseException):
+    """The setup starts the training launch in a subprocess (a BaseException: launchers wrap their Popen in
+    ``except Exception`` and go on to the next process); the message is the one line to report."""
+
+
 def install(rec, patch: Patch) -> None:
     import subprocess
 
@@ -28,9 +33,7 @@ def install(rec, patch: Patch) -> None:
         if words:
             hint = _launch_hint(words, kwargs.get("cwd"), kwargs.get("env"))
             if hint is not None:
-                from fsdp_lint.replay.records import ReplayError
-
-                raise ReplayError(hint)
+                raise LaunchElsewhere(hint)
         return real_init(self, args, *rest, **kwargs)
 
     patch(subprocess.Popen, "__init__", init)
@@ -57,10 +60,14 @@ def _launch_hint(words: List[str], cwd, env) -> Optional[str]:
     if len(shown) > 160:
         shown = shown[:157] + "..."
     head = os.path.basename(words[0])
-    if head in ("bash", "sh") and len(words) > 1 and words[1].endswith(".sh"):
-        return (f"{where}the setup starts `{shown}` in a subprocess: the training processes are that launch "
-                f"script's; lint it (`fsdp-lint {words[1]}`, with the environment the launcher gives it) -- a lint "
-                f"never starts processes")
+    at = 1 if head in ("bash", "sh") and len(words) > 1 else 0
+    script = words[at]
+    if script.endswith(".sh") and os.path.isfile(script):
+        inside = _launches_in(script)
+        given = " ".join(shlex.quote(w) for w in words[at + 1:])
+        return (f"{where}the setup starts `{shown}` in a subprocess{inside}: the training processes are that "
+                f"launch script's; lint it (`fsdp-lint {os.path.relpath(script)}{' -- ' + given if given else ''}`, "
+                f"with the environment the launcher gives it) -- a lint never starts processes")
     found = _launch([(w, 0) for w in (["python"] + words[1:] if _is_python(words[0]) else words)], {}, {})
     if not found or not found.get("file"):
         return None
@@ -83,6 +90,18 @@ def _launch_hint(words: List[str], cwd, env) -> Optional[str]:
     rest = f" -- {' '.join(shlex.quote(a) for a in args)}" if args else ""
     return (f"{where}the setup starts `{shown}` in a subprocess: the model is built in that launch's processes, "
             f"not in this one; lint the launch: `fsdp-lint {rel}{world}{rest}` -- a lint never starts processes")
+
+
+def _launches_in(script: str) -> str:
+    """" (it launches pkg/train.py)": what the launch script runs, as fsdp-lint reads it."""
+    from fsdp_lint.entry.shell import ShellError, shell_launches
+
+    try:
+        found = shell_launches(script)
+    except (ShellError, OSError, ValueError):
+        return ""
+    names = ", ".join(dict.fromkeys(os.path.relpath(l.path) for l in found))
+    return f" (it launches {names})" if names else ""
 
 
 def _is_python(word: str) -> bool:
