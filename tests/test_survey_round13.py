@@ -1026,3 +1026,36 @@ if __name__ == "__main__":
     assert res.code == 2
     assert "launch.py:10: the setup starts `" in res.err and "(it launches train.py)" in res.err, res.err
     assert "`fsdp-lint launch_replica.sh -- --n_layers 2`" in res.err
+
+
+def test_an_entry_point_run_through_a_missing_cli_package_names_it(cli, tmp_path):
+    # xtuner's sft.py: `app = App(...)`, `@app.default def main(...)` building a Trainer from its config;
+    # `app(exit_on_error=False)` runs it. Without cyclopts nothing ran, and the lint said "no model found"
+    (tmp_path / "trainer.py").write_text("DEFAULT_LAYERS = 4\n" + DISPATCHED.replace("def main():", "def fit(n_layers=4):").replace(
+        "    parser = argparse.ArgumentParser()\n    parser.add_argument(\"--n_layers\", type=int, default=4)\n"
+        "    args = parser.parse_args()\n", "").replace("args.n_layers", "n_layers").replace(
+        "if __name__ == \"__main__\":\n    main()\n", ""))
+    (tmp_path / "sft.py").write_text('''
+import importlib
+from pathlib import Path
+from cyclopts import App
+
+from trainer import DEFAULT_LAYERS
+
+app = App(help="fine-tuning")
+TRAINERS = {"sft": "trainer"}      # a registry: the trainer is found by name
+
+
+@app.default()
+def main(*, config: Path, trainer: str = "sft"):
+    layers = int(config.read_text()) or DEFAULT_LAYERS
+    return importlib.import_module(TRAINERS[trainer]).fit(layers)
+
+
+if __name__ == "__main__":
+    app(exit_on_error=False)
+''')
+    res = cli("sft.py", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "sft.py:19: the `__main__` block runs the entry point through `app(exit_on_error=False)`, from " \
+           "`cyclopts`, which is not installed here (pip install cyclopts)" in res.err, res.err

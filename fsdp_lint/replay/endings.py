@@ -19,7 +19,7 @@ def unreached(run, exc: NoModelError) -> NoModelError:
     """No model, though the entry reaches wrap code: when setup statements failed and were skipped, the
     first of them is the likely cause (a logger whose backend is missing left `fabric` unbound, and
     every statement after it was skipped in turn)."""
-    launch = _cli_launch(run)
+    launch = _cli_launch(run) or _dispatcher_missing(run)
     if launch is not None:
         return launch
     if run.project.reaches_fsdp and not run.rec.wrap_calls:
@@ -31,6 +31,32 @@ def unreached(run, exc: NoModelError) -> NoModelError:
         return NoModelError(f"{run.display}: the script ran to its end without building a model or reaching its "
                             f"wrap code; it reported: {said}")
     return exc
+
+
+def _dispatcher_missing(run) -> Optional[NoModelError]:
+    """The ``__main__`` block hands the entry to a command-line package that is not installed here (``app()``
+    of ``cyclopts.App``, ``fire.Fire(main)``, ``typer.run(main)``): the entry point never runs."""
+    import os
+
+    guard = run.facts.main_guard_line
+    if guard is None:
+        return None
+    for use in run.failures.stub_uses:
+        if os.path.abspath(use.path) == run.path and use.line > guard and use.name.endswith("()"):
+            top = use.name.split(".")[0].split("(")[0]
+            imp = next((i for i in run.failures.imports if top in i.names or i.missing.split(".")[0] == top), None)
+            if imp is None or imp.local:
+                continue
+            from fsdp_lint.replay.imports import distribution_of
+
+            import linecache
+
+            package = imp.missing.split(".")[0]
+            said = linecache.getline(run.path, use.line).strip() or use.name
+            return NoModelError(f"{run.display}:{use.line}: the `__main__` block runs the entry point through "
+                                f"`{said}`, from `{package}`, which is not installed here (pip install "
+                                f"{distribution_of(package)}): the entry point never ran")
+    return None
 
 
 def _stderr_lines(run):
