@@ -538,6 +538,8 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             module = (found["file"], _module_root(path, found["file"]))
         elif found.get("console"):
             path, base = _console_file(found["console"], found["file"], script, cd, start)
+            name = found["file"].partition(":")[0]      # imported as its module, as the console script does
+            module, found["module"] = (name, _module_root(path, name)), True
         elif found.get("module"):
             path, base = _module_file(found["file"], script, cd)
             if path is None:
