@@ -1059,3 +1059,66 @@ if __name__ == "__main__":
     assert res.code == 2
     assert "sft.py:19: the `__main__` block runs the entry point through `app(exit_on_error=False)`, from " \
            "`cyclopts`, which is not installed here (pip install cyclopts)" in res.err, res.err
+
+
+QLORA = '''
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+
+def main():
+    dist.init_process_group("nccl")
+    bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.bfloat16,
+                             bnb_4bit_quant_storage=torch.bfloat16, bnb_4bit_quant_type="nf4")
+    model = AutoModelForCausalLM.from_pretrained(MODEL, quantization_config=bnb, dtype=torch.bfloat16)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    torch.optim.AdamW(model.parameters())
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_quantized_load_is_refused_as_transformers_refuses_it_never_planned_unquantized(cli, tmp_path):
+    # ms-swift's FSDP QLoRA example: `quantization_config=BitsAndBytesConfig(load_in_4bit=True)`. The plan showed
+    # the model unquantized in bf16 (exit 0). transformers' own quantizer refuses it where bitsandbytes is
+    # missing (the oracle: its message); where it is installed, the packed 4-bit layers are not modelled
+    import importlib.util
+
+    from transformers import BitsAndBytesConfig
+    from transformers.quantizers import AutoHfQuantizer
+
+    from test_frameworks import CFG
+
+    assert importlib.util.find_spec("bitsandbytes") is None
+    with pytest.raises(ImportError) as real:
+        AutoHfQuantizer.from_config(BitsAndBytesConfig(load_in_4bit=True)).validate_environment(
+            dtype=None, device_map=None)
+    (tmp_path / "train.py").write_text(QLORA.replace("MODEL", repr(os.path.join(CFG, "tiny-llama"))))
+    res = cli("train.py", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert str(real.value) in res.err, res.err
+
+
+def test_a_checkpoint_saved_quantized_is_not_planned_in_its_base_dtype(cli, tmp_path):
+    # a hub checkpoint saved quantized (its config.json carries `quantization_config`, here fine-grained FP8):
+    # transformers loads it quantized without being asked; the packed layers are not modelled, and a plan of
+    # the unquantized model would scale every unit wrongly -- refused, even with --allow-partial
+    import shutil
+
+    from test_frameworks import CFG
+
+    shutil.copytree(os.path.join(CFG, "tiny-llama"), tmp_path / "ckpt")
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "train.py").write_text(QLORA.replace("quantization_config=bnb, ", "").replace("MODEL", "'./ckpt'"))
+    for extra in ((), ("--allow-partial",)):
+        res = cli("train.py", "--no-cache", *extra, cwd=str(tmp_path))
+        assert res.code == 2
+        assert "FineGrainedFP8 quantization (fp8)" in res.err and "not even with --allow-partial" in res.err, res.err

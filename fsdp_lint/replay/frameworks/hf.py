@@ -125,6 +125,7 @@ def _modeling(hooks, module) -> None:
             if config is None or isinstance(config, (str, os.PathLike)):
                 config = load_config(config or pretrained_model_name_or_path, options, **kwargs)
             dtype = _resolve_dtype(config, kwargs)
+            _quantized(hooks, kwargs, config, dtype)
             extra = {k: kwargs[k] for k in ("attn_implementation",) if k in kwargs}
             impl = extra.get("attn_implementation") or getattr(config, "_attn_implementation_internal", None)
             kernel = _absent_attention_kernel(impl)
@@ -142,6 +143,37 @@ def _modeling(hooks, module) -> None:
         return wrapped
 
     hooks.wrap(module.PreTrainedModel, "from_pretrained", make)
+
+
+def _quantized(hooks, kwargs, config, dtype) -> None:
+    """``from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True))`` (or a checkpoint
+    saved quantized): transformers' own quantizer checks its environment first -- without bitsandbytes it
+    refuses, as on a node -- and the quantized layers (bitsandbytes' Params4bit, GPTQ/AWQ packed weights) are
+    not modelled: planned unquantized they would scale every unit wrongly, so the plan is refused even with
+    --allow-partial (said, never silently shown in the base dtype)."""
+    quant = kwargs.get("quantization_config")
+    if quant is None and (kwargs.get("load_in_4bit") or kwargs.get("load_in_8bit")):
+        quant = {"quant_method": "bitsandbytes", "load_in_4bit": bool(kwargs.get("load_in_4bit")),
+                 "load_in_8bit": bool(kwargs.get("load_in_8bit"))}
+    pre_quantized = quant is None and getattr(config, "quantization_config", None) is not None
+    quant = quant if quant is not None else getattr(config, "quantization_config", None)
+    if quant is None:
+        return
+    from transformers.quantizers import AutoHfQuantizer
+
+    quantizer = AutoHfQuantizer.from_config(quant, pre_quantized=pre_quantized)
+    quantizer.validate_environment(dtype=dtype, device_map=kwargs.get("device_map"), weights_only=True)
+    method = getattr(quantizer.quantization_config, "quant_method", "")
+    method = getattr(method, "value", method)
+    pos = hooks.rec.position()
+    state = getattr(hooks.rec, "parallel", None)
+    if state is not None:
+        from fsdp_lint.model.mesh import Unsupported
+
+        state.unsupported.append(Unsupported(
+            "quantization", pos.path, pos.line,
+            f"{type(quantizer).__name__.replace('HfQuantizer', '')} quantization ({method}): its quantized layers "
+            f"hold packed weights FSDP shards as they are stored, which the plan does not model", blocks_partial=True))
 
 
 # attention implementations that need a kernel package a CPU machine rarely has
