@@ -1122,3 +1122,54 @@ def test_a_checkpoint_saved_quantized_is_not_planned_in_its_base_dtype(cli, tmp_
         res = cli("train.py", "--no-cache", *extra, cwd=str(tmp_path))
         assert res.code == 2
         assert "FineGrainedFP8 quantization (fp8)" in res.err and "not even with --allow-partial" in res.err, res.err
+
+
+FLATTENED_MESH = '''
+import os
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+
+class Net(nn.Module):
+    def __init__(self, d=256, n=4):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(d, d) for _ in range(n))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def main():
+    dist.init_process_group("nccl")
+    mesh = init_device_mesh("cuda", (dist.get_world_size(), 1), mesh_dim_names=("dp_shard", "cp"))
+    mesh[("dp_shard", "cp")]._flatten(mesh_dim_name="dp_shard_cp")
+    dp_mesh = mesh["dp_shard_cp"]
+    model = Net()
+    for layer in model.layers:
+        fully_shard(layer, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
+    optim = torch.optim.AdamW(model.parameters())
+    for _ in range(10):
+        model(torch.randn(8, 256, device="cuda")).sum().backward()
+        optim.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_simulate_slices_a_flattened_mesh_outside_fake_mode(cli, tmp_path):
+    # torchtitan's and finetrainers' `mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")`, then `mesh["dp_shard_cp"]`:
+    # under --simulate's FakeTensorMode the slice indexed the mesh's rank tensor (`nonzero`) and failed
+    (tmp_path / "train.py").write_text(FLATTENED_MESH)
+    res = cli("train.py", "-n", "2", "--no-cache", "--simulate", "--input-shape", "8,256", "--format", "json",
+              cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    simulated = json.loads(res.out)["files"][0]["memory"]["simulated"]
+    assert simulated["world_size"] == 2 and simulated["peak_bytes"] > 0

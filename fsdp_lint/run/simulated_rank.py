@@ -71,6 +71,13 @@ def _meshes_outside_fake_mode():
         if fn is not None:
             post_forward.append((mod, fn))
             mod._get_post_forward_mesh_info = _outside_fake_mode(fn)
+    # slicing a mesh, flattening dimensions (torchtitan's `mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")`, then
+    # `mesh["dp_shard_cp"]`) and building one directly index its rank tensor: outside fake mode too
+    methods = [(name, dm.DeviceMesh.__dict__[name]) for name in ("__init__", "__getitem__", "_flatten", "_unflatten",
+                                                                  "get_local_rank", "get_coordinate")
+               if name in dm.DeviceMesh.__dict__]
+    for name, fn in methods:
+        setattr(dm.DeviceMesh, name, _outside_fake_mode(fn))
     try:
         yield
     finally:
@@ -79,6 +86,8 @@ def _meshes_outside_fake_mode():
             dist.init_device_mesh = previous
         for mod, fn in post_forward:
             mod._get_post_forward_mesh_info = fn
+        for name, fn in methods:
+            setattr(dm.DeviceMesh, name, fn)
 
 
 def _outside_fake_mode(fn):
