@@ -1173,3 +1173,35 @@ def test_simulate_slices_a_flattened_mesh_outside_fake_mode(cli, tmp_path):
     assert res.code in (0, 1), res.err
     simulated = json.loads(res.out)["files"][0]["memory"]["simulated"]
     assert simulated["world_size"] == 2 and simulated["peak_bytes"] > 0
+
+
+def test_a_hub_data_set_the_model_is_sized_from_is_named_as_a_data_set(cli, tmp_path, monkeypatch):
+    # lerobot sizes its policy from the data set's features (`LeRobotDatasetMetadata(repo_id)` downloads
+    # `meta/info.json`): offline, the hint said to put "the model's config.json" in the cache
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    (tmp_path / "train.py").write_text('''
+import json
+import os
+
+import torch.nn as nn
+from huggingface_hub import snapshot_download
+from torch.distributed.fsdp import fully_shard
+
+
+def main():
+    root = snapshot_download("lerobot/aloha_sim_insertion_human", repo_type="dataset", allow_patterns="meta/*")
+    with open(os.path.join(root, "meta", "info.json")) as fh:
+        state_dim = json.load(fh)["features"]["observation.state"]["shape"][0]
+    policy = nn.Sequential(nn.Linear(state_dim, 512), nn.Linear(512, 512), nn.Linear(512, 14))
+    for layer in policy:
+        fully_shard(layer)
+    fully_shard(policy)
+
+
+if __name__ == "__main__":
+    main()
+''')
+    res = cli("train.py", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "the hub data set lerobot/aloha_sim_insertion_human is not here" in res.err, res.err
+    assert "--repo-type dataset" in res.err

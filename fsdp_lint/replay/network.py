@@ -235,6 +235,14 @@ def download_hint(msg: str, exc: Optional[BaseException] = None) -> str:
                     f"`huggingface-cli download {repo} {name}{f' --repo-type {kind}' if kind else ''}` puts it in "
                     f"the local Hugging Face cache)")
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    # (a file read from the empty folder a hub data set's snapshot_download stood in as: frameworks.hf)
+    dataset = re.search(r"/api/datasets/([\w.-]+/[\w.-]+)", msg) or \
+        re.search(r"huggingface\.co/datasets/([\w.-]+/[\w.-]+)", msg) or \
+        re.search(r"fsdp-lint-hub-datasets/([\w.-]+/[\w.-]+)/", msg)
+    if dataset:         # a data set of the hub (`load_dataset`, LeRobotDataset's `repo_id`), not a model
+        return (f" (the hub data set {dataset.group(1)} is not here, and fsdp-lint never downloads: "
+                f"`huggingface-cli download {dataset.group(1)} --repo-type dataset` puts it in the local Hugging Face "
+                f"cache, or point the script at a local copy)")
     if any(w in msg for w in ("huggingface.co", "from_pretrained", "cached files", "offline mode", "HF Hub",
                               "outgoing traffic has been disabled")):
         return (" (fsdp-lint does not download models or configs: have the model's config.json in the local "
