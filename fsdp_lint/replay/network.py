@@ -35,11 +35,12 @@ def _is_local(host) -> bool:
     return addr.is_loopback or addr.is_unspecified
 
 
-def _asker() -> str:
-    """The innermost frame of project code on the stack (what asked for the network)."""
+def _asker(depth: int = 2) -> str:
+    """``path:line`` of the innermost frame of project code on the stack from `depth` frames up (what asked
+    for the network, what started a process)."""
     from fsdp_lint.entry.project import is_local
 
-    f = sys._getframe(2)
+    f = sys._getframe(depth)
     while f is not None:
         fname = f.f_code.co_filename
         if os.path.isabs(fname) and is_local(fname) and "fsdp_lint" not in fname:

@@ -15,6 +15,8 @@ import shlex
 import sys
 from typing import Any, Callable, List, Optional
 
+from fsdp_lint.replay.network import _asker
+
 Patch = Callable[[Any, str, Any], None]
 
 
@@ -55,7 +57,8 @@ def _launch_hint(words: List[str], cwd, env) -> Optional[str]:
     """The one line for a subprocess that launches training (None for any other command)."""
     from fsdp_lint.entry.shell import _launch
 
-    where = _caller()
+    where = _asker(3)
+    where = f"{where}: " if where else ""
     shown = " ".join(shlex.quote(w) for w in words)
     if len(shown) > 160:
         shown = shown[:157] + "..."
@@ -117,15 +120,3 @@ def _find_spec(module: str) -> Optional[str]:
     except (ImportError, ValueError):
         return None
     return spec.origin if spec is not None and spec.origin and spec.origin.endswith(".py") else None
-
-
-def _caller() -> str:
-    from fsdp_lint.entry.project import is_local
-
-    f = sys._getframe(3)
-    while f is not None:
-        name = f.f_code.co_filename
-        if os.path.isabs(name) and is_local(name) and "fsdp_lint" not in name:
-            return f"{os.path.relpath(name)}:{f.f_lineno}: "
-        f = f.f_back
-    return ""
