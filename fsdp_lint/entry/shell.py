@@ -185,6 +185,8 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
         w = words[j]
         if w.endswith(".py") and not w.startswith("-"):
             break
+        if w == "-c" and head.startswith("python"):
+            return None         # `python -c CODE [ARGS]` runs CODE: its words are arguments, not a file
         wrapper = console_wrapper(w) if head in ("torchrun", "accelerate") or torchrun else None
         if wrapper:      # `torchrun $(which lerobot-train) ...`: an installed console script's file
             return {"file": wrapper, "first_arg": j + 1, "world_size": _world_of(opts, head),

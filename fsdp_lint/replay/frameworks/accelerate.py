@@ -71,23 +71,21 @@ def _accelerator(hooks, module) -> None:
 
     hooks.wrap(module.Accelerator, "prepare", make)
     hooks.wrap(module.Accelerator, "__init__", make_init)
-    hooks.wrap(module.Accelerator, "prepare_model", _not_sharding)
+    hooks.wrap(module.Accelerator, "prepare_model", lambda fn: _not_sharding(hooks, fn))
     if not hooks.rec.real:
         hooks.wrap(module.Accelerator, "prepare_model", lambda fn: _upcast_after(hooks, fn))
         # data loaders do not change the plan, and their samplers' generators cannot live on meta
         hooks.wrap(module.Accelerator, "prepare_data_loader", lambda fn: lambda self, loader, *a, **k: loader)
 
 
-def _not_sharding(prepare_model):
+def _not_sharding(hooks, prepare_model):
     """An accelerate config that is not FSDP's (``distributed_type: MULTI_GPU``) launches the processes a
     script that calls FSDP itself needs; an Accelerator that prepares the model under that config wraps it
     in DDP (or DeepSpeed): nothing to plan, said in one line."""
     def wrapped(self, model, *args, **kwargs):
-        from fsdp_lint.replay.frameworks import current_options
-
         kind = str(getattr(self, "distributed_type", "")).rsplit(".", 1)[-1]
         # (without a config -- the HF Trainer without FSDP arguments -- the plan is fsdp-lint's suggestion)
-        if current_options().accelerate_config and kind in ("MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_HPU", "DEEPSPEED") \
+        if getattr(hooks.options, "accelerate_config", None) and kind in ("MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_HPU", "DEEPSPEED") \
                 and not _is_fsdp(model):
             from fsdp_lint.replay.records import ReplayError
 
