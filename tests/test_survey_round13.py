@@ -1205,3 +1205,19 @@ if __name__ == "__main__":
     assert res.code == 2
     assert "the hub data set lerobot/aloha_sim_insertion_human is not here" in res.err, res.err
     assert "--repo-type dataset" in res.err
+
+
+def test_a_framework_object_is_known_by_its_class_not_its_name(cli, tmp_path):
+    # `acc = Accelerator()` ... `acc.prepare(model, optim)`: the call was recognised only on a receiver named
+    # like "accelerator", so this file was planned as one without wrap code
+    (tmp_path / "fsdp.yaml").write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n"
+                                        "  fsdp_version: 2\n  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n"
+                                        "  fsdp_min_num_params: 1000\nnum_machines: 1\nnum_processes: 8\n")
+    plans = []
+    for name in ("accelerator", "acc"):
+        (tmp_path / "train.py").write_text(PREPARED.replace("accelerator", name))
+        res = cli("train.py", "--accelerate-config", "fsdp.yaml", "--no-cache", "--format", "json", cwd=str(tmp_path))
+        assert res.code in (0, 1), res.err
+        plans.append(json.loads(res.out)["files"][0]["plan"])
+    assert plans[0]["framework"] == plans[1]["framework"] == "accelerate"
+    assert [u["module"] for u in plans[0]["units"]] == [u["module"] for u in plans[1]["units"]]

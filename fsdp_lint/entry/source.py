@@ -153,6 +153,11 @@ class SourceFacts:
     stepping_loop_lines: Set[int] = field(default_factory=set)
 
 
+# a framework's object by its class: the word `entry.detect` knows its calls by (`accelerator.prepare(...)`)
+_FRAMEWORK_OBJECTS = {"Accelerator": "accelerator", "Fabric": "fabric", "Trainer": "trainer", "SFTTrainer": "trainer",
+                      "DPOTrainer": "trainer", "GRPOTrainer": "trainer", "Seq2SeqTrainer": "trainer"}
+
+
 def read_source(path: str) -> SourceFacts:
     return parse_source(path, read_text(path))
 
@@ -283,6 +288,7 @@ class _Collector(ast.NodeVisitor):
         self.calls_hf_factory = False
         self.uses_framework = False
         self.frameworks: Set[str] = set()           # frameworks the module imports (frameworks.detect)
+        self.receiver_words: Dict[str, str] = {}    # names bound to a framework's object -> the word it goes by
         self.framework_imports: Set[str] = set()    # ... as top-level packages
         self.future_annotations = False
         self._stmt_stack: List[List[int]] = [[]]   # per function scope: open statement lines
@@ -524,6 +530,9 @@ class _Collector(ast.NodeVisitor):
     def _framework_call(self, written: str) -> bool:
         from fsdp_lint.entry.detect import framework_call
 
+        root, dot, rest = written.partition(".")
+        if dot and root in self.receiver_words:
+            written = f"{self.receiver_words[root]}.{rest}"
         return framework_call(written, self.frameworks) is not None
 
     def _is_optimizer(self, written: str, name: str) -> bool:
@@ -543,6 +552,10 @@ class _Collector(ast.NodeVisitor):
     def visit_Assign(self, node):
         self._visit_targets(node.targets)
         self._partial_alias(node)
+        # `acc = Accelerator(...)`: `acc.prepare(model)` is the framework's call whatever the name says
+        word = _FRAMEWORK_OBJECTS.get(dotted(node.value.func).rsplit(".", 1)[-1]) if isinstance(node.value, ast.Call) else None
+        if word:
+            self.receiver_words.update({t.id: word for t in node.targets if isinstance(t, ast.Name)})
         self.generic_visit(node)
 
     def visit_AnnAssign(self, node):
