@@ -303,14 +303,14 @@ def test_fabric_hybrid_shard_with_data_prepared_rank_zero_first_skips_nothing(cl
 
 
 def test_setup_that_never_reaches_the_model_names_the_failure_that_started_it(cli, tmp_path):
-    # `--logger_name bogus`: choose_logger raises (a node fails there too): the replay stops there, naming the
-    # script's own check (before, the call was skipped, `logger` and then `fabric` stayed unbound and every later
-    # statement failed in turn; the error named the failure that started it)
+    # `--logger_name bogus`: choose_logger raises (a node fails there too), the call is skipped, `logger` and
+    # then `fabric` stay unbound and every later statement fails in turn: the error names the failure that
+    # started it, and the skipped call
     res = cli(LITLM_MAIN, "--", "pretrain", "--logger_name", "bogus", "--out_dir", str(tmp_path / "out"), cwd=LITLM)
     assert res.code == 2, res.out
     assert len(res.err.strip().splitlines()) == 1, res.err
-    assert ("litlm/utils.py:16: ValueError: `--logger_name=bogus` is not a valid option (the script's own check of "
-            "what the node gives it") in res.err
+    assert ("the setup never reached a model or its wrap code: litlm/utils.py:16: ValueError: `--logger_name=bogus` "
+            "is not a valid option (the statement at litlm/pretrain.py:30 was skipped") in res.err
 
 
 def test_a_tracker_imported_inside_a_function_and_not_installed_here_is_a_note(cli, tmp_path):

@@ -9,7 +9,8 @@ Setup code validates its launch before it builds anything:
 
 Skipping such a statement as a failure of the simulated node planned a job that never starts (`-n 4` for a
 script written for 8). The refusal is the script's when it is raised by a ``raise``/``assert`` statement
-of the project itself, of a validation kind (ValueError, AssertionError, RuntimeError, TypeError,
+of the project itself about the launch (its test or message talks of the world, ranks, GPUs, nodes, parallel
+degrees or meshes), of a validation kind (ValueError, AssertionError, RuntimeError, TypeError,
 NotImplementedError), from values the node gives: no stand-in on the failing line, no earlier skipped
 statement it follows from, no file-system probe in its test (``os.path.exists``, ``Path.is_file``,
 ``glob``: the files a node has and this machine lacks), and no word of the simulation in its message.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import ast
 import functools
 import os
+import re
 import sys
 from typing import Callable, Optional
 
@@ -27,7 +29,11 @@ _NOT_KINDS = (OSError, ImportError, LookupError, UnicodeError)
 # calls that ask about files: a node has them, this machine may not
 _FILE_PROBES = frozenset({"exists", "isfile", "isdir", "is_file", "is_dir", "glob", "iglob", "rglob", "listdir",
                           "scandir", "stat", "getsize", "access", "lexists", "walk", "open", "load", "read_text"})
-_SIMULATION_WORDS = ("meta", "cuda", "fake", "storage", "nccl", "gpu", "device", "download", "offline",
+# what a check of the launch talks about: the world, ranks, GPUs, nodes, parallel degrees, meshes
+_ABOUT_THE_NODE = re.compile(r"world|rank|gpu|device_count|num_devices|nproc|\bnodes?\b|degree|divisib|mesh|"
+                             r"data.parallel|tensor.parallel|pipeline.parallel|context.parallel|replicate|"
+                             r"\b(dp|tp|pp|cp|ep|fsdp)(_\w+)?\b", re.I)
+_SIMULATION_WORDS = ("meta", "cuda", "fake", "storage", "nccl", "download", "offline",
                      "not found", "no such", "missing", "does not exist", "doesn't exist", "empty")
 
 
@@ -84,9 +90,18 @@ def raised_by_the_script(exc: BaseException, is_project_path: Callable[[str], bo
     stmt, test = found
     if isinstance(stmt, ast.Assert) != isinstance(exc, AssertionError):
         return False        # the check's own test failed to evaluate (`names[0]` of a set): a bug, not a check
+    if not _ABOUT_THE_NODE.search(f"{_source(test)} {exc}"):
+        return False        # a check of something else (data, paths, arguments): what the node lacks may decide it
     if any(word in str(exc).lower() for word in _SIMULATION_WORDS):
         return False
     return test is None or not _probes_files(test)
+
+
+def _source(node) -> str:
+    try:
+        return ast.unparse(node) if node is not None else ""
+    except Exception:  # noqa: BLE001
+        return ""
 
 
 def _probes_files(node: ast.AST) -> bool:
