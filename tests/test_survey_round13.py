@@ -1221,3 +1221,26 @@ def test_a_framework_object_is_known_by_its_class_not_its_name(cli, tmp_path):
         plans.append(json.loads(res.out)["files"][0]["plan"])
     assert plans[0]["framework"] == plans[1]["framework"] == "accelerate"
     assert [u["module"] for u in plans[0]["units"]] == [u["module"] for u in plans[1]["units"]]
+
+
+def test_a_skipped_guard_is_named_before_what_ran_after_it(cli, tmp_path):
+    # open_clip's get_data: the data set's size from a sizes.json next to the shards (not on this machine),
+    # `if not num_samples: raise RuntimeError(...)`; skipped, the function went on to `num_samples // world`
+    # and the lint named that TypeError
+    (tmp_path / "data.py").write_text(
+        "import json\nimport os\n\n\ndef dataset_size(shards):\n"
+        "    sizes = os.path.join(os.path.dirname(shards), 'sizes.json')\n"
+        "    return sum(json.load(open(sizes)).values()) if os.path.exists(sizes) else None\n\n\n"
+        "def get_data(shards, world_size):\n    num_samples = dataset_size(shards)\n    if not num_samples:\n"
+        "        raise RuntimeError('give --train-num-samples: the data set has no sizes.json')\n"
+        "    return {'train': num_samples // world_size}\n")
+    (tmp_path / "train.py").write_text(DISPATCHED.replace(
+        "    torch.optim.AdamW(model.parameters())\n",
+        "    torch.optim.AdamW(model.parameters())\n    data = get_data('/data/cc12m/train-0000.tar', 8)\n"
+        "    if 'train' not in data:\n        model.requires_grad_(False)\n").replace(
+        "import argparse\n", "import argparse\nfrom data import get_data\n"))
+    res = cli("train.py", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    said = res.err.splitlines()[0]
+    assert "data.py:12: setup code failed on the meta device: RuntimeError: give --train-num-samples" in said, said
+    assert said.index("RuntimeError") < said.index("TypeError")

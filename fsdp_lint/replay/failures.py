@@ -21,7 +21,7 @@ from fsdp_lint.replay import arguments, drift
 from fsdp_lint.replay.stand_ins import stand_in_on_failing_line
 from fsdp_lint.replay.framework_checks import raised_by_framework_launch
 from fsdp_lint.replay.handlers import handled_by_the_script
-from fsdp_lint.replay.own_raises import raised_by_model_validation, raised_by_the_script
+from fsdp_lint.replay.own_raises import is_raise_statement, raised_by_model_validation, raised_by_the_script
 from fsdp_lint.replay.imports import (
     MissingImport,
     StubUse,
@@ -53,6 +53,7 @@ class SkipRecord:
     exc: BaseException
     depth: int = 0            # frames on the stack of the skipped statement (trials: which skip ran inside which)
     acted_on: List[object] = field(default_factory=list)   # what its calls acted on (replay.consequences)
+    frame: object = None      # the frame it ran in (a guard's `raise` skipped: what ran after it there follows)
 
 
 @dataclass
@@ -235,9 +236,29 @@ class Failures:
         error = _one_line(exc) + (f" {self._uses_stand_in(stub)}" if stub is not None else "")
         sk = Skipped(path=os.path.abspath(path), line=line, error=error, exc_type=type(exc).__name__)
         objects = acted_on(stmt, frame) if stmt is not None and frame is not None else []
-        self.skips.append(SkipRecord(sk, names, attrs, exc, depth, objects))
+        self.skips.append(SkipRecord(sk, names, attrs, exc, depth, objects, frame))
         if isinstance(exc, NetworkWait) or _network_ask(exc):
             remove_failed_downloads()       # its download's empty file: the statements after it find none
+
+    def _guard_skipped_before(self, exc: BaseException) -> Optional[SkipRecord]:
+        """The last skipped guard of the function `exc` failed in: ``if not num_samples: raise RuntimeError(...)``
+        raised there itself (a `raise` statement of the project), skipped, and the function went on in the
+        state it refused (``num_samples // world_size``)."""
+        frames = set()
+        tb = exc.__traceback__
+        while tb is not None:
+            frames.add(id(tb.tb_frame))
+            tb = tb.tb_next
+        for record in reversed(self.skips):
+            if record.frame is None or id(record.frame) not in frames or record.exc is exc:
+                continue
+            last = record.exc.__traceback__
+            while last is not None and last.tb_next is not None:
+                last = last.tb_next
+            if last is not None and last.tb_frame is record.frame and is_raise_statement(
+                    os.path.abspath(record.frame.f_code.co_filename), last.tb_lineno):
+                return record
+        return None
 
     def acted_on_by_skip(self, exc: BaseException, before: Optional[int] = None) -> Optional[SkipRecord]:
         """The last skipped statement whose calls acted on an object that a frame of the failure
@@ -331,13 +352,13 @@ class Failures:
             exc = cause.exc
             # the line in the skipped statement that failed (a call in the branch of an `if`), else the statement
             loc = self._location(exc, entry_display, f"{_display(cause.skipped.path, self.entry_path, entry_display)}:{cause.skipped.line}")
-            earlier = self.acted_on_by_skip(exc, before=self.skips.index(cause))
+            earlier = self.acted_on_by_skip(exc, before=self.skips.index(cause)) or self._guard_skipped_before(exc)
             stub = self.stub_cause(exc)
             if stub is not None and earlier is None:    # the first failure worked on a stand-in: its package
                 return f"{loc}: setup code failed {where_real}: {_one_line(exc)} {self._uses_stand_in(stub)}{later}"
         else:
             loc = self._location(exc, entry_display)
-            earlier = self.acted_on_by_skip(exc)
+            earlier = self.acted_on_by_skip(exc) or self._guard_skipped_before(exc)
         if removed_download(exc):        # the download a statement skipped for the network would have written
             earlier = next((r for r in reversed(self.skips) if _network_ask(r.exc) or isinstance(r.exc, NetworkWait)),
                            earlier)

@@ -114,6 +114,12 @@ def _probes_files(node: ast.AST) -> bool:
     return False
 
 
+def is_raise_statement(path: str, line: int) -> bool:
+    """Whether `line` of `path` is a ``raise`` statement of the file (with an exception)."""
+    found = _statements(path).get(line)
+    return found is not None and isinstance(found[0], ast.Raise)
+
+
 def _statement_at(path: str, line: int):
     """(the raise/assert statement at `line`, the test that guards it: the assert's, or the innermost `if`
     around the raise), or None when `line` is not a raise/assert of the file."""
