@@ -1244,3 +1244,65 @@ def test_a_skipped_guard_is_named_before_what_ran_after_it(cli, tmp_path):
     said = res.err.splitlines()[0]
     assert "data.py:12: setup code failed on the meta device: RuntimeError: give --train-num-samples" in said, said
     assert said.index("RuntimeError") < said.index("TypeError")
+
+
+def test_an_attribute_error_of_getattr_reaches_getattr_with_a_default(cli, tmp_path):
+    # EasyDict-style configs and PEP 562 module `__getattr__`: `raise AttributeError(key)` in `__getattr__` is
+    # how `getattr(cfg, "param_dtype", "bfloat16")` and `hasattr` learn a key is absent. The replay skipped
+    # the raise as a failed statement and went on to `return self[key]` (KeyError)
+    (tmp_path / "config.py").write_text("class AttrDict(dict):\n    def __getattr__(self, key):\n"
+                                        "        if key not in self:\n            raise AttributeError(key)\n"
+                                        "        return self[key]\n")
+    (tmp_path / "train.py").write_text('''
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from config import AttrDict
+
+cfg = AttrDict(layers=3, dim=64)
+dtype = getattr(torch, getattr(cfg, "param_dtype", "bfloat16"))
+width = cfg.dim * (2 if hasattr(cfg, "wide") else 1)
+model = nn.Sequential(*[nn.Linear(width, width) for _ in range(cfg.layers)])
+for layer in model:
+    fully_shard(layer, mp_policy=MixedPrecisionPolicy(param_dtype=dtype))
+fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=dtype))
+''')
+    res = cli("train.py", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    units = json.loads(res.out)["files"][0]["plan"]["units"]
+    assert len(units) == 4 and {u["param_dtype"] for u in units} == {"bfloat16"}
+    assert units[0]["numel"] == 64 * 64 + 64
+
+
+def test_a_launcher_running_a_recipe_module_with_runpy_and_torchrun_in_process(cli, tmp_path):
+    # `runpy.run_module("pkg.train", run_name="__main__")` asked the project's loader for get_code (missing:
+    # "no model found"); forge's and torchtune's CLIs run torchrun in their own process (`run(args)`)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text(DISPATCHED)
+    (tmp_path / "launch.py").write_text("import runpy\nimport sys\n\nif __name__ == '__main__':\n"
+                                        "    module = sys.argv.pop(1)\n    runpy.run_module(module, run_name='__main__')\n")
+    res = cli("launch.py", "--no-cache", "--format", "json", "--", "pkg.train", "--n_layers", "2", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 3
+    (tmp_path / "cli.py").write_text("import sys\nfrom torch.distributed.run import get_args_parser, run\n\n\n"
+                                     "def main():\n    args = get_args_parser().parse_args(sys.argv[2:])\n    run(args)\n\n\n"
+                                     "if __name__ == '__main__':\n    main()\n")
+    res = cli("cli.py", "--no-cache", "--", "run", "--nproc_per_node", "4", "pkg/train.py", "--n_layers", "2",
+              cwd=str(tmp_path))
+    assert res.code == 2
+    assert "in its own process (torch.distributed.run.run)" in res.err
+    assert "lint the launch: `fsdp-lint pkg/train.py -n 4 -- --n_layers 2`" in res.err, res.err
+
+
+def test_any_setup_failure_of_a_project_for_a_newer_python_names_its_requirement(cli, tmp_path):
+    # NeMo-RL / a project on Python 3.13: `copy.replace` does not exist on this Python
+    newer = f"{sys.version_info.major}.{sys.version_info.minor + 1}"
+    (tmp_path / "pyproject.toml").write_text(f'[project]\nname = "x"\nversion = "0.1"\nrequires-python = ">={newer}"\n')
+    (tmp_path / "train.py").write_text(DISPATCHED.replace("    dist.init_process_group(\"nccl\")\n",
+                                                          "    dist.init_process_group(\"nccl\")\n"
+                                                          "    args = __import__('copy').no_such_function(args)\n"))
+    res = cli("train.py", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert f"(pyproject.toml asks for requires-python >={newer}; fsdp-lint runs on Python " in res.err, res.err

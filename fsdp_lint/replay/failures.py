@@ -20,7 +20,7 @@ from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 from fsdp_lint.replay import arguments, drift
 from fsdp_lint.replay.stand_ins import stand_in_on_failing_line
 from fsdp_lint.replay.framework_checks import raised_by_framework_launch
-from fsdp_lint.replay.handlers import handled_by_the_script
+from fsdp_lint.replay.handlers import PROTOCOL_METHODS, handled_by_the_script
 from fsdp_lint.replay.own_raises import is_raise_statement, raised_by_model_validation, raised_by_the_script
 from fsdp_lint.replay.imports import (
     MissingImport,
@@ -32,6 +32,7 @@ from fsdp_lint.replay.imports import (
     package_behind,
     requirement,
 )
+from fsdp_lint.entry.reading import python_requirement_note
 from fsdp_lint.replay.requirements import set_project
 from fsdp_lint.replay.network import (NetworkWait, NotDownloaded, download_hint, network_ask as _network_ask,
                                       network_text as _network_text, remove_failed_downloads, removed_download)
@@ -93,6 +94,8 @@ class Failures:
 
         if isinstance(exc, (ReplayError, RecursionError, MemoryError)) or self.names_an_argument(exc):
             return False
+        if frame.f_code.co_name in PROTOCOL_METHODS:
+            return False            # `raise AttributeError(key)` in `__getattr__`: getattr(obj, k, default) takes it
         if exc is self.refused:
             return False            # refused where it decided the wrap: the statements around it do not skip it
         if line is not None and (self.stub_cause(exc) is not None or isinstance(exc, (NetworkWait, NotDownloaded))) \
@@ -329,7 +332,8 @@ class Failures:
         libraries it failed in that the installed versions do not meet."""
         text = self._describe(exc, entry_display=entry_display, where_real=where_real, importer=importer)
         cause = self.root_cause(exc)
-        return text + drift.note(cause.exc if cause is not None else exc, self.entry_path)
+        text += drift.note(cause.exc if cause is not None else exc, self.entry_path)   # (and a newer Python's project)
+        return text if "requires-python" in text else text + python_requirement_note(self.entry_path)
 
     def _describe(self, exc: BaseException, *, entry_display: str, where_real: str, importer=None) -> str:
         stub = self.stub_cause(exc)

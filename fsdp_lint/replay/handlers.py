@@ -29,6 +29,15 @@ _BLANKET = (Exception, BaseException)
 _trees: Dict[str, Optional[Tuple[float, ast.Module]]] = {}
 _handlers_at: Dict[Tuple[str, float, int], List[ast.ExceptHandler]] = {}
 
+# Python's protocol methods: what they raise is control flow a caller in C takes (`getattr(obj, name,
+# default)` and `hasattr` catch the AttributeError of `__getattr__`), never a statement to skip
+PROTOCOL_METHODS = frozenset({
+    "__getattr__", "__getattribute__", "__getitem__", "__missing__", "__contains__", "__len__", "__iter__",
+    "__next__", "__bool__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__index__",
+    "__int__", "__float__", "__str__", "__repr__", "__format__", "__dir__", "__reduce__", "__reduce_ex__",
+    "__getstate__", "__setstate__", "__copy__", "__deepcopy__", "__fspath__", "__set_name__", "__class_getitem__",
+    "__instancecheck__", "__subclasscheck__", "__get__", "__enter__", "__exit__"})
+
 
 def _tree(path: str) -> Optional[ast.Module]:
     try:

@@ -495,6 +495,11 @@ class _TransformingLoader(importlib.abc.Loader):
         with open(self.path, encoding="utf-8-sig") as fh:
             return fh.read()
 
+    def get_code(self, fullname=None):
+        # `runpy.run_module("pkg.train", run_name="__main__")` (a launcher running a recipe as a script) asks
+        # for the module's code to run in a namespace of its own: the file's code as Python compiles it
+        return compile(self.get_source(fullname), self.path, "exec", dont_inherit=True)
+
     def is_package(self, fullname):
         return os.path.basename(self.path) == "__init__.py"
 

@@ -39,6 +39,22 @@ def install(rec, patch: Patch) -> None:
         return real_init(self, args, *rest, **kwargs)
 
     patch(subprocess.Popen, "__init__", init)
+    try:
+        import torch.distributed.run as torchrun
+    except ImportError:
+        return
+
+    def run(args):
+        # torchrun inside the project's own process (`forge run`, `tune run`: `get_args_parser().parse_args(...)`
+        # then `run(args)`): the same launch as its command line
+        words = ["torchrun", f"--nproc_per_node={args.nproc_per_node}", f"--nnodes={args.nnodes}"]
+        words += (["-m"] if getattr(args, "module", False) else []) + [args.training_script]
+        hint = _launch_hint(words + list(args.training_script_args or []), None, None)
+        hint = hint and hint.replace("` in a subprocess:", "` in its own process (torch.distributed.run.run):")
+        raise LaunchElsewhere(hint or f"the setup runs torchrun in its own process (`{' '.join(words)}`): a lint "
+                                      f"never starts processes; lint that launch")
+
+    patch(torchrun, "run", run)
 
 
 def _words(args) -> List[str]:
