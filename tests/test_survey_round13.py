@@ -1302,7 +1302,9 @@ def test_any_setup_failure_of_a_project_for_a_newer_python_names_its_requirement
     (tmp_path / "pyproject.toml").write_text(f'[project]\nname = "x"\nversion = "0.1"\nrequires-python = ">={newer}"\n')
     (tmp_path / "train.py").write_text(DISPATCHED.replace("    dist.init_process_group(\"nccl\")\n",
                                                           "    dist.init_process_group(\"nccl\")\n"
-                                                          "    args = __import__('copy').no_such_function(args)\n"))
+                                                          "    args = __import__('copy').replace(args)\n"))
     res = cli("train.py", "--no-cache", cwd=str(tmp_path))
-    assert res.code == 2
-    assert f"(pyproject.toml asks for requires-python >={newer}; fsdp-lint runs on Python " in res.err, res.err
+    # (the statement is skipped, its earlier value kept: the note names the statement and the requirement)
+    assert res.code in (0, 1), res.err
+    assert "copy' has no attribute 'replace'" in res.out or "replace" in res.out
+    assert f"(pyproject.toml asks for requires-python >={newer}; fsdp-lint runs on Python " in res.out, res.out

@@ -61,6 +61,7 @@ from fsdp_lint.replay.targets import (
 from fsdp_lint.replay.transform import LENGTH, LOOP, REBIND, SETUP_DONE, SKIP, SKIPPABLE, STUB_IMPORT, transform
 from fsdp_lint.replay.helpers import ReplayHelper
 from fsdp_lint.entry.source import SourceFacts, relevant_lines_with
+from fsdp_lint.entry.reading import python_requirement_note
 from fsdp_lint.replay.argv_hint import argv_hint
 from fsdp_lint.replay.subprocess_launches import LaunchElsewhere
 from fsdp_lint.replay.roots import last_resort_roots
@@ -527,7 +528,8 @@ class _Run:
             first = self.failures.skips[0].skipped
             n = len(self.failures.skips)
             notes.append(f"{n} setup statement{'s' if n != 1 else ''} failed here and {'were' if n != 1 else 'was'} "
-                         f"skipped (first: {_display(first.path, self.path, self.shown)}:{first.line}: {first.error})")
+                         f"skipped (first: {_display(first.path, self.path, self.shown)}:{first.line}: {first.error})"
+                         f"{python_requirement_note(self.path)}")
         notes.extend(getattr(rec, "framework_notes", []))     # trials: what a framework hook changed
         unused = [i for i in self.failures.imports if not i.local and not i.absent_names]
         if unused:
