@@ -353,7 +353,7 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
     for path in missing:   # reported, and the other paths are still linted (exit code 2 at the end)
         failures.append((path, missing_message(path)))
         click.echo(f"fsdp-lint: error: {missing_message(path)}", err=True)
-    shell = [(p, e) for p, e in files if e and p.endswith((".sh", ".bash"))]
+    shell = [(p, e) for p, e in files if e and p.endswith((".sh", ".bash", ".sbatch", ".slurm"))]
     files = [(p, e) for p, e in files if (p, e) not in shell]
     runs = list(plan_runs(files, settings, script_args)) + _shell_runs(shell, settings, script_args, world_size)
     cache = None

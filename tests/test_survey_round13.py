@@ -1308,3 +1308,148 @@ def test_any_setup_failure_of_a_project_for_a_newer_python_names_its_requirement
     assert res.code in (0, 1), res.err
     assert "copy' has no attribute 'replace'" in res.out or "replace" in res.out
     assert f"(pyproject.toml asks for requires-python >={newer}; fsdp-lint runs on Python " in res.out, res.out
+
+
+def test_a_parameterless_task_around_the_model_is_not_the_model(cli, tmp_path):
+    # open_clip's TrainingTask holds the model and its loss, shards the blocks then `self.trainable_module`, and
+    # keeps a bound method of itself (`torch.compile(self.training_forward)`): the plan named the Task, with
+    # its root "not wrapped"; the module FSDP shards is the model
+    (tmp_path / "train.py").write_text('''
+import torch
+import torch.nn as nn
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+
+class Task(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.trainable_module = model
+        self.loss = nn.CrossEntropyLoss()
+        self._forward = None
+
+    def training_forward(self, x, y):
+        return self.loss(self.trainable_module(x), y)
+
+    def prepare_fsdp(self):
+        for block in self.trainable_module:
+            fully_shard(block)
+        fully_shard(self.trainable_module)
+        self._forward = torch.compile(self.training_forward)
+
+
+class TrainState:
+    def __init__(self, task, optimizer):
+        self.task, self.optimizer = task, optimizer
+
+
+def main():
+    dist.init_process_group("nccl")
+    task = Task(nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)]))
+    task.prepare_fsdp()
+    state = TrainState(task, torch.optim.AdamW(task.trainable_module.parameters()))
+    for _ in range(10):
+        state.optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+''')
+    res = cli("train.py", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["model"]["class"] == "Sequential" and f["plan"]["root_wrapped"] is True
+    assert [u["module"] for u in f["plan"]["units"]] == ["0", "1", "2", "3", ""]
+
+
+def test_a_bare_import_module_that_registers_experiments_runs(cli, tmp_path):
+    # cosmos-predict2.5 imports its experiment modules for their registrations (`importlib.import_module(...)`
+    # as a statement); left out of the slice, the registry stayed empty and the default experiment was planned
+    (tmp_path / "registry.py").write_text("EXPERIMENTS = {}\n\n\ndef register(name, **cfg):\n    EXPERIMENTS[name] = cfg\n")
+    (tmp_path / "exps").mkdir()
+    (tmp_path / "exps" / "__init__.py").write_text("")
+    (tmp_path / "exps" / "big.py").write_text("from registry import register\n\nregister('big_model', layers=8, dim=256)\n")
+    (tmp_path / "train.py").write_text('''
+import argparse
+import importlib
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+from registry import EXPERIMENTS
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--experiment", default="small")
+args = parser.parse_args()
+for name in ("exps.big",):
+    importlib.import_module(name)
+cfg = EXPERIMENTS.get(args.experiment, {"layers": 2, "dim": 64})
+model = nn.Sequential(*[nn.Linear(cfg["dim"], cfg["dim"]) for _ in range(cfg["layers"])])
+for layer in model:
+    fully_shard(layer)
+fully_shard(model)
+''')
+    res = cli("train.py", "--no-cache", "--format", "json", "--", "--experiment", "big_model", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 9
+
+
+def test_a_slurm_batch_scripts_tasks_are_the_world(tmp_path, monkeypatch):
+    # open_clip's SLURM script: `#SBATCH --nodes=32 --ntasks-per-node=4`, `srun python main.py`: 128 ranks, each
+    # reading SLURM_NTASKS; the plan was for the default 8. srun's own options win; `srun torchrun` keeps torchrun's
+    from fsdp_lint.entry.shell import shell_launches
+
+    (tmp_path / "train.py").write_text("import torch\n")
+    monkeypatch.chdir(tmp_path)
+    cases = {
+        "#SBATCH --nodes=32\n#SBATCH --ntasks-per-node=4\nsrun python -u train.py --fsdp\n": 128,
+        "#SBATCH --nodes=4\nsrun --ntasks=16 python train.py\n": 16,
+        "srun -N 2 --ntasks-per-node 8 python train.py\n": 16,
+        "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\nsrun torchrun --nnodes 2 --nproc_per_node 8 train.py\n": 16,
+    }
+    for text, world in cases.items():
+        (tmp_path / "job.sbatch").write_text("#!/bin/bash\n" + text)
+        [launch] = shell_launches(str(tmp_path / "job.sbatch"))
+        assert launch.world_size == world, text
+        if "torchrun" not in text:
+            assert launch.env["SLURM_NTASKS"] == str(world) and launch.env["SLURM_PROCID"] == "0"
+
+
+def test_a_config_folder_named_after_the_scripts_folder(tmp_path, monkeypatch):
+    # ROLL: `CONFIG_PATH=$(basename $(dirname $0))` (the oracle is bash)
+    from fsdp_lint.entry.shell import shell_launches
+
+    (tmp_path / "examples" / "myexp").mkdir(parents=True)
+    (tmp_path / "examples" / "start.py").write_text("import torch\n")
+    script = tmp_path / "examples" / "myexp" / "run.sh"
+    script.write_text("#!/bin/bash\nCONFIG_PATH=$(basename $(dirname $0))\n"
+                      "torchrun --nproc_per_node 8 examples/start.py --config_path $CONFIG_PATH\n")
+    monkeypatch.chdir(tmp_path)
+    [ran] = _bash_runs_with("examples/myexp/run.sh", ())
+    [launch] = shell_launches("examples/myexp/run.sh")
+    assert launch.args == ran.split()[4:] == ["--config_path", "myexp"]
+
+
+def test_the_nodes_own_address_probe_answers(cli, tmp_path):
+    # AReaL finds its host IP with a UDP connect to a public address (no packet is sent): it was refused
+    # as network use, and the address left empty
+    (tmp_path / "train.py").write_text('''
+import socket
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+
+def host_ip():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("8.8.8.8", 80))
+        return s.getsockname()[0]
+
+
+ip = host_ip()
+assert ip and ip != "0.0.0.0", ip
+model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+fully_shard(model[0])
+fully_shard(model)
+''')
+    res = cli("train.py", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    assert json.loads(res.out)["files"][0]["replay"]["skipped_statements"] == []

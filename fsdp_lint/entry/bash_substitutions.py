@@ -5,6 +5,7 @@ launch script uses for numbers and folders.
   truncates, as bash's does);
 * ``$(expr 16 / $nproc_per_node)``: the same through ``expr``;
 * ``$(cd "${SCRIPT_DIR}/.." && pwd)``: the folder, where it exists (from the folder the script runs in);
+* ``$(basename PATH)``, ``$(dirname PATH)`` (``$(basename $(dirname $0))``: the script's folder's name);
 * ``$(which COMMAND)``: the installed command (a console script, whose file `fsdp_lint.entry.shell` reads).
 
 Anything else (a variable the script does not set, another command) is left as written, as before.
@@ -47,6 +48,8 @@ def substitute(inner: str, expand: Callable[[str], str]) -> Optional[str]:
     words = expand(inner).split()
     if words[:1] == ["expr"] and len(words) == 4:
         return arithmetic(" ".join(w.replace("\\*", "*") for w in words[1:]), lambda s: s)
+    if len(words) == 2 and words[0] in ("basename", "dirname") and "$" not in words[1]:
+        return (os.path.basename if words[0] == "basename" else os.path.dirname)(words[1].rstrip("/")) or "."
     if len(words) == 2 and words[0] in ("which", "command -v"):
         import shutil
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional
 
+from fsdp_lint.entry.bash_words import ShellError
+
 # dora's own options (global, then `run`'s) that take a value
 _GLOBAL_VALUES = {"-P", "--package", "--main_module"}
 _RUN_VALUES = {"-f", "--from_sig", "--ddp_workers"}
@@ -86,3 +88,18 @@ def find_package(main_module: str, folder: str) -> List[str]:
         return []
     return [n for n in names if os.path.isfile(os.path.join(folder, n, "__init__.py"))
             and os.path.isfile(os.path.join(folder, n, main_module + ".py"))]
+
+
+def dora_module(dora: dict, cd: Optional[str], line: int) -> str:
+    """``PKG.MOD`` that `dora run` imports (its package found as dora finds it, in the folder it runs in)."""
+    package = dora["package"]
+    if package is None:
+        folder = cd or os.getcwd()
+        found = find_package(dora["main_module"], folder)
+        if len(found) != 1:
+            what = "no package" if not found else f"several packages ({', '.join(found)})"
+            raise ShellError(f"line {line} runs `dora run`, which finds {what} with an __init__.py and a "
+                             f"{dora['main_module']}.py in {os.path.relpath(folder)}: dora stops there too (use -P, "
+                             f"or set DORA_PACKAGE)")
+        package = found[0]
+    return f"{package}.{dora['main_module']}"

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fsdp_lint.entry.bash_branches import Branches
-from fsdp_lint.entry.dora_launch import dora_launch, find_package, is_dora
+from fsdp_lint.entry.bash_substitutions import closing
+from fsdp_lint.entry import slurm
+from fsdp_lint.entry.dora_launch import dora_launch, dora_module, is_dora
 from fsdp_lint.entry.bash_words import (  # noqa: F401 - ShellError: this module's error too
     _ARRAY, ShellError, UnsetError, with_script_path, _expand, _expanded_words, _joined, _logical_lines, _split,
     _tokens)
@@ -32,6 +34,7 @@ _GPU_COUNT = re.compile(r"\$\((?:nvidia-smi\s+(?:-L|--list-gpus)\s*\|\s*wc\s+-l|
 _LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3", "lightning", "fabric", "composer", "dora")
 # what the environment a launch line exports holds that is about the processes or this machine, not the job,
 # and what keeps a lint offline (`export HF_HUB_OFFLINE=0`, `WANDB_MODE=online` stay the lint's)
+_COMPUTED_ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+)?([A-Za-z_][A-Za-z0-9_]*)=\"?(\$\(.*\))\"?$", re.S)
 _NOT_PASSED = re.compile(r"^(CUDA_VISIBLE_DEVICES|MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|NODE_RANK|"
                          r"LOCAL_WORLD_SIZE|OMP_NUM_THREADS|PATH|PYTHONPATH|LD_LIBRARY_PATH|HOME|USER|TMPDIR|SHELL|"
                          r"HF_HOME|HF_HUB_CACHE|HF_DATASETS_CACHE|TRANSFORMERS_CACHE|TORCH_HOME|.*_DIR|.*_PATH|.*_ROOT|"
@@ -140,6 +143,20 @@ def _nested(tokens):
         if word == "--" and _is_launcher(tokens, k + 1):
             return _nested(tokens[k + 1:])
     return tokens
+
+
+def _slurm(tokens, i: int, found: Optional[dict], batch: Dict[str, int]) -> Optional[dict]:
+    """`found` (a launch) started by ``srun`` (before `i`) of a python file: srun's tasks are the world, with the
+    variables srun sets for rank 0's task (`entry.slurm`)."""
+    words = [t[0] for t in tokens]
+    at = next((k for k in range(i) if os.path.basename(words[k]) == "srun"), None)
+    if found is None or at is None or found.get("torchrun") or "accelerate" in words[at:i]:
+        return found
+    counts = slurm.world(words[at + 1:i], batch)
+    if counts is not None:
+        found["world_size"] = counts["world"]
+        found["env"] = dict(found.get("env") or {}, **slurm.environment(counts))
+    return found
 
 
 def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
@@ -430,21 +447,6 @@ def _unset_stops(line: int, fn, *args):
             from None
 
 
-def _dora_module(dora: dict, cd: Optional[str], line: int) -> str:
-    """``PKG.MOD`` that `dora run` imports (its package found as dora finds it, in the folder it runs in)."""
-    package = dora["package"]
-    if package is None:
-        folder = cd or os.getcwd()
-        found = find_package(dora["main_module"], folder)
-        if len(found) != 1:
-            what = "no package" if not found else f"several packages ({', '.join(found)})"
-            raise ShellError(f"line {line} runs `dora run`, which finds {what} with an __init__.py and a "
-                             f"{dora['main_module']}.py in {os.path.relpath(folder)}: dora stops there too (use -P, "
-                             f"or set DORA_PACKAGE)")
-        package = found[0]
-    return f"{package}.{dora['main_module']}"
-
-
 def _is_launcher_word(word: str) -> bool:
     return os.path.basename(word) in _LAUNCHERS or word.endswith(".py")
 
@@ -458,6 +460,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
     except (OSError, UnicodeDecodeError) as exc:
         raise ShellError(f"cannot read it: {exc}") from None
     text = with_script_path(_GPU_COUNT.sub("gpu", text), script)
+    batch = slurm.batch_directives(text)      # `#SBATCH --nodes=4 --ntasks-per-node=8`
     env: Dict[str, str] = {}
     exported: set = set()
     cd: Optional[str] = None
@@ -499,6 +502,14 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             before = env.get(name) if append else None
             env[name] = (before if isinstance(before, list) else [before] if before else []) + elements
             continue
+        computed = _COMPUTED_ASSIGN.match(stripped)
+        if computed and closing(computed.group(2), 1) == len(computed.group(2)) - 1:
+            # `CONFIG=$(basename $(dirname $0))`, `N=$((8 / 2))`: one word however it is spaced inside
+            name, value = computed.group(1), computed.group(2)
+            env[name] = _unset_stops(start, _expand, value, env, positional)
+            if exporting:
+                exported.add(name)
+            continue
         if words and all(_ASSIGN.match(w) for w in words):     # `MODEL=...`, `export NPROC=8`
             for w in words:
                 name, _, value = w.partition("=")
@@ -529,13 +540,13 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         found = None
         for command in _commands(_unset_stops(start, _tokens, pieces, env, positional)):
             tokens = _nested(command)
-            found = _launch(tokens, env, console)
+            found = _slurm(tokens, _command_start(tokens), _launch(tokens, env, console), batch)
             if found is not None:
                 break
         if found is None:
             continue
         if found.get("dora"):
-            found["file"] = _dora_module(found["dora"], cd, start)
+            found["file"] = dora_module(found["dora"], cd, start)
             path, base = _console_file("dora run", found["file"] + ":main", script, cd, start)
             module = (found["file"], _module_root(path, found["file"]))
         elif found.get("console"):

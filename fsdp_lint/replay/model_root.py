@@ -57,9 +57,10 @@ def _root_of(rec: Recorder):
             if getattr(parent, "_orig_mod", None) is m:
                 break       # `torch.compile(model)` holds the model; the model is still the root FSDP wraps
             if m is last_root and not rec.real and getattr(parent, "_fsdp_wrapped_module", None) is not m \
-                    and _adopted(parent, m) and not _held(parent, rec):
+                    and _adopted(parent, m) and (not _held(parent, rec) or _adds_no_parameters(parent, m)):
                 break       # a wrapper built around the model that nothing holds any more (PEFT's
-                            # inject_adapter_in_model makes a LoraModel(model) and returns the model)
+                            # inject_adapter_in_model makes a LoraModel(model) and returns the model), or one
+                            # that holds nothing to shard beside it (open_clip's Task: the model and its loss)
             m = parent
         found = tops.get(id(m), m)
         for key in path:
@@ -82,6 +83,15 @@ def _root_of(rec: Recorder):
         best = max(candidates, key=lambda c: counts[id(c)])
     trained = _trained_root(rec, candidates)
     return trained if trained is not None else best
+
+
+def _adds_no_parameters(parent, child) -> bool:
+    """`parent` holds no parameter that `child` does not: the module FSDP shards is `child`."""
+    import torch
+
+    with torch._C.DisableTorchFunction():
+        mine = {id(p) for p in child.parameters()}
+        return all(id(p) in mine for p in parent.parameters())
 
 
 def _held(obj, rec: Recorder) -> bool:

@@ -35,6 +35,14 @@ def _is_local(host) -> bool:
     return addr.is_loopback or addr.is_unspecified
 
 
+def _is_address(host) -> bool:
+    try:
+        ipaddress.ip_address(str(host).split("%")[0])
+        return True
+    except ValueError:
+        return False
+
+
 def _asker(depth: int = 2) -> str:
     """``path:line`` of the innermost frame of project code on the stack from `depth` frames up (what asked
     for the network, what started a process)."""
@@ -103,6 +111,8 @@ def install(rec, patch: Patch) -> None:
 
     def refuse(sock, address):
         host, port = (address[0], address[1]) if isinstance(address, tuple) and len(address) >= 2 else (address, "")
+        if sock.type == socket.SOCK_DGRAM and _is_address(host):
+            return None     # a UDP connect sends nothing: the node's own address probe (`connect(("8.8.8.8", 80))`)
         if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_local(host):
             raise OSError(errno.ENETUNREACH, note(host, port))
         return None

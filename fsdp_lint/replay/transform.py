@@ -389,8 +389,9 @@ class _Transformer:
         for node in ast.walk(stmt):
             if isinstance(node, ast.Call):
                 root = _root_name(node.func)
-                if bare and (root in self.torch_names or root == "sys" or registers(node.func)):
-                    return True                  # torch.manual_seed(0), OmegaConf.register_new_resolver(...)
+                if imports(node.func) or bare and (root in self.torch_names or root == "sys" or registers(node.func)):
+                    return True                  # torch.manual_seed(0), OmegaConf.register_new_resolver(...),
+                                                 # importlib.import_module("exps.big") (its registrations)
                 if bare and sets_library_state(self.import_package, self.trainers, root, needed):
                     return True                  # fs_init.initialize_model_parallel(1), then fs_init.get_...()
                 if isinstance(node.func, ast.Attribute) and (root in objects or self._part_of.get(root) in objects):
@@ -484,6 +485,12 @@ class _StopAtLoops:
 
 def _calls_something(stmt: ast.stmt) -> bool:
     return any(isinstance(n, (ast.Call, ast.Await)) for n in ast.walk(stmt))
+
+
+def imports(func: ast.AST) -> bool:
+    """A call that imports or runs a module: its body registers what later code looks up."""
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return name in ("import_module", "__import__", "reload", "run_module", "run_path", "exec_module", "load_module")
 
 
 def _plain_assignment(stmt: ast.stmt) -> bool:

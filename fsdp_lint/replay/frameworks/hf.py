@@ -201,6 +201,7 @@ def _auto_tokenizer(hooks, module) -> None:
     def make(from_pretrained):
         def wrapped(cls, pretrained_model_name_or_path, *args, **kwargs):
             name = str(pretrained_model_name_or_path)
+            kwargs.pop("force_download", None)      # (a lint never downloads: what the cache holds is the answer)
             try:
                 tokenizer = from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs)
             except (OSError, ValueError) as exc:
@@ -273,6 +274,7 @@ def _read_locally(options, applies, local_first: bool = False):
                 kwargs.pop("subfolder", None)
                 name = options.hf_config
             kwargs["local_files_only"] = True
+            kwargs.pop("force_download", None)
             try:
                 return from_pretrained(cls, name, *args, **kwargs)
             except (OSError, ValueError) as exc:
