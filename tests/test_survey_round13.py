@@ -1453,3 +1453,33 @@ fully_shard(model)
     res = cli("train.py", "--no-cache", "--format", "json", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
     assert json.loads(res.out)["files"][0]["replay"]["skipped_statements"] == []
+
+
+def test_a_project_module_whose_import_fails_on_its_own_values_stops_the_lint(cli, tmp_path):
+    # cosmos-predict2.5's experiment modules build their configs at import; one fails on its own value
+    # (`float("2e-4x")`): on a node the import fails. Skipped, the registry lacked the experiment and the
+    # lookup's default was planned (exit 0, a wrong plan)
+    (tmp_path / "registry.py").write_text("STORE = {}\n")
+    (tmp_path / "exps").mkdir()
+    (tmp_path / "exps" / "__init__.py").write_text("")
+    (tmp_path / "exps" / "finetune.py").write_text(
+        "import registry\n\n\ndef lr_from(text):\n    return float(text)\n\n\n"
+        "registry.STORE['finetune_big'] = dict(dim=256, depth=8, lr=lr_from('2e-4x'))\n")
+    (tmp_path / "confs.py").write_text(
+        "import importlib\nimport pkgutil\n\nimport registry\n\n\ndef make_config():\n"
+        "    package = importlib.import_module('exps')\n    for _, name, _ in pkgutil.iter_modules(package.__path__):\n"
+        "        importlib.import_module(f'exps.{name}')\n    return registry.STORE\n")
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\nimport confs\n\n"
+        "cfg = confs.make_config().get('finetune_big', {})\n"
+        "model = nn.Sequential(*[nn.Linear(cfg.get('dim', 64), cfg.get('dim', 64)) for _ in range(cfg.get('depth', 2))])\n"
+        "for layer in model:\n    fully_shard(layer)\nfully_shard(model)\n")
+    import subprocess
+
+    real = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, '.'); import confs; confs.make_config()"],
+                          cwd=str(tmp_path), capture_output=True, text=True)
+    assert "ValueError: could not convert string to float: '2e-4x'" in real.stderr      # python stops there
+    res = cli("train.py", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "exps/finetune.py:5: setup code failed on the meta device: ValueError: could not convert string to float: " \
+           "'2e-4x'" in res.err, res.err

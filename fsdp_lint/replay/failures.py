@@ -21,7 +21,7 @@ from fsdp_lint.replay import arguments, drift
 from fsdp_lint.replay.stand_ins import stand_in_on_failing_line
 from fsdp_lint.replay.framework_checks import raised_by_framework_launch
 from fsdp_lint.replay.handlers import PROTOCOL_METHODS, handled_by_the_script
-from fsdp_lint.replay.own_raises import is_raise_statement, raised_by_model_validation, raised_by_the_script
+from fsdp_lint.replay.own_raises import fails_an_import, is_raise_statement, raised_by_model_validation, raised_by_the_script
 from fsdp_lint.replay.imports import (
     MissingImport,
     StubUse,
@@ -114,8 +114,8 @@ class Failures:
             return False            # the script's own `except` takes it, as on a node (replay.handlers)
         if line is not None and self.stub_cause(exc) is None and stand_in_on_failing_line(exc) is None \
                 and self.root_cause(exc) is None and self.acted_on_by_skip(exc) is None \
-                and self._own_refusal(exc):
-            return False            # the script's own refusal of what the node gives it (replay.own_raises)
+                and (self._own_refusal(exc) or fails_an_import(exc, frame, self._is_project_path)):
+            return False            # the script's own refusal of the launch, a module failing its import (own_raises)
         # raised inside model construction, a wrap/freeze/cast/optimizer statement, or fsdp-lint
         tb = exc.__traceback__
         while tb is not None:

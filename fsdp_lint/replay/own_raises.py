@@ -148,3 +148,34 @@ def _statements(path: str) -> dict:
 
     visit(tree, None)
     return out
+
+
+def fails_an_import(exc: BaseException, frame, is_project_path: Callable[[str], bool]) -> bool:
+    """A statement at the top level of a project module that fails on a value of its own (``lr =
+    float("2e-4x")``): importing the module fails there on a node too, and skipping it leaves what the module
+    registers unset, which later code looks up with a default -- a plan of the defaults. A ValueError,
+    TypeError or ArithmeticError only, raised in the module's own code or a function it called, with no word of
+    the simulation; the caller rules out stand-ins and consequences of skipped statements."""
+    if frame is None or not isinstance(exc, (ValueError, TypeError, ArithmeticError)):
+        return False
+    if isinstance(exc, _NOT_KINDS) or exc.__cause__ is not None or exc.__context__ is not None:
+        return False
+    # the innermost module body on the failure's way: the statement's own (a top-level statement), or a project
+    # module imported under it (`importlib.import_module("exps.finetune")` in a loop of a function)
+    tb, body = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "<module>" and is_project_path(os.path.abspath(tb.tb_frame.f_code.co_filename)):
+            body = tb.tb_frame
+        tb = tb.tb_next
+    if body is None or body is not frame and not _imported_under(body, frame):
+        return False
+    text = str(exc).lower()
+    return not any(word in text for word in _SIMULATION_WORDS + ("missing", "none"))
+
+
+def _imported_under(body, frame) -> bool:
+    """`body` (a module's top level) runs because `frame`'s statement imported it."""
+    f = body.f_back
+    while f is not None and f is not frame:
+        f = f.f_back
+    return f is frame and body is not frame and body.f_code.co_filename != frame.f_code.co_filename
