@@ -1483,3 +1483,21 @@ def test_a_project_module_whose_import_fails_on_its_own_values_stops_the_lint(cl
     assert res.code == 2
     assert "exps/finetune.py:5: setup code failed on the meta device: ValueError: could not convert string to float: " \
            "'2e-4x'" in res.err, res.err
+
+
+def test_a_check_of_a_stand_ins_value_names_the_missing_package_not_the_node(cli, tmp_path):
+    # open_clip: `num_shards = len(wds.shardlists.expand_urls(...))`, then `assert num_shards >= workers *
+    # world_size`: without webdataset the count is the stand-in's, and the lint said the node stops there
+    (tmp_path / "data.py").write_text(
+        "import shardkit_notinstalled as sk\n\n\ndef get_data(urls, workers, world_size):\n"
+        "    num_shards = len(sk.expand_urls(urls))\n"
+        "    assert num_shards >= workers * world_size, 'number of shards must be >= total workers'\n"
+        "    return {'train': num_shards}\n")
+    (tmp_path / "train.py").write_text(DISPATCHED.replace(
+        "    torch.optim.AdamW(model.parameters())\n",
+        "    torch.optim.AdamW(model.parameters())\n    data = get_data('/data/train-{0000..2175}.tar', 4, 8)\n"
+        "    if 'train' not in data:\n        model.requires_grad_(False)\n").replace(
+        "import argparse\n", "import argparse\nfrom data import get_data\n"))
+    res = cli("train.py", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "`shardkit_notinstalled` is not installed here" in res.err and "own check" not in res.err, res.err

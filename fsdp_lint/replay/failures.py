@@ -21,7 +21,8 @@ from fsdp_lint.replay import arguments, drift
 from fsdp_lint.replay.stand_ins import stand_in_on_failing_line
 from fsdp_lint.replay.framework_checks import raised_by_framework_launch
 from fsdp_lint.replay.handlers import PROTOCOL_METHODS, handled_by_the_script
-from fsdp_lint.replay.own_raises import fails_an_import, is_raise_statement, raised_by_model_validation, raised_by_the_script
+from fsdp_lint.replay.own_raises import (fails_an_import, guard_skipped_before, raised_by_model_validation,
+                                         raised_by_the_script, stand_in_before)
 from fsdp_lint.replay.imports import (
     MissingImport,
     StubUse,
@@ -136,9 +137,10 @@ class Failures:
         return True
 
     def _own_refusal(self, exc: BaseException) -> bool:
-        # not after a collective that filled every rank's slot with rank 0's values: what the script checks
-        # may be that approximation (each rank's slice of the data, gathered)
-        return not (self.approximated and self.approximated()) and raised_by_the_script(exc, self._is_project_path)
+        # not after a collective that filled every rank's slot with rank 0's values (each rank's share of the
+        # data, gathered), nor in a function that used a stand-in before (`len(wds.expand_urls(...))`)
+        return stand_in_before(self.stub_uses, exc) is None and not (self.approximated and self.approximated()) \
+            and raised_by_the_script(exc, self._is_project_path)
 
     def _changes_the_model_without_a_download(self, exc: BaseException, frame, line: int) -> bool:
         """A statement that works on a model fails because a download was skipped before it (the tokenizer
@@ -243,26 +245,6 @@ class Failures:
         if isinstance(exc, NetworkWait) or _network_ask(exc):
             remove_failed_downloads()       # its download's empty file: the statements after it find none
 
-    def _guard_skipped_before(self, exc: BaseException) -> Optional[SkipRecord]:
-        """The last skipped guard of the function `exc` failed in: ``if not num_samples: raise RuntimeError(...)``
-        raised there itself (a `raise` statement of the project), skipped, and the function went on in the
-        state it refused (``num_samples // world_size``)."""
-        frames = set()
-        tb = exc.__traceback__
-        while tb is not None:
-            frames.add(id(tb.tb_frame))
-            tb = tb.tb_next
-        for record in reversed(self.skips):
-            if record.frame is None or id(record.frame) not in frames or record.exc is exc:
-                continue
-            last = record.exc.__traceback__
-            while last is not None and last.tb_next is not None:
-                last = last.tb_next
-            if last is not None and last.tb_frame is record.frame and is_raise_statement(
-                    os.path.abspath(record.frame.f_code.co_filename), last.tb_lineno):
-                return record
-        return None
-
     def acted_on_by_skip(self, exc: BaseException, before: Optional[int] = None) -> Optional[SkipRecord]:
         """The last skipped statement whose calls acted on an object that a frame of the failure
         `exc` holds (``cfg.validate()`` skipped, then ``build_mesh(cfg)`` fails): the later failure
@@ -356,13 +338,13 @@ class Failures:
             exc = cause.exc
             # the line in the skipped statement that failed (a call in the branch of an `if`), else the statement
             loc = self._location(exc, entry_display, f"{_display(cause.skipped.path, self.entry_path, entry_display)}:{cause.skipped.line}")
-            earlier = self.acted_on_by_skip(exc, before=self.skips.index(cause)) or self._guard_skipped_before(exc)
+            earlier = self.acted_on_by_skip(exc, before=self.skips.index(cause)) or guard_skipped_before(self.skips, exc)
             stub = self.stub_cause(exc)
             if stub is not None and earlier is None:    # the first failure worked on a stand-in: its package
                 return f"{loc}: setup code failed {where_real}: {_one_line(exc)} {self._uses_stand_in(stub)}{later}"
         else:
             loc = self._location(exc, entry_display)
-            earlier = self.acted_on_by_skip(exc) or self._guard_skipped_before(exc)
+            earlier = self.acted_on_by_skip(exc) or guard_skipped_before(self.skips, exc)
         if removed_download(exc):        # the download a statement skipped for the network would have written
             earlier = next((r for r in reversed(self.skips) if _network_ask(r.exc) or isinstance(r.exc, NetworkWait)),
                            earlier)
@@ -394,6 +376,9 @@ class Failures:
             return f"{loc}: {msg} (torch's own check of the model: the script fails on this line on a GPU node too)"
         if self._own_refusal(exc):
             return f"{loc}: {msg} (the script's own check of what the node gives it: it stops there on a GPU node too)"
+        before = stand_in_before(self.stub_uses, exc)
+        if before is not None:      # the failing check reads what a stand-in gave earlier in the function
+            return f"{loc}: setup code failed {where_real}: {msg} {self._uses_stand_in(before)}"
         if raised_by_the_script(exc, self._is_project_path):
             return (f"{loc}: {msg} (the script's own check, after a collective here gave every rank's slot rank 0's "
                     f"value -- each rank's own share on a node, which the check may depend on)")

@@ -179,3 +179,38 @@ def _imported_under(body, frame) -> bool:
     while f is not None and f is not frame:
         f = f.f_back
     return f is frame and body is not frame and body.f_code.co_filename != frame.f_code.co_filename
+
+
+def guard_skipped_before(skips, exc: BaseException):
+    """The last skipped guard of the function `exc` failed in (a SkipRecord of `skips`): ``if not num_samples:
+    raise RuntimeError(...)`` raised there itself (a `raise` statement of the project), skipped, and the
+    function went on in the state it refused (``num_samples // world_size``)."""
+    frames = set()
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.add(id(tb.tb_frame))
+        tb = tb.tb_next
+    for record in reversed(skips):
+        if record.frame is None or id(record.frame) not in frames or record.exc is exc:
+            continue
+        last = record.exc.__traceback__
+        while last is not None and last.tb_next is not None:
+            last = last.tb_next
+        if last is not None and last.tb_frame is record.frame and is_raise_statement(
+                os.path.abspath(record.frame.f_code.co_filename), last.tb_lineno):
+            return record
+    return None
+
+
+def stand_in_before(stub_uses, exc: BaseException):
+    """A use of a stand-in (of `stub_uses`) earlier in the function `exc` failed in: what it checks may be
+    the stand-in's value (``num_shards = len(wds.expand_urls(...))``, then an assert on it)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    code = tb.tb_frame.f_code
+    path = os.path.abspath(code.co_filename)
+    return next((u for u in stub_uses if os.path.abspath(u.path) == path
+                 and code.co_firstlineno <= u.line <= tb.tb_lineno), None)
