@@ -1501,3 +1501,22 @@ def test_a_check_of_a_stand_ins_value_names_the_missing_package_not_the_node(cli
     res = cli("train.py", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
     assert "`shardkit_notinstalled` is not installed here" in res.err and "own check" not in res.err, res.err
+
+
+def test_a_downloaded_checkpoint_the_project_checks_for_exists(cli, tmp_path, monkeypatch):
+    # cosmos-predict2.5's checkpoint_db: `path = hf_hub_download(repo, name)`, `assert os.path.exists(path), path`,
+    # then load it. The stood-in download's path did not exist, so the project's own check failed
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    (tmp_path / "ckpt.py").write_text(
+        "import os\nfrom pathlib import Path\nfrom huggingface_hub import hf_hub_download\n\n\n"
+        "def pretrained_path(repo, name):\n    path = hf_hub_download(repo_id=repo, filename=name)\n"
+        "    assert os.path.exists(path) and Path(path).is_file(), path\n    return path\n")
+    (tmp_path / "train.py").write_text(DISPATCHED.replace(
+        "    for layer in model:\n",
+        "    model.load_state_dict(torch.load(pretrained_path('org/big-model', 'base/model_ema.pt')), strict=False)\n"
+        "    for layer in model:\n").replace("import argparse\n", "import argparse\nfrom ckpt import pretrained_path\n"))
+    res = cli("train.py", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["replay"]["skipped_statements"] == [] and len(f["plan"]["units"]) == 5
+    assert any("model_ema.pt" in n and "stands in as the model's own state dict" in n for n in f["notes"]), f["notes"]

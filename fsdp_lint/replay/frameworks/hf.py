@@ -429,6 +429,8 @@ def _hub_file(hooks, module) -> None:
 
     real = module.hf_hub_download
 
+    _downloaded_exists(hooks)
+
     def hf_hub_download(*args, **kwargs):
         try:
             return real(*args, **kwargs)
@@ -458,6 +460,31 @@ def _hub_file(hooks, module) -> None:
     package = sys.modules.get("huggingface_hub")
     if package is not None and package.__dict__.get("hf_hub_download") is real:
         hooks.patch(package, "hf_hub_download", hf_hub_download)
+
+
+_NOT_DOWNLOADED = f"{os.sep}snapshots{os.sep}not-downloaded{os.sep}"
+
+
+def _downloaded_exists(hooks) -> None:
+    """The weights `hf_hub_download` stood in for exist, as the downloaded file does on a node (``assert
+    os.path.exists(path), path`` after the download): ``os.path.exists``/``isfile`` and ``Path.exists``/``is_file``
+    answer True for their path; loading it stands in (`fsdp_lint.replay.checkpoints`)."""
+    import pathlib
+
+    def answering(real):
+        def check(path, *args, **kwargs):
+            try:
+                if _NOT_DOWNLOADED in os.fspath(path):
+                    return True
+            except TypeError:
+                pass
+            return real(path, *args, **kwargs)
+        return check
+
+    for name in ("exists", "isfile"):
+        hooks.patch(os.path, name, answering(getattr(os.path, name)))
+    for name in ("exists", "is_file"):
+        hooks.patch(pathlib.Path, name, answering(getattr(pathlib.Path, name)))
 
 
 def hook_table() -> Dict[str, List[Any]]:
