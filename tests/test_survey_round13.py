@@ -1520,3 +1520,28 @@ def test_a_downloaded_checkpoint_the_project_checks_for_exists(cli, tmp_path, mo
     f = json.loads(res.out)["files"][0]
     assert f["replay"]["skipped_statements"] == [] and len(f["plan"]["units"]) == 5
     assert any("model_ema.pt" in n and "stands in as the model's own state dict" in n for n in f["notes"]), f["notes"]
+
+
+def test_a_downloaded_checkpoint_read_as_bytes_and_a_models_state_sync(cli, tmp_path, monkeypatch):
+    # cosmos-predict2.5: its file client reads the downloaded checkpoint's bytes and loads them
+    # (`torch.load(io.BytesIO(f.read()))`), and a module syncs its states over the group in its __init__
+    # (torch.distributed.utils._verify_param_shape_across_processes / _sync_module_states: `.item()` on meta)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    (tmp_path / "fileio.py").write_text(
+        "import io\nimport torch\nfrom huggingface_hub import hf_hub_download\n\n\n"
+        "def load(repo, name):\n    path = hf_hub_download(repo_id=repo, filename=name)\n"
+        "    with open(path, 'rb') as fh:\n        return torch.load(io.BytesIO(fh.read()), map_location='cpu')\n")
+    (tmp_path / "train.py").write_text(DISPATCHED.replace(
+        "    for layer in model:\n",
+        "    from torch.distributed.utils import _sync_module_states, _verify_param_shape_across_processes\n"
+        "    _verify_param_shape_across_processes(dist.group.WORLD, list(model.parameters()))\n"
+        "    _sync_module_states(module=model, process_group=dist.group.WORLD, broadcast_bucket_size=1 << 20, src=0,"
+        " params_and_buffers_to_ignore=set())\n"
+        "    model.load_state_dict(load('org/big-model', 'model_ema_bf16.pt'), strict=False)\n"
+        "    for layer in model:\n").replace("import argparse\n", "import argparse\nfrom fileio import load\n").replace(
+        "    model = nn.Sequential(", "    with torch.device('cuda'):\n        model = nn.Sequential("))
+    res = cli("train.py", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["replay"]["skipped_statements"] == [] and len(f["plan"]["units"]) == 5
+    assert any("model_ema_bf16.pt" in n for n in f["notes"]), f["notes"]

@@ -119,7 +119,19 @@ def _largest_model(rec) -> Optional[Any]:
     return best
 
 
+# the bytes a downloaded file stood in for reads as (frameworks.hf): a loader given them stands in too
+NOT_DOWNLOADED_BYTES = b"\x00fsdp-lint: not downloaded\x00"
+
+
 def _missing_path(f) -> Optional[str]:
+    if hasattr(f, "getvalue") and hasattr(f, "read"):
+        try:
+            data = f.getvalue()
+        except Exception:  # noqa: BLE001
+            return None
+        if isinstance(data, bytes) and data.startswith(NOT_DOWNLOADED_BYTES):
+            return os.fsdecode(data[len(NOT_DOWNLOADED_BYTES):])
+        return None
     if isinstance(f, (str, os.PathLike)):
         path = os.fspath(f)
         # (a download stood in for exists to the script, not here: frameworks.hf)

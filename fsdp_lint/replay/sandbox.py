@@ -248,6 +248,14 @@ def _simulate_dist(rec: Recorder, patch: Patch) -> bool:
     }.items():
         if hasattr(dist, name):
             patch(dist, name, value)
+    try:        # DDP's state checks and sync over the group (a model's own `sync_model_states`): identical ranks
+        import torch.distributed.utils as dist_utils
+
+        for name in ("_verify_param_shape_across_processes", "_sync_module_states", "_sync_params_and_buffers"):
+            if hasattr(dist_utils, name):
+                patch(dist_utils, name, _noop())
+    except ImportError:
+        pass
     host_values.install(rec, patch, dist)   # collectives leave what a world of identical ranks would
     rank_values.install(rec, patch, dist, host_values.groups_of)   # ... but each rank's own rank and host
     return False
