@@ -1545,3 +1545,24 @@ def test_a_downloaded_checkpoint_read_as_bytes_and_a_models_state_sync(cli, tmp_
     f = json.loads(res.out)["files"][0]
     assert f["replay"]["skipped_statements"] == [] and len(f["plan"]["units"]) == 5
     assert any("model_ema_bf16.pt" in n for n in f["notes"]), f["notes"]
+
+
+def test_a_module_launch_does_not_resolve_its_siblings_as_top_level_modules(cli, tmp_path):
+    # AReaL's `python3 -m areal.infra.launcher.local ...`: the launcher's folder holds `ray.py`, and a module of
+    # the package does `import ray` (not installed). python -m puts no folder of the module on sys.path, so that
+    # import is the missing package, never the sibling file (which had given a false circular import)
+    (tmp_path / "proj" / "launcher").mkdir(parents=True)
+    (tmp_path / "proj" / "__init__.py").write_text("")
+    (tmp_path / "proj" / "launcher" / "__init__.py").write_text("")
+    (tmp_path / "proj" / "launcher" / "clusterlib_notinstalled.py").write_text(
+        "from proj.names import resolve\n\n\ndef start():\n    return resolve('x')\n")
+    (tmp_path / "proj" / "names.py").write_text(
+        "import clusterlib_notinstalled\n\n\ndef resolve(name):\n    return name\n")
+    (tmp_path / "proj" / "launcher" / "local.py").write_text(DISPATCHED.replace(
+        "import argparse\n", "import argparse\nfrom proj.names import resolve\n"))
+    (tmp_path / "run.sh").write_text("#!/bin/bash\npython3 -m proj.launcher.local --n_layers 2\n")
+    res = cli("run.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert len(f["plan"]["units"]) == 3
+    assert any("clusterlib_notinstalled" in n for n in f["notes"]), f["notes"]

@@ -322,8 +322,9 @@ class Project:
         if not _LOCAL_SYS_PATH:
             _LOCAL_SYS_PATH.append([p for p in sys.path if p and os.path.isdir(p) and is_local(os.path.join(p, "x.py"))])
         roots += _LOCAL_SYS_PATH[0]
-        if entry.is_package_module:
-            roots.append(os.path.dirname(entry.path))     # siblings imported as top-level modules
+        if entry.is_package_module and not entry.launched:
+            # siblings imported as top-level modules (`python pkg/train.py`; `python -m pkg.train` adds no folder)
+            roots.append(os.path.dirname(entry.path))
         seen: Set[str] = set()
         self.roots = [r for r in (os.path.abspath(r) for r in roots) if not (r in seen or seen.add(r))]
         self._roots_key = tuple(self.roots)

@@ -290,7 +290,8 @@ class _Run:
         root = how = None
         launchers = tuple(sorted({imp.module.split(".")[0] for f in self.project.modules.values()
                                   for imp in f.imports} & {"hydra"}))
-        siblings = os.path.dirname(self.path) if entry.is_package_module else None
+        # (`python -m pkg.mod` puts no folder of the module on sys.path: its siblings are not top-level modules)
+        siblings = os.path.dirname(self.path) if entry.is_package_module and not entry.launched else None
         siblings = last_resort_roots(entry, siblings)   # trials: the roots the static Project resolves with
         with _own_project_modules(), sandbox(self.rec, entry.root, self.argv, launchers=launchers,
                                              last_resort_path=siblings):
