@@ -269,12 +269,14 @@ def launcher_refusal(launch: ShellLaunch) -> Optional[str]:
     import contextlib
     import io
 
-    if kind == "launch":
-        from torch.distributed.launch import get_args_parser
-    else:
+    try:
         from torch.distributed.run import get_args_parser
+    except ImportError:         # (a torch without torchrun's module: nothing to judge by)
+        return None
     parser = get_args_parser()
-    parser.prog = "torchrun"
+    parser.prog = "torchrun" if kind == "run" else "python -m torch.distributed.launch"
+    if kind == "launch":        # what torch.distributed.launch.parse_args adds to torchrun's parser
+        parser.add_argument("--use-env", "--use_env", default=False, action="store_true")
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said):

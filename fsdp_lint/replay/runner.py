@@ -505,9 +505,16 @@ class _Run:
             return
         from fsdp_lint.replay.imports import distribution_of
 
+        # the package that would have read them: the one whose stand-in decorated the function, or one the
+        # `__main__` block calls (`fire.Fire(main)`); an unrelated missing package (a logger) reads nothing
         by = getattr(fn, "_fsdp_lint_decorated_by", None)
-        packages = [i.missing for i in missing if by is None or by.split(".")[0] in (i.missing, *i.names)] or \
-            [i.missing for i in missing]
+        guard = self.facts.main_guard_line
+        called = {u.name.split(".")[0].split("(")[0] for u in self.failures.stub_uses
+                  if guard is not None and os.path.abspath(u.path) == self.path and u.line > guard}
+        names = ({by.split(".")[0].split("(")[0]} if by else set()) | called
+        packages = [i.missing for i in missing if names & {i.missing.split(".")[0], *i.names}]
+        if not packages:
+            return
         top = packages[0].split(".")[0]
         raise ReplayError(f"{self.display}: the script's arguments ({' '.join(self.argv)}) reach {name}() through "
                           f"`{top}`, which is not installed here (pip install {distribution_of(top)}): run with its "

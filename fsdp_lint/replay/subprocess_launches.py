@@ -33,7 +33,10 @@ def install(rec, patch: Patch) -> None:
     def init(self, args, *rest, **kwargs):
         words = _words(args)
         if words:
-            hint = _launch_hint(words, kwargs.get("cwd"), kwargs.get("env"))
+            try:
+                hint = _launch_hint(words, kwargs.get("cwd"), kwargs.get("env"))
+            except Exception:  # noqa: BLE001  (a command the launch reader refuses: run as the script wrote it)
+                hint = None
             if hint is not None:
                 raise LaunchElsewhere(hint)
         return real_init(self, args, *rest, **kwargs)
