@@ -41,6 +41,9 @@ _NOT_PASSED = re.compile(r"^(CUDA_VISIBLE_DEVICES|MASTER_ADDR|MASTER_PORT|WORLD_
                          r"HF_HUB_OFFLINE|TRANSFORMERS_OFFLINE|HF_DATASETS_OFFLINE|HF_HUB_DISABLE_TELEMETRY|WANDB_MODE|"
                          r"WANDB_DISABLED)$")
 
+# ... which a plain `python` launch (no launcher sets them) gets as the script exports them
+_PROCESS = re.compile(r"^(MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|NODE_RANK|LOCAL_WORLD_SIZE)$")
+
 
 @dataclass
 class ShellLaunch:
@@ -152,6 +155,7 @@ def _slurm(tokens, i: int, found: Optional[dict], batch: Dict[str, int]) -> Opti
     at = next((k for k in range(i) if os.path.basename(words[k]) == "srun"), None)
     if found is None or at is None or found.get("torchrun") or "accelerate" in words[at:i]:
         return found
+    found["plain"] = False
     counts = slurm.world(words[at + 1:i], batch)
     if counts is not None:
         found["world_size"] = counts["world"]
@@ -247,6 +251,7 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
             "unset_world": next((v for v in (raw, opts.get("nnodes") or opts.get("num_nodes"))
                                  if isinstance(v, str) and "$" in v), None),
             "accelerate_config": opts.get("config_file") if head == "accelerate" else None,
+            "plain": head.startswith("python") and torchrun is None,      # one process, no launcher's variables
             "torchrun": (torchrun[0], words[torchrun[1]:]) if torchrun else None}
 
 
@@ -573,8 +578,10 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             acc = os.path.join(base, acc)
         passed = {name: env[name] for name in exported if name in env}
         passed.update(found.get("env") or {})
-        passed = {k: v for k, v in passed.items()
-                  if isinstance(v, str) and not _NOT_PASSED.match(k) and "$" not in v and "`" not in v}
+        passed = {k: v for k, v in passed.items() if isinstance(v, str) and "$" not in v and "`" not in v and
+                  not (_NOT_PASSED.match(k) and not (found.get("plain") and _PROCESS.match(k)))}
+        if found.get("plain") and found["world_size"] is None and passed.get("WORLD_SIZE", "").isdigit():
+            found["world_size"] = int(passed["WORLD_SIZE"])     # `export WORLD_SIZE=1; python driver.py`
         launch = ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
                              module if found.get("module") else None, found.get("every_gpu_of"),
                              found.get("unset_world"), found.get("torchrun"))

@@ -315,14 +315,26 @@ class Failures:
         text = self._describe(exc, entry_display=entry_display, where_real=where_real, importer=importer)
         cause = self.root_cause(exc)
         text += drift.note(cause.exc if cause is not None else exc, self.entry_path)   # (and a newer Python's project)
+        text += self._absent_name_before(text, entry_display)
         return text if "requires-python" in text else text + python_requirement_note(self.entry_path)
+
+    def _absent_name_before(self, text: str, entry_display: str) -> str:
+        """`` (before it, pkg/outputs.py:3: cannot import name ... (the installed transformers 5.25.0; pyproject.toml
+        asks for transformers==5.9.0): `python` stops there; fsdp-lint stood in for it)``: a name an installed
+        library lacks was stood in for, so what failed later may be the drift's doing, never seen on a node."""
+        imp = next((i for i in self.imports if i.absent_names and i.message not in text), None)
+        if imp is None:
+            return ""
+        return (f" (before it, {_display(imp.path, self.entry_path, entry_display)}:{imp.line}: {imp.message} (the "
+                f"installed {drift.installed(imp.module, self.entry_path)}): `python` stops there; fsdp-lint stood in for it)")
 
     def _describe(self, exc: BaseException, *, entry_display: str, where_real: str, importer=None) -> str:
         stub = self.stub_cause(exc)
         if stub is not None and stub.in_model:
             return self._stub_message(stub, entry_display)
-        if stub is not None:
-            # setup code (not the model) failed on a stand-in: the package it needs is the cause
+        if stub is not None and not (isinstance(exc, NameError) and self.root_cause(exc) is not None):
+            # setup code (not the model) failed on a stand-in: the package it needs is the cause (unless it
+            # failed on a name a skipped statement would have bound: that statement's failure is the first)
             return (f"{self._location(exc, entry_display)}: setup code failed {where_real}: {_one_line(exc)} "
                     f"{self._uses_stand_in(stub, self.decides_note(entry_display))}")
         parsing = None if self.names_an_argument(exc) else \
@@ -335,6 +347,8 @@ class Failures:
             if exc is self.refused:  # the later statement works on the model: skipping it too would plan another
                 later = f" (skipped; what it would have set up was used later: {self._location(exc, entry_display)}: " \
                         f"{_one_line(exc)})"
+            if stub is not None:     # ... and the stand-in the later line also used
+                later += f" {self._uses_stand_in(stub)}"
             exc = cause.exc
             # the line in the skipped statement that failed (a call in the branch of an `if`), else the statement
             loc = self._location(exc, entry_display, f"{_display(cause.skipped.path, self.entry_path, entry_display)}:{cause.skipped.line}")
