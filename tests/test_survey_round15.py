@@ -225,3 +225,48 @@ def test_a_plain_python_launch_sees_the_process_variables_its_script_exports(cli
     (tmp_path / "run.sh").write_text("#!/bin/bash\nexport WORLD_SIZE=1\ntorchrun --nproc_per_node 4 driver.py\n")
     res = cli("run.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
     assert res.code == 2 and "waiting for 4 nodes to join" in res.err
+
+
+# a model's snapshot at a pinned revision, read by the project (cosmos-reason1's `snapshot_download(repo, revision=)`
+# then its config.json): the miss named neither the repository nor the revision
+SNAPSHOT = '''
+import json
+import os
+
+import torch.nn as nn
+from huggingface_hub import snapshot_download
+from torch.distributed.fsdp import fully_shard
+
+REVISION = "3210bec0495fdc7a8d3dbb8d58da5711eab4b423"
+path = snapshot_download("org/some-model", revision=REVISION)
+with open(os.path.join(path, "config.json")) as f:
+    width = json.load(f)["hidden_size"]
+model = nn.Sequential(*[nn.Linear(width, width) for _ in range(4)])
+for m in model:
+    fully_shard(m)
+fully_shard(model)
+'''
+
+
+def test_a_model_snapshot_not_here_is_named_with_its_revision_and_its_configs_suffice(cli, tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text(SNAPSHOT)
+    hf_home = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(hf_home / "hub"))
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = res.err.strip().splitlines()[0]
+    assert "train.py:10:" in line
+    rev = "3210bec0495fdc7a8d3dbb8d58da5711eab4b423"
+    assert f"`huggingface-cli download org/some-model --revision {rev} --include '*.json'`" in line
+    # what that command leaves in the cache (the snapshot folder of the revision, its configs) is enough
+    snap = hf_home / "hub" / "models--org--some-model" / "snapshots" / rev
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps({"hidden_size": 32}))
+    from huggingface_hub import snapshot_download
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert snapshot_download("org/some-model", revision=rev, cache_dir=str(hf_home / "hub")) == str(snap)
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    assert json.loads(res.out)["files"][0]["model"]["numel"] == 4 * (32 * 32 + 32)

@@ -241,9 +241,15 @@ def download_hint(msg: str, exc: Optional[BaseException] = None) -> str:
     while exc is not None and seen < 8:
         asked = getattr(exc, HUB_FILE, None)
         if asked:
-            repo, name, kind = asked
+            repo, name, kind, revision = (*asked, None)[:4]
+            rev = f" --revision {revision}" if revision and revision != "main" else ""
+            if not name:    # snapshot_download of a model: its configs are what a lint reads
+                return (f" (the hub repository {repo}{f' at revision {revision}' if rev else ''} is not here, and "
+                        f"fsdp-lint never downloads: `huggingface-cli download {repo}{rev}"
+                        f"{f' --repo-type {kind}' if kind else ''} --include '*.json'` puts its configs in the local "
+                        f"Hugging Face cache)")
             return (f" ({name} of the hub repository {repo} is not here, and fsdp-lint never downloads: "
-                    f"`huggingface-cli download {repo} {name}{f' --repo-type {kind}' if kind else ''}` puts it in "
+                    f"`huggingface-cli download {repo} {name}{rev}{f' --repo-type {kind}' if kind else ''}` puts it in "
                     f"the local Hugging Face cache)")
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     # (a file read from the empty folder a hub data set's snapshot_download stood in as: frameworks.hf)

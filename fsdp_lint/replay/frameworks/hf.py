@@ -533,8 +533,11 @@ def _dataset_snapshot(hooks, module) -> None:
         def wrapped(*args, **kwargs):
             try:
                 return download(*args, **kwargs)
-            except LocalEntryNotFoundError:
+            except LocalEntryNotFoundError as exc:
                 if kwargs.get("repo_type") != "dataset":
+                    # a model's snapshot a node downloads: the one line names it, at its revision
+                    setattr(exc, HUB_FILE, (kwargs.get("repo_id") or (args[0] if args else "?"), "",
+                                            kwargs.get("repo_type"), kwargs.get("revision")))
                     raise
                 repo_id = kwargs.get("repo_id") or (args[0] if args else "dataset")
                 folder = os.path.join(tempfile.gettempdir(), "fsdp-lint-hub-datasets", *str(repo_id).split("/"))
