@@ -140,6 +140,8 @@ def _shell_runs(scripts, settings, script_args, cli_world_size):
                                              f"--world-size, or set it in the script)",)
             if launch.env:
                 overrides["launch_env"] = tuple(sorted(launch.env.items()))
+            if launch.plain:
+                overrides["launch_plain"] = True
             if launch.module:
                 overrides["launch_module"] = launch.module
             if launch.accelerate_config and not settings.accelerate_config:

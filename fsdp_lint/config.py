@@ -72,6 +72,7 @@ class Settings:
     # the environment that launch line gives the process (`export VAR=...`, `VAR=... torchrun`, the
     # launcher's own variables): (name, value) pairs
     launch_env: Tuple[Tuple[str, str], ...] = ()
+    launch_plain: bool = False                 # a launch script's plain `python FILE`: no launcher's variables
     # the module that launch line runs (`-m training.run`) and the folder it resolves from: (module, root)
     launch_module: Tuple[str, ...] = ()
     # what reading the launch line found that the report says (a world size a variable nothing sets gives)
@@ -91,7 +92,7 @@ class Settings:
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(Settings)}
 _KEYS.pop("entries")
 _KEYS["entry"] = "entries"
-_INTERNAL = {"config_path", "launch_script", "launch_env", "launch_module", "launch_notes", "cli_selection", "world_size_source", "script_world", "launched", "activations_for_inferred_inputs", "suggest"}
+_INTERNAL = {"config_path", "launch_script", "launch_env", "launch_plain", "launch_module", "launch_notes", "cli_selection", "world_size_source", "script_world", "launched", "activations_for_inferred_inputs", "suggest"}
 # what an [[tool.fsdp-lint.entry]] table may set besides `path` and `args`
 _ENTRY_SETTINGS = ("world_size", "api", "wrap", "use_orig_params", "model", "replay_timeout")
 

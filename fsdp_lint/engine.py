@@ -183,6 +183,7 @@ def analyse_facts(screened: Screened, settings: Settings, *, keep_model: bool = 
     except ReplayError as exc:
         err = LintError(str(exc))
         err.user_exception = getattr(exc, "user_exception", None)
+        err.follow = getattr(exc, "follow", None)       # a launch the setup starts in a subprocess
         raise err from None
     except OptionError as exc:
         raise LintError(str(exc)) from None
@@ -314,18 +315,53 @@ def lint_file(path: str, settings: Settings, *, argv: Optional[List[str]] = None
     return lint_facts(screened, settings, argv=argv, explicit=explicit, cwd=cwd)
 
 
+# how many launches started by launches are followed (a launcher that starts `torchrun train.py`: one)
+FOLLOWED_LAUNCHES = 2
+
+
 def lint_facts(screened: Screened, settings: Settings, *, argv: Optional[List[str]] = None,
-               explicit: bool = True, cwd: Optional[str] = None) -> FileResult:
+               explicit: bool = True, cwd: Optional[str] = None, _followed: int = 0) -> FileResult:
     """Replay, tree, plan, layout and rules for a screened file. Raises LintError."""
     from fsdp_lint.entry.project import launched_as
 
-    with launched_as(screened.facts.path, settings.launch_module):
-        res = analyse_facts(screened, settings, argv=argv, explicit=explicit, cwd=cwd)
+    try:
+        with launched_as(screened.facts.path, settings.launch_module):
+            res = analyse_facts(screened, settings, argv=argv, explicit=explicit, cwd=cwd)
+    except LintError as exc:
+        launch = getattr(exc, "follow", None)
+        if launch is None or _followed >= FOLLOWED_LAUNCHES:
+            raise
+        return _follow_launch(launch, exc, settings, _followed)
     res.cwd = cwd
     res.imported_files = _imported_project_files()
     if res.skipped:
         return res
     res.findings = check_rules(res, settings)
+    return res
+
+
+def _follow_launch(launch: dict, exc: LintError, settings: Settings, followed: int) -> FileResult:
+    """The setup started a training launch in a subprocess (`swift sft`, a script that re-runs itself under
+    torchrun, `forge run`): on a node the model is built in that launch's processes, so it is what is linted,
+    with its arguments, world size, module and environment, as a launch script's line is."""
+    overrides = {"launched": True,
+                 "launch_env": tuple(sorted({**dict(settings.launch_env), **(launch.get("env") or {})}.items()))}
+    world = launch.get("world_size") or (launch["every_gpu_of"] * settings.gpus_per_node
+                                         if launch.get("every_gpu_of") else None)
+    if world and settings.world_size_source != "--world-size":
+        overrides.update(world_size=world, world_size_source="launch script")
+    if launch.get("accelerate_config") and not settings.accelerate_config:
+        overrides["accelerate_config"] = launch["accelerate_config"]
+    followed_settings = replace(settings.with_overrides(**overrides), launch_module=launch.get("module"), launch_notes=(),
+                                launch_plain=bool(launch.get("plain")))
+    screened = screen(launch["path"], followed_settings)
+    if isinstance(screened, FileResult):
+        raise exc
+    res = lint_facts(screened, followed_settings, argv=list(launch.get("args") or ()), explicit=True,
+                     cwd=launch.get("cwd"), _followed=followed + 1)
+    res.notes.insert(0, f"the setup starts `{launch.get('shown')}`: linted that launch, whose processes build the "
+                        f"model on a node (a lint never starts processes)")
+    res.imported_files = sorted(set(res.imported_files) | {os.path.abspath(launch["path"])})
     return res
 
 

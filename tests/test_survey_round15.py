@@ -238,7 +238,7 @@ from huggingface_hub import snapshot_download
 from torch.distributed.fsdp import fully_shard
 
 REVISION = "3210bec0495fdc7a8d3dbb8d58da5711eab4b423"
-path = snapshot_download("org/some-model", revision=REVISION)
+path = snapshot_download("org/some-model", revision=REVISION, cache_dir=os.environ.get("MODEL_CACHE"))
 with open(os.path.join(path, "config.json")) as f:
     width = json.load(f)["hidden_size"]
 model = nn.Sequential(*[nn.Linear(width, width) for _ in range(4)])
@@ -251,8 +251,7 @@ fully_shard(model)
 def test_a_model_snapshot_not_here_is_named_with_its_revision_and_its_configs_suffice(cli, tmp_path, monkeypatch):
     (tmp_path / "train.py").write_text(SNAPSHOT)
     hf_home = tmp_path / "hf"
-    monkeypatch.setenv("HF_HOME", str(hf_home))
-    monkeypatch.setenv("HF_HUB_CACHE", str(hf_home / "hub"))
+    monkeypatch.setenv("MODEL_CACHE", str(hf_home / "hub"))     # the script's own cache folder setting
     res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
     line = res.err.strip().splitlines()[0]
@@ -265,8 +264,102 @@ def test_a_model_snapshot_not_here_is_named_with_its_revision_and_its_configs_su
     (snap / "config.json").write_text(json.dumps({"hidden_size": 32}))
     from huggingface_hub import snapshot_download
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert snapshot_download("org/some-model", revision=rev, cache_dir=str(hf_home / "hub")) == str(snap)
+    assert snapshot_download("org/some-model", revision=rev, cache_dir=str(hf_home / "hub"),
+                             local_files_only=True) == str(snap)
     res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
     assert json.loads(res.out)["files"][0]["model"]["numel"] == 4 * (32 * 32 + 32)
+
+
+# a training command run as plain `python train.py` that re-launches itself under torchrun with the process count of
+# its config when torchrun's variables are not there, and trains when they are (SpecForge's `train` entry, launchers
+# of the `if "RANK" not in os.environ: subprocess.call([sys.executable, "-m", "torch.distributed.run", ...])` kind)
+SELF_LAUNCH = {
+    "pyproject.toml": '[project]\nname = "draftkit"\nversion = "0.1"\n',
+    "run.sh": '''
+        #!/bin/bash
+        python scripts/train.py --config configs/draft.json
+    ''',
+    "configs/draft.json": '{"nproc_per_node": 4, "layers": 3, "width": 128}\n',
+    "scripts/train.py": '''
+        from __future__ import annotations
+
+        import json
+        import os
+        import subprocess
+        import sys
+
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+        from draftkit.launch import under_torchrun  # noqa: E402
+
+
+        def main(argv: list[str]) -> int:
+            cfg = json.load(open(argv[argv.index("--config") + 1]))
+            if not under_torchrun(cfg["nproc_per_node"]):
+                cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={cfg['nproc_per_node']}",
+                       os.path.abspath(__file__), *argv]
+                return subprocess.call(cmd)
+            from draftkit.trainer import build
+            build(cfg)
+            return 0
+
+
+        if __name__ == "__main__":
+            sys.exit(main(sys.argv[1:]))
+    ''',
+    "draftkit/__init__.py": "",
+    "draftkit/launch.py": '''
+        import os
+
+
+        def under_torchrun(nproc: int) -> bool:
+            if not all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
+                return False
+            if int(os.environ["WORLD_SIZE"]) != nproc:
+                raise ValueError(f"WORLD_SIZE={os.environ['WORLD_SIZE']} but the config asks for {nproc} processes")
+            return True
+    ''',
+    "draftkit/trainer.py": '''
+        import torch
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+        def build(cfg):
+            dist.init_process_group("nccl")
+            model = nn.Sequential(*[nn.Linear(cfg["width"], cfg["width"]) for _ in range(cfg["layers"])])
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            for layer in model:
+                fully_shard(layer, mp_policy=mp)
+            fully_shard(model, mp_policy=mp)
+            return torch.optim.AdamW(model.parameters())
+    ''',
+}
+
+
+def test_a_script_that_relaunches_itself_under_torchrun_is_linted_as_that_launch(cli, tmp_path):
+    _tree(tmp_path, SELF_LAUNCH)
+    # the oracle of the premise: torchrun gives its workers RANK/WORLD_SIZE/LOCAL_RANK, a plain python has none
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os\nprint([k in os.environ for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK')])\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    plain = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, env=env)
+    assert plain.stdout.strip() == "[False, False, False]"
+    launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", str(probe)],
+                              capture_output=True, text=True, env=env, timeout=120)
+    assert launched.stdout.strip() == "[True, True, True]", launched.stderr
+    # before: the plain python got torchrun's variables (world 8), and the script's own check refused them
+    res = cli("run.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["path"].endswith("scripts/train.py")
+    assert f["plan"]["world_size"] == 4
+    assert [u["module"] for u in f["plan"]["units"]] == ["0", "1", "2", ""]
+    assert any("torch.distributed.run --nproc_per_node=4" in n and "linted that launch" in n for n in f["notes"])
+    # the same plan as the launch it starts, linted directly
+    direct = cli("scripts/train.py", "-n", "4", "--no-cache", "--format", "json", "--", "--config",
+                 "configs/draft.json", cwd=str(tmp_path))
+    assert direct.code in (0, 1), direct.err
+    assert json.loads(direct.out)["files"][0]["plan"]["units"] == f["plan"]["units"]

@@ -41,8 +41,7 @@ _NOT_PASSED = re.compile(r"^(CUDA_VISIBLE_DEVICES|MASTER_ADDR|MASTER_PORT|WORLD_
                          r"HF_HUB_OFFLINE|TRANSFORMERS_OFFLINE|HF_DATASETS_OFFLINE|HF_HUB_DISABLE_TELEMETRY|WANDB_MODE|"
                          r"WANDB_DISABLED)$")
 
-# ... which a plain `python` launch (no launcher sets them) gets as the script exports them
-_PROCESS = re.compile(r"^(MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|NODE_RANK|LOCAL_WORLD_SIZE)$")
+_PLAIN_PYTHON_GETS = re.compile(r"^(MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|NODE_RANK|LOCAL_WORLD_SIZE)$")
 
 
 @dataclass
@@ -64,6 +63,7 @@ class ShellLaunch:
     # torchrun's words from its first option to the end (`torchrun` or `python -m torch.distributed.run`:
     # "run"; `python -m torch.distributed.launch`: "launch"), for torch's own parser (`launcher_refusal`)
     torchrun: Optional[Tuple[str, List[str]]] = None
+    plain: bool = False                             # `python FILE` itself: one process, no launcher's variables
 
 
 _CONTROL = {"|", "||", "&&", ";", "&", "|&"}
@@ -579,12 +579,12 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         passed = {name: env[name] for name in exported if name in env}
         passed.update(found.get("env") or {})
         passed = {k: v for k, v in passed.items() if isinstance(v, str) and "$" not in v and "`" not in v and
-                  not (_NOT_PASSED.match(k) and not (found.get("plain") and _PROCESS.match(k)))}
+                  not (_NOT_PASSED.match(k) and not (found.get("plain") and _PLAIN_PYTHON_GETS.match(k)))}
         if found.get("plain") and found["world_size"] is None and passed.get("WORLD_SIZE", "").isdigit():
             found["world_size"] = int(passed["WORLD_SIZE"])     # `export WORLD_SIZE=1; python driver.py`
         launch = ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
                              module if found.get("module") else None, found.get("every_gpu_of"),
-                             found.get("unset_world"), found.get("torchrun"))
+                             found.get("unset_world"), found.get("torchrun"), bool(found.get("plain")))
         at = branches.at()
         if not any(_alternatives(launch, at, other, other_at) for other, other_at in zip(out, where)):
             out.append(launch)

@@ -11,6 +11,7 @@ takes a second.
 """
 from __future__ import annotations
 
+from fsdp_lint.entry.launch_calls import names_a_launcher, starts_a_launch
 from fsdp_lint.entry.noqa import _noqa_lines, file_noqa_lines
 from fsdp_lint.entry.reading import SourceError, python_requirement_note, read_text  # noqa: F401 - (callers' names)
 from fsdp_lint.entry.relevance import called_here, mark_relevance, relevant_lines_with  # noqa: F401 - (callers' names)
@@ -297,6 +298,7 @@ class _Collector(ast.NodeVisitor):
         self._class_stack: List[str] = []
         self._try_depth = 0
         self._loop_stack: List[int] = []
+        self.launcher_names: Set[str] = set()      # `cmd = ["torchrun", ...]`: a launch command (entry.launch_calls)
 
     # -- helpers ---------------------------------------------------------------------------
     def _mark(self, kind: str, name: str, node) -> None:
@@ -512,6 +514,9 @@ class _Collector(ast.NodeVisitor):
             self._mark("optimizer", written, node)
         elif self.frameworks and self._framework_call(written):
             self._mark("framework", written, node)
+        elif starts_a_launch(node, written, self.launcher_names):     # the model is built in what it starts
+            self.events.append(("mark", "launch", tuple(self._stmt_stack[-1]), self._fn_stack[-1] if self._fn_stack
+                                else None, tuple(self._loop_stack), -1))
         if last in HF_FACTORIES:
             self.calls_hf_factory = True
         if last in FRAMEWORK_NAMES:
@@ -556,6 +561,8 @@ class _Collector(ast.NodeVisitor):
         word = _FRAMEWORK_OBJECTS.get(dotted(node.value.func).rsplit(".", 1)[-1]) if isinstance(node.value, ast.Call) else None
         if word:
             self.receiver_words.update({t.id: word for t in node.targets if isinstance(t, ast.Name)})
+        if names_a_launcher(node.value):
+            self.launcher_names.update(t.id for t in node.targets if isinstance(t, ast.Name))
         self.generic_visit(node)
 
     def visit_AnnAssign(self, node):

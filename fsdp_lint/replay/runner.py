@@ -378,8 +378,10 @@ class _Run:
             raise ReplayError(f"{self.display}: replaying the setup code took longer than {timeout:.0f} s") from None
         except network.NetworkWait as exc:      # issue 15: never wait on a network the lint does not have
             raise ReplayError(f"{self.display}: {exc}{self.failures.decides_note(self.shown)}") from None
-        except LaunchElsewhere as exc:          # ... nor start the processes a launcher starts
-            raise ReplayError(str(exc)) from None
+        except LaunchElsewhere as exc:          # ... nor start the processes a launcher starts: that launch is
+            err = ReplayError(str(exc))         # linted instead (engine.lint_facts)
+            err.follow = exc.launch
+            raise err from None
         except SystemExit as exc:
             if self.setup_done is not None and not self.rec.stopped:
                 self.ended_after_setup = f"sys.exit({exc.code!r})"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 from fsdp_lint.replay.network import _asker
 
@@ -22,7 +22,13 @@ Patch = Callable[[Any, str, Any], None]
 
 class LaunchElsewhere(BaseException):
     """The setup starts the training launch in a subprocess (a BaseException: launchers wrap their Popen in
-    ``except Exception`` and go on to the next process); the message is the one line to report."""
+    ``except Exception`` and go on to the next process); the message is the one line to report, `launch`
+    what that launch runs (``path``, ``args``, ``world_size``, ``cwd``, ``env``, ``module``,
+    ``accelerate_config``, ``shown``), which the lint follows (``engine.lint_facts``), or None."""
+
+    def __init__(self, message: str, launch: Optional[dict] = None):
+        super().__init__(message)
+        self.launch = launch
 
 
 def install(rec, patch: Patch) -> None:
@@ -34,11 +40,11 @@ def install(rec, patch: Patch) -> None:
         words = _words(args)
         if words:
             try:
-                hint = _launch_hint(words, kwargs.get("cwd"), kwargs.get("env"))
+                hint, launch = _launch_hint(words, kwargs.get("cwd"), kwargs.get("env"))
             except Exception:  # noqa: BLE001  (a command the launch reader refuses: run as the script wrote it)
                 hint = None
             if hint is not None:
-                raise LaunchElsewhere(hint)
+                raise LaunchElsewhere(hint, launch)
         return real_init(self, args, *rest, **kwargs)
 
     patch(subprocess.Popen, "__init__", init)
@@ -52,10 +58,10 @@ def install(rec, patch: Patch) -> None:
         # then `run(args)`): the same launch as its command line
         words = ["torchrun", f"--nproc_per_node={args.nproc_per_node}", f"--nnodes={args.nnodes}"]
         words += (["-m"] if getattr(args, "module", False) else []) + [args.training_script]
-        hint = _launch_hint(words + list(args.training_script_args or []), None, None)
+        hint, launch = _launch_hint(words + list(args.training_script_args or []), None, None)
         hint = hint and hint.replace("` in a subprocess:", "` in its own process (torch.distributed.run.run):")
         raise LaunchElsewhere(hint or f"the setup runs torchrun in its own process (`{' '.join(words)}`): a lint "
-                                      f"never starts processes; lint that launch")
+                                      f"never starts processes; lint that launch", launch)
 
     patch(torchrun, "run", run)
 
@@ -72,9 +78,9 @@ def _words(args) -> List[str]:
         return []
 
 
-def _launch_hint(words: List[str], cwd, env) -> Optional[str]:
-    """The one line for a subprocess that launches training (None for any other command)."""
-    from fsdp_lint.entry.shell import _launch
+def _launch_hint(words: List[str], cwd, env) -> Tuple[Optional[str], Optional[dict]]:
+    """The one line for a subprocess that launches training (None for any other command), and the launch."""
+    from fsdp_lint.entry.shell import _launch, _module_root
 
     where = _asker(3)
     where = f"{where}: " if where else ""
@@ -85,45 +91,68 @@ def _launch_hint(words: List[str], cwd, env) -> Optional[str]:
     at = 1 if head in ("bash", "sh") and len(words) > 1 else 0
     script = words[at]
     if script.endswith(".sh") and os.path.isfile(script):
-        inside = _launches_in(script)
+        inside, launch = _launches_in(script, words[at + 1:], shown, env)
         given = " ".join(shlex.quote(w) for w in words[at + 1:])
         return (f"{where}the setup starts `{shown}` in a subprocess{inside}: the training processes are that "
                 f"launch script's; lint it (`fsdp-lint {os.path.relpath(script)}{' -- ' + given if given else ''}`, "
-                f"with the environment the launcher gives it) -- a lint never starts processes")
+                f"with the environment the launcher gives it) -- a lint never starts processes"), launch
     found = _launch([(w, 0) for w in (["python"] + words[1:] if _is_python(words[0]) else words)], {}, {})
     if not found or not found.get("file"):
-        return None
+        return None, None
     target = found["file"]
     base = os.fsdecode(cwd) if cwd else os.getcwd()
+    module = None
     if found.get("module"):
         module_file = os.path.join(base, *target.split(".")) + ".py"
         if not os.path.isfile(module_file) and not target.startswith("torch."):
             spec = _find_spec(target)
             if spec is None:
-                return None
+                return None, None
             module_file = spec
+        module = (target, _module_root(module_file, target))
         target = module_file
     path = target if os.path.isabs(target) else os.path.join(base, target)
     if not os.path.isfile(path):
-        return None
+        return None, None
     rel = os.path.relpath(path)
     world = f" -n {found['world_size']}" if found.get("world_size") else ""
     args = words[found["first_arg"]:]
     rest = f" -- {' '.join(shlex.quote(a) for a in args)}" if args else ""
+    launch = {"path": os.path.abspath(path), "args": list(args), "world_size": found.get("world_size"),
+              "every_gpu_of": found.get("every_gpu_of"), "cwd": base, "env": _given_env(env), "module": module,
+              "accelerate_config": found.get("accelerate_config"), "shown": shown, "plain": bool(found.get("plain"))}
     return (f"{where}the setup starts `{shown}` in a subprocess: the model is built in that launch's processes, "
-            f"not in this one; lint the launch: `fsdp-lint {rel}{world}{rest}` -- a lint never starts processes")
+            f"not in this one; lint the launch: `fsdp-lint {rel}{world}{rest}` -- a lint never starts processes"), launch
 
 
-def _launches_in(script: str) -> str:
-    """" (it launches pkg/train.py)": what the launch script runs, as fsdp-lint reads it."""
+def _given_env(env) -> dict:
+    """What the launch's own environment (Popen's ``env=``) sets beyond this process's, less what a launcher or
+    this machine decides (`entry.shell`'s rule for what a launch line passes)."""
+    from fsdp_lint.entry.shell import _NOT_PASSED
+
+    if not isinstance(env, dict):
+        return {}
+    return {str(k): str(v) for k, v in env.items()
+            if isinstance(v, str) and os.environ.get(str(k)) != v and not _NOT_PASSED.match(str(k))}
+
+
+def _launches_in(script: str, args, shown: str, env) -> Tuple[str, Optional[dict]]:
+    """" (it launches pkg/train.py)": what the launch script runs, as fsdp-lint reads it; and its launch, when
+    there is one."""
     from fsdp_lint.entry.shell import ShellError, shell_launches
 
     try:
-        found = shell_launches(script)
+        found = shell_launches(script, list(args))
     except (ShellError, OSError, ValueError):
-        return ""
+        return "", None
     names = ", ".join(dict.fromkeys(os.path.relpath(l.path) for l in found))
-    return f" (it launches {names})" if names else ""
+    launch = None
+    if len(found) == 1:
+        one = found[0]
+        launch = {"path": one.path, "args": list(one.args), "world_size": one.world_size,
+                  "every_gpu_of": one.every_gpu_of, "cwd": one.cwd, "env": dict(_given_env(env), **one.env),
+                  "module": one.module, "accelerate_config": one.accelerate_config, "shown": shown, "plain": one.plain}
+    return (f" (it launches {names})" if names else ""), launch
 
 
 def _is_python(word: str) -> bool:

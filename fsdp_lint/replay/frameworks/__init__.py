@@ -44,12 +44,22 @@ def current_options():
     return _OPTIONS[-1] if _OPTIONS else FrameworkOptions()
 
 
+# what torchrun gives each process it starts, and a plain `python` process does not have
+PLAIN_PYTHON_UNSET = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK",
+                      "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+                      "TORCHELASTIC_USE_AGENT_STORE")
+
+
 def install(rec, patch) -> None:
     """Called by the replay's sandbox after the FSDP recorders are in place."""
     from fsdp_lint.replay.frameworks import accelerate, diffusers, hf, lightning, trl
     from fsdp_lint.replay.frameworks.hooks import install_hooks, simulate_ddp, simulate_object_collectives
 
     options = current_options()
+    if options.launch_plain:     # `python train.py` from a launch script: no launcher gave it torchrun's variables
+        for name in PLAIN_PYTHON_UNSET:
+            os.environ.pop(name, None)
     os.environ.update(options.launch_env)        # as the launch line exports it (the sandbox restores it)
     table: Dict[str, List[Any]] = {}
     for driver in (lightning, accelerate, hf, trl, diffusers):

@@ -26,6 +26,7 @@ class FrameworkOptions:
     gpu: Optional[str] = None                 # issue 15: the simulated node's GPU (fsdp_lint.gpus; None: default)
     script_world: bool = False                # nothing gave the world size: a script's own launcher may
     launch_env: Dict[str, str] = field(default_factory=dict)   # what the launch line exports to the process
+    launch_plain: bool = False                # a plain `python FILE` launch: no torchrun variables
 
     @classmethod
     def from_settings(cls, settings) -> "FrameworkOptions":
@@ -34,7 +35,8 @@ class FrameworkOptions:
                    gpu=getattr(settings, "gpu", None),
                    script_world=bool(getattr(settings, "script_world", False))
                    and getattr(settings, "world_size_source", "default") == "default",
-                   launch_env=dict(getattr(settings, "launch_env", None) or ()))
+                   launch_env=dict(getattr(settings, "launch_env", None) or ()),
+                   launch_plain=bool(getattr(settings, "launch_plain", False)))
         if opts.hf_config:
             opts.hf_config = _config_json(opts.hf_config)
         if opts.accelerate_config:
