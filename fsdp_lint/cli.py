@@ -146,6 +146,8 @@ def _shell_runs(scripts, settings, script_args, cli_world_size):
                 overrides["launch_module"] = launch.module
             if launch.accelerate_config and not settings.accelerate_config:
                 overrides["accelerate_config"] = launch.accelerate_config
+            if launch.accelerate_args:
+                overrides["accelerate_args"] = launch.accelerate_args
             runs.append((launch.path, list(launch.args), settings.with_overrides(**overrides), explicit, launch.cwd))
     return runs
 

@@ -73,6 +73,7 @@ class Settings:
     # launcher's own variables): (name, value) pairs
     launch_env: Tuple[Tuple[str, str], ...] = ()
     launch_plain: bool = False                 # a launch script's plain `python FILE`: no launcher's variables
+    accelerate_args: Tuple[str, ...] = ()      # `accelerate launch`'s options on the launch line (--use_fsdp ...)
     # the module that launch line runs (`-m training.run`) and the folder it resolves from: (module, root)
     launch_module: Tuple[str, ...] = ()
     # what reading the launch line found that the report says (a world size a variable nothing sets gives)
@@ -92,7 +93,7 @@ class Settings:
 _KEYS = {f.name.replace("_", "-"): f.name for f in fields(Settings)}
 _KEYS.pop("entries")
 _KEYS["entry"] = "entries"
-_INTERNAL = {"config_path", "launch_script", "launch_env", "launch_plain", "launch_module", "launch_notes", "cli_selection", "world_size_source", "script_world", "launched", "activations_for_inferred_inputs", "suggest"}
+_INTERNAL = {"config_path", "launch_script", "launch_env", "launch_plain", "accelerate_args", "launch_module", "launch_notes", "cli_selection", "world_size_source", "script_world", "launched", "activations_for_inferred_inputs", "suggest"}
 # what an [[tool.fsdp-lint.entry]] table may set besides `path` and `args`
 _ENTRY_SETTINGS = ("world_size", "api", "wrap", "use_orig_params", "model", "replay_timeout")
 

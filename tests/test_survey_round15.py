@@ -363,3 +363,96 @@ def test_a_script_that_relaunches_itself_under_torchrun_is_linted_as_that_launch
                  "configs/draft.json", cwd=str(tmp_path))
     assert direct.code in (0, 1), direct.err
     assert json.loads(direct.out)["files"][0]["plan"]["units"] == f["plan"]["units"]
+
+
+# FSDP chosen on the accelerate command line, no config file (OmniGen2's and PixArt's launch lines): the options were
+# dropped and the plan was a suggestion (fsdp2, no wrap code) with exit 0; accelerate's own parser reads them now
+ACCELERATE_FLAGS = {
+    "train.py": '''
+        import torch
+        import torch.nn as nn
+        from accelerate import Accelerator
+
+
+        class Block(nn.Module):
+            def __init__(self, d=128):
+                super().__init__()
+                self.ff = nn.Linear(d, d)
+
+            def forward(self, x):
+                return x + self.ff(x)
+
+
+        class Net(nn.Module):
+            def __init__(self, n=6):
+                super().__init__()
+                self.embed = nn.Embedding(100, 128)
+                self.blocks = nn.ModuleList(Block() for _ in range(n))
+
+
+        def main():
+            accelerator = Accelerator()
+            model = accelerator.prepare(Net())
+            optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-4))
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+    "flags.sh": '''
+        #!/bin/bash
+        accelerate launch --use_fsdp --fsdp_sharding_strategy=SHARD_GRAD_OP --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP \\
+          --fsdp_transformer_layer_cls_to_wrap Block --fsdp_use_orig_params true --mixed_precision bf16 \\
+          --num_machines=1 --num_processes=4 train.py
+    ''',
+    "config.sh": '''
+        #!/bin/bash
+        accelerate launch --config_file fsdp.yaml train.py
+    ''',
+    "fsdp.yaml": '''
+        compute_environment: LOCAL_MACHINE
+        distributed_type: FSDP
+        fsdp_config:
+          fsdp_sharding_strategy: SHARD_GRAD_OP
+          fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+          fsdp_transformer_layer_cls_to_wrap: Block
+          fsdp_use_orig_params: true
+        mixed_precision: bf16
+        num_machines: 1
+        num_processes: 4
+    ''',
+}
+
+
+def test_accelerate_fsdp_options_on_the_launch_line_are_read_by_accelerate(cli, tmp_path):
+    _tree(tmp_path, ACCELERATE_FLAGS)
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    # the oracle: accelerate's own launcher gives the same FSDP environment for the flags and for the config
+    def env_of(words):
+        before = dict(os.environ)
+        try:
+            args, _, _ = _validate_launch_command(launch_command_parser().parse_args([*words, "train.py"]))
+            return {k: v for k, v in prepare_multi_gpu_env(args).items() if k.startswith("FSDP_") or k.startswith("ACCELERATE_")}
+        finally:
+            os.environ.clear()
+            os.environ.update(before)
+
+    flags = ["--use_fsdp", "--fsdp_sharding_strategy=SHARD_GRAD_OP", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
+             "--fsdp_transformer_layer_cls_to_wrap", "Block", "--fsdp_use_orig_params", "true", "--mixed_precision",
+             "bf16", "--num_processes=4"]
+    by_flags, by_config = env_of(flags), env_of(["--config_file", str(tmp_path / "fsdp.yaml")])
+    assert by_flags["ACCELERATE_USE_FSDP"] == "true" and by_flags["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "Block"
+    assert {k: by_flags[k] for k in by_config if k.startswith("FSDP_")} == {k: v for k, v in by_config.items()
+                                                                          if k.startswith("FSDP_")}
+    plans = []
+    for script in ("flags.sh", "config.sh"):
+        res = cli(script, "--no-cache", "--format", "json", cwd=str(tmp_path))
+        assert res.code in (0, 1), res.err
+        plans.append(json.loads(res.out)["files"][0]["plan"])
+    flagged, configured = plans
+    assert flagged["framework"] == configured["framework"] and flagged["api"] == "fsdp1"
+    assert flagged["world_size"] == 4 and flagged["sharding_strategy"] == "SHARD_GRAD_OP"
+    assert [u["module"] for u in flagged["units"]] == [f"blocks.{i}" for i in range(6)] + [""]
+    assert flagged["units"] == configured["units"]

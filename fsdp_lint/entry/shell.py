@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from fsdp_lint.entry.bash_branches import Branches
 from fsdp_lint.entry.bash_substitutions import closing
+from fsdp_lint.entry.console_launch import top_level_names, console_wrapper
 from fsdp_lint.entry import slurm
 from fsdp_lint.entry.dora_launch import dora_launch, dora_module, is_dora
 from fsdp_lint.entry.bash_words import (  # noqa: F401 - ShellError: this module's error too
@@ -64,6 +65,7 @@ class ShellLaunch:
     # "run"; `python -m torch.distributed.launch`: "launch"), for torch's own parser (`launcher_refusal`)
     torchrun: Optional[Tuple[str, List[str]]] = None
     plain: bool = False                             # `python FILE` itself: one process, no launcher's variables
+    accelerate_args: Tuple[str, ...] = ()           # `accelerate launch`'s own options, before the file
 
 
 _CONTROL = {"|", "||", "&&", ";", "&", "|&"}
@@ -251,6 +253,8 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
             "unset_world": next((v for v in (raw, opts.get("nnodes") or opts.get("num_nodes"))
                                  if isinstance(v, str) and "$" in v), None),
             "accelerate_config": opts.get("config_file") if head == "accelerate" else None,
+            # accelerate's own options (`--use_fsdp --fsdp_sharding_strategy=2 ...`): its parser reads them
+            "accelerate_args": tuple(words[i + 2:module - 1 if module else j]) if head == "accelerate" else (),
             "plain": head.startswith("python") and torchrun is None,      # one process, no launcher's variables
             "torchrun": (torchrun[0], words[torchrun[1]:]) if torchrun else None}
 
@@ -374,31 +378,6 @@ def _console_commands(script: str, cd: Optional[str]) -> Dict[str, str]:
     return out
 
 
-def _top_level_names(text: str) -> Optional[set]:
-    """The names a module binds at its top level (defs, classes, assignments, imports), or None (unreadable,
-    or it binds names in ways not read here: ``from x import *``, ``globals()``)."""
-    import ast
-
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return None
-    if "globals()" in text:
-        return None
-    names: set = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            if any(a.name == "*" for a in node.names):
-                return None
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
-                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-    return names
-
-
 def _console_file(command: str, target: str, script: str, cd: Optional[str], line: int) -> Tuple[str, str]:
     """The file a console script runs, when running that file as a script calls the same function."""
     module, _, function = target.partition(":")
@@ -409,7 +388,7 @@ def _console_file(command: str, target: str, script: str, cd: Optional[str], lin
     with open(path, encoding="utf-8", errors="replace") as fh:
         text = fh.read()
     name = function.split(".")[0]
-    defined = _top_level_names(text)
+    defined = top_level_names(text)
     if defined is not None and name not in defined:
         raise ShellError(f"line {line} runs `{command}`, the project's command ({target}), but {os.path.relpath(path)} "
                          f"defines no `{name}`: the command fails there on a node too (ImportError: cannot import name "
@@ -420,23 +399,6 @@ def _console_file(command: str, target: str, script: str, cd: Optional[str], lin
                          f"{os.path.relpath(path)} as a script does not call {function}(): lint the file the "
                          f"command dispatches to")
     return path, base
-
-
-_WRAPPER = re.compile(r"^from\s+([\w.]+)\s+import\s+(\w+)\s*$.*?sys\.exit\(\s*\2\(\)\s*\)", re.S | re.M)
-
-
-def console_wrapper(path: str) -> Optional[str]:
-    """"module:function" of a console script pip installed (``bin/lerobot-train``: ``from lerobot.scripts.
-    lerobot_train import main`` ... ``sys.exit(main())``), or None for any other word."""
-    if path.endswith(".py") or path.startswith("-") or os.sep not in path or not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            text = fh.read(4096)
-    except OSError:
-        return None
-    m = _WRAPPER.search(text) if text.startswith("#!") and "python" in text.splitlines()[0] else None
-    return f"{m.group(1)}:{m.group(2)}" if m else None
 
 
 def _world_of(opts, head) -> Optional[int]:
@@ -584,7 +546,8 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             found["world_size"] = int(passed["WORLD_SIZE"])     # `export WORLD_SIZE=1; python driver.py`
         launch = ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
                              module if found.get("module") else None, found.get("every_gpu_of"),
-                             found.get("unset_world"), found.get("torchrun"), bool(found.get("plain")))
+                             found.get("unset_world"), found.get("torchrun"), bool(found.get("plain")),
+                             tuple(found.get("accelerate_args") or ()))
         at = branches.at()
         if not any(_alternatives(launch, at, other, other_at) for other, other_at in zip(out, where)):
             out.append(launch)

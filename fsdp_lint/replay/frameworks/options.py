@@ -27,6 +27,7 @@ class FrameworkOptions:
     script_world: bool = False                # nothing gave the world size: a script's own launcher may
     launch_env: Dict[str, str] = field(default_factory=dict)   # what the launch line exports to the process
     launch_plain: bool = False                # a plain `python FILE` launch: no torchrun variables
+    accelerate_args: Tuple[str, ...] = ()     # `accelerate launch`'s own options on the launch line
 
     @classmethod
     def from_settings(cls, settings) -> "FrameworkOptions":
@@ -36,12 +37,13 @@ class FrameworkOptions:
                    script_world=bool(getattr(settings, "script_world", False))
                    and getattr(settings, "world_size_source", "default") == "default",
                    launch_env=dict(getattr(settings, "launch_env", None) or ()),
-                   launch_plain=bool(getattr(settings, "launch_plain", False)))
+                   launch_plain=bool(getattr(settings, "launch_plain", False)),
+                   accelerate_args=tuple(getattr(settings, "accelerate_args", None) or ()))
         if opts.hf_config:
             opts.hf_config = _config_json(opts.hf_config)
-        if opts.accelerate_config:
-            opts.accelerate_env = accelerate_launch_env(opts.accelerate_config,
-                                                        getattr(settings, "world_size", None))
+        if opts.accelerate_config or opts.accelerate_args:
+            opts.accelerate_env = accelerate_launch_env(opts.accelerate_config, getattr(settings, "world_size", None),
+                                                        opts.accelerate_args)
         return opts
 
     def yaml_lines(self) -> Dict[str, Tuple[int, int]]:
@@ -61,13 +63,17 @@ def _config_json(path: str) -> str:
 _LAUNCHER_ONLY = {"OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"}
 
 
-def accelerate_launch_env(path: str, world_size: Optional[int] = None) -> Dict[str, str]:
-    """The environment variables ``accelerate launch --config_file PATH`` sets for the script.
+def accelerate_launch_env(path: Optional[str], world_size: Optional[int] = None,
+                          launch_args: Tuple[str, ...] = ()) -> Dict[str, str]:
+    """The environment variables ``accelerate launch --config_file PATH [OPTIONS]`` sets for the script
+    (`launch_args`: the launch line's own options, ``--use_fsdp --fsdp_sharding_strategy=2 ...``, which
+    accelerate's parser reads over the config's).
 
     The launch gets ``--num_processes WORLD_SIZE``: the world is fsdp-lint's ``--world-size``, and a config
     written for a launcher that passes the process count itself (no ``num_processes`` key, as with SLURM
     scripts) is refused by accelerate without it."""
-    if not os.path.isfile(path):
+    shown = f"--accelerate-config {path}" if path else f"accelerate launch {' '.join(launch_args)}"
+    if path and not os.path.isfile(path):
         raise OptionError(f"--accelerate-config {path}: no such file")
     try:
         from accelerate.commands.launch import _validate_launch_command, launch_command_parser
@@ -77,14 +83,15 @@ def accelerate_launch_env(path: str, world_size: Optional[int] = None) -> Dict[s
     before = dict(os.environ)
     try:
         count = ["--num_processes", str(world_size)] if world_size else []
-        args = launch_command_parser().parse_args(["--config_file", path, *count, "train.py"])
+        config = ["--config_file", path] if path else []
+        args = launch_command_parser().parse_args([*config, *_without_values(launch_args), *count, "train.py"])
         args, _, _ = _validate_launch_command(args)
         env = prepare_multi_gpu_env(args)
     except SystemExit:
-        raise OptionError(f"--accelerate-config {path}: accelerate rejects it") from None
+        raise OptionError(f"{shown}: accelerate rejects it") from None
     except Exception as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise OptionError(f"--accelerate-config {path}: accelerate cannot read it: {type(exc).__name__}: {msg}") from None
+        raise OptionError(f"{shown}: accelerate cannot read it: {type(exc).__name__}: {msg}") from None
     finally:
         os.environ.clear()
         os.environ.update(before)
@@ -92,6 +99,22 @@ def accelerate_launch_env(path: str, world_size: Optional[int] = None) -> Dict[s
     # own FSDP runs as it does under torchrun; an Accelerator that prepares the model wraps it in DDP, which
     # the accelerate driver refuses (fsdp_lint.replay.frameworks.accelerate)
     return {k: v for k, v in env.items() if before.get(k) != v and k not in _LAUNCHER_ONLY}
+
+
+def _without_values(words: Tuple[str, ...]) -> List[str]:
+    """The launch line's accelerate options less ``--num_processes``/``--config_file`` and their values (the
+    world and the config are fsdp-lint's, given separately)."""
+    out, skip = [], False
+    for w in words:
+        if skip:
+            skip = False
+            continue
+        name = w.split("=", 1)[0]
+        if name in ("--num_processes", "--config_file", "--num_machines"):
+            skip = "=" not in w
+            continue
+        out.append(w)
+    return out
 
 
 def yaml_key_lines(path: str) -> Dict[str, Tuple[int, int]]:
