@@ -456,3 +456,110 @@ def test_accelerate_fsdp_options_on_the_launch_line_are_read_by_accelerate(cli, 
     assert flagged["world_size"] == 4 and flagged["sharding_strategy"] == "SHARD_GRAD_OP"
     assert [u["module"] for u in flagged["units"]] == [f"blocks.{i}" for i in range(6)] + [""]
     assert flagged["units"] == configured["units"]
+
+
+# a prefetching/bucketing wrapper makes its iterator in its constructor (`self.iterator = iter(loader)`), after the
+# model is built and before it is wrapped; the replay took `iter(loader)` for training and suggested a plan, exit 0
+# (Pyramid-Flow's bucket loader). Training starts with the first batch drawn
+BUCKETEER = {
+    "data/__init__.py": "",
+    "data/buckets.py": '''
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+
+        class Toy(Dataset):
+            def __len__(self):
+                return 64
+
+            def __getitem__(self, i):
+                return torch.randn(32)
+
+
+        class Bucketeer:
+            def __init__(self, loader):
+                self.iterator = iter(loader)
+
+            def __iter__(self):
+                return self
+
+            def __next__(self):
+                return next(self.iterator)
+
+
+        def make_loader(batch_size=4):
+            return Bucketeer(DataLoader(Toy(), batch_size=batch_size))
+    ''',
+    "train.py": '''
+        import torch
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        from data.buckets import make_loader
+
+
+        class Block(nn.Module):
+            def __init__(self, d=32):
+                super().__init__()
+                self.ff = nn.Linear(d, d)
+
+            def forward(self, x):
+                return x + self.ff(x)
+
+
+        def build():
+            return nn.Sequential(*[Block() for _ in range(4)])
+
+
+        def main():
+            dist.init_process_group("nccl")
+            model = build()
+            loader = make_loader()
+            model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
+                         mixed_precision=MixedPrecision(param_dtype=torch.bfloat16), device_id=torch.cuda.current_device())
+            optimizer = torch.optim.AdamW(model.parameters())
+            for batch in loader:
+                model(batch.cuda()).sum().backward()
+                optimizer.step()
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+}
+
+
+def test_an_iterator_made_in_a_constructor_is_not_training(cli, tmp_path, monkeypatch):
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    _tree(tmp_path, BUCKETEER)
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    assert plan["api"] == "fsdp1" and plan["origin"] != "suggested" and plan["sharding_strategy"] == "SHARD_GRAD_OP"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bucket_train", tmp_path / "train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    real = fsdp1_units(mod.build, world_size=8, auto_wrap_policy=ModuleWrapPolicy({mod.Block}),
+                       sharding_strategy=ShardingStrategy.SHARD_GRAD_OP)
+    assert [(u["module"], u["numel"]) for u in plan["units"] if u["numel"]] == [(r["module"], r["numel"]) for r in real]
+
+
+def test_a_batch_drawn_before_the_unreached_wrap_is_named_not_planned(cli, tmp_path):
+    # the first batch drawn before the file's wrap code ran: a suggested plan for the model built on the way passed
+    # as the job's (exit 0); now the lint names what stopped it and the wrap code it did not reach
+    files = dict(BUCKETEER)
+    files["train.py"] = BUCKETEER["train.py"].replace(
+        "loader = make_loader()", "loader = make_loader()\n            with torch.no_grad():\n                model(next(loader))")
+    _tree(tmp_path, files)
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = res.err.strip().splitlines()[0]
+    assert "iteration over a DataLoader" in line and "before the wrap code in train.py ran" in line, line

@@ -6,8 +6,8 @@ Training starts -- and the replay stops, raising `TrainingBoundary` -- at the fi
   module whose parameters an optimizer holds;
 * ``Tensor.backward()`` / ``torch.autograd.backward``;
 * an optimizer's ``step()``;
-* iteration over a ``torch.utils.data.DataLoader`` once a model exists (before, a look at the data during
-  set-up runs in this process).
+* the first batch drawn from a ``torch.utils.data.DataLoader`` once a model exists (``iter(loader)`` alone
+  draws nothing; before a model exists, a look at the data during set-up runs in this process).
 
 (Frameworks' fit/train calls are driven up to their first step by the framework drivers; the
 static second line -- training loops found in the code -- is in ``transform``.)
@@ -68,10 +68,24 @@ def install_boundaries(rec, patch: Callable[[Any, str, Any], None]) -> List[Any]
                 single = None
             if single is not None:
                 return real_iter(single)
-        stop("iteration over a DataLoader")
+        return _FirstBatchStops(stop)     # `self.iterator = iter(loader)` in a constructor draws nothing yet
 
     patch(torch.utils.data.DataLoader, "__iter__", loader_iter)
     return handles
+
+
+class _FirstBatchStops:
+    """A loader's iterator once a model exists: training starts with the first batch drawn (``next``), not
+    with ``iter(loader)`` (a prefetching wrapper's constructor makes its iterator while the setup goes on)."""
+
+    def __init__(self, stop):
+        self._stop = stop
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self._stop("iteration over a DataLoader")
 
 
 def _a_model_exists(rec) -> bool:

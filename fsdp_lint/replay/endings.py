@@ -103,6 +103,19 @@ def training_unreached(run) -> Optional[NoModelError]:
     return _first_cause_error(run, "the setup never reached its wrap code or its training")
 
 
+def training_before_wrap(run) -> Optional[NoModelError]:
+    """Training started (a batch drawn, a backward, an optimizer step) before the project's wrap code ran: a
+    plan suggested for what was built would pass as the job's. The boundary and the unreached wrap are named."""
+    if run.rec.wrap_calls or run.rec.stopped is None or run.override is not None or not run.project.wrap_paths:
+        return None
+    reason, pos = run.rec.stopped
+    at = f" at {_display(pos.path, run.path, run.shown)}:{pos.line}" if getattr(pos, "line", 0) else ""
+    where = ", ".join(sorted({_display(p, run.path, run.shown) for p in run.project.wrap_paths}))
+    return NoModelError(f"{run.display}: the setup reached what the replay takes for training ({reason}{at}) before "
+                        f"the wrap code in {where} ran: with these arguments the job trains a model FSDP does not wrap, "
+                        f"or it reaches the wrap after that; no plan is shown")
+
+
 # a framework's training entry (the HF Trainer's train, Lightning's fit): a failure inside it (its data
 # loader) is past the set-up, where the framework decides the plan
 _TRAINING_ENTRIES = frozenset({"train", "fit", "_inner_training_loop", "_fit_impl", "_run"})

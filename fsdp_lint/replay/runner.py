@@ -305,7 +305,7 @@ class _Run:
                 code = self._compile(self.facts, main=True)
                 self._run(lambda: self._exec_entry(code, ns), timeout, where_real)
                 root, how = self._find_model(ns, timeout, where_real)
-                unreached = endings.training_unreached(self)
+                unreached = endings.training_unreached(self) or endings.training_before_wrap(self)
                 if unreached is not None:
                     raise unreached
             finally:
