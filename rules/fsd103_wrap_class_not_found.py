@@ -84,7 +84,10 @@ class WrapClassNotFound(Rule):
     (`transformer_auto_wrap_policy(transformer_layer_cls={...})`, `ModuleWrapPolicy({...})`) and
     every `--wrap` class name or FQN glob against the model's modules. For a name that matches
     nothing it lists the classes the model does have and suggests close names (case-insensitive,
-    by edit distance), or the model's repeated block class.
+    by edit distance), or the model's repeated block class. A class of a Python policy's set whose
+    other classes are the model's units (one set written for a family of models, `{Block, MBlock}`)
+    is reported as info: torch wraps this model as intended. A class a framework looks up by name
+    (accelerate's `transformer_layer_cls_to_wrap`) stays an error: the framework raises on it.
 
     ## Why is this bad?
     FSDP1 does not complain about a policy that matches nothing: it silently wraps the whole
@@ -142,7 +145,7 @@ class Blok(nn.Module):
     pass
 
 model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Block, Blok}))
-''', note="one of two classes matches nothing"),
+''', note="one of two classes matches nothing (info: the other is the units)"),
         Example(_MODEL + '''
 model = Net()
 ''', options={"wrap": ["block"]}, note="--wrap with the wrong case"),
@@ -171,7 +174,10 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
                     continue
                 holders = [f for f, info in tree.modules.items() if name in info.mro]
                 if not holders:
-                    yield self._missing(ctx, pol, name, inventory, all_classes, cli=False)
+                    # the policy's other classes that are units (one set for a family of models: `{Block, MBlock}`)
+                    others = [c for c in pol.classes if c != name and
+                              any(c in info.mro for f, info in tree.modules.items() if f)]
+                    yield self._missing(ctx, pol, name, inventory, all_classes, cli=False, others=others)
                 elif holders == [""] and pol.matched == 0:
                     yield self._root_only(ctx, pol, name, inventory)
 
@@ -184,9 +190,11 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
         found = ", ".join(f"{c} ×{k}" if k > 1 else c for c, k, _ in inventory[:6])
         return best, close, block, found
 
-    def _missing(self, ctx, pol, name, inventory, all_classes, *, cli: bool):
+    def _missing(self, ctx, pol, name, inventory, all_classes, *, cli: bool, others=()):
         tree = ctx.tree
         best, close, block, found = self._suggest(tree, name, inventory, all_classes)
+        if others and not cli and not getattr(pol, "framework", None):
+            return self._unused_in_set(ctx, pol, name, others, found, close)
         hints = []
         if close and best == block and block not in close:
             hints.append(f"did you mean the repeated block `{block}`? (" + ", ".join(f"`{c}`" for c in close)
@@ -226,6 +234,24 @@ model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Net}))
                                 suggestions=close, block=block, fix_edits=edits)
         return self.finding(ctx, msg, **loc, module="", fix=fix, missing=name, detail=detail,
                             suggestions=close, block=block)
+
+    def _unused_in_set(self, ctx, pol, name, others, found, close):
+        """A class of the policy's set that this model does not have while others of the set are its units: a
+        set written for several models of a family wraps this one as intended (torch ignores a class nothing
+        is an instance of); info, in case the name was meant for this model. A misspelling of one of the
+        set's own classes (`{Blok, Block}`) can be dropped (an unsafe fix)."""
+        lightning = getattr(ctx.plan, "framework", None) == "lightning"
+        desc = _lightning_desc(pol.desc) if lightning else pol.desc
+        units = ", ".join(f"`{c}`" for c in others)
+        msg = f"the auto-wrap policy names `{name}`, which no module of {ctx.tree.root_class} is ({units} are the units)"
+        typo = next((c for c in close if c in others), None)
+        fix = (f"drop `{name}` from the set if it misspells `{typo}`" if typo else
+               f"nothing to change if `{name}` is another model's block")
+        edits = _policy_edit(ctx, pol, name, typo, [typo]) if typo else None
+        return self.finding(ctx, msg, **where(ctx, pol.path, pol.line), module="", severity="info", fix=fix,
+                            missing=name, suggestions=[typo] if typo else [], block=None, fix_edits=edits,
+                            detail=f"the policy is `{desc}`: a set written for several models of a family wraps "
+                                   f"this one as intended, unless `{name}` was meant for it; the model has {found}")
 
     def _framework_missing(self, ctx, pol, name, best, close, block, found, hint):
         """A class name a framework (accelerate, the HF Trainer) looks up in the model: it raises."""

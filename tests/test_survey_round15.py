@@ -563,3 +563,324 @@ def test_a_batch_drawn_before_the_unreached_wrap_is_named_not_planned(cli, tmp_p
     assert res.code == 2
     line = res.err.strip().splitlines()[0]
     assert "iteration over a DataLoader" in line and "before the wrap code in train.py ran" in line, line
+
+
+# a probe run with the same python whose stdout the setup parses (py-cpuinfo's `cpuinfo.py --json`, a project's
+# `tools/gpu_layout.py --json`): not the training launch; it runs as on a node and the plan is the script's
+PROBE = {
+    "tools/__init__.py": "",
+    "tools/layout.py": '''
+        import json
+
+        print(json.dumps({"replicas": 2}))
+    ''',
+    "train.py": '''
+        import json
+        import os
+        import subprocess
+        import sys
+
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+        def layout():
+            out = subprocess.check_output([sys.executable, os.path.join(HERE, "tools", "layout.py"), "--json"])
+            return json.loads(out)
+
+
+        def main():
+            replicas = layout()["replicas"]
+            mesh = init_device_mesh("cuda", (replicas, dist.get_world_size() // replicas), mesh_dim_names=("rep", "shard"))
+            model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(3)])
+            for layer in model:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+}
+
+
+def test_a_python_probe_whose_output_the_setup_reads_runs_as_on_a_node(cli, tmp_path):
+    _tree(tmp_path, PROBE)
+    probe = subprocess.run([sys.executable, str(tmp_path / "tools" / "layout.py"), "--json"], capture_output=True,
+                           text=True)
+    assert json.loads(probe.stdout) == {"replicas": 2}      # what the node's subprocess prints
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    assert plan["mesh"]["shape"] == [2, 4], plan["mesh"]
+    assert not any("linted that launch" in n for n in json.loads(res.out)["files"][0]["notes"])
+
+
+# a generic trainer in a project package runs the whole job in `__call__` (process group, `self.setup_models()`
+# that the entry's subclass wraps, the optimizer); the entry runs `core = MyCore(...); core()`. The instance call
+# was not seen to reach the wrap, and `os.environ.get(...)` on the constructor's line was matched by name to the
+# package's unrelated `get` method that freezes: the replay ended before `core()`, a suggested plan, exit 0
+# (StableCascade's WarpCore)
+INSTANCE_CALL = {
+    "pyproject.toml": '[project]\nname = "warp"\nversion = "0.1"\n',
+    "core/__init__.py": '''
+        from __future__ import annotations
+
+        import torch
+        import torch.distributed as dist
+        import torch.nn as nn
+
+
+        class FaceEncoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = nn.Linear(8, 8)
+
+            def get(self, image):
+                self.requires_grad_(False)
+                return self.proj(image)
+
+
+        class WarpCore:
+            def __init__(self, device: torch.device):
+                self.device = device
+
+            def setup_models(self) -> nn.Module:
+                raise NotImplementedError
+
+            def __call__(self):
+                dist.init_process_group("nccl")
+                model = self.setup_models()
+                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+                self.train(model, optimizer)
+
+            def train(self, model, optimizer):
+                for step in range(10):
+                    model(torch.randn(2, 64, device=self.device)).sum().backward()
+                    optimizer.step()
+    ''',
+    "train.py": '''
+        import os
+
+        import torch
+        import torch.nn as nn
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        from core import WarpCore
+
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.l = nn.Linear(64, 64)
+
+            def forward(self, x):
+                return self.l(x)
+
+
+        def build():
+            return nn.Sequential(*[Block() for _ in range(4)])
+
+
+        class MyCore(WarpCore):
+            def setup_models(self):
+                return FSDP(build(), auto_wrap_policy=ModuleWrapPolicy([Block]), device_id=self.device,
+                            sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
+                            mixed_precision=MixedPrecision(param_dtype=torch.bfloat16))
+
+
+        if __name__ == "__main__":
+            core = MyCore(device=torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))))
+            core()
+    ''',
+}
+
+
+def test_an_instance_whose_call_builds_and_wraps_the_model_is_followed(cli, tmp_path, monkeypatch):
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    _tree(tmp_path, INSTANCE_CALL)
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    assert plan["api"] == "fsdp1" and plan["origin"] != "suggested" and plan["sharding_strategy"] == "SHARD_GRAD_OP"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("warp_train", tmp_path / "train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    real = fsdp1_units(mod.build, world_size=8, auto_wrap_policy=ModuleWrapPolicy([mod.Block]),
+                       sharding_strategy=ShardingStrategy.SHARD_GRAD_OP)
+    assert [(u["module"], u["numel"]) for u in plan["units"] if u["numel"]] == [(r["module"], r["numel"]) for r in real]
+
+
+# the wrap and optimizer builders are registered at import as a train spec (`register_train_spec(TrainSpec(
+# parallelize_fn=parallelize, ...))`, torchtitan's and flame's idiom); `main` looks the spec up and calls
+# `spec.parallelize_fn(model)`: the registration was taken for the last statement that matters, "no model found"
+REGISTRY = {
+    "pyproject.toml": '[project]\nname = "flamish"\nversion = "0.1"\n',
+    "flamish/__init__.py": "",
+    "flamish/registry.py": '''
+        from __future__ import annotations
+
+        from dataclasses import dataclass
+        from typing import Callable
+
+        _SPECS: dict[str, "TrainSpec"] = {}
+
+
+        @dataclass
+        class TrainSpec:
+            name: str
+            parallelize_fn: Callable
+            build_optimizers_fn: Callable
+
+
+        def register_train_spec(spec: TrainSpec) -> None:
+            _SPECS[spec.name] = spec
+
+
+        def get_train_spec(name: str) -> TrainSpec:
+            return _SPECS[name]
+    ''',
+    "flamish/models/__init__.py": '''
+        import torch
+
+        from flamish.models.parallelize import parallelize
+        from flamish.registry import TrainSpec, register_train_spec
+
+
+        def build_optimizers(model):
+            return torch.optim.AdamW(model.parameters())
+
+
+        register_train_spec(TrainSpec(name="mlp", parallelize_fn=parallelize, build_optimizers_fn=build_optimizers))
+    ''',
+    "flamish/models/parallelize.py": '''
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        import torch
+
+
+        def parallelize(model):
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            for layer in model:
+                fully_shard(layer, mp_policy=mp)
+            fully_shard(model, mp_policy=mp)
+            return model
+    ''',
+    "train.py": '''
+        import argparse
+
+        import torch
+        import torch.nn as nn
+
+        import flamish.models  # noqa: F401  (registers the specs)
+        from flamish.registry import get_train_spec
+
+
+        def main(args):
+            torch.distributed.init_process_group("nccl")
+            spec = get_train_spec(args.model)
+            model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(args.layers)])
+            spec.parallelize_fn(model)
+            optimizer = spec.build_optimizers_fn(model)
+            for _ in range(10):
+                model(torch.randn(4, 64, device="cuda")).sum().backward()
+                optimizer.step()
+
+
+        if __name__ == "__main__":
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--model", default="mlp")
+            parser.add_argument("--layers", type=int, default=5)
+            main(parser.parse_args())
+    ''',
+}
+
+
+def test_wrap_functions_registered_in_a_spec_are_followed(cli, tmp_path, monkeypatch):
+    from oracle import fsdp2_groups
+
+    _tree(tmp_path, REGISTRY)
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", "--layers", "3", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    assert plan["origin"] != "suggested"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from flamish.models.parallelize import parallelize
+    import torch.nn as nn
+
+    real = fsdp2_groups(lambda: nn.Sequential(*[nn.Linear(64, 64) for _ in range(3)]), world_size=8,
+                        apply=lambda model, mesh: parallelize(model))
+    assert [u["module"] for u in plan["units"]] == [",".join(g["modules"]) for g in real]
+    assert plan["units"][0]["param_dtype"] == "bfloat16" and plan["units"][0]["reduce_dtype"] == "float32"
+
+
+# one policy set written for a family of models (`{Block, MBlock}`: Samba's attention and Mamba blocks; Bagel's
+# variants): torch wraps each model's own blocks and ignores the other class; FSD103 was an error (exit 1)
+FAMILY_SET = '''
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.attn(x)
+
+
+class MBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mixer = nn.Linear(64, 64)
+
+    def forward(self, x):
+        return self.mixer(x)
+
+
+def build(mamba: bool = False):
+    return nn.Sequential(*[(MBlock() if mamba else Block()) for _ in range(4)], nn.Linear(64, 8))
+
+
+model = FSDP(build(), auto_wrap_policy=ModuleWrapPolicy({Block, MBlock}), device_id=torch.cuda.current_device())
+'''
+
+
+def test_a_class_of_a_family_set_the_model_lacks_is_info_not_an_error(cli, tmp_path, monkeypatch):
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    (tmp_path / "train.py").write_text(FAMILY_SET)
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.out
+    f = json.loads(res.out)["files"][0]
+    [finding] = [x for x in f["findings"] if x["code"] == "FSD103"]
+    assert finding["severity"] == "info" and "`MBlock`" in finding["message"] and "`Block`" in finding["message"]
+    # the oracle: torch wraps the four Blocks (MBlock matches nothing, silently)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("family_train", tmp_path / "train.py")
+    src = FAMILY_SET.split("model = FSDP(")[0]
+    ns: dict = {}
+    exec(compile(src, str(tmp_path / "train.py"), "exec"), ns)
+    real = fsdp1_units(ns["build"], world_size=8, auto_wrap_policy=ModuleWrapPolicy({ns["Block"], ns["MBlock"]}))
+    assert [(u["module"], u["numel"]) for u in f["plan"]["units"] if u["numel"]] == [(r["module"], r["numel"]) for r in real]
+    # a policy whose every class is missing is still the error it was
+    (tmp_path / "train.py").write_text(FAMILY_SET.replace("ModuleWrapPolicy({Block, MBlock})", "ModuleWrapPolicy({MBlock})"))
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 1
+    assert [x["severity"] for x in json.loads(res.out)["files"][0]["findings"] if x["code"] == "FSD103"] == ["error"]

@@ -51,3 +51,18 @@ def called_here(facts: Any, names: Set[str]) -> Set[str]:
     return {n for n in names if n not in _BUILTIN_NAMES or n in bound}
 
 
+
+
+def calls_through_keywords(bindings: Dict[str, Set[str]], functions, module_calls: Set[str], statement_calls) -> None:
+    """A function handed over as a keyword (``TrainSpec(parallelize_fn=parallelize)``, registered at import) runs
+    where the attribute of that name is called (``train_spec.parallelize_fn(model)``): such a call calls it too."""
+    if not bindings:
+        return
+    for calls in [f.calls for f in functions] + [module_calls] + list(statement_calls):
+        for name in calls & bindings.keys():
+            calls |= bindings[name]
+
+
+def keyword_relevance(modules, relevant: Set[str]) -> Set[str]:
+    """The keywords (of all `modules`' facts) that relevant functions were handed over as."""
+    return {k for facts in modules for k, fns in getattr(facts, "keyword_bindings", {}).items() if fns & relevant}

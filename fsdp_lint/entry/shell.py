@@ -191,7 +191,7 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
         if target is None:
             return None
         return {"file": target, "first_arg": i + 1, "world_size": None, "accelerate_config": None,
-                "console": tokens[i][0],
+                "console": tokens[i][0], "plain": True,      # the project's command: one process, as `python`
                 "env": {k: v for k, v in (tokens[n][0].split("=", 1) for n in range(i) if _ASSIGN.match(tokens[n][0]))}}
     if head == "accelerate" and (i + 1 >= len(words) or words[i + 1] != "launch"):
         return None

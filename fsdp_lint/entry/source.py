@@ -14,31 +14,18 @@ from __future__ import annotations
 from fsdp_lint.entry.launch_calls import names_a_launcher, starts_a_launch
 from fsdp_lint.entry.noqa import _noqa_lines, file_noqa_lines
 from fsdp_lint.entry.reading import SourceError, python_requirement_note, read_text  # noqa: F401 - (callers' names)
-from fsdp_lint.entry.relevance import called_here, mark_relevance, relevant_lines_with  # noqa: F401 - (callers' names)
+from fsdp_lint.entry.relevance import (  # noqa: F401 - (callers' names)
+    called_here, calls_through_keywords, mark_relevance, relevant_lines_with)
 
 import ast
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
-WRAP_FSDP2 = {"fully_shard"}
-WRAP_FSDP1 = {"FullyShardedDataParallel"}
-POLICY_NAMES = {
-    "transformer_auto_wrap_policy", "size_based_auto_wrap_policy", "lambda_auto_wrap_policy",
-    "ModuleWrapPolicy", "CustomPolicy", "always_wrap_policy",
-}
-DTYPE_METHODS = {"half", "bfloat16", "float", "double"}
-OPTIMIZER_NAMES = {
-    "SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "ASGD", "LBFGS", "NAdam", "RAdam",
-    "RMSprop", "Rprop", "SparseAdam", "Adafactor", "Muon", "Lion", "ZeroRedundancyOptimizer",
-}
-FACTORY_NAMES = ("build_model", "make_model", "create_model", "get_model")
-# Hugging Face-style model factories: a file calling one builds a model
-HF_FACTORIES = {"from_config", "from_pretrained", "_from_config"}
-# frameworks that wrap with FSDP on the script's behalf (Lightning strategies, accelerate, the HF Trainer)
-FRAMEWORK_MODULES = {"lightning", "pytorch_lightning", "lightning_fabric", "accelerate"}
-FRAMEWORK_NAMES = {"TrainingArguments", "Seq2SeqTrainingArguments", "FullyShardedDataParallelPlugin",
-                   "FSDPStrategy", "ModelParallelStrategy"}
+from fsdp_lint.entry.call_names import (  # noqa: F401 - (callers' names)
+    DTYPE_METHODS, FACTORY_NAMES, FRAMEWORK_MODULES, FRAMEWORK_NAMES, HF_FACTORIES, OPTIMIZER_NAMES, POLICY_NAMES,
+    WRAP_FSDP1, WRAP_FSDP2)
 
 
 # a loop over these (``for file in data_files``, ``for name in data_args.dataset_names``) builds the data
@@ -201,6 +188,8 @@ def parse_source(path: str, text: str) -> SourceFacts:
         else:
             module_calls.add(value)
 
+    calls_through_keywords(collector.keyword_bindings, functions.values(), module_calls,
+                           (calls for _, calls in stmt_markers.values()))
     mark_relevance(functions)
     relevant_fn_names = {n for n, f in functions.items() if f.relevant}
     relevant_lines: Set[int] = set()
@@ -228,6 +217,7 @@ def parse_source(path: str, text: str) -> SourceFacts:
         future_annotations=collector.future_annotations,
     )
     facts._module_calls = module_calls
+    facts.keyword_bindings = collector.keyword_bindings
     facts.stepping_loop_lines = collector.stepping_loop_lines & dropped
     facts._stmt_calls = {line: calls for line, (_, calls) in stmt_markers.items() if calls}
     for what, value, _, _, loops, _ in collector.events:
@@ -299,6 +289,9 @@ class _Collector(ast.NodeVisitor):
         self._try_depth = 0
         self._loop_stack: List[int] = []
         self.launcher_names: Set[str] = set()      # `cmd = ["torchrun", ...]`: a launch command (entry.launch_calls)
+        self.stdlib_names: Set[str] = set()        # names of standard-library modules imported (`import os`)
+        self.instances: Set[str] = set()           # names bound to an instance of a class (`core = Trainer(...)`)
+        self.keyword_bindings: Dict[str, Set[str]] = {}     # keyword -> the functions passed as it
 
     # -- helpers ---------------------------------------------------------------------------
     def _mark(self, kind: str, name: str, node) -> None:
@@ -457,6 +450,8 @@ class _Collector(ast.NodeVisitor):
     def visit_Import(self, node):
         for alias in node.names:
             self.imports.append(ImportInfo(alias.name, 0, [], node.lineno, self._top_level()))
+            if alias.name.split(".")[0] in sys.stdlib_module_names:     # `os.environ.get(...)` is no project method
+                self.stdlib_names.add(alias.asname or alias.name.split(".")[0])
             self._framework_import(alias.name)
             if alias.name.split(".")[0] in FRAMEWORK_MODULES:
                 self.uses_framework = True
@@ -524,7 +519,13 @@ class _Collector(ast.NodeVisitor):
         if last in ("backward", "step", "zero_grad") and self._loop_stack:
             self.training_loop_lines.update(self._loop_stack)
             self.stepping_loop_lines.update(self._loop_stack)
-        self._call(last, bare="." not in written)
+        if written.split(".")[0] not in self.stdlib_names:
+            self._call(last, bare="." not in written)
+        if written in self.instances:        # `core = Trainer(...); core()`: the class's __call__ runs
+            self._call("__call__")
+        for k in node.keywords:              # `TrainSpec(parallelize_fn=parallelize)`: `spec.parallelize_fn(m)` calls it
+            if k.arg and isinstance(k.value, ast.Name):
+                self.keyword_bindings.setdefault(k.arg, set()).add(k.value.id)
         # functions handed to launchers count as called: mp.spawn(main, ...), fire.Fire(main)
         for arg in list(node.args) + [k.value for k in node.keywords]:
             if isinstance(arg, ast.Starred):
@@ -563,6 +564,8 @@ class _Collector(ast.NodeVisitor):
             self.receiver_words.update({t.id: word for t in node.targets if isinstance(t, ast.Name)})
         if names_a_launcher(node.value):
             self.launcher_names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        if isinstance(node.value, ast.Call) and dotted(node.value.func).rsplit(".", 1)[-1][:1].isupper():
+            self.instances.update(t.id for t in node.targets if isinstance(t, ast.Name))
         self.generic_visit(node)
 
     def visit_AnnAssign(self, node):

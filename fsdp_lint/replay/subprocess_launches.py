@@ -114,6 +114,8 @@ def _launch_hint(words: List[str], cwd, env) -> Tuple[Optional[str], Optional[di
     path = target if os.path.isabs(target) else os.path.join(base, target)
     if not os.path.isfile(path):
         return None, None
+    if found.get("plain") and not _may_train(path):
+        return None, None       # `python helper.py --json` whose output the setup reads: a probe, not the training
     rel = os.path.relpath(path)
     world = f" -n {found['world_size']}" if found.get("world_size") else ""
     args = words[found["first_arg"]:]
@@ -153,6 +155,22 @@ def _launches_in(script: str, args, shown: str, env) -> Tuple[str, Optional[dict
                   "every_gpu_of": one.every_gpu_of, "cwd": one.cwd, "env": dict(_given_env(env), **one.env),
                   "module": one.module, "accelerate_config": one.accelerate_config, "shown": shown, "plain": one.plain}
     return (f" (it launches {names})" if names else ""), launch
+
+
+def _may_train(path: str) -> bool:
+    """A file a plain `python` subprocess runs is the training only when it is the project's own and its text
+    has a word a model, wrap or framework needs (py-cpuinfo's `cpuinfo.py --json`, a project's probe script
+    whose stdout is parsed, are not)."""
+    from fsdp_lint.entry.project import is_local
+    from fsdp_lint.entry.quick import may_matter
+
+    if not is_local(path):
+        return False
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return may_matter(fh.read())
+    except OSError:
+        return False
 
 
 def _is_python(word: str) -> bool:
