@@ -352,6 +352,8 @@ def _follow_launch(launch: dict, exc: LintError, settings: Settings, followed: i
         overrides.update(world_size=world, world_size_source="launch script")
     if launch.get("accelerate_config") and not settings.accelerate_config:
         overrides["accelerate_config"] = launch["accelerate_config"]
+    if launch.get("accelerate_args"):
+        overrides["accelerate_args"] = tuple(launch["accelerate_args"])
     followed_settings = replace(settings.with_overrides(**overrides), launch_module=launch.get("module"), launch_notes=(),
                                 launch_plain=bool(launch.get("plain")))
     screened = screen(launch["path"], followed_settings)

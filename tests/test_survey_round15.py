@@ -884,3 +884,45 @@ def test_a_class_of_a_family_set_the_model_lacks_is_info_not_an_error(cli, tmp_p
     res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
     assert res.code == 1
     assert [x["severity"] for x in json.loads(res.out)["files"][0]["findings"] if x["code"] == "FSD103"] == ["error"]
+
+
+# a Python launcher builds accelerate's command line and runs it with os.system (PixArt's DMD launcher): the model is
+# built by that launch; it was "no model found"
+OS_SYSTEM = {
+    "train.py": ACCELERATE_FLAGS["train.py"],
+    "scripts/run.py": '''
+        import argparse
+        import os
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--np", type=int, default=2)
+        args = parser.parse_args()
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        cmd = (f"accelerate launch --use_fsdp --fsdp_sharding_strategy=2 --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP "
+               f"--fsdp_transformer_layer_cls_to_wrap Block --num_processes={args.np} {root}/train.py")
+        os.system(cmd)
+    ''',
+    "launch.sh": '''
+        #!/bin/bash
+        python scripts/run.py --np 4
+    ''',
+    "direct.sh": '''
+        #!/bin/bash
+        accelerate launch --use_fsdp --fsdp_sharding_strategy=2 --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP \\
+          --fsdp_transformer_layer_cls_to_wrap Block --num_processes=4 train.py
+    ''',
+}
+
+
+def test_a_launch_run_with_os_system_is_followed(cli, tmp_path):
+    _tree(tmp_path, OS_SYSTEM)
+    res = cli("launch.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    followed = json.loads(res.out)["files"][0]
+    assert any("accelerate launch --use_fsdp" in n and "linted that launch" in n for n in followed["notes"])
+    res = cli("direct.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    direct = json.loads(res.out)["files"][0]["plan"]
+    assert followed["plan"]["world_size"] == direct["world_size"] == 4
+    assert followed["plan"]["sharding_strategy"] == direct["sharding_strategy"] == "SHARD_GRAD_OP"
+    assert followed["plan"]["units"] == direct["units"] and len(direct["units"]) == 7

@@ -48,6 +48,20 @@ def install(rec, patch: Patch) -> None:
         return real_init(self, args, *rest, **kwargs)
 
     patch(subprocess.Popen, "__init__", init)
+
+    real_system = os.system
+
+    def system(command):
+        # `os.system("accelerate launch ... train.py")`: a launcher's command line run by the shell
+        try:
+            hint, launch = _launch_hint(_words(command), None, None)
+        except Exception:  # noqa: BLE001  (a command the launch reader refuses: run as the script wrote it)
+            hint = None
+        if hint is not None:
+            raise LaunchElsewhere(hint, launch)
+        return real_system(command)
+
+    patch(os, "system", system)
     try:
         import torch.distributed.run as torchrun
     except ImportError:
@@ -122,7 +136,8 @@ def _launch_hint(words: List[str], cwd, env) -> Tuple[Optional[str], Optional[di
     rest = f" -- {' '.join(shlex.quote(a) for a in args)}" if args else ""
     launch = {"path": os.path.abspath(path), "args": list(args), "world_size": found.get("world_size"),
               "every_gpu_of": found.get("every_gpu_of"), "cwd": base, "env": _given_env(env), "module": module,
-              "accelerate_config": found.get("accelerate_config"), "shown": shown, "plain": bool(found.get("plain"))}
+              "accelerate_config": found.get("accelerate_config"), "shown": shown, "plain": bool(found.get("plain")),
+              "accelerate_args": tuple(found.get("accelerate_args") or ())}
     return (f"{where}the setup starts `{shown}` in a subprocess: the model is built in that launch's processes, "
             f"not in this one; lint the launch: `fsdp-lint {rel}{world}{rest}` -- a lint never starts processes"), launch
 
@@ -153,7 +168,8 @@ def _launches_in(script: str, args, shown: str, env) -> Tuple[str, Optional[dict
         one = found[0]
         launch = {"path": one.path, "args": list(one.args), "world_size": one.world_size,
                   "every_gpu_of": one.every_gpu_of, "cwd": one.cwd, "env": dict(_given_env(env), **one.env),
-                  "module": one.module, "accelerate_config": one.accelerate_config, "shown": shown, "plain": one.plain}
+                  "module": one.module, "accelerate_config": one.accelerate_config, "shown": shown, "plain": one.plain,
+                  "accelerate_args": one.accelerate_args}
     return (f" (it launches {names})" if names else ""), launch
 
 
