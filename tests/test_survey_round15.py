@@ -926,3 +926,62 @@ def test_a_launch_run_with_os_system_is_followed(cli, tmp_path):
     assert followed["plan"]["world_size"] == direct["world_size"] == 4
     assert followed["plan"]["sharding_strategy"] == direct["sharding_strategy"] == "SHARD_GRAD_OP"
     assert followed["plan"]["units"] == direct["units"] and len(direct["units"]) == 7
+
+
+# Lightning's Trainer(devices=4) run as plain `python train.py` from a launch script: Lightning's own launcher
+# re-runs the script for local ranks 1-3 and goes on as rank 0. With no torchrun variables, torch's
+# `is_torchelastic_launched()` must say False (it said True, and Lightning read the missing LOCAL_RANK)
+LIGHTNING_PLAIN = {
+    "run.sh": '''
+        #!/bin/bash
+        python train.py
+    ''',
+    "train.py": '''
+        import lightning as L
+        import torch
+        import torch.nn as nn
+        from lightning.pytorch.strategies import FSDPStrategy
+
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.l = nn.Linear(64, 64)
+
+            def forward(self, x):
+                return self.l(x)
+
+
+        class Lit(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.blocks = nn.Sequential(*[Block() for _ in range(4)])
+
+            def training_step(self, batch, i):
+                return self.blocks(batch).sum()
+
+            def configure_optimizers(self):
+                return torch.optim.AdamW(self.parameters())
+
+
+        if __name__ == "__main__":
+            trainer = L.Trainer(devices=4, strategy=FSDPStrategy(auto_wrap_policy={Block}), max_steps=2)
+            trainer.fit(Lit(), torch.utils.data.DataLoader(torch.randn(64, 64), batch_size=4))
+    ''',
+}
+
+
+def test_lightning_run_as_plain_python_from_a_launch_script_launches_its_own_ranks(cli, tmp_path):
+    _tree(tmp_path, LIGHTNING_PLAIN)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
+    probe = subprocess.run([sys.executable, "-c", "import torch.distributed as d; from lightning.fabric.plugins.environments "
+                            "import TorchElasticEnvironment as T; print(d.is_torchelastic_launched(), T.detect())"],
+                           capture_output=True, text=True, env=env)
+    assert probe.stdout.split() == ["False", "False"], probe.stderr
+    res = cli("run.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    direct = cli("train.py", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert direct.code in (0, 1), direct.err
+    assert plan["world_size"] == 4 and plan["framework"] == "lightning"
+    assert plan["units"] == json.loads(direct.out)["files"][0]["plan"]["units"]

@@ -245,7 +245,9 @@ def _simulate_dist(rec: Recorder, patch: Patch) -> bool:
         "get_local_rank": lambda *a, **k: 0, "get_node_local_rank": lambda *a, **k: 0,
         "all_reduce": _noop(), "broadcast": _noop(), "all_gather": _noop(), "reduce": _noop(),
         "all_gather_object": _noop(), "broadcast_object_list": _noop(),
-        "new_group": _noop(), "monitored_barrier": _noop(), "is_torchelastic_launched": lambda: True,
+        "new_group": _noop(), "monitored_barrier": _noop(),
+        # torch's own test (TORCHELASTIC_RUN_ID): True under the simulated torchrun, False for a plain `python`
+        "is_torchelastic_launched": lambda: os.environ.get("TORCHELASTIC_RUN_ID") is not None,
     }.items():
         if hasattr(dist, name):
             patch(dist, name, value)

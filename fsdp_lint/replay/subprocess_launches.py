@@ -43,6 +43,11 @@ def install(rec, patch: Patch) -> None:
                 hint, launch = _launch_hint(words, kwargs.get("cwd"), kwargs.get("env"))
             except Exception:  # noqa: BLE001  (a command the launch reader refuses: run as the script wrote it)
                 hint = None
+            if hint is not None and _another_rank_of_this_job(launch, kwargs.get("env"), rec):
+                # Lightning's launcher re-runs the script for local ranks 1..N-1 (LOCAL_RANK in their
+                # environment) and goes on as rank 0: the replay is rank 0; the others are a process that does
+                # nothing (they would build what rank 0 builds)
+                return real_init(self, [sys.executable, "-c", "pass"], *rest, **kwargs)
             if hint is not None:
                 raise LaunchElsewhere(hint, launch)
         return real_init(self, args, *rest, **kwargs)
@@ -140,6 +145,12 @@ def _launch_hint(words: List[str], cwd, env) -> Tuple[Optional[str], Optional[di
               "accelerate_args": tuple(found.get("accelerate_args") or ())}
     return (f"{where}the setup starts `{shown}` in a subprocess: the model is built in that launch's processes, "
             f"not in this one; lint the launch: `fsdp-lint {rel}{world}{rest}` -- a lint never starts processes"), launch
+
+
+def _another_rank_of_this_job(launch: Optional[dict], env, rec) -> bool:
+    """The subprocess runs the linted script itself again for another local rank (a framework's own launcher)."""
+    return bool(launch) and isinstance(env, dict) and str(env.get("LOCAL_RANK", "0")) not in ("", "0") and \
+        os.path.abspath(launch["path"]) == os.path.abspath(rec.path)
 
 
 def _given_env(env) -> dict:
