@@ -58,7 +58,10 @@ def test_package_module_runs_as_its_dotted_name_and_a_sibling_does_not_shadow_a_
     first = res.skipped[0]
     assert first.path.endswith(os.path.join("titan_like", "train.py"))
     assert "No such file" in first.error and "Tokenizer" not in first.error
-    assert res.stopped is not None and "training loop" in res.stopped[0]
+    # the wrap is reached through the registered spec (`train_spec.parallelize_fn(...)`), so `trainer.train()`
+    # after it is past the last statement the plan depends on: not run, or stopped at its training loop
+    assert res.stopped is None or "training loop" in res.stopped[0]
+    assert res.wrap_calls
 
 
 def test_unit_from_a_helper_module_reports_the_wrap_line_and_the_call_site(cli):
