@@ -19,7 +19,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
-from fsdp_lint.entry.relevance import keyword_relevance
+from fsdp_lint.entry.relevance import instance_call_relevance, keyword_relevance
 from fsdp_lint.entry.source import SourceError, SourceFacts, called_here, mark_relevance, read_source, read_text
 
 _REPO_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg", ".hg")
@@ -288,8 +288,9 @@ class Reach:
                         wraps |= names
                         changed = True
             # a relevant function handed over as a keyword in one module is called by that name in another
-            for names, found in ((relevant, keyword_relevance(self.modules.values(), relevant)),
-                                 (wraps, keyword_relevance(self.modules.values(), wraps))):
+            modules = list(self.modules.values())
+            for names in (relevant, wraps):
+                found = keyword_relevance(modules, names) | instance_call_relevance(modules, names)
                 if not found <= names:
                     names |= found
                     changed = True

@@ -66,3 +66,19 @@ def calls_through_keywords(bindings: Dict[str, Set[str]], functions, module_call
 def keyword_relevance(modules, relevant: Set[str]) -> Set[str]:
     """The keywords (of all `modules`' facts) that relevant functions were handed over as."""
     return {k for facts in modules for k, fns in getattr(facts, "keyword_bindings", {}).items() if fns & relevant}
+
+
+def instance_call_relevance(modules, relevant: Set[str]) -> Set[str]:
+    """``__call__@Class`` for each class whose ``__call__`` is relevant (its own, or a base class's): a call of
+    an instance of it (``core = MyCore(...); core()``) is a call of that method."""
+    out = {f"__call__@{f.cls}" for facts in modules for f in facts.functions.values()
+           if f.name == "__call__" and f.cls and f.name in relevant and f.relevant}
+    changed = True
+    while changed:
+        changed = False
+        for facts in modules:
+            for cls, bases in getattr(facts, "classes", {}).items():
+                if f"__call__@{cls}" not in out and any(f"__call__@{b.rsplit('.', 1)[-1]}" in out for b in bases):
+                    out.add(f"__call__@{cls}")
+                    changed = True
+    return out

@@ -290,7 +290,7 @@ class _Collector(ast.NodeVisitor):
         self._loop_stack: List[int] = []
         self.launcher_names: Set[str] = set()      # `cmd = ["torchrun", ...]`: a launch command (entry.launch_calls)
         self.stdlib_names: Set[str] = set()        # names of standard-library modules imported (`import os`)
-        self.instances: Set[str] = set()           # names bound to an instance of a class (`core = Trainer(...)`)
+        self.instances: Dict[str, str] = {}        # name -> the class it is an instance of (`core = Trainer(...)`)
         self.keyword_bindings: Dict[str, Set[str]] = {}     # keyword -> the functions passed as it
 
     # -- helpers ---------------------------------------------------------------------------
@@ -521,8 +521,8 @@ class _Collector(ast.NodeVisitor):
             self.stepping_loop_lines.update(self._loop_stack)
         if written.split(".")[0] not in self.stdlib_names:
             self._call(last, bare="." not in written)
-        if written in self.instances:        # `core = Trainer(...); core()`: the class's __call__ runs
-            self._call("__call__")
+        if written in self.instances:        # `core = Trainer(...); core()`: that class's __call__ runs
+            self._call(f"__call__@{self.instances[written]}")
         for k in node.keywords:              # `TrainSpec(parallelize_fn=parallelize)`: `spec.parallelize_fn(m)` calls it
             if k.arg and isinstance(k.value, ast.Name):
                 self.keyword_bindings.setdefault(k.arg, set()).add(k.value.id)
@@ -564,8 +564,9 @@ class _Collector(ast.NodeVisitor):
             self.receiver_words.update({t.id: word for t in node.targets if isinstance(t, ast.Name)})
         if names_a_launcher(node.value):
             self.launcher_names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        if isinstance(node.value, ast.Call) and dotted(node.value.func).rsplit(".", 1)[-1][:1].isupper():
-            self.instances.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        made = dotted(node.value.func).rsplit(".", 1)[-1] if isinstance(node.value, ast.Call) else ""
+        if made[:1].isupper():
+            self.instances.update({t.id: made for t in node.targets if isinstance(t, ast.Name)})
         self.generic_visit(node)
 
     def visit_AnnAssign(self, node):
