@@ -20,6 +20,28 @@ def _tree(root, files):
         path.write_text(textwrap.dedent(text))
 
 
+def _assert_shard_grad_op_units_match_torch(cli, tmp_path, monkeypatch, name: str) -> None:
+    """The lint of train.py is FSDP1 SHARD_GRAD_OP and its units are those real torch builds from the same file's
+    `build()` with `ModuleWrapPolicy({Block})`."""
+    import importlib.util
+
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    assert plan["api"] == "fsdp1" and plan["origin"] != "suggested" and plan["sharding_strategy"] == "SHARD_GRAD_OP"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = importlib.util.spec_from_file_location(name, tmp_path / "train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    real = fsdp1_units(mod.build, world_size=8, auto_wrap_policy=ModuleWrapPolicy({mod.Block}),
+                       sharding_strategy=ShardingStrategy.SHARD_GRAD_OP)
+    assert [(u["module"], u["numel"]) for u in plan["units"] if u["numel"]] == [(r["module"], r["numel"]) for r in real]
+
+
 # a helper asks `dist.is_initialized()` before the script initialised the world (a world of 1 on a node: the
 # usual `get_world_size()` of utility modules) and after it; the replay answered True before the init too
 WORLD_BEFORE_INIT = {
@@ -532,24 +554,8 @@ BUCKETEER = {
 
 
 def test_an_iterator_made_in_a_constructor_is_not_training(cli, tmp_path, monkeypatch):
-    from oracle import fsdp1_units
-    from torch.distributed.fsdp import ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
     _tree(tmp_path, BUCKETEER)
-    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
-    assert res.code in (0, 1), res.err
-    plan = json.loads(res.out)["files"][0]["plan"]
-    assert plan["api"] == "fsdp1" and plan["origin"] != "suggested" and plan["sharding_strategy"] == "SHARD_GRAD_OP"
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bucket_train", tmp_path / "train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    real = fsdp1_units(mod.build, world_size=8, auto_wrap_policy=ModuleWrapPolicy({mod.Block}),
-                       sharding_strategy=ShardingStrategy.SHARD_GRAD_OP)
-    assert [(u["module"], u["numel"]) for u in plan["units"] if u["numel"]] == [(r["module"], r["numel"]) for r in real]
+    _assert_shard_grad_op_units_match_torch(cli, tmp_path, monkeypatch, "bucket_train")
 
 
 def test_a_batch_drawn_before_the_unreached_wrap_is_named_not_planned(cli, tmp_path):
@@ -702,24 +708,8 @@ INSTANCE_CALL = {
 
 
 def test_an_instance_whose_call_builds_and_wraps_the_model_is_followed(cli, tmp_path, monkeypatch):
-    from oracle import fsdp1_units
-    from torch.distributed.fsdp import ShardingStrategy
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
     _tree(tmp_path, INSTANCE_CALL)
-    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
-    assert res.code in (0, 1), res.err
-    plan = json.loads(res.out)["files"][0]["plan"]
-    assert plan["api"] == "fsdp1" and plan["origin"] != "suggested" and plan["sharding_strategy"] == "SHARD_GRAD_OP"
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("warp_train", tmp_path / "train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    real = fsdp1_units(mod.build, world_size=8, auto_wrap_policy=ModuleWrapPolicy([mod.Block]),
-                       sharding_strategy=ShardingStrategy.SHARD_GRAD_OP)
-    assert [(u["module"], u["numel"]) for u in plan["units"] if u["numel"]] == [(r["module"], r["numel"]) for r in real]
+    _assert_shard_grad_op_units_match_torch(cli, tmp_path, monkeypatch, "warp_train")
 
 
 # the wrap and optimizer builders are registered at import as a train spec (`register_train_spec(TrainSpec(
