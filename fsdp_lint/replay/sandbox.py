@@ -25,6 +25,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from fsdp_lint.replay.accelerator import simulate_accelerator
 from fsdp_lint.entry.project import is_local
 from fsdp_lint.replay.boundary import install_boundaries
+from fsdp_lint.replay.mesh_aliases import patch_init_device_mesh
 from fsdp_lint.replay.device_mode import device_mode, materialise_module, parse_to_args
 from fsdp_lint.replay.recorders import (
     FakeMesh,
@@ -367,7 +368,6 @@ def _hydra_without_outputs(patch: Patch) -> Callable[[], None]:
 
 def _simulate_mesh(rec: Recorder, patch: Patch) -> None:
     import torch
-    import torch.distributed as dist
     import torch.distributed.device_mesh as dm_mod
 
     real_init_mesh = dm_mod.init_device_mesh
@@ -381,9 +381,7 @@ def _simulate_mesh(rec: Recorder, patch: Patch) -> None:
                 return real_init_mesh(mesh_type, tuple(mesh_shape), mesh_dim_names=mesh_dim_names)
         return FakeMesh(device_type, tuple(mesh_shape), mesh_dim_names)
 
-    patch(dm_mod, "init_device_mesh", init_device_mesh)
-    if hasattr(dist, "init_device_mesh"):
-        patch(dist, "init_device_mesh", init_device_mesh)
+    patch_init_device_mesh(patch, init_device_mesh)      # every module a script may bind it from
     # issue 11: real meshes, process groups and parallelize_module (fsdp_lint/replay/parallel.py)
     parallel.install(rec, patch, real_init_mesh)
 
