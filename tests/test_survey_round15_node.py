@@ -83,3 +83,81 @@ def test_init_device_mesh_bound_from_an_alias_module_is_the_simulated_mesh(cli, 
     assert alias["mesh"]["shape"] == control["mesh"]["shape"] == [2, 4]
     assert [u["shard_group_size"] for u in alias["units"]] == [u["shard_group_size"] for u in control["units"]] == [4] * 4
     assert [u["replicate_group_size"] for u in alias["units"]] == [2] * 4
+
+
+# torchtools' SmartCrop: a module loads a small bundled checkpoint in its constructor, and what it holds decides the
+# model (here the depth); a file that exists is loaded for real, whoever's __init__ loads it
+BUNDLED_LOAD = {
+    "train.py": '''
+        from __future__ import annotations
+
+        import sys
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        from project.model import Block, Net
+
+        dist.init_process_group("nccl")
+        model = FSDP(Net(sys.argv[1]), auto_wrap_policy=ModuleWrapPolicy([Block]), device_id=torch.cuda.current_device())
+    ''',
+    "project/__init__.py": "",
+    "project/model.py": '''
+        from __future__ import annotations
+
+        import os
+
+        import torch
+        import torch.nn as nn
+
+        HERE = os.path.dirname(__file__)
+
+
+        def load_bundled(name: str) -> dict:
+            path = os.path.join(HERE, name)
+            if name.endswith(".safetensors"):
+                from safetensors.torch import load_file
+                return load_file(path)
+            return torch.load(path, map_location="cpu")
+
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.l = nn.Linear(64, 64)
+
+
+        class Net(nn.Module):
+            def __init__(self, bundled: str):
+                super().__init__()
+                state = load_bundled(bundled)
+                self.crop = nn.Conv2d(3, 1, 3).requires_grad_(False)
+                self.crop.load_state_dict({k: v for k, v in state.items() if k != "depth"})
+                self.blocks = nn.ModuleList(Block() for _ in range(int(state["depth"])))
+    ''',
+}
+
+
+@pytest.mark.parametrize("bundled", ["legacy.pt", "zip.pt", "weights.safetensors"])
+def test_a_bundled_file_loaded_in_a_module_init_holds_its_values(cli, tmp_path, bundled):
+    _tree(tmp_path, BUNDLED_LOAD)
+    import torch
+    import torch.nn as nn
+
+    state = dict(nn.Conv2d(3, 1, 3).state_dict(), depth=torch.tensor(3))
+    path = tmp_path / "project" / bundled
+    if bundled.endswith(".safetensors"):
+        from safetensors.torch import save_file
+        save_file(state, str(path))
+        from safetensors.torch import load_file
+        depth = int(load_file(str(path))["depth"])
+    else:
+        torch.save(state, str(path), _use_new_zipfile_serialization=bundled == "zip.pt")
+        depth = int(torch.load(str(path), map_location="cpu")["depth"])     # the oracle: torch itself
+    assert depth == 3
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", bundled, cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = _plan(res)
+    assert sum(u["class"] == "Block" for u in plan["units"]) == depth

@@ -27,6 +27,7 @@ no data (meta) is left as it is.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import List, Optional
@@ -50,10 +51,27 @@ def factories() -> frozenset:
     return _factories
 
 
+# >0 while a file that exists is read (torch.load in a module's __init__ included): its tensors are the file's,
+# real CPU tensors as on a node, not what the module builds
+_reading_file = [0]
+
+
+@contextlib.contextmanager
+def reading_a_file():
+    """The tensors made meanwhile are a file's contents, made on the host whoever's ``__init__`` runs."""
+    _reading_file[0] += 1
+    try:
+        yield
+    finally:
+        _reading_file[0] -= 1
+
+
 def in_module_construction() -> bool:
-    """Whether a module's ``__init__`` is running (a frame of one on the stack)."""
+    """Whether a module's ``__init__`` is running (a frame of one on the stack), not reading a file."""
     import torch.nn as nn
 
+    if _reading_file[0]:
+        return False
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_name == "__init__" and frame.f_code.co_argcount:
