@@ -161,3 +161,90 @@ def test_a_bundled_file_loaded_in_a_module_init_holds_its_values(cli, tmp_path, 
     assert res.code in (0, 1), res.err
     plan = _plan(res)
     assert sum(u["class"] == "Block" for u in plan["units"]) == depth
+
+
+# SpecForge: a frozen head built from the hub model's config, its weights found by a glob over the snapshot folder
+# of snapshot_download(allow_patterns=[...]); the local cache holds the config only (a node downloads the weights)
+SNAPSHOT_GLOB = {
+    "train.py": '''
+        from __future__ import annotations
+
+        import sys
+
+        import torch
+        import torch.nn as nn
+        from torch.distributed.fsdp import fully_shard
+
+        from project.target import TargetHead
+
+        torch.distributed.init_process_group("nccl")
+        model = nn.ModuleDict({"target": TargetHead.from_pretrained(sys.argv[1]),
+                               "draft": nn.Sequential(*[nn.Linear(32, 32) for _ in range(2)])})
+        for block in model["draft"]:
+            fully_shard(block)
+        fully_shard(model)
+    ''',
+    "project/__init__.py": "",
+    "project/target.py": '''
+        from __future__ import annotations
+
+        import glob
+        import os
+
+        import torch.nn as nn
+        from huggingface_hub import snapshot_download
+        from safetensors.torch import load_file
+        from transformers import AutoConfig
+
+
+        class TargetHead(nn.Module):
+            def __init__(self, cfg):
+                super().__init__()
+                self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+                self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+            @classmethod
+            def from_pretrained(cls, repo: str) -> "TargetHead":
+                head = cls(AutoConfig.from_pretrained(repo))
+                path = snapshot_download(repo_id=repo, allow_patterns=["*.json", "*.safetensors"])
+                files = glob.glob(os.path.join(path, "*.safetensors"))
+                if not files:
+                    raise FileNotFoundError("No checkpoint found.")
+                state = load_file(files[0])
+                head.embed_tokens.weight.data.copy_(state["model.embed_tokens.weight"])
+                head.lm_head.weight.data.copy_(state["lm_head.weight"])
+                return head.requires_grad_(False)
+    ''',
+}
+
+
+def test_weights_globbed_from_a_snapshot_download_stand_in(cli, tmp_path, monkeypatch):
+    _tree(tmp_path, SNAPSHOT_GLOB)
+    repo = tmp_path / "hf" / "hub" / "models--acme--tiny-lm"
+    snapshot = repo / "snapshots" / ("1" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("1" * 40)
+    (snapshot / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 100}))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    # the oracle: huggingface_hub offline gives the cached snapshot, which holds no weights (a node's has them)
+    real = run_subprocess(["-c", "import glob, os; from huggingface_hub import snapshot_download; "
+                                 "p = snapshot_download(repo_id='acme/tiny-lm', allow_patterns=['*.json', '*.safetensors']); "
+                                 "print(sorted(os.listdir(p)), glob.glob(os.path.join(p, '*.safetensors')))"],
+                          env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf" / "hub"),
+                               "HF_HUB_OFFLINE": "1"})
+    assert real.stdout.strip() == "['config.json'] []", real.stderr
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", "acme/tiny-lm", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    report = json.loads(res.out)["files"][0]
+    import torch.nn as nn
+
+    head = sum(p.numel() for p in (*nn.Embedding(100, 32).parameters(), *nn.Linear(32, 100, bias=False).parameters()))
+    draft = 2 * sum(p.numel() for p in nn.Linear(32, 32).parameters())
+    assert report["model"]["numel"] == head + draft
+    assert report["model"]["trainable_numel"] == draft
+    assert any("acme/tiny-lm" in n and "model.safetensors" in n for n in report["notes"]), report["notes"]
+    assert not list((tmp_path / "hf").rglob("*.safetensors"))          # the cache is left as it was

@@ -53,11 +53,23 @@ class StandInStateDict(dict):
                     dict.__setitem__(self, name, value)
 
     def __missing__(self, key):
+        same = self._same_parameter(key)
+        if same is not None:
+            return same
         if isinstance(key, str) and not self._bound_has_prefix(key):
             child = StandInStateDict(self._rec, self._path, self._where)
             dict.__setitem__(self, key, child)
             return child
         raise KeyError(key)
+
+    def _same_parameter(self, key):
+        """The model's tensor a checkpoint key names under another prefix (``model.embed_tokens.weight`` of a
+        hub checkpoint read for a head whose own name is ``embed_tokens.weight``), when exactly one matches."""
+        if not isinstance(key, str) or "." not in key:
+            return None
+        found = [k for k in dict.keys(self) if isinstance(dict.__getitem__(self, k), StandInStateDict) is False
+                 and (key.endswith("." + k) or k.endswith("." + key))]
+        return dict.__getitem__(self, found[0]) if len(found) == 1 else None
 
     def _bound_has_prefix(self, key: str) -> bool:
         return any(k.startswith(key + ".") for k in dict.keys(self))
