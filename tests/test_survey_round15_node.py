@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from conftest import run_subprocess  # noqa: E402,F401
+from conftest import REPO, run_subprocess  # noqa: E402
 
 
 def _tree(root, files):
@@ -218,7 +218,7 @@ SNAPSHOT_GLOB = {
 }
 
 
-def test_weights_globbed_from_a_snapshot_download_stand_in(cli, tmp_path, monkeypatch):
+def test_weights_globbed_from_a_snapshot_download_stand_in(tmp_path):
     _tree(tmp_path, SNAPSHOT_GLOB)
     repo = tmp_path / "hf" / "hub" / "models--acme--tiny-lm"
     snapshot = repo / "snapshots" / ("1" * 40)
@@ -228,18 +228,18 @@ def test_weights_globbed_from_a_snapshot_download_stand_in(cli, tmp_path, monkey
     (snapshot / "config.json").write_text(json.dumps({
         "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 100}))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf" / "hub"), "HF_HUB_OFFLINE": "1"}
     # the oracle: huggingface_hub offline gives the cached snapshot, which holds no weights (a node's has them)
     real = run_subprocess(["-c", "import glob, os; from huggingface_hub import snapshot_download; "
                                  "p = snapshot_download(repo_id='acme/tiny-lm', allow_patterns=['*.json', '*.safetensors']); "
                                  "print(sorted(os.listdir(p)), glob.glob(os.path.join(p, '*.safetensors')))"],
-                          env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf" / "hub"),
-                               "HF_HUB_OFFLINE": "1"})
+                          env=env)
     assert real.stdout.strip() == "['config.json'] []", real.stderr
-    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", "acme/tiny-lm", cwd=str(tmp_path))
-    assert res.code in (0, 1), res.err
-    report = json.loads(res.out)["files"][0]
+    # (a process of its own: huggingface_hub reads the cache's place when it is imported)
+    res = run_subprocess(["-m", "fsdp_lint", "train.py", "-n", "8", "--no-cache", "--format", "json", "--",
+                          "acme/tiny-lm"], cwd=str(tmp_path), timeout=300, env={**env, "PYTHONPATH": REPO})
+    assert res.returncode in (0, 1), res.stderr
+    report = json.loads(res.stdout)["files"][0]
     import torch.nn as nn
 
     head = sum(p.numel() for p in (*nn.Embedding(100, 32).parameters(), *nn.Linear(32, 100, bias=False).parameters()))
@@ -248,3 +248,75 @@ def test_weights_globbed_from_a_snapshot_download_stand_in(cli, tmp_path, monkey
     assert report["model"]["trainable_numel"] == draft
     assert any("acme/tiny-lm" in n and "model.safetensors" in n for n in report["notes"]), report["notes"]
     assert not list((tmp_path / "hf").rglob("*.safetensors"))          # the cache is left as it was
+
+
+# a project Dataset pre-initialises its sample list, then fills it from annotation files that are on the node only;
+# __len__ is len(list): 0 here, and the shuffling sampler refuses an empty data set
+EMPTY_DATASET = {
+    "train.py": '''
+        from __future__ import annotations
+
+        import sys
+
+        import torch
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.utils.data import DataLoader
+
+        from project.data import PairDataset
+
+        dist.init_process_group("nccl")
+        dataset = PairDataset(sys.argv[1])
+        loader = DataLoader(dataset, batch_size=4, shuffle=True)
+        layers = 2 if len(loader) > 0 else 1
+        model = FSDP(nn.Sequential(*[nn.Linear(64, 64) for _ in range(layers)]), device_id=torch.cuda.current_device())
+    ''',
+    "project/__init__.py": "",
+    "project/data.py": '''
+        from __future__ import annotations
+
+        import json
+        import os
+
+        import torch
+        from torch.utils.data import Dataset
+
+
+        class PairDataset(Dataset):
+            def __init__(self, root: str, lists=("data_info.json",)):
+                self.samples = []
+                for name in lists:
+                    with open(os.path.join(root, name)) as f:
+                        self.samples += json.load(f)
+
+            def __len__(self):
+                return len(self.samples)
+
+            def __getitem__(self, i):
+                return torch.randn(64)
+    ''',
+}
+
+
+def test_a_dataset_left_empty_by_a_skipped_read_has_the_stand_in_length(cli, tmp_path):
+    _tree(tmp_path, EMPTY_DATASET)
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", "/cluster/annotations", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    report = json.loads(res.out)["files"][0]
+    assert len(report["plan"]["units"]) == 1 and report["model"]["numel"] == 2 * (64 * 64 + 64)
+    skipped = report["replay"]["skipped_statements"]
+    assert any("data_info.json" in s["error"] and "length stands in" in s["error"] for s in skipped), skipped
+
+
+def test_a_dataset_empty_on_the_node_too_is_the_scripts_failure(cli, tmp_path):
+    # the annotation file is here and lists nothing: torch's sampler refuses the empty data set (the oracle)
+    _tree(tmp_path, EMPTY_DATASET)
+    (tmp_path / "annotations").mkdir()
+    (tmp_path / "annotations" / "data_info.json").write_text("[]")
+    import torch.utils.data as tud
+
+    with pytest.raises(ValueError, match="num_samples"):
+        tud.RandomSampler([])
+    res = cli("train.py", "-n", "8", "--no-cache", "--", "annotations", cwd=str(tmp_path))
+    assert res.code == 2 and "num_samples" in res.err, res.err
