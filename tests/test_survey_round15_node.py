@@ -320,3 +320,146 @@ def test_a_dataset_empty_on_the_node_too_is_the_scripts_failure(cli, tmp_path):
         tud.RandomSampler([])
     res = cli("train.py", "-n", "8", "--no-cache", "--", "annotations", cwd=str(tmp_path))
     assert res.code == 2 and "num_samples" in res.err, res.err
+
+
+# flex-attention style: a module's __init__ makes document ids from a Python list of lengths "on the GPU" with a
+# data-dependent op (repeat_interleave); the number of documents sizes a parameter
+INDEX_IN_INIT = {
+    "train.py": '''
+        from __future__ import annotations
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        from project.model import Block, Net
+
+        dist.init_process_group("nccl")
+        model = FSDP(Net("cuda"), auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.cuda.current_device())
+    ''',
+    "project/__init__.py": "",
+    "project/model.py": '''
+        from __future__ import annotations
+
+        import torch
+        import torch.nn as nn
+
+
+        class DocumentMask(nn.Module):
+            def __init__(self, device, scales=((1, 1), (2, 2), (4, 4)), length: int = 32, dim: int = 16):
+                super().__init__()
+                lengths = [h * w for h, w in scales]
+                offsets = torch.cumsum(torch.tensor([0] + lengths, device=device, dtype=torch.int32), dim=-1)
+                if offsets[-1] < length:
+                    offsets = torch.cat((offsets, torch.tensor([length], device=device, dtype=torch.int32)))
+                counts = offsets[1:] - offsets[:-1]
+                self.doc_id = torch.repeat_interleave(torch.arange(len(counts), device=device), counts)
+                self.register_buffer("positions", torch.arange(self.doc_id.numel(), device=device))
+                self.doc_embed = nn.Embedding(int(self.doc_id.max()) + 1, dim)
+
+
+        class Block(nn.Module):
+            def __init__(self, device):
+                super().__init__()
+                self.mask = DocumentMask(device)
+                self.ff = nn.Linear(16, 16)
+
+
+        class Net(nn.Module):
+            def __init__(self, device):
+                super().__init__()
+                self.blocks = nn.ModuleList(Block(device) for _ in range(3))
+    ''',
+}
+
+
+def test_an_index_tensor_a_module_init_computes_from_constants_holds_its_values(cli, tmp_path):
+    _tree(tmp_path, INDEX_IN_INIT)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from project.model import Net   # the oracle: real torch builds the model on the CPU
+        real = Net("cpu")
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m == "project" or m.startswith("project.")]:
+            del sys.modules[name]
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    report = json.loads(res.out)["files"][0]
+    assert report["model"]["numel"] == sum(p.numel() for p in real.parameters())
+    embed = [p for u in report["plan"]["units"] for p in u["params"] if p["fqn"].endswith("doc_embed.weight")]
+    assert [p["shape"] for p in embed] == [list(real.blocks[0].mask.doc_embed.weight.shape)] * 3
+
+
+# DeiT/MAE/VAR's setup_for_distributed: builtins.print replaced by a rank-0 print taking force=, guarded so that it
+# replaces only Python's own print (`type(print) != type(open)`: already replaced); the model prints with force=True
+PRINT_PATCH = {
+    "train.py": '''
+        from __future__ import annotations
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        from project.dist import setup_for_distributed
+        from project.model import Block, Net
+
+        dist.init_process_group("nccl")
+        setup_for_distributed(dist.get_rank() == 0)
+        print("setup done", force=True)
+        model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.cuda.current_device())
+    ''',
+    "project/__init__.py": "",
+    "project/dist.py": '''
+        from __future__ import annotations
+
+        import builtins
+
+
+        def setup_for_distributed(is_master: bool) -> None:
+            builtin_print = builtins.print
+            if type(builtin_print) != type(open):      # already replaced: keep it
+                return
+
+            def print(*args, force: bool = False, **kwargs):
+                if is_master or force:
+                    builtin_print(*args, **kwargs)
+
+            builtins.print = print
+    ''',
+    "project/model.py": '''
+        from __future__ import annotations
+
+        import torch.nn as nn
+
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ff = nn.Linear(64, 64)
+
+
+        class Net(nn.Module):
+            def __init__(self, n: int = 3):
+                super().__init__()
+                self.blocks = nn.ModuleList(Block() for _ in range(n))
+                print(f"built {n} blocks", force=True)
+    ''',
+}
+
+
+def test_the_projects_print_replacement_works_as_on_a_node_and_is_undone(cli, tmp_path):
+    _tree(tmp_path, PRINT_PATCH)
+    import builtins
+
+    # the oracle: python itself runs the project's replacement, and print then takes force=
+    probe = run_subprocess(["-c", "from project.dist import setup_for_distributed; setup_for_distributed(False); "
+                                  "print('hidden'); print('shown', force=True)"], cwd=str(tmp_path))
+    assert probe.returncode == 0 and probe.stdout.strip() == "shown", probe.stderr
+    before = builtins.print
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 4
+    assert builtins.print is before

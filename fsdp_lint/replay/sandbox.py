@@ -118,6 +118,7 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     install_frameworks(rec, patch)
     hooks += install_boundaries(rec, patch)
 
+    _print_like_open(patch)
     rec.stdout, rec.stderr = NodeStream(), NodeStream()     # files, as a node's streams are
     if owned_pg:
         from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -558,12 +559,22 @@ def _record_optimizers(rec: Recorder, patch: Patch) -> None:
 # the linted code's builtins
 # --------------------------------------------------------------------------------------------
 def guarded_builtins() -> dict:
-    """The replayed file's builtins: a copy of Python's, whose ``open`` is the replay's (``network``)."""
-    return {**builtins.__dict__, "open": _open}
+    """The replayed file's builtins: Python's own (the replay's ``open`` is patched there: ``network``), so that
+    the project's own replacement (``builtins.print = print_on_rank_0``, taking ``force=``) is seen by its code as
+    on a node; restored after the replay (`_ProcessState`)."""
+    return builtins.__dict__
 
 
-def _open(*args, **kwargs):      # builtins.open at the time of the call
-    return builtins.open(*args, **kwargs)
+def _print_like_open(patch) -> None:
+    """``print`` is a Python function while the replay's ``open`` is one: the project's own check that print is
+    still Python's (``if type(builtins.print) != type(open): return``, before it installs its rank-0 print)
+    answers as on a node, where both are built-in functions."""
+    real_print = builtins.print
+
+    def print(*args, **kwargs):  # noqa: A001  (the name a traceback shows)
+        return real_print(*args, **kwargs)
+
+    patch(builtins, "print", print)
 
 
 def _restore_dict(current: dict, saved: dict) -> None:
