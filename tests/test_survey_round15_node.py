@@ -463,3 +463,65 @@ def test_the_projects_print_replacement_works_as_on_a_node_and_is_undone(cli, tm
     assert res.code in (0, 1), res.err
     assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 4
     assert builtins.print is before
+
+
+# Model-Optimizer's _merge_distributed_shards: each rank saves its data shard, a barrier, then rank 0 loads every
+# rank's folder and concatenates them; the other ranks' folders are not on the simulated node
+RANK_SHARDS = {
+    "train.py": '''
+        from __future__ import annotations
+
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.distributed.fsdp import fully_shard
+
+        from project.data import merged_shards
+
+        dist.init_process_group("nccl")
+        merged = merged_shards("shards_cache")
+        layers = 2 if merged is not None and len(merged) == 4 * dist.get_world_size() else 1
+        model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(layers)])
+        for layer in model:
+            fully_shard(layer)
+        fully_shard(model)
+    ''',
+    "project/__init__.py": "",
+    "project/data.py": '''
+        from __future__ import annotations
+
+        import os
+
+        import datasets
+        import torch.distributed as dist
+
+
+        def merged_shards(cache: str):
+            rank, world = dist.get_rank(), dist.get_world_size()
+            tmp = os.path.join(cache, "temp")
+            local = datasets.Dataset.from_dict({"input_ids": [[rank, 1, 2]] * 4})
+            local.save_to_disk(os.path.join(tmp, f"rank_{rank}"))
+            dist.barrier()
+            if rank != 0:
+                return None
+            shards = [datasets.load_from_disk(os.path.join(tmp, f"rank_{r}")) for r in range(world)]
+            return datasets.concatenate_datasets(shards).shuffle(seed=0)
+    ''',
+}
+
+
+def test_other_ranks_data_shards_saved_before_a_barrier_load_as_rank_0s(cli, tmp_path):
+    _tree(tmp_path, RANK_SHARDS)
+    import datasets
+
+    # the oracle: the datasets library itself, every rank's folder saved (as on a node), merged by rank 0
+    for r in range(8):
+        datasets.Dataset.from_dict({"input_ids": [[r, 1, 2]] * 4}).save_to_disk(str(tmp_path / "oracle" / f"rank_{r}"))
+    merged = datasets.concatenate_datasets([datasets.load_from_disk(str(tmp_path / "oracle" / f"rank_{r}"))
+                                            for r in range(8)])
+    assert len(merged) == 32
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    report = json.loads(res.out)["files"][0]
+    assert report["model"]["numel"] == 2 * (64 * 64 + 64)
+    assert any("rank 0's" in n for n in report["notes"]), report["notes"]
+    assert not (tmp_path / "shards_cache").exists()          # what the replay wrote is removed

@@ -536,6 +536,11 @@ def _datasets(hooks, module) -> None:
             try:
                 return load(*args, **kwargs)
             except Exception as exc:
+                saved = data_standins.saved_by_rank_0(kwargs.get("dataset_path", args[0] if args else None)) \
+                    if load.__name__ == "load_from_disk" else None
+                if saved is not None:       # another rank's folder, saved before a barrier: rank 0's
+                    _note(hooks.rec, f"load_from_disk of another rank's folder loads rank 0's ({saved})")
+                    return load(saved, *args[1:], **{k: v for k, v in kwargs.items() if k != "dataset_path"})
                 pos = hooks.rec.position()
                 hooks.rec.record_skip(pos.path, pos.line, exc)
                 return data_standins.standin_for(load, args, kwargs)
