@@ -525,3 +525,68 @@ def test_other_ranks_data_shards_saved_before_a_barrier_load_as_rank_0s(cli, tmp
     assert report["model"]["numel"] == 2 * (64 * 64 + 64)
     assert any("rank 0's" in n for n in report["notes"]), report["notes"]
     assert not (tmp_path / "shards_cache").exists()          # what the replay wrote is removed
+
+
+# rank 0 keeps a copy of a frozen pretrained component next to the run's outputs during setup, and the trained
+# model is built from that copy's config; the component's weights are not here (a config-only folder)
+SAVE_PRETRAINED = {
+    "train.py": '''
+        from __future__ import annotations
+
+        import os
+        import sys
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+        from transformers import AutoConfig, LlamaForCausalLM
+
+        from project.model import Denoiser
+
+        dist.init_process_group("nccl")
+        encoder = LlamaForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16)
+        if dist.get_rank() == 0:
+            encoder.save_pretrained(os.path.join("out", "text_encoder"))
+        dist.barrier()
+        encoder.requires_grad_(False)
+        model = Denoiser(AutoConfig.from_pretrained(os.path.join("out", "text_encoder")).hidden_size)
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    ''',
+    "project/__init__.py": "",
+    "project/model.py": '''
+        from __future__ import annotations
+
+        import torch.nn as nn
+
+
+        class Denoiser(nn.Module):
+            def __init__(self, width: int):
+                super().__init__()
+                self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(3))
+    ''',
+}
+
+
+def test_save_pretrained_of_stand_in_weights_writes_the_config_only(cli, tmp_path):
+    _tree(tmp_path, SAVE_PRETRAINED)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=4, vocab_size=100)
+    config.save_pretrained(str(tmp_path / "encoder"))
+    # the oracle: transformers refuses to save weights that hold no data (the stand-ins), and saves real ones
+    import torch
+
+    with torch.device("meta"):
+        meta_model = LlamaForCausalLM(config)
+    with pytest.raises(Exception):
+        meta_model.save_pretrained(str(tmp_path / "oracle_meta"))
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", "encoder", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    report = json.loads(res.out)["files"][0]
+    assert report["model"]["numel"] == 3 * (48 * 48 + 48)
+    assert not report["replay"]["skipped_statements"], report["replay"]["skipped_statements"]
+    assert any("save_pretrained" in n and "no weights" in n for n in report["notes"]), report["notes"]
+    assert not (tmp_path / "out").exists()          # what the replay wrote is removed

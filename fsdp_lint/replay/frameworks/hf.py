@@ -26,6 +26,7 @@ import sys
 import types
 from typing import Any, Dict, List
 
+from fsdp_lint.replay.frameworks.hf_saves import save_pretrained_hook
 from fsdp_lint.replay.frameworks.hub_snapshots import NOT_DOWNLOADED, WEIGHT_SUFFIXES, snapshot_download_hook
 from fsdp_lint.replay.network import HUB_FILE, NotDownloaded
 from fsdp_lint.replay.records import IN_TRAINING
@@ -509,7 +510,7 @@ def hook_table() -> Dict[str, List[Any]]:
     return {
         "huggingface_hub.hf_api": [_hub],
         "huggingface_hub.file_download": [_hub_file],
-        "transformers.modeling_utils": [_modeling],
+        "transformers.modeling_utils": [_modeling, save_pretrained_hook],
         "transformers.models.auto.configuration_auto": [_auto_config],
         "transformers.configuration_utils": [_concrete_config],
         "transformers.models.auto.tokenization_auto": [_auto_tokenizer],
