@@ -590,3 +590,60 @@ def test_save_pretrained_of_stand_in_weights_writes_the_config_only(cli, tmp_pat
     assert not report["replay"]["skipped_statements"], report["replay"]["skipped_statements"]
     assert any("save_pretrained" in n and "no weights" in n for n in report["notes"]), report["notes"]
     assert not (tmp_path / "out").exists()          # what the replay wrote is removed
+
+
+# a model probes a CUDA-only kernel package's function signature at construction to pick a code path; the package's
+# build needs CUDA, so it cannot be installed on a CPU-only linting machine (every GPU node has it)
+KERNEL_PROBE = {
+    "train.py": '''
+        from __future__ import annotations
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        from project.model import Block, Net
+
+        dist.init_process_group("nccl")
+        model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.cuda.current_device())
+    ''',
+    "project/__init__.py": "",
+    "project/model.py": '''
+        from __future__ import annotations
+
+        import torch.nn as nn
+        from flash_attn import flash_attn_func
+
+
+        class Block(nn.Module):
+            def __init__(self, d: int = 64):
+                super().__init__()
+                self.fused = "softmax_scale" in flash_attn_func.__code__.co_varnames
+                self.qkv = nn.Linear(d, 3 * d)
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.blocks = nn.ModuleList(Block() for _ in range(2))
+    ''',
+}
+
+
+def test_a_cuda_only_kernel_introspected_by_the_model_is_named_as_not_installable_here(cli, tmp_path):
+    _tree(tmp_path, KERNEL_PROBE)
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("flash_attn") is not None:
+        pytest.skip("flash_attn is installed here")
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = res.err.strip().splitlines()[0]
+    # the model reads the function's code: a use by the model, named (not an AttributeError of the stand-in)
+    assert "project/model.py:11:" in line and "flash_attn_func.__code__" in line and "AttributeError" not in line, line
+    if torch.version.cuda is None:
+        # (the oracle: a CPU-only torch cannot build flash-attn's CUDA kernels)
+        assert "cannot be installed on this machine" in line, line
