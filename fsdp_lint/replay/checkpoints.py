@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional
 
-from fsdp_lint.replay import device_mode
+from fsdp_lint.replay import device_mode, host_values
 
 
 class StandInStateDict(dict):
@@ -53,11 +53,23 @@ class StandInStateDict(dict):
                     dict.__setitem__(self, name, value)
 
     def __missing__(self, key):
+        same = self._same_parameter(key)
+        if same is not None:
+            return same
         if isinstance(key, str) and not self._bound_has_prefix(key):
             child = StandInStateDict(self._rec, self._path, self._where)
             dict.__setitem__(self, key, child)
             return child
         raise KeyError(key)
+
+    def _same_parameter(self, key):
+        """The model's tensor a checkpoint key names under another prefix (``model.embed_tokens.weight`` of a
+        hub checkpoint read for a head whose own name is ``embed_tokens.weight``), when exactly one matches."""
+        if not isinstance(key, str) or "." not in key:
+            return None
+        found = [k for k in dict.keys(self) if isinstance(dict.__getitem__(self, k), StandInStateDict) is False
+                 and (key.endswith("." + k) or k.endswith("." + key))]
+        return dict.__getitem__(self, found[0]) if len(found) == 1 else None
 
     def _bound_has_prefix(self, key: str) -> bool:
         return any(k.startswith(key + ".") for k in dict.keys(self))
@@ -163,7 +175,8 @@ def install(rec, patch) -> None:
         path = _missing_path(f)
         if path is not None:
             return _stand_in(rec, path, "torch.load")
-        return real_load(f, *args, **kwargs)
+        with host_values.reading_a_file():      # in a module's __init__ too: the file's real tensors
+            return real_load(f, *args, **kwargs)
 
     patch(torch, "load", load)
 
@@ -196,7 +209,8 @@ def _install_safetensors(rec, patch) -> None:
         path = _missing_path(filename)
         if path is not None:
             return _stand_in(rec, path, "safetensors.load_file")
-        return real_load_file(filename, *args, **kwargs)
+        with host_values.reading_a_file():
+            return real_load_file(filename, *args, **kwargs)
 
     patch(st, "load_file", load_file)
     real_safe_open = safetensors.safe_open
@@ -220,10 +234,33 @@ def _install_safetensors(rec, patch) -> None:
         def metadata(self):
             return {}
 
+    class _ReadingFile:
+        """A real safe_open handle whose tensors are the file's (host tensors in a module's __init__ too)."""
+
+        def __init__(self, handle):
+            self._handle = handle
+
+        def __enter__(self):
+            self._handle.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self._handle.__exit__(*exc)
+
+        def __getattr__(self, name):
+            real = getattr(self._handle, name)
+            if name not in ("get_tensor", "get_slice"):
+                return real
+
+            def read(*args, **kwargs):
+                with host_values.reading_a_file():
+                    return real(*args, **kwargs)
+            return read
+
     def safe_open(filename, *args, **kwargs):
         path = _missing_path(filename)
         if path is not None:
             return _OpenStandIn(_stand_in(rec, path, "safetensors.safe_open"))
-        return real_safe_open(filename, *args, **kwargs)
+        return _ReadingFile(real_safe_open(filename, *args, **kwargs))
 
     patch(safetensors, "safe_open", safe_open)

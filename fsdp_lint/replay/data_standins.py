@@ -199,11 +199,33 @@ def _with_columns(ds, names) -> Any:
     return ds
 
 
+# the folders this replay's `save_to_disk` wrote (rank 0's: ``temp/rank_0``), for the other ranks' (`saved_by_rank_0`)
+_SAVED: List[str] = []
+
+
+def saved_by_rank_0(path) -> Optional[str]:
+    """The folder rank 0 saved in place of `path`, one another rank saves before a barrier (``temp/rank_3``):
+    the same path but for its numbers. A node's rank 0 then loads every rank's folder; every rank is taken to
+    hold rank 0's data, as for the collectives (`fsdp_lint.replay.host_values`)."""
+    import os
+    import re
+
+    try:
+        wanted = re.sub(r"\d+", "#", os.path.abspath(os.fspath(path)))
+    except TypeError:
+        return None
+    return next((p for p in reversed(_SAVED) if re.sub(r"\d+", "#", p) == wanted and os.path.exists(p)), None)
+
+
 def _not_saved(real, note):
     def save_to_disk(self, dataset_path, *args, **kwargs):
         parts = self.values() if isinstance(self, dict) else [self]
         if not any(is_standin(ds) for ds in parts):
-            return real(self, dataset_path, *args, **kwargs)
+            import os
+
+            out = real(self, dataset_path, *args, **kwargs)
+            _SAVED.append(os.path.abspath(os.fspath(dataset_path)))
+            return out
         if note is not None:
             note(f"save_to_disk({str(dataset_path)!r}) of a stand-in data set: nothing written (a lint "
                  f"never leaves placeholder rows where the real job would load them)")
@@ -224,6 +246,7 @@ def install_columns_on_demand(patch, datasets_module, on_failure=None, note=None
     (`on_failure(exc)` is told); a stand-in is never saved to disk (`note(text)` is told)."""
     Dataset = datasets_module.Dataset
     real_init = Dataset.__init__
+    _SAVED.clear()
 
     def __init__(self, arrow_table, *args, **kwargs):
         real_init(self, arrow_table, *args, **kwargs)

@@ -10,8 +10,10 @@ zeros, and the code takes the wrong branch (no data-parallel group, one "node" o
 
 So a tensor made by a factory call (``torch.tensor``, ``arange``, ``zeros``, ``empty``, ``full``, ...)
 outside the construction of a module, and small (at most `HOST_NUMEL` elements), is a real CPU tensor
-whatever device it names; everything a module builds in its ``__init__`` (parameters, buffers, rotary
-tables), and every large tensor, stays on meta. A parameter or buffer given such a tensor later
+whatever device it names; so is a small integer or bool one a module's ``__init__`` makes (an index: document
+ids from a list of lengths, then ``repeat_interleave``, whose result's shape depends on the values). Every
+floating-point tensor a module builds in its ``__init__`` (parameters, rotary tables), every buffer, and every
+large tensor, stays on meta. A parameter or buffer given such a tensor later
 (``model.pos = nn.Parameter(torch.zeros(1, 16, 64))``) is moved to meta when it is registered, and an
 operation mixing one with a meta tensor runs on meta: values with no data give no data.
 
@@ -27,6 +29,7 @@ no data (meta) is left as it is.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import List, Optional
@@ -50,10 +53,27 @@ def factories() -> frozenset:
     return _factories
 
 
+# >0 while a file that exists is read (torch.load in a module's __init__ included): its tensors are the file's,
+# real CPU tensors as on a node, not what the module builds
+_reading_file = [0]
+
+
+@contextlib.contextmanager
+def reading_a_file():
+    """The tensors made meanwhile are a file's contents, made on the host whoever's ``__init__`` runs."""
+    _reading_file[0] += 1
+    try:
+        yield
+    finally:
+        _reading_file[0] -= 1
+
+
 def in_module_construction() -> bool:
-    """Whether a module's ``__init__`` is running (a frame of one on the stack)."""
+    """Whether a module's ``__init__`` is running (a frame of one on the stack), not reading a file."""
     import torch.nn as nn
 
+    if _reading_file[0]:
+        return False
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_name == "__init__" and frame.f_code.co_argcount:
@@ -71,7 +91,10 @@ def make_on_host(func, args, kwargs):
 
     out = func(*args, **kwargs)          # on the target device (meta): cheap, and gives the size
     if not isinstance(out, torch.Tensor) or not out.is_meta or out.numel() > HOST_NUMEL \
-            or in_module_construction():
+            or (in_module_construction() and (out.is_floating_point() or out.is_complex())):
+        # (a small integer or bool tensor a module's __init__ makes is an index -- document ids from a list of
+        # lengths, a permutation -- that shapes are computed from: it holds values, and is moved to meta if it
+        # is registered as a buffer; weights and tables are floating point)
         return out
     host = dict(kwargs)
     host["device"] = "cpu"

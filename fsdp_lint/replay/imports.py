@@ -48,7 +48,7 @@ def distribution_of(module: str) -> str:
     top = module.split(".")[0]
     guess = _guess_distribution(module)
     if module in _DISTRIBUTIONS or top in _DISTRIBUTIONS:
-        return guess
+        return guess + _needs_cuda(top)
     declared = declared_distributions()
     if guess not in declared:
         for name in declared:
@@ -57,7 +57,27 @@ def distribution_of(module: str) -> str:
                 guess = name
                 break
     url = declared_from_url(guess) if guess in declared else None
-    return f"'{url}'" if url else guess         # pip install 'name @ git+https://...
+    return f"'{url}'" if url else guess + _needs_cuda(top)        # pip install 'name @ git+https://...
+
+
+# packages whose kernels are compiled against CUDA when they are installed: pip cannot install them where there is
+# no CUDA toolkit (a CPU-only linting machine), while every GPU node of the job has them
+_BUILT_WITH_CUDA = frozenset({"flash_attn", "flash_attn_interface", "flash_attn_2_cuda", "mamba_ssm",
+                              "causal_conv1d", "transformer_engine", "apex", "selective_scan_cuda"})
+
+
+def _needs_cuda(top: str) -> str:
+    if top not in _BUILT_WITH_CUDA:
+        return ""
+    import shutil
+
+    import torch
+
+    if torch.version.cuda is not None and (shutil.which("nvcc") or os.environ.get("CUDA_HOME")):
+        return ""
+    # (its build compiles against the installed torch's CUDA: a CPU-only torch, or no CUDA compiler, cannot)
+    return (" -- which cannot be installed on this machine: its build needs a CUDA torch and CUDA compiler, which "
+            "this machine lacks; lint where the GPU nodes' environment is installed")
 
 
 def _guess_distribution(module: str) -> str:
@@ -195,6 +215,10 @@ def limited_uses(on_use: Callable[..., None], name: str, cause: str, where: str)
     return use
 
 
+def _any_arguments(*args, **kwargs):
+    return None
+
+
 class Missing:
     """A stand-in for a name whose import failed. Attribute access, calls and iteration work and are
     recorded; it is falsy, iterates as empty and contains whatever it is asked for (a data set that
@@ -220,6 +244,14 @@ class Missing:
 
     def __delattr__(self, item):
         self._fsdp_lint_set.pop(item, None)
+
+    @property
+    def __code__(self):
+        # a function of a package that cannot be installed here (flash_attn's kernels need CUDA to build),
+        # introspected (`"softmax_scale" in flash_attn_func.__code__.co_varnames`): any arguments, as its
+        # signature says (`inspect.signature`); the use is recorded, so a failure after it names the package
+        self._fsdp_lint_on_use(f"{self._fsdp_lint_name}.__code__")
+        return _any_arguments.__code__
 
     def __getattr__(self, item):
         if item.startswith("__") and item.endswith("__") or item.startswith("_fsdp_lint_"):

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from fsdp_lint.model import modwalk  # issue 10
 from fsdp_lint.replay import backends
 from fsdp_lint.replay.default_group import default_group_on_demand
+from fsdp_lint.replay.mesh_aliases import patch_init_device_mesh
 from fsdp_lint.replay.placements import (_concatenate_error, _describe_style, _group_ranks, _is_dtensor, _placement,
                                          _root_mesh, _torch_message, _validate_fsdp2_mesh, reshard_int_dtensor_error,
                                          spmd_error)
@@ -448,9 +449,7 @@ def install(rec, patch, real_init_mesh) -> None:
             state.root_index(mesh)
         return mesh
 
-    patch(dm_mod, "init_device_mesh", init_device_mesh)
-    if hasattr(dist, "init_device_mesh"):
-        patch(dist, "init_device_mesh", init_device_mesh)
+    patch_init_device_mesh(patch, init_device_mesh)      # every module a script may bind it from
     if hasattr(c10d, "_store_based_barrier"):
         # TORCH_DIST_INIT_BARRIER=1 (OLMo-core sets it) makes every new group wait on the store until all
         # ranks arrive; on the simulated node they all have (the fake store has no counters)

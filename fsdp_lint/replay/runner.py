@@ -27,6 +27,7 @@ from fsdp_lint.process.alarm import alarm
 from fsdp_lint.entry.project import Entry, Reach, facts_for, reach
 from fsdp_lint.replay import asked_keys, boundary, drift, endings, network
 from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_line
+from fsdp_lint.replay.empty_data import empty_length
 from fsdp_lint.replay.import_errors import (_import_message, _innermost_project_line, _names_absent_from_installed,
                                            _own_project_modules)
 from fsdp_lint.replay.imports import (
@@ -158,7 +159,9 @@ class _Run:
             if not self.finished:
                 boundary.training_loop(rec, line)
 
-        def length(line, exc):      # a project Dataset's __len__ failed: a stand-in length where its data was skipped
+        def length(line, exc):      # a project Dataset's __len__ failed or was 0: a stand-in length where its data was skipped
+            if not isinstance(exc, BaseException):
+                return empty_length(self.failures, exc, sys._getframe(2), over=self.finished)
             return self.failures.standin_length(exc, sys._getframe(2), line, over=self.finished)
 
         helpers = {SKIP: skip, STUB_IMPORT: stub_import, REBIND: rebind, LOOP: training_loop, SETUP_DONE: self._setup_done,

@@ -25,6 +25,7 @@ from typing import Any, Callable, List, Optional, Tuple
 from fsdp_lint.replay.accelerator import simulate_accelerator
 from fsdp_lint.entry.project import is_local
 from fsdp_lint.replay.boundary import install_boundaries
+from fsdp_lint.replay.mesh_aliases import patch_init_device_mesh
 from fsdp_lint.replay.device_mode import device_mode, materialise_module, parse_to_args
 from fsdp_lint.replay.recorders import (
     FakeMesh,
@@ -117,6 +118,7 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     install_frameworks(rec, patch)
     hooks += install_boundaries(rec, patch)
 
+    _print_like_open(patch)
     rec.stdout, rec.stderr = NodeStream(), NodeStream()     # files, as a node's streams are
     if owned_pg:
         from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -369,7 +371,6 @@ def _hydra_without_outputs(patch: Patch) -> Callable[[], None]:
 
 def _simulate_mesh(rec: Recorder, patch: Patch) -> None:
     import torch
-    import torch.distributed as dist
     import torch.distributed.device_mesh as dm_mod
 
     real_init_mesh = dm_mod.init_device_mesh
@@ -383,9 +384,7 @@ def _simulate_mesh(rec: Recorder, patch: Patch) -> None:
                 return real_init_mesh(mesh_type, tuple(mesh_shape), mesh_dim_names=mesh_dim_names)
         return FakeMesh(device_type, tuple(mesh_shape), mesh_dim_names)
 
-    patch(dm_mod, "init_device_mesh", init_device_mesh)
-    if hasattr(dist, "init_device_mesh"):
-        patch(dist, "init_device_mesh", init_device_mesh)
+    patch_init_device_mesh(patch, init_device_mesh)      # every module a script may bind it from
     # issue 11: real meshes, process groups and parallelize_module (fsdp_lint/replay/parallel.py)
     parallel.install(rec, patch, real_init_mesh)
 
@@ -562,12 +561,22 @@ def _record_optimizers(rec: Recorder, patch: Patch) -> None:
 # the linted code's builtins
 # --------------------------------------------------------------------------------------------
 def guarded_builtins() -> dict:
-    """The replayed file's builtins: a copy of Python's, whose ``open`` is the replay's (``network``)."""
-    return {**builtins.__dict__, "open": _open}
+    """The replayed file's builtins: Python's own (the replay's ``open`` is patched there: ``network``), so that
+    the project's own replacement (``builtins.print = print_on_rank_0``, taking ``force=``) is seen by its code as
+    on a node; restored after the replay (`_ProcessState`)."""
+    return builtins.__dict__
 
 
-def _open(*args, **kwargs):      # builtins.open at the time of the call
-    return builtins.open(*args, **kwargs)
+def _print_like_open(patch) -> None:
+    """``print`` is a Python function while the replay's ``open`` is one: the project's own check that print is
+    still Python's (``if type(builtins.print) != type(open): return``, before it installs its rank-0 print)
+    answers as on a node, where both are built-in functions."""
+    real_print = builtins.print
+
+    def print(*args, **kwargs):  # noqa: A001  (the name a traceback shows)
+        return real_print(*args, **kwargs)
+
+    patch(builtins, "print", print)
 
 
 def _restore_dict(current: dict, saved: dict) -> None:

@@ -72,3 +72,29 @@ def tolerant_local_import(stmt: ast.stmt) -> ast.stmt:
     )
     return ast.copy_location(ast.Try(body=[stmt], handlers=[_located(handler, stmt)], orelse=[], finalbody=[]),
                              stmt)
+
+
+def length_fallback(node: ast.FunctionDef) -> ast.stmt:
+    """The body of ``__len__`` of a project class (a torch Dataset reading its files in ``__init__``): where it
+    fails because a statement that would have loaded the data was skipped (`len(self.prompts)` after the
+    parquet file was not here), or returns 0 because such a statement of the data set was skipped (the list it
+    filled is empty: `fsdp_lint.replay.empty_data`), the length is the stand-in data sets' -- a sampler, a
+    loader and the steps of a schedule are built from it as on the node; anything else is as written."""
+    for ret in _own_returns(node.body):
+        ret.value = _located(ast.Call(ast.Name(LENGTH, ast.Load()), [ast.Constant(node.lineno), ret.value], []), ret)
+    handler = ast.ExceptHandler(
+        type=ast.Name(SKIPPABLE, ast.Load()), name=_EXC,
+        body=[ast.Return(ast.Call(ast.Name(LENGTH, ast.Load()), [
+            ast.Constant(node.lineno), ast.Name(_EXC, ast.Load())], []))])
+    return ast.copy_location(ast.Try(body=node.body, handlers=[_located(handler, node)], orelse=[],
+                                      finalbody=[]), node)
+
+
+def _own_returns(stmts):
+    todo = list(stmts)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Return) and node.value is not None:
+            yield node
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(node))

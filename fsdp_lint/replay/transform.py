@@ -29,7 +29,7 @@ from fsdp_lint.replay.registrations import registers
 
 from fsdp_lint.replay.stub_imports import (  # noqa: F401  the helpers' names, and what the transform makes
     _EXC, HELPER_NAMES, LENGTH, LOOP, REBIND, SETUP_DONE, SKIP, SKIPPABLE, STUB_IMPORT, _call_stmt, _globals_call,
-    _located, tolerant_import, tolerant_local_import,
+    _located, length_fallback, tolerant_import, tolerant_local_import,
 )
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -208,7 +208,7 @@ class _Transformer:
         spans: List[Tuple[int, int]] = []
         node.body = self._body(node.body, needed_after=set(), tolerate=True, slice_=self.main, spans=spans)
         if node.name == "__len__" and isinstance(node, ast.FunctionDef):
-            node.body = [self._length_fallback(node)]
+            node.body = [length_fallback(node)]
         if self.main:
             first = min([d.lineno for d in node.decorator_list] + [node.lineno])
             self.terminal_spans[(node.name, first)] = spans
@@ -413,18 +413,6 @@ class _Transformer:
                                     ("os.environ", "sys.")):
                                 return True      # model.head.weight = ..., cfg["layers"] = 2
         return False
-
-    def _length_fallback(self, node: ast.FunctionDef) -> ast.stmt:
-        """``__len__`` of a project class (a torch Dataset reading its files in ``__init__``): where it fails
-        because a statement that would have loaded the data was skipped (`len(self.prompts)` after the
-        parquet file was not here), the length is the stand-in data sets' -- a sampler, a loader and the
-        steps of a schedule are built from it as on the node; anything else raises as written."""
-        handler = ast.ExceptHandler(
-            type=ast.Name(SKIPPABLE, ast.Load()), name=_EXC,
-            body=[ast.Return(ast.Call(ast.Name(LENGTH, ast.Load()), [
-                ast.Constant(node.lineno), ast.Name(_EXC, ast.Load())], []))])
-        return ast.copy_location(ast.Try(body=node.body, handlers=[_located(handler, node)], orelse=[],
-                                          finalbody=[]), node)
 
     def _tolerant(self, stmt: ast.stmt) -> ast.stmt:
         self.tolerant[stmt.lineno] = stmt        # what it binds is worked out if it fails

@@ -26,6 +26,8 @@ import sys
 import types
 from typing import Any, Dict, List
 
+from fsdp_lint.replay.frameworks.hf_saves import save_pretrained_hook
+from fsdp_lint.replay.frameworks.hub_snapshots import NOT_DOWNLOADED, WEIGHT_SUFFIXES, snapshot_download_hook
 from fsdp_lint.replay.network import HUB_FILE, NotDownloaded
 from fsdp_lint.replay.records import IN_TRAINING
 
@@ -414,8 +416,7 @@ def _hub(hooks, module) -> None:
         hooks.patch(module, "create_repo", create_repo)
 
 
-# the files of pretrained weights (never a config, a tokenizer or an index)
-_WEIGHTS = (".bin", ".safetensors", ".pt", ".pth", ".ckpt")
+_WEIGHTS = WEIGHT_SUFFIXES       # the files of pretrained weights (never a config, a tokenizer or an index)
 
 
 def _hub_file(hooks, module) -> None:
@@ -462,7 +463,7 @@ def _hub_file(hooks, module) -> None:
         hooks.patch(package, "hf_hub_download", hf_hub_download)
 
 
-_NOT_DOWNLOADED = f"{os.sep}snapshots{os.sep}not-downloaded{os.sep}"
+_NOT_DOWNLOADED = NOT_DOWNLOADED
 
 
 def _downloaded_exists(hooks) -> None:
@@ -495,8 +496,9 @@ def _downloaded_exists(hooks) -> None:
     def opening(file, mode="r", *args, **kwargs):
         # its bytes read for a loader (`torch.load(io.BytesIO(f.read()))`: mmengine's and easy_io's file
         # clients): a marked stand-in that loading stands in for
+        # (a snapshot's own files, linked into a stood-in snapshot folder, are read for real)
         if isinstance(file, (str, os.PathLike)) and _NOT_DOWNLOADED in os.fspath(file) and "b" in mode \
-                and not any(c in mode for c in "wax+"):
+                and not any(c in mode for c in "wax+") and os.fspath(file).endswith(_WEIGHTS):
             return io.BytesIO(NOT_DOWNLOADED_BYTES + os.fsencode(os.fspath(file)))
         return real_open(file, mode, *args, **kwargs)
 
@@ -508,49 +510,14 @@ def hook_table() -> Dict[str, List[Any]]:
     return {
         "huggingface_hub.hf_api": [_hub],
         "huggingface_hub.file_download": [_hub_file],
-        "transformers.modeling_utils": [_modeling],
+        "transformers.modeling_utils": [_modeling, save_pretrained_hook],
         "transformers.models.auto.configuration_auto": [_auto_config],
         "transformers.configuration_utils": [_concrete_config],
         "transformers.models.auto.tokenization_auto": [_auto_tokenizer],
         "transformers.trainer": [_trainer],
         "datasets": [_datasets],
-        "huggingface_hub._snapshot_download": [_dataset_snapshot],
+        "huggingface_hub._snapshot_download": [snapshot_download_hook],
     }
-
-
-def _dataset_snapshot(hooks, module) -> None:
-    """``snapshot_download(repo_id, repo_type="dataset")`` of a data set that is not in the local cache: on a
-    GPU node the hub answers with the repository (a script probes with ``ignore_patterns=["*"]`` whether a
-    path names a hub data set, then calls ``load_dataset``); a lint has no network, and the offline hub
-    raises, so the script takes the name for a missing local path. The snapshot stands in as an empty
-    folder (said in a note); what ``load_dataset`` then reads stands in too (``_datasets``). A name that
-    is no repository id, and every model repository, fail as the hub fails."""
-    import tempfile
-
-    from huggingface_hub.utils import LocalEntryNotFoundError     # (huggingface_hub 0.2x and 1.x)
-
-    def make(download):
-        def wrapped(*args, **kwargs):
-            try:
-                return download(*args, **kwargs)
-            except LocalEntryNotFoundError as exc:
-                if kwargs.get("repo_type") != "dataset":
-                    # a model's snapshot a node downloads: the one line names it, at its revision
-                    setattr(exc, HUB_FILE, (kwargs.get("repo_id") or (args[0] if args else "?"), "",
-                                            kwargs.get("repo_type"), kwargs.get("revision")))
-                    raise
-                repo_id = kwargs.get("repo_id") or (args[0] if args else "dataset")
-                folder = os.path.join(tempfile.gettempdir(), "fsdp-lint-hub-datasets", *str(repo_id).split("/"))
-                os.makedirs(folder, exist_ok=True)
-                _note(hooks.rec, f"the hub data set {repo_id} is not here (a lint has no network): its "
-                                 f"snapshot_download stands in as an empty folder")
-                return folder
-        return wrapped
-
-    hooks.wrap(module, "snapshot_download", make)
-    package = sys.modules.get("huggingface_hub")
-    if package is not None and "snapshot_download" in vars(package):     # the package's lazy import, resolved
-        hooks.patch(package, "snapshot_download", module.snapshot_download)
 
 
 def _datasets(hooks, module) -> None:
@@ -570,6 +537,11 @@ def _datasets(hooks, module) -> None:
             try:
                 return load(*args, **kwargs)
             except Exception as exc:
+                saved = data_standins.saved_by_rank_0(kwargs.get("dataset_path", args[0] if args else None)) \
+                    if load.__name__ == "load_from_disk" else None
+                if saved is not None:       # another rank's folder, saved before a barrier: rank 0's
+                    _note(hooks.rec, f"load_from_disk of another rank's folder loads rank 0's ({saved})")
+                    return load(saved, *args[1:], **{k: v for k, v in kwargs.items() if k != "dataset_path"})
                 pos = hooks.rec.position()
                 hooks.rec.record_skip(pos.path, pos.line, exc)
                 return data_standins.standin_for(load, args, kwargs)
