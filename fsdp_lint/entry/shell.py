@@ -155,8 +155,9 @@ def _slurm(tokens, i: int, found: Optional[dict], batch: Dict[str, int]) -> Opti
     variables srun sets for rank 0's task (`entry.slurm`)."""
     words = [t[0] for t in tokens]
     at = next((k for k in range(i) if os.path.basename(words[k]) == "srun"), None)
-    if found is None or at is None or found.get("torchrun") or "accelerate" in words[at:i]:
-        return found
+    if found is None or at is None or found.get("torchrun") or i >= len(words) or \
+            not re.fullmatch(r"python[0-9.]*", os.path.basename(words[i])):
+        return found        # a launcher under srun (torchrun, accelerate launch, deepspeed): its own world wins
     found["plain"] = False
     counts = slurm.world(words[at + 1:i], batch)
     if counts is not None:
@@ -428,9 +429,10 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             text = fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise ShellError(f"cannot read it: {exc}") from None
-    text = with_script_path(_GPU_COUNT.sub("gpu", text), script)
     batch = slurm.batch_directives(text)      # `#SBATCH --nodes=4 --ntasks-per-node=8`
-    env: Dict[str, str] = {}
+    text = slurm.VISIBLE_GPU_COUNT.sub(str(batch.get("gpus_per_node", "gpu")), text)
+    text = with_script_path(_GPU_COUNT.sub("gpu", text), script)
+    env: Dict[str, str] = slurm.batch_environment(batch)     # what SLURM sets in a batch script's shell
     exported: set = set()
     cd: Optional[str] = None
     console: Optional[Dict[str, str]] = None        # the repository's console scripts, read when needed
