@@ -93,3 +93,117 @@ def test_accelerates_world_wins_under_srun(cli, tmp_path):
         res = cli(script, "--no-cache", "--format", "json", cwd=str(tmp_path))
         assert res.code in (0, 1), res.err
         assert json.loads(res.out)["files"][0]["plan"]["world_size"] == world, script
+
+
+TRAIN_ARGS = '''
+    from __future__ import annotations
+
+    import argparse
+
+    import torch
+    import torch.nn as nn
+    from torch.distributed.fsdp import fully_shard
+
+    from nets.blocks import stack
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=0.1)
+    args = parser.parse_args()
+    torch.distributed.init_process_group("nccl")
+    model = stack(args.layers)
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+'''
+NETS = {"nets/__init__.py": "", "nets/blocks.py": '''
+    from __future__ import annotations
+
+    import torch.nn as nn
+
+
+    def stack(n: int) -> nn.Sequential:
+        return nn.Sequential(*[nn.Linear(64, 64) for _ in range(n)])
+'''}
+
+ARG_LOOP = '''\
+#!/usr/bin/env bash
+script_path="train_a.py"
+nproc=2
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --script_path)
+      script_path="$2"; shift 2 ;;
+    --nproc|-n)
+      nproc="$2"; shift 2 ;;
+    --help) echo "usage: run.sh [--script_path F] [--nproc N] ARGS"; exit 0 ;;
+    *)
+      FORWARD_ARGS=("$@"); break ;;
+  esac
+done
+torchrun --nproc_per_node "${nproc}" "${script_path}" "${FORWARD_ARGS[@]}"
+'''
+
+
+def _plan(cli, tmp_path, script, *given):
+    res = cli(script, "--no-cache", "--format", "json", *(("--", *given) if given else ()), cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    return json.loads(res.out)["files"][0]
+
+
+def test_a_launch_scripts_argument_loop_runs_for_the_arguments_given(cli, tmp_path):
+    # `while [[ $# -gt 0 ]]; do case "$1" in --script_path) ...; shift 2;; *) FWD=("$@"); break;; esac; done`:
+    # the arm each argument matches runs (the oracle: bash itself, torchrun replaced by echo)
+    _tree(tmp_path, {"train_a.py": TRAIN_ARGS, "train_b.py": TRAIN_ARGS, "run.sh": ARG_LOOP, **NETS})
+    given = ["--script_path", "train_b.py", "-n", "4", "--layers", "5", "--lr", "1"]
+    [ran] = _bash_echo(tmp_path / "run.sh", given, cwd=tmp_path)
+    assert ran.split() == ["torchrun", "--nproc_per_node", "4", "train_b.py", "--layers", "5", "--lr", "1"]
+    f = _plan(cli, tmp_path, "run.sh", *given)
+    assert f["path"].endswith("train_b.py") and f["plan"]["world_size"] == 4
+    assert len(f["plan"]["units"]) == 5 + 1
+    # no arguments: the loop does not run, the defaults stand and the never-set array is no word at all
+    [ran] = _bash_echo(tmp_path / "run.sh", cwd=tmp_path)
+    assert ran.split() == ["torchrun", "--nproc_per_node", "2", "train_a.py"]
+    f = _plan(cli, tmp_path, "run.sh")
+    assert f["path"].endswith("train_a.py") and f["plan"]["world_size"] == 2 and len(f["plan"]["units"]) == 3
+    # an arm that exits (`--help`): bash launches nothing, and the lint says so
+    res = cli("run.sh", "--no-cache", "--", "--help", cwd=str(tmp_path))
+    assert res.code == 2 and "exit" in res.err and "launches nothing" in res.err
+
+
+def test_a_lone_case_on_the_first_argument_and_an_unset_array(tmp_path, monkeypatch):
+    from fsdp_lint.entry.shell import shell_launches
+
+    _tree(tmp_path, {"train_a.py": TRAIN_ARGS, "train_b.py": TRAIN_ARGS, **NETS,
+                     "run8.sh": 'script_path="train_a.py"\ncase "$1" in\n  --script_path) script_path="$2" ;;\n'
+                                'esac\ntorchrun --nproc_per_node 2 "${script_path}" "${EXTRA[@]}" --lr 1\n'})
+    monkeypatch.chdir(tmp_path)
+    for given in ((), ("--script_path", "train_b.py")):
+        [ran] = _bash_echo(tmp_path / "run8.sh", given, cwd=tmp_path)
+        [launch] = shell_launches("run8.sh", given)
+        assert [os.path.basename(launch.path), *launch.args] == ran.split()[3:]
+
+
+def test_an_unset_variable_is_nothing_and_the_failure_names_it(cli, tmp_path, monkeypatch):
+    # a README template: `--layers $LAYERS` of a variable the user was to set; bash passes `--layers` alone and
+    # argparse refuses it -- the one line names the variable the script never sets
+    _tree(tmp_path, {"train.py": TRAIN_ARGS, **NETS,
+                     "run.sh": "#!/bin/bash\ntorchrun --nproc-per-node=4 train.py --layers $LAYERS\n",
+                     "ok.sh": '#!/bin/bash\ntorchrun --nproc-per-node=4 train.py $EXTRA_FLAGS --layers 3 --lr "$LR"\n'})
+    [ran] = _bash_echo(tmp_path / "run.sh", cwd=tmp_path)
+    assert ran.split()[2:] == ["train.py", "--layers"]
+    probe = subprocess.run([sys.executable, "train.py", "--layers"], cwd=tmp_path, capture_output=True, text=True)
+    assert probe.returncode == 2 and "expected one argument" in probe.stderr
+    res = cli("run.sh", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "expected one argument" in res.err and "never sets $LAYERS" in res.err and "'$LAYERS'" not in res.err
+    # unquoted and unset: no word; quoted: one empty word (`--lr ""`: argparse's float refuses it, as on a node)
+    [ran] = _bash_echo(tmp_path / "ok.sh", cwd=tmp_path)
+    from fsdp_lint.entry.shell import shell_launches
+
+    monkeypatch.chdir(tmp_path)
+    [launch] = shell_launches("ok.sh")
+    assert launch.args == ["--layers", "3", "--lr", ""] and launch.unset == ("EXTRA_FLAGS", "LR")
+    assert ran == "torchrun --nproc-per-node=4 train.py --layers 3 --lr "
+    res = cli("ok.sh", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2 and "invalid float value: ''" in res.err and "$EXTRA_FLAGS, $LR" in res.err

@@ -18,14 +18,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from fsdp_lint.entry.bash_arguments import argument_block
 from fsdp_lint.entry.bash_branches import Branches
 from fsdp_lint.entry.bash_substitutions import closing
 from fsdp_lint.entry.console_launch import top_level_names, console_wrapper
 from fsdp_lint.entry import slurm
 from fsdp_lint.entry.dora_launch import dora_launch, dora_module, is_dora
 from fsdp_lint.entry.bash_words import (  # noqa: F401 - ShellError: this module's error too
-    _ARRAY, ShellError, UnsetError, with_script_path, _expand, _expanded_words, _joined, _logical_lines, _split,
-    _tokens)
+    _ARRAY, ShellError, UnsetError, settled, unset_literal, with_script_path, _expand, _expanded_words, _joined,
+    _logical_lines, _split, _tokens)
 
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 # what a node's shell counts its GPUs with (`--nproc_per_node=$(nvidia-smi -L | wc -l)`): read as torchrun's
@@ -66,6 +67,7 @@ class ShellLaunch:
     torchrun: Optional[Tuple[str, List[str]]] = None
     plain: bool = False                             # `python FILE` itself: one process, no launcher's variables
     accelerate_args: Tuple[str, ...] = ()           # `accelerate launch`'s own options, before the file
+    unset: Tuple[str, ...] = ()                     # the variables in `args` the script never sets (bash: empty)
 
 
 _CONTROL = {"|", "||", "&&", ";", "&", "|&"}
@@ -440,16 +442,23 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
     in_case = 0
     branches = Branches()                  # the open `if` statements, and whether bash runs the line
     where: List[Tuple[Tuple[int, int], ...]] = []      # each launch's branches
-    for start, pieces in _logical_lines(text):
+    logical = _logical_lines(text)
+    k = 0
+    while k < len(logical):
+        start, pieces = logical[k]
+        k += 1
         stripped = _joined(pieces)
         if not stripped or stripped.startswith("#"):
+            continue
+        loop = argument_block(logical, k - 1, env, positional, script) if branches.runs() and not in_case else None
+        if loop is not None:     # `while [[ $# -gt 0 ]]; do case "$1" in ...`: run for the arguments given
+            k, positional = loop
             continue
         try:
             words = _split(stripped)
         except ValueError:
             words = []
-        # `case "$1" in -c|--config) CONFIG="$2"; shift 2;; ... esac`: an arm runs for the arguments it
-        # matches, which are not followed here -- its assignments and shifts are not made, the defaults stand
+        # a `case` not run above (`case $MODEL in llama) torchrun ...`): each arm's launch is followed
         branches.follow(words, env, positional)
         opened = in_case > 0 or "case" in words[:1]
         in_case += sum(1 for w in words if w == "case") - sum(1 for w in words if w in ("esac", "esac;"))
@@ -510,7 +519,8 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         # 2>&1 | tee out/log`), its redirections left out: bash gives the program none of them
         found = None
         for command in _commands(_unset_stops(start, _tokens, pieces, env, positional)):
-            tokens = _nested(command)
+            marked = _nested(command)          # (unset variables marked: the script's arguments drop them)
+            tokens = [(unset_literal(w), n) for w, n in marked]
             found = _slurm(tokens, _command_start(tokens), _launch(tokens, env, console), batch)
             if found is not None:
                 break
@@ -534,9 +544,9 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         if path is None:
             raise ShellError(f"line {start} launches {found['file']}, which is not there (from the current folder, "
                              f"the script's folder or the folders above it){_near(found['file'], script, cd)}")
-        given = found.get("argv", range(found["first_arg"], len(tokens)))    # (dora: its words, not its options)
-        args = [tokens[n][0] for n in given]
-        lines = [tokens[n][1] for n in given]
+        given = list(found.get("argv", range(found["first_arg"], len(tokens))))    # (dora: its words)
+        kept, args, unset = settled([marked[n][0] for n in given])     # bash passes nothing for an unset one
+        lines = [tokens[given[n]][1] for n in kept]
         acc = found["accelerate_config"]
         if acc and not os.path.isabs(acc):
             acc = os.path.join(base, acc)
@@ -549,7 +559,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         launch = ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
                              module if found.get("module") else None, found.get("every_gpu_of"),
                              found.get("unset_world"), found.get("torchrun"), bool(found.get("plain")),
-                             tuple(found.get("accelerate_args") or ()))
+                             tuple(found.get("accelerate_args") or ()), tuple(unset))
         at = branches.at()
         if not any(_alternatives(launch, at, other, other_at) for other, other_at in zip(out, where)):
             out.append(launch)
