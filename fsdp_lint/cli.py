@@ -14,6 +14,7 @@ from fsdp_lint.script_runs import shell_runs as _shell_runs, with_unset_note as 
 from fsdp_lint.version import __version__
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+_NO_MODEL = ": no model found"
 
 
 def _split_codes(values) -> List[str]:
@@ -298,6 +299,8 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
     record: dict = {}     # what decided each run's result (the stored output's inputs)
     err_notes: List[str] = []
     linted = lint_runs(to_lint, cache=cache, record=record)
+    planned: set = set()        # the launch scripts a launch of which got its plan
+    besides: list = []          # their launches that build no model
     for path, argv, run_settings, explicit, cwd in runs:
         if explicit and not_python(path):
             msg = _with_path(path, "not a Python file: fsdp-lint lints training scripts and model files (.py); "
@@ -309,6 +312,7 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         try:
             res = next(linted)()
             results.append(res)
+            planned.add(run_settings.launch_script)
             if res.skipped and explicit and not quiet:
                 note = skipped_note(path, res.skipped)
                 click.echo(note, err=True)
@@ -323,6 +327,9 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
             elif debug and getattr(exc, "user_traceback", None):   # formatted in the child that linted it
                 click.echo(exc.user_traceback.rstrip(), err=True)
             msg = _with_unset_note(_with_path(path, str(exc)), run_settings)
+            if run_settings.launch_script and _NO_MODEL in str(exc):
+                besides.append((path, msg, run_settings.launch_script))    # decided once every launch is linted
+                continue
             failures.append((path, msg))
             click.echo(f"fsdp-lint: error: {msg}", err=True)
         except Exception as exc:  # a bug or an input we did not foresee: still one line
@@ -334,6 +341,15 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
             failures.append((path, msg))
             click.echo(f"fsdp-lint: error: {msg}", err=True)
     linted.close()
+    for path, msg, script in besides:
+        # a launch script's line that builds no model (a conversion, an evaluation after training): a note where
+        # the script's training launch got its plan, else the script's error
+        if script in planned:
+            click.echo(f"fsdp-lint: note: {msg} (a line of {os.path.basename(script)} besides its training launch, "
+                       f"which is linted)", err=True)
+        else:
+            failures.append((path, msg))
+            click.echo(f"fsdp-lint: error: {msg}", err=True)
     if not paths and hf_config:
         # --hf-config [--accelerate-config]: the model alone, wrapped as accelerate would wrap it
         from fsdp_lint.isolation import lint_call

@@ -207,3 +207,59 @@ def test_an_unset_variable_is_nothing_and_the_failure_names_it(cli, tmp_path, mo
     assert ran == "torchrun --nproc-per-node=4 train.py --layers 3 --lr "
     res = cli("ok.sh", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2 and "invalid float value: ''" in res.err and "$EXTRA_FLAGS, $LR" in res.err
+
+
+WRAPPED = {
+    "train.py": TRAIN_ARGS.replace('parser.add_argument("--lr", type=float, default=0.1)',
+                                   'parser.add_argument("--lr", type=float, default=0.1)\n'
+                                   '    parser.add_argument("--steps", type=int, default=10)\n'
+                                   '    parser.add_argument("--dump_folder", default="exp")'),
+    **NETS,
+    "tools/convert.py": '''
+        """Post-training checkpoint conversion: no model, no FSDP."""
+        from __future__ import annotations
+
+        import argparse
+
+        p = argparse.ArgumentParser()
+        p.add_argument("--path", required=True)
+        p.add_argument("--step", type=int, required=True)
+        args = p.parse_args()
+        print(f"converting {args.path}/step-{args.step}")
+    ''',
+    "scripts/train.sh": '''\
+        #!/usr/bin/bash
+        params="$*"
+        NGPU=${NGPU:-"8"}
+        path=$(grep -oP '(?<=--dump_folder )[^ ]+' <<< "$params")
+        steps=$(grep -oP '(?<=--steps )[^ ]+' <<< "$params")
+        torchrun --nproc_per_node=${NGPU} train.py $params
+        python tools/convert.py --path $path --step $steps
+    ''',
+    "run_readme.sh": "#!/usr/bin/bash\nNGPU=4 bash scripts/train.sh --layers 6 --steps 100 --dump_folder exp/run1\n",
+    "run_exec.sh": "#!/usr/bin/bash\nexport NGPU=2\n./scripts/train.sh --layers 3 --steps 7 --dump_folder out\n",
+}
+
+
+def test_a_launch_script_that_runs_another_with_arguments_and_environment(cli, tmp_path, monkeypatch):
+    # flame's README: `NGPU=4 bash train.sh ARGS`; train.sh reads flags back with `grep -oP ... <<< "$params"` and
+    # converts the checkpoint after training (the oracle: bash and grep themselves)
+    from fsdp_lint.entry.shell import shell_launches
+
+    _tree(tmp_path, WRAPPED)
+    (tmp_path / "scripts" / "train.sh").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    for script, world in (("run_readme.sh", 4), ("run_exec.sh", 2)):
+        ran = _bash_echo(tmp_path / script, cwd=tmp_path)
+        launches = shell_launches(script)
+        assert [[os.path.relpath(x.path, tmp_path), *x.args] for x in launches] == [r.split()[2:] for r in ran[:1]] + \
+            [r.split()[1:] for r in ran[1:]]
+        assert launches[0].world_size == world and launches[1].args[1] != "" and "$" not in " ".join(launches[1].args)
+        # the conversion builds no model: a note beside the training launch's plan, not the lint's failure
+        res = cli(script, "--no-cache", "--format", "json", cwd=str(tmp_path))
+        assert res.code in (0, 1), res.err
+        [f] = json.loads(res.out)["files"]
+        assert f["plan"]["world_size"] == world and "convert.py" in res.err and "note" in res.err
+    # a script whose only launch builds no model is still an error
+    (tmp_path / "only.sh").write_text("python tools/convert.py --path x --step 1\n")
+    assert cli("only.sh", "--no-cache", cwd=str(tmp_path)).code == 2

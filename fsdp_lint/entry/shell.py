@@ -332,9 +332,31 @@ def _is_launcher_word(word: str) -> bool:
     return os.path.basename(word) in _LAUNCHERS or word.endswith(".py")
 
 
-def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLaunch]:
+def _called_script(marked, env: Dict, exported: set, script: str, cd: Optional[str], depth: int) -> Optional[list]:
+    """The launches of another launch script this command runs (``NGPU=4 bash train.sh ARGS``, ``sh x.sh``,
+    ``./x.sh ARGS``), as bash runs it: with its arguments, the exported variables and the command's own
+    assignments; None when the command runs no script that is here."""
+    words = [w for w, _ in marked]
+    i = _command_start(marked)
+    at = i + 1 if i < len(words) and os.path.basename(words[i]) in ("bash", "sh") else i
+    while at < len(words) and os.path.basename(words[i]) in ("bash", "sh") and words[at].startswith("-"):
+        at += 1                 # `bash -x train.sh`
+    if at >= len(words) or not (at > i or words[at].endswith(".sh")) or depth >= 4:
+        return None
+    path, _ = _resolve(unset_literal(words[at]), script, cd)
+    if path is None or not path.endswith((".sh", ".bash")) and at == i:
+        return None
+    inherited = {name: env[name] for name in exported if name in env}
+    inherited.update(w.split("=", 1) for w in settled(words[:i])[1] if _ASSIGN.match(w))
+    called = os.path.relpath(path) if not os.path.isabs(words[at]) else path
+    return shell_launches(called, settled(words[at + 1:])[1], inherited, cd, depth + 1)
+
+
+def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optional[Dict[str, str]] = None,
+                   cd: Optional[str] = None, depth: int = 0) -> List[ShellLaunch]:
     """Every launch of a Python file in the shell script, in order, the script run with the arguments
-    ``positional`` (``bash SCRIPT ARGS``)."""
+    ``positional`` (``bash SCRIPT ARGS``); a script another one runs gets its exported variables
+    (`inherited`) and starts in its folder (`cd`)."""
     try:
         with open(script, encoding="utf-8") as fh:
             text = fh.read()
@@ -343,9 +365,8 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
     batch = slurm.batch_directives(text)      # `#SBATCH --nodes=4 --ntasks-per-node=8`
     text = slurm.VISIBLE_GPU_COUNT.sub(str(batch.get("gpus_per_node", "gpu")), text)
     text = with_script_path(_GPU_COUNT.sub("gpu", text), script)
-    env: Dict[str, str] = slurm.batch_environment(batch)     # what SLURM sets in a batch script's shell
-    exported: set = set()
-    cd: Optional[str] = None
+    env: Dict[str, str] = dict(slurm.batch_environment(batch), **(inherited or {}))   # (SLURM's batch shell)
+    exported: set = set(inherited or ())
     console: Optional[Dict[str, str]] = None        # the repository's console scripts, read when needed
     out: List[ShellLaunch] = []
     in_case = 0
@@ -433,6 +454,9 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             found = _slurm(tokens, _command_start(tokens), _launch(tokens, env, console), batch)
             if found is not None:
                 break
+            called = _called_script(marked, env, exported, script, cd, depth)
+            if called:
+                out.extend(called)
         if found is None:
             continue
         if found.get("dora"):
