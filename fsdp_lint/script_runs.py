@@ -9,9 +9,18 @@ from typing import Optional
 from fsdp_lint.cli_paths import BadInput
 
 
-def _accelerate_config_processes(script: str, launch) -> Optional[int]:
+def _every_gpu(machines, gpus_per_node: int, notes: list) -> int:
+    machines = int(machines or 1)
+    notes.append(f"the accelerate config's num_processes is `gpu` (every GPU of the node, as torchrun's "
+                 f"--nproc_per_node gpu): planned for {gpus_per_node} per node x {machines} "
+                 f"(--gpus-per-node sets the node's count)")
+    return gpus_per_node * machines
+
+
+def _accelerate_config_processes(script: str, launch, gpus_per_node: int, notes: list) -> Optional[int]:
     """``accelerate launch --config_file CFG`` without ``--num_processes``: the config's ``num_processes``
-    is the world (accelerate reads it); a config without it is refused by accelerate on a node too."""
+    is the world (accelerate reads it; ``gpu``: every GPU of each machine, as accelerate passes it to
+    torchrun); a config without it is refused by accelerate on a node too."""
     import re
 
     try:
@@ -25,9 +34,14 @@ def _accelerate_config_processes(script: str, launch) -> Optional[int]:
 
         args, _, _ = _validate_launch_command(launch_command_parser().parse_args(
             ["--config_file", launch.accelerate_config, "train.py"]))
+        if str(args.num_processes) == "gpu":     # passed to torchrun as `--nproc_per_node gpu`
+            return _every_gpu(args.num_machines, gpus_per_node, notes)
         return int(args.num_processes) if args.num_processes else None
     except ImportError:       # no accelerate here: the config's own top-level key
-        found = re.search(r"^num_processes:\s*(\d+)\s*$", text, re.M)
+        found = re.search(r"^num_processes:\s*(\d+|gpu)\s*(#.*)?$", text, re.M)
+        if found and found.group(1) == "gpu":
+            machines = re.search(r"^num_machines:\s*(\d+)\s*(#.*)?$", text, re.M)
+            return _every_gpu(machines.group(1) if machines else 1, gpus_per_node, notes)
         return int(found.group(1)) if found else None
     except (Exception, SystemExit) as exc:  # noqa: BLE001
         said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -70,7 +84,10 @@ def shell_runs(scripts, settings, script_args, cli_world_size):
             overrides = {"launch_script": os.path.abspath(script), "launched": True}
             world = launch.world_size or (launch.every_gpu_of * settings.gpus_per_node if launch.every_gpu_of else None)
             if not world and launch.accelerate_config and cli_world_size is None:
-                world = _accelerate_config_processes(script, launch)
+                notes: list = []
+                world = _accelerate_config_processes(script, launch, settings.gpus_per_node, notes)
+                if notes:
+                    overrides["launch_notes"] = overrides.get("launch_notes", ()) + tuple(notes)
             if world and cli_world_size is None:
                 overrides.update(world_size=world, world_size_source="launch script")
             elif launch.unset_world and cli_world_size is None:

@@ -263,3 +263,47 @@ def test_a_launch_script_that_runs_another_with_arguments_and_environment(cli, t
     # a script whose only launch builds no model is still an error
     (tmp_path / "only.sh").write_text("python tools/convert.py --path x --step 1\n")
     assert cli("only.sh", "--no-cache", cwd=str(tmp_path)).code == 2
+
+
+def test_a_launch_built_in_a_string_and_run_with_eval(tmp_path, monkeypatch):
+    # `cmd="torchrun ..."; cmd+=" --flag x"; eval $cmd` (and `eval "$cmd"`, `$cmd`): the appended arguments are
+    # the launch's (the oracle: bash itself)
+    from fsdp_lint.entry.shell import shell_launches
+
+    _tree(tmp_path, {"train.py": TRAIN_ARGS, **NETS})
+    monkeypatch.chdir(tmp_path)
+    for run in ('eval $cmd', 'eval "$cmd"', '$cmd'):
+        (tmp_path / "run.sh").write_text(
+            "#!/bin/bash\nnp=4\nlayers=3\ncmd=\"torchrun --nproc_per_node=${np} train.py \"\n"
+            f"cmd+=\"--layers=${{layers}}\"\ncmd+=\" --lr 0.5\"\n{run}\n")
+        [ran] = _bash_echo(tmp_path / "run.sh", cwd=tmp_path)
+        [launch] = shell_launches("run.sh")
+        assert ran.split()[2:] == ["train.py", *launch.args] == ["train.py", "--layers=3", "--lr", "0.5"], run
+        assert launch.world_size == 4
+
+
+def test_an_accelerate_config_whose_num_processes_is_gpu(cli, tmp_path, monkeypatch):
+    # `num_processes: gpu`: accelerate passes it to torchrun as `--nproc_per_node gpu` (every GPU of each machine);
+    # the lint refused it as a config without num_processes (the oracle: accelerate's own validation)
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    files = dict(ACCELERATE_TRAIN)
+    files["fsdp.yaml"] = files["fsdp.yaml"].replace("num_processes: 8", "num_processes: gpu")
+    files["run.sh"] = "accelerate launch --config-file fsdp.yaml acc_train.py\n"
+    _tree(tmp_path, files)
+    monkeypatch.chdir(tmp_path)
+    before = dict(os.environ)
+    try:
+        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(
+            ["--config_file", "fsdp.yaml", "acc_train.py"]))
+        prepare_multi_gpu_env(args)
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+    assert (args.num_processes, args.nproc_per_node, args.num_machines) == ("gpu", "gpu", 1)
+    for given, world in (((), 8), (("--gpus-per-node", "4"), 4)):
+        res = cli("run.sh", "--no-cache", "--format", "json", *given, cwd=str(tmp_path))
+        assert res.code in (0, 1), res.err
+        f = json.loads(res.out)["files"][0]
+        assert f["plan"]["world_size"] == world and any("`gpu`" in n for n in f["notes"])

@@ -33,6 +33,7 @@ from fsdp_lint.entry.bash_words import (  # noqa: F401 - ShellError: this module
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 # what a node's shell counts its GPUs with (`--nproc_per_node=$(nvidia-smi -L | wc -l)`): read as torchrun's
 # own "gpu" (every GPU of the node), which the simulated node's --gpus-per-node answers
+_APPEND = re.compile(r"^(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*\+=(.*)$", re.S)      # `cmd+=" --flag x"`
 _GPU_COUNT = re.compile(r"\$\((?:nvidia-smi\s+(?:-L|--list-gpus)\s*\|\s*wc\s+-l|python3?\s+-c\s+(['\"])import torch;?\s*"
                         r"print\(torch\.cuda\.device_count\(\)\)\1)\s*\)")
 _LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3", "lightning", "fabric", "composer", "dora")
@@ -394,6 +395,13 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
         in_case += sum(1 for w in words if w == "case") - sum(1 for w in words if w in ("esac", "esac;"))
         if not branches.runs():
             continue                # a branch bash does not take (`if [ "$BACKEND" == "accelerate" ]`)
+        if words[:1] == ["eval"] and branches.runs():
+            # `eval $cmd`, `eval "$cmd"` of a command built in a string: its words joined, read again as a line
+            try:
+                stripped = " ".join(_expanded_words(stripped[4:], env, positional))
+                pieces, words = [(start, stripped)], _split(stripped)
+            except ValueError:
+                continue
         if (opened or in_case > 0) and not any(_is_launcher_word(w) for w in words):
             continue
         exporting = bool(words) and words[0] == "export"
@@ -420,10 +428,15 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
             if exporting:
                 exported.add(name)
             continue
-        if words and all(_ASSIGN.match(w) for w in words):     # `MODEL=...`, `export NPROC=8`
+        if words and all(_ASSIGN.match(w) or _APPEND.match(w) for w in words):     # `MODEL=...`, `cmd+=" --x 1"`
             for w in words:
                 name, _, value = w.partition("=")
-                env[name] = _unset_stops(start, _expand, value, env, positional)
+                value = _unset_stops(start, _expand, value, env, positional)
+                if name.endswith("+"):
+                    name = name[:-1]
+                    before = env.get(name, os.environ.get(name, ""))
+                    value = (before if isinstance(before, str) else " ".join(before)) + value
+                env[name] = value
                 if exporting:
                     exported.add(name)
             continue
