@@ -307,3 +307,57 @@ def test_an_accelerate_config_whose_num_processes_is_gpu(cli, tmp_path, monkeypa
         assert res.code in (0, 1), res.err
         f = json.loads(res.out)["files"][0]
         assert f["plan"]["world_size"] == world and any("`gpu`" in n for n in f["notes"])
+
+
+OWN_PACKAGE = {
+    # (no pyproject.toml: a repository that is not installed, run through its launch script)
+    "repo/mylib/__init__.py": "",
+    "repo/mylib/model.py": '''
+        from __future__ import annotations
+
+        import torch.nn as nn
+
+
+        class Net(nn.Module):
+            def __init__(self, n: int = 4) -> None:
+                super().__init__()
+                self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(n))
+    ''',
+    "repo/scripts/train.py": '''
+        from __future__ import annotations
+
+        import torch
+        from torch.distributed.fsdp import fully_shard
+
+        from mylib.model import Net
+
+        torch.distributed.init_process_group("nccl")
+        model = Net()
+        for layer in model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+    ''',
+    "repo/run.sh": '#!/bin/bash\ncd "$(dirname "$0")"\nexport PYTHONPATH=.\ntorchrun --nproc_per_node=4 scripts/train.py\n',
+    "repo/run_pwd.sh": '#!/bin/bash\ncd "$(dirname "$0")"\nexport PYTHONPATH=$PWD\ntorchrun --nproc_per_node=4 scripts/train.py\n',
+    "repo/run_bare.sh": '#!/bin/bash\ncd "$(dirname "$0")"\ntorchrun --nproc_per_node=4 scripts/train.py\n',
+}
+
+
+def test_a_launch_scripts_pythonpath_finds_the_repositorys_package(cli, tmp_path):
+    # `cd repo; export PYTHONPATH=.`: the launched script imports the repository's package through it (the oracle:
+    # python itself, which finds `mylib` from scripts/train.py only with that PYTHONPATH)
+    _tree(tmp_path, OWN_PACKAGE)
+    probe = [sys.executable, "-c", "import runpy, sys; sys.path[0] = 'scripts'; import mylib.model; print('ok')"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    found = subprocess.run(probe, cwd=tmp_path / "repo", capture_output=True, text=True, env=dict(env, PYTHONPATH="."))
+    assert found.stdout.strip() == "ok"
+    missing = subprocess.run([sys.executable, "scripts/train.py"], cwd=tmp_path / "repo", capture_output=True,
+                             text=True, env=env)
+    assert "No module named 'mylib'" in missing.stderr
+    for script in ("repo/run.sh", "repo/run_pwd.sh"):       # from outside the repository
+        res = cli(script, "--no-cache", "--format", "json", cwd=str(tmp_path))
+        assert res.code in (0, 1), res.err
+        assert json.loads(res.out)["files"][0]["plan"]["world_size"] == 4
+    # without it, the lint never suggests `pip install mylib` for the repository's own package
+    res = cli("repo/run_bare.sh", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2 and "pip install mylib" not in res.err and "repository's own package" in res.err

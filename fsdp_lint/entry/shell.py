@@ -455,6 +455,7 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
                 bases = [cd] if cd else [here, os.getcwd(), os.path.dirname(here)]
                 cd = next((os.path.normpath(os.path.join(b, target)) for b in bases
                            if os.path.isdir(os.path.join(b, target))), os.path.normpath(os.path.join(bases[0], target)))
+                env["PWD"] = cd                 # (`export PYTHONPATH=$PWD` after it)
             continue
         if console is None:
             console = _console_commands(script, cd)
@@ -500,6 +501,9 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
         passed.update(found.get("env") or {})
         passed = {k: v for k, v in passed.items() if isinstance(v, str) and "$" not in v and "`" not in v and
                   not (_NOT_PASSED.match(k) and not (found.get("plain") and _PLAIN_PYTHON_GETS.match(k)))}
+        search = _search_path(exported, env, found.get("env") or {}, cd)
+        if search:          # `cd repo; export PYTHONPATH=.`: the folders the launched process imports from
+            passed["PYTHONPATH"] = search
         if found.get("plain") and found["world_size"] is None and passed.get("WORLD_SIZE", "").isdigit():
             found["world_size"] = int(passed["WORLD_SIZE"])     # `export WORLD_SIZE=1; python driver.py`
         launch = ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
@@ -511,6 +515,17 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
             out.append(launch)
             where.append(at)
     return out
+
+
+def _search_path(exported: set, env: Dict, command_env: Dict, cd: Optional[str]) -> Optional[str]:
+    """The PYTHONPATH the script gives the launched process, each folder made absolute from the folder the
+    process starts in (the one the script cd'd to); entries of a variable not set here are left out."""
+    value = command_env.get("PYTHONPATH", env.get("PYTHONPATH") if "PYTHONPATH" in exported else None)
+    if not isinstance(value, str):
+        return None
+    folders = [os.path.abspath(os.path.join(cd or os.getcwd(), f)) for f in value.split(os.pathsep)
+               if f and "$" not in f and "`" not in f and "\x01" not in f and "\x02" not in f]
+    return os.pathsep.join(folders) or None
 
 
 def _alternatives(a: ShellLaunch, a_at, b: ShellLaunch, b_at) -> bool:
