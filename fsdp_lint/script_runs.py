@@ -53,12 +53,13 @@ def _accelerate_config_processes(script: str, launch, gpus_per_node: int, notes:
                    f"too ({said}); add one of them")
 
 
-_NEVER_SETS = " never sets "
+_NEVER_SETS, _NOT_RUN = " never sets ", " fsdp-lint does not run"
 
 
 def with_unset_note(msg: str, run_settings) -> str:
-    """A launch's failure, with the variables its script never sets (bash passed nothing for them)."""
-    notes = [n for n in getattr(run_settings, "launch_notes", ()) if _NEVER_SETS in n]
+    """A launch's failure, with the variables its script never sets (bash passed nothing for them) and the
+    command substitutions not run here."""
+    notes = [n for n in getattr(run_settings, "launch_notes", ()) if _NEVER_SETS in n or _NOT_RUN in n]
     return msg + "".join(f" [{n}]" for n in notes)
 
 
@@ -100,6 +101,11 @@ def shell_runs(scripts, settings, script_args, cli_world_size):
                     f"{os.path.basename(script)} line {launch.line}{_NEVER_SETS}{names}: bash passes nothing for "
                     f"{'it' if len(launch.unset) == 1 else 'them'} (set {'it' if len(launch.unset) == 1 else 'them'} "
                     f"in the script or the environment)",)
+            computed = next((a for a in launch.args if "$(" in a or "`" in a), None)
+            if computed:          # a command substitution not run here (`--steps $(jq .steps cfg.json)`)
+                overrides["launch_notes"] = overrides.get("launch_notes", ()) + (
+                    f"{os.path.basename(script)} line {launch.line}: `{computed}...` is a command substitution"
+                    f"{_NOT_RUN}: its text is passed as written, where bash passes its output",)
             if launch.env:
                 overrides["launch_env"] = tuple(sorted(launch.env.items()))
             if launch.plain:

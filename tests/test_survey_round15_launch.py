@@ -361,3 +361,11 @@ def test_a_launch_scripts_pythonpath_finds_the_repositorys_package(cli, tmp_path
     # without it, the lint never suggests `pip install mylib` for the repository's own package
     res = cli("repo/run_bare.sh", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2 and "pip install mylib" not in res.err and "repository's own package" in res.err
+
+
+def test_a_command_substitution_not_run_here_is_named_in_the_failure(cli, tmp_path):
+    # `--layers $(jq .layers cfg.json)`: bash passes jq's output; the lint cannot run jq, and its refusal says so
+    _tree(tmp_path, {"train.py": TRAIN_ARGS, **NETS, "cfg.json": '{"layers": 3}',
+                     "run.sh": "torchrun --nproc_per_node=2 train.py --layers $(jq .layers cfg.json)\n"})
+    res = cli("run.sh", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2 and "`$(jq...` is a command substitution fsdp-lint does not run" in res.err

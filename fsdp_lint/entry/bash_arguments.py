@@ -21,7 +21,8 @@ import shlex
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fsdp_lint.entry.bash_branches import condition
-from fsdp_lint.entry.bash_words import _ARRAY, ShellError, _expand, _expanded_words, _joined, _uncommented, settled, unset_literal
+from fsdp_lint.entry.bash_words import (_ARRAY, ShellError, _expand, _expanded_words, _joined, _uncommented, settled,
+                                        unset_literal)
 
 _SCALAR = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
 _LAUNCHING = re.compile(r"\b(torchrun|accelerate|deepspeed|python3?|srun)\b|\.py\b")
