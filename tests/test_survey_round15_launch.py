@@ -73,7 +73,8 @@ SBATCH = "#!/usr/bin/env bash\n#SBATCH --nodes=1\n#SBATCH --gres=gpu:8\n#SBATCH 
 def test_accelerates_world_wins_under_srun(cli, tmp_path):
     # `srun --ntasks=1 accelerate launch --num_processes 8`: srun starts one accelerate, which starts 8 processes;
     # the plan was for srun's 1 task. dllm's idiom counts the node's GPUs from CUDA_VISIBLE_DEVICES and its nodes
-    # from SLURM_NNODES, which SLURM sets in the batch script's shell (the oracle: bash under those variables)
+    # from SLURM_NNODES, which SLURM sets in the batch script's shell (the oracle: bash under those variables); the
+    # machines' rendezvous it computes (scontrol, SLURM_JOB_ID) is the node's, not the plan's
     _tree(tmp_path, ACCELERATE_TRAIN)
     (tmp_path / "acc4.slurm.sh").write_text(
         SBATCH + "srun --nodes=1 --ntasks=1 accelerate launch --config_file fsdp.yaml --num_machines 1 "
@@ -82,11 +83,15 @@ def test_accelerates_world_wins_under_srun(cli, tmp_path):
         NUM_NODES=${SLURM_NNODES}
         GPUS_PER_NODE=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\\n' | wc -l)
         WORLD_SIZE=$((NUM_NODES * GPUS_PER_NODE))
+        NODELIST=($(scontrol show hostnames "${SLURM_JOB_NODELIST}"))
+        MASTER_ADDR=${NODELIST[0]}
+        MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))
         srun --nodes="${NUM_NODES}" --ntasks="${NUM_NODES}" \\
           accelerate launch --config_file fsdp.yaml --num_machines "${NUM_NODES}" --num_processes "${WORLD_SIZE}" \\
+            --main_process_ip "${MASTER_ADDR}" --main_process_port "${MASTER_PORT}" \\
             --machine_rank "${SLURM_PROCID}" acc_train.py
     '''))
-    [ran] = _bash_echo(tmp_path / "acc.slurm.sh", env={"SLURM_NNODES": "1", "SLURM_PROCID": "0",
+    [ran] = _bash_echo(tmp_path / "acc.slurm.sh", env={"SLURM_NNODES": "1", "SLURM_PROCID": "0", "SLURM_JOB_ID": "7",
                                                        "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, cwd=tmp_path)
     assert "--num_processes 8 " in ran
     for script, world in (("acc4.slurm.sh", 4), ("acc.slurm.sh", 8)):

@@ -103,14 +103,17 @@ def accelerate_launch_env(path: Optional[str], world_size: Optional[int] = None,
 
 def _without_values(words: Tuple[str, ...]) -> List[str]:
     """The launch line's accelerate options less ``--num_processes``/``--config_file`` and their values (the
-    world and the config are fsdp-lint's, given separately)."""
+    world and the config are fsdp-lint's, given separately) and the machines' rendezvous."""
     out, skip = [], False
     for w in words:
         if skip:
             skip = False
             continue
         name = w.split("=", 1)[0]
-        if name in ("--num_processes", "--config_file", "--num_machines"):
+        # (and the rendezvous of the node's machines: the simulated node is rank 0's, whatever the
+        # script computed its address and port from -- `--main_process_port $((20000 + SLURM_JOB_ID % 10000))`)
+        if name in ("--num_processes", "--config_file", "--num_machines", "--main_process_ip", "--main_process_port",
+                    "--machine_rank"):
             skip = "=" not in w
             continue
         out.append(w)
