@@ -374,3 +374,18 @@ def test_a_command_substitution_not_run_here_is_named_in_the_failure(cli, tmp_pa
                      "run.sh": "torchrun --nproc_per_node=2 train.py --layers $(jq .layers cfg.json)\n"})
     res = cli("run.sh", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2 and "`$(jq...` is a command substitution fsdp-lint does not run" in res.err
+
+
+def test_accelerates_refusal_of_a_launch_option_says_why(cli, tmp_path, capsys):
+    # the refusal was "accelerate rejects it" alone; accelerate's parser says which option (the oracle: its parser)
+    from accelerate.commands.launch import launch_command_parser
+
+    _tree(tmp_path, ACCELERATE_TRAIN)
+    (tmp_path / "run.sh").write_text("accelerate launch --config_file fsdp.yaml --gradient_accumulation_steps x "
+                                     "acc_train.py\n")
+    try:
+        launch_command_parser().parse_args(["--gradient_accumulation_steps", "x", "acc_train.py"])
+    except SystemExit:
+        said = capsys.readouterr().err.strip().splitlines()[-1]
+    res = cli("run.sh", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2 and said.split("error: ", 1)[1] in res.err

@@ -8,6 +8,8 @@ accelerate version.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -81,14 +83,17 @@ def accelerate_launch_env(path: Optional[str], world_size: Optional[int] = None,
     except ImportError:
         raise OptionError("--accelerate-config needs accelerate: pip install 'fsdp-lint[hf]'") from None
     before = dict(os.environ)
+    said = io.StringIO()        # (argparse's own words for a refusal)
     try:
         count = ["--num_processes", str(world_size)] if world_size else []
         config = ["--config_file", path] if path else []
-        args = launch_command_parser().parse_args([*config, *_without_values(launch_args), *count, "train.py"])
+        with contextlib.redirect_stderr(said):
+            args = launch_command_parser().parse_args([*config, *_without_values(launch_args), *count, "train.py"])
         args, _, _ = _validate_launch_command(args)
         env = prepare_multi_gpu_env(args)
     except SystemExit:
-        raise OptionError(f"{shown}: accelerate rejects it") from None
+        why = [ln for ln in said.getvalue().splitlines() if ln.strip()]
+        raise OptionError(f"{shown}: accelerate rejects it{': ' + why[-1] if why else ''}") from None
     except Exception as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise OptionError(f"{shown}: accelerate cannot read it: {type(exc).__name__}: {msg}") from None
