@@ -19,10 +19,10 @@ def own_package(top: str, entry_path: Optional[str]) -> Optional[str]:
     for _ in range(4):
         for cand in (os.path.join(folder, top, "__init__.py"), os.path.join(folder, top + ".py")):
             if os.path.isfile(cand):
-                where = os.path.relpath(os.path.dirname(cand) if cand.endswith("__init__.py") else cand)
-                return (f"`{top}` is the repository's own package ({where}), which python does not find from "
-                        f"{os.path.relpath(here)}/: put {os.path.relpath(folder)} on PYTHONPATH (as a launch script's "
-                        f"`export PYTHONPATH=.` does) or install the repository (pip install -e {os.path.relpath(folder)})")
+                # (the folder written whole: the replay runs in the launch's folder, not where the user is)
+                return (f"`{top}` is the repository's own package (in {folder}), which python does not find from "
+                        f"the script's folder ({os.path.basename(here)}/): put that folder on PYTHONPATH (as a launch "
+                        f"script's `cd {os.path.basename(folder)}; export PYTHONPATH=.` does) or install the repository")
         if any(os.path.exists(os.path.join(folder, m)) for m in _REPO_MARKS) or folder == os.path.dirname(folder):
             break
         folder = os.path.dirname(folder)
