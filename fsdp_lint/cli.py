@@ -10,9 +10,11 @@ import click
 from fsdp_lint.cli_paths import (_SKIP_DIRS, BadInput, collect_files, missing_message,  # noqa: F401 - also cli.*
                                  not_python, skipped_note, split_script_args, use_color as _use_color,
                                  with_path as _with_path)
+from fsdp_lint.script_runs import shell_runs as _shell_runs, with_unset_note as _with_unset_note
 from fsdp_lint.version import __version__
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+_NO_MODEL = ": no model found"
 
 
 def _split_codes(values) -> List[str]:
@@ -77,79 +79,6 @@ def _run_ranks(results, nproc: Optional[int], world_size: Optional[int]) -> int:
 
         raise RunError(f"the files launch on different world sizes ({shown}): pass --nproc, or run them one at a time")
     return next(iter(sizes), _DEFAULT_RUN_RANKS)
-
-
-def _accelerate_config_processes(script: str, launch) -> Optional[int]:
-    """``accelerate launch --config_file CFG`` without ``--num_processes``: the config's ``num_processes``
-    is the world (accelerate reads it); a config without it is refused by accelerate on a node too."""
-    import re
-
-    try:
-        with open(launch.accelerate_config, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError:
-        return None         # (the accelerate config's own error is reported where it is read)
-    before = dict(os.environ)
-    try:        # accelerate's own reading of the launch line (YAML or JSON config), and its refusal
-        from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-
-        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(
-            ["--config_file", launch.accelerate_config, "train.py"]))
-        return int(args.num_processes) if args.num_processes else None
-    except ImportError:       # no accelerate here: the config's own top-level key
-        found = re.search(r"^num_processes:\s*(\d+)\s*$", text, re.M)
-        return int(found.group(1)) if found else None
-    except (Exception, SystemExit) as exc:  # noqa: BLE001
-        said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    finally:
-        os.environ.clear()
-        os.environ.update(before)
-    raise BadInput(f"{script}: line {launch.line}: `accelerate launch --config_file {os.path.relpath(launch.accelerate_config)}` "
-                   f"passes no --num_processes and the config has no num_processes: accelerate refuses it on a node "
-                   f"too ({said}); add one of them")
-
-
-def _shell_runs(scripts, settings, script_args, cli_world_size):
-    """The launch lines of shell scripts named on the command line, as runs of the files they launch with
-    their arguments, world size and accelerate config (fsdp_lint.entry.shell)."""
-    from fsdp_lint.entry.shell import ShellError, launcher_refusal, shell_launches
-
-    runs = []
-    for script, explicit in scripts:
-        try:      # `-- ARGS` are the script's own arguments, as `bash SCRIPT ARGS` gives them
-            launches = shell_launches(script, script_args or ())
-        except ShellError as exc:
-            raise BadInput(f"{script}: {exc}") from None
-        if not launches:
-            raise BadInput(f"{script}: no launch of a Python file in it (torchrun, python -m torch.distributed.run, "
-                           f"accelerate launch, deepspeed, lightning run model / fabric run, or python FILE.py)")
-        for launch in launches:
-            refusal = launcher_refusal(launch)
-            if refusal:
-                raise BadInput(f"{script}: line {launch.line}: {refusal} (torchrun refuses the launch before it starts "
-                               f"anything, on a node too)")
-            overrides = {"launch_script": os.path.abspath(script), "launched": True}
-            world = launch.world_size or (launch.every_gpu_of * settings.gpus_per_node if launch.every_gpu_of else None)
-            if not world and launch.accelerate_config and cli_world_size is None:
-                world = _accelerate_config_processes(script, launch)
-            if world and cli_world_size is None:
-                overrides.update(world_size=world, world_size_source="launch script")
-            elif launch.unset_world and cli_world_size is None:
-                overrides["launch_notes"] = (f"the launch's world is `{launch.unset_world}`, which {os.path.basename(script)} "
-                                             f"does not set: planned for world size {settings.world_size} (pass "
-                                             f"--world-size, or set it in the script)",)
-            if launch.env:
-                overrides["launch_env"] = tuple(sorted(launch.env.items()))
-            if launch.plain:
-                overrides["launch_plain"] = True
-            if launch.module:
-                overrides["launch_module"] = launch.module
-            if launch.accelerate_config and not settings.accelerate_config:
-                overrides["accelerate_config"] = launch.accelerate_config
-            if launch.accelerate_args:
-                overrides["accelerate_args"] = launch.accelerate_args
-            runs.append((launch.path, list(launch.args), settings.with_overrides(**overrides), explicit, launch.cwd))
-    return runs
 
 
 def _print_rules() -> None:
@@ -370,6 +299,8 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
     record: dict = {}     # what decided each run's result (the stored output's inputs)
     err_notes: List[str] = []
     linted = lint_runs(to_lint, cache=cache, record=record)
+    planned: set = set()        # the launch scripts a launch of which got its plan
+    besides: list = []          # their launches that build no model
     for path, argv, run_settings, explicit, cwd in runs:
         if explicit and not_python(path):
             msg = _with_path(path, "not a Python file: fsdp-lint lints training scripts and model files (.py); "
@@ -381,6 +312,7 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         try:
             res = next(linted)()
             results.append(res)
+            planned.add(run_settings.launch_script)
             if res.skipped and explicit and not quiet:
                 note = skipped_note(path, res.skipped)
                 click.echo(note, err=True)
@@ -394,7 +326,10 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
                            err=True)
             elif debug and getattr(exc, "user_traceback", None):   # formatted in the child that linted it
                 click.echo(exc.user_traceback.rstrip(), err=True)
-            msg = _with_path(path, str(exc))
+            msg = _with_unset_note(_with_path(path, str(exc)), run_settings)
+            if run_settings.launch_script and _NO_MODEL in str(exc):
+                besides.append((path, msg, run_settings.launch_script))    # decided once every launch is linted
+                continue
             failures.append((path, msg))
             click.echo(f"fsdp-lint: error: {msg}", err=True)
         except Exception as exc:  # a bug or an input we did not foresee: still one line
@@ -406,6 +341,15 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
             failures.append((path, msg))
             click.echo(f"fsdp-lint: error: {msg}", err=True)
     linted.close()
+    for path, msg, script in besides:
+        # a launch script's line that builds no model (a conversion, an evaluation after training): a note where
+        # the script's training launch got its plan, else the script's error
+        if script in planned:
+            click.echo(f"fsdp-lint: note: {msg} (a line of {os.path.basename(script)} besides its training launch, "
+                       f"which is linted)", err=True)
+        else:
+            failures.append((path, msg))
+            click.echo(f"fsdp-lint: error: {msg}", err=True)
     if not paths and hf_config:
         # --hf-config [--accelerate-config]: the model alone, wrapped as accelerate would wrap it
         from fsdp_lint.isolation import lint_call

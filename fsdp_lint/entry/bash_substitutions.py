@@ -6,7 +6,8 @@ launch script uses for numbers and folders.
 * ``$(expr 16 / $nproc_per_node)``: the same through ``expr``;
 * ``$(cd "${SCRIPT_DIR}/.." && pwd)``: the folder, where it exists (from the folder the script runs in);
 * ``$(basename PATH)``, ``$(dirname PATH)`` (``$(basename $(dirname $0))``: the script's folder's name);
-* ``$(which COMMAND)``: the installed command (a console script, whose file `fsdp_lint.entry.shell` reads).
+* ``$(which COMMAND)``: the installed command (a console script, whose file `fsdp_lint.entry.shell` reads);
+* ``$(grep -oP 'PATTERN' <<< "$params")``: grep run on the here-string (a pure text command).
 
 Anything else (a variable the script does not set, another command) is left as written, as before.
 """
@@ -45,6 +46,9 @@ def substitute(inner: str, expand: Callable[[str], str]) -> Optional[str]:
     `expand` expands the script's variables in a text."""
     if inner.startswith("(") and inner.endswith(")"):
         return arithmetic(inner[1:-1], expand)
+    here = _here_string_grep(expand(inner))
+    if here is not None:
+        return here
     words = expand(inner).split()
     if words[:1] == ["expr"] and len(words) == 4:
         return arithmetic(" ".join(w.replace("\\*", "*") for w in words[1:]), lambda s: s)
@@ -61,6 +65,33 @@ def substitute(inner: str, expand: Callable[[str], str]) -> Optional[str]:
         if os.path.isdir(folder):
             return os.path.abspath(folder)
     return None
+
+
+_GREP_OPTIONS = re.compile(r"^-[oPEFiwxvc]+$")
+
+
+def _here_string_grep(text: str) -> Optional[str]:
+    """``grep -oP 'PATTERN' <<< "$params"`` (a flag read back from the script's own arguments): grep run on the
+    here-string, as bash runs it (a pure text command: nothing of the node's), its output's last newlines
+    dropped; None for any other command."""
+    import shlex
+    import subprocess
+
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        return None
+    if len(words) < 4 or words[0] != "grep" or words[-2] != "<<<" or "$" in words[-1]:
+        return None
+    options, pattern = words[1:-3], words[-3]
+    if not all(_GREP_OPTIONS.match(o) for o in options) or pattern.startswith("-"):
+        return None
+    try:
+        done = subprocess.run(["grep", *options, "--", pattern], input=words[-1] + "\n", capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.rstrip("\n") if done.returncode in (0, 1) else None
 
 
 def arithmetic(text: str, expand: Callable[[str], str]) -> Optional[str]:

@@ -239,9 +239,15 @@ def _expanded_words(text: str, env: Dict[str, str], positional: Sequence[str]) -
                             text = text[:i] + m.group(0) + text[end + 1:]
                             m = _VAR.match(text, i)
             value = _value_of(m, env, positional) if m else None
+            if m and value is None and (m.group(1) or m.group(7) or "").isidentifier():
+                # a variable neither the script nor the environment sets: bash expands it to nothing; marked,
+                # so the launcher's options keep its name (`unset_literal`) and the script's arguments lose it
+                # (`settled`); an unset array's "${A[@]}" is no word at all
+                name = m.group(1) or m.group(7)
+                value = [] if m.group(2) in ("@", "*") else (_UNSET_QUOTED if quote == '"' else _UNSET) + name + _UNSET
             if m and value is not None:
                 if quote == '"' and isinstance(value, list):   # "$@": each argument its own word
-                    out.append('"' + " ".join(shlex.quote(a) for a in value) + '"' if value else '"' + '"')
+                    out.append('"' + " ".join(shlex.quote(a) for a in value) + '"' if value else _NO_WORD)
                 elif quote == '"':
                     out.append(value.replace("\\", "\\\\").replace('"', '\\"'))
                 else:                                       # word splitting
@@ -252,10 +258,33 @@ def _expanded_words(text: str, env: Dict[str, str], positional: Sequence[str]) -
         out.append(c)
         quote = _after(c, quote)
         i += 1
-    joined = "".join(out)
     # `"$@"` alone with no arguments gives no word at all (not an empty one)
-    joined = re.sub(r'(^|\s)""""(?=\s|$)', r"\1", joined) if not positional else joined
-    return shlex.split(joined)
+    return [w.replace(_NO_WORD, "") for w in shlex.split("".join(out)) if w != _NO_WORD]
+
+
+_UNSET, _UNSET_QUOTED, _NO_WORD = "\x01", "\x02", "\x03"
+_MARKED = re.compile("[\x01\x02]([A-Za-z_][A-Za-z0-9_]*)\x01")
+
+
+def unset_literal(word: str) -> str:
+    """`word` with each unset variable written back as ``$NAME`` (what a launcher option's note names)."""
+    return _MARKED.sub(lambda m: "$" + m.group(1), word)
+
+
+def settled(words: Sequence[str]) -> Tuple[List[int], List[str], List[str]]:
+    """The words bash passes, of `words` with unset variables marked: (the indices kept, their text, the unset
+    names). An unquoted unset variable alone is no word; inside quotes or a word it is the empty text."""
+    kept, text, names = [], [], []
+    for n, word in enumerate(words):
+        for m in _MARKED.finditer(word):
+            if m.group(1) not in names:
+                names.append(m.group(1))
+        bare = _MARKED.sub("", word)
+        if bare == "" and "\x02" not in word and _MARKED.search(word):
+            continue
+        kept.append(n)
+        text.append(bare)
+    return kept, text, names
 
 
 def _tokens(pieces, env: Dict[str, str], positional: Sequence[str] = ()) -> List[Tuple[str, int]]:

@@ -18,18 +18,22 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from fsdp_lint.entry.bash_arguments import argument_block
+from fsdp_lint.entry.launch_files import (  # noqa: F401 - _module_root: also shell.*
+    _console_commands, _console_file, _module_file, _module_root, _near, _resolve)
 from fsdp_lint.entry.bash_branches import Branches
 from fsdp_lint.entry.bash_substitutions import closing
-from fsdp_lint.entry.console_launch import top_level_names, console_wrapper
+from fsdp_lint.entry.console_launch import console_wrapper
 from fsdp_lint.entry import slurm
 from fsdp_lint.entry.dora_launch import dora_launch, dora_module, is_dora
 from fsdp_lint.entry.bash_words import (  # noqa: F401 - ShellError: this module's error too
-    _ARRAY, ShellError, UnsetError, with_script_path, _expand, _expanded_words, _joined, _logical_lines, _split,
-    _tokens)
+    _ARRAY, ShellError, UnsetError, settled, unset_literal, with_script_path, _expand, _expanded_words, _joined,
+    _logical_lines, _split, _tokens)
 
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 # what a node's shell counts its GPUs with (`--nproc_per_node=$(nvidia-smi -L | wc -l)`): read as torchrun's
 # own "gpu" (every GPU of the node), which the simulated node's --gpus-per-node answers
+_APPEND = re.compile(r"^(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*\+=(.*)$", re.S)      # `cmd+=" --flag x"`
 _GPU_COUNT = re.compile(r"\$\((?:nvidia-smi\s+(?:-L|--list-gpus)\s*\|\s*wc\s+-l|python3?\s+-c\s+(['\"])import torch;?\s*"
                         r"print\(torch\.cuda\.device_count\(\)\)\1)\s*\)")
 _LAUNCHERS = ("torchrun", "accelerate", "deepspeed", "python", "python3", "lightning", "fabric", "composer", "dora")
@@ -66,6 +70,7 @@ class ShellLaunch:
     torchrun: Optional[Tuple[str, List[str]]] = None
     plain: bool = False                             # `python FILE` itself: one process, no launcher's variables
     accelerate_args: Tuple[str, ...] = ()           # `accelerate launch`'s own options, before the file
+    unset: Tuple[str, ...] = ()                     # the variables in `args` the script never sets (bash: empty)
 
 
 _CONTROL = {"|", "||", "&&", ";", "&", "|&"}
@@ -155,8 +160,9 @@ def _slurm(tokens, i: int, found: Optional[dict], batch: Dict[str, int]) -> Opti
     variables srun sets for rank 0's task (`entry.slurm`)."""
     words = [t[0] for t in tokens]
     at = next((k for k in range(i) if os.path.basename(words[k]) == "srun"), None)
-    if found is None or at is None or found.get("torchrun") or "accelerate" in words[at:i]:
-        return found
+    if found is None or at is None or found.get("torchrun") or i >= len(words) or \
+            not re.fullmatch(r"python[0-9.]*", os.path.basename(words[i])):
+        return found        # a launcher under srun (torchrun, accelerate launch, deepspeed): its own world wins
     found["plain"] = False
     counts = slurm.world(words[at + 1:i], batch)
     if counts is not None:
@@ -308,99 +314,6 @@ def _lightning_cli_env(opts: Dict[str, Optional[str]]) -> Dict[str, str]:
     return env
 
 
-def _resolve(name: str, script: str, cd: Optional[str]) -> Tuple[Optional[str], str]:
-    """The launched file: from the folder the script `cd`s to, the current folder, the script's folder, or
-    a folder above it (a script in scripts/ run from the repository root)."""
-    here = os.path.dirname(os.path.abspath(script))
-    bases = ([cd] if cd else []) + [os.getcwd(), here]
-    up = here
-    for _ in range(3):
-        up = os.path.dirname(up)
-        bases.append(up)
-    for base in bases:
-        cand = os.path.join(base, name) if not os.path.isabs(name) else name
-        if os.path.isfile(cand):
-            return os.path.abspath(cand), os.path.abspath(base)
-    return None, os.getcwd()
-
-
-def _near(name: str, script: str, cd: Optional[str]) -> str:
-    """``; its folder has main_training_llama.py`` for a launched file that is not there (a script left
-    behind by a rename): the files of that folder whose names are close to it, or ""."""
-    import difflib
-
-    here = os.path.dirname(os.path.abspath(script))
-    for base in filter(None, (cd, os.getcwd(), here, os.path.dirname(here))):
-        folder = os.path.normpath(os.path.join(base, os.path.dirname(name)))
-        try:
-            files = [f for f in os.listdir(folder) if f.endswith(".py")]
-        except OSError:
-            continue
-        close = difflib.get_close_matches(os.path.basename(name), files, n=3, cutoff=0.6)
-        if close:
-            where = "the current folder" if folder == os.getcwd() else f"{os.path.relpath(folder)}/"
-            return f"; {where} has {', '.join(sorted(close))}"
-    return ""
-
-
-def _module_file(module: str, script: str, cd: Optional[str]) -> Tuple[Optional[str], str]:
-    """The file `python -m module` runs (``pkg/mod.py`` or ``pkg/mod/__main__.py``, also under ``src/``)."""
-    rel = module.replace(".", os.sep)
-    for cand in (rel + ".py", os.path.join(rel, "__main__.py"), os.path.join("src", rel + ".py"),
-                 os.path.join("src", rel, "__main__.py")):
-        path, base = _resolve(cand, script, cd)
-        if path is not None:
-            return path, (os.path.dirname(base) if base.endswith(os.sep + "src") else base)
-    return None, os.getcwd()
-
-
-def _module_root(path: str, module: str) -> str:
-    """The folder `module` resolves from, `path` being its file (``.../gritlm/training/run.py`` of
-    ``training.run``: ``.../gritlm``)."""
-    depth = len(module.split(".")) - (0 if os.path.basename(path) == "__main__.py" else 1)
-    root = os.path.dirname(path)
-    for _ in range(depth):
-        root = os.path.dirname(root)
-    return root
-
-
-def _console_commands(script: str, cd: Optional[str]) -> Dict[str, str]:
-    """The console scripts of the repository the script is in (or runs in): command -> "module:function"."""
-    from fsdp_lint.entry.launches import console_scripts
-    from fsdp_lint.entry.project import repo_root
-
-    out: Dict[str, str] = {}
-    for start in filter(None, (cd, os.path.dirname(os.path.abspath(script)), os.getcwd())):
-        root = repo_root(start)
-        if root:
-            for name, target in console_scripts(root):
-                out.setdefault(name, target)
-    return out
-
-
-def _console_file(command: str, target: str, script: str, cd: Optional[str], line: int) -> Tuple[str, str]:
-    """The file a console script runs, when running that file as a script calls the same function."""
-    module, _, function = target.partition(":")
-    path, base = _module_file(module, script, cd)
-    if path is None:
-        raise ShellError(f"line {line} runs `{command}`, the project's command ({target}), whose module is "
-                         f"not in this checkout")
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        text = fh.read()
-    name = function.split(".")[0]
-    defined = top_level_names(text)
-    if defined is not None and name not in defined:
-        raise ShellError(f"line {line} runs `{command}`, the project's command ({target}), but {os.path.relpath(path)} "
-                         f"defines no `{name}`: the command fails there on a node too (ImportError: cannot import name "
-                         f"'{name}'); lint the file as `python {os.path.relpath(path)}` runs it, or fix the entry point")
-    main = re.search(r"^if\s+__name__\s*==\s*[\"']__main__[\"']\s*:(.*?)(?=^\S|\Z)", text, re.S | re.M)
-    if not main or not re.search(rf"\b{re.escape(function.split('.')[-1])}\s*\(", main.group(1)):
-        raise ShellError(f"line {line} runs `{command}`, the project's command ({target}); running "
-                         f"{os.path.relpath(path)} as a script does not call {function}(): lint the file the "
-                         f"command dispatches to")
-    return path, base
-
-
 def _world_of(opts, head) -> Optional[int]:
     nproc = _int(opts.get("nproc_per_node") or opts.get("num_processes"))
     nodes = _int(opts.get("nnodes") or opts.get("num_machines")) or 1
@@ -420,39 +333,75 @@ def _is_launcher_word(word: str) -> bool:
     return os.path.basename(word) in _LAUNCHERS or word.endswith(".py")
 
 
-def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLaunch]:
+def _called_script(marked, env: Dict, exported: set, script: str, cd: Optional[str], depth: int) -> Optional[list]:
+    """The launches of another launch script this command runs (``NGPU=4 bash train.sh ARGS``, ``sh x.sh``,
+    ``./x.sh ARGS``), as bash runs it: with its arguments, the exported variables and the command's own
+    assignments; None when the command runs no script that is here."""
+    words = [w for w, _ in marked]
+    i = _command_start(marked)
+    at = i + 1 if i < len(words) and os.path.basename(words[i]) in ("bash", "sh") else i
+    while at < len(words) and os.path.basename(words[i]) in ("bash", "sh") and words[at].startswith("-"):
+        at += 1                 # `bash -x train.sh`
+    if at >= len(words) or not (at > i or words[at].endswith(".sh")) or depth >= 4:
+        return None
+    path, _ = _resolve(unset_literal(words[at]), script, cd)
+    if path is None or not path.endswith((".sh", ".bash")) and at == i:
+        return None
+    inherited = {name: env[name] for name in exported if name in env}
+    inherited.update(w.split("=", 1) for w in settled(words[:i])[1] if _ASSIGN.match(w))
+    called = os.path.relpath(path) if not os.path.isabs(words[at]) else path
+    return shell_launches(called, settled(words[at + 1:])[1], inherited, cd, depth + 1)
+
+
+def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optional[Dict[str, str]] = None,
+                   cd: Optional[str] = None, depth: int = 0) -> List[ShellLaunch]:
     """Every launch of a Python file in the shell script, in order, the script run with the arguments
-    ``positional`` (``bash SCRIPT ARGS``)."""
+    ``positional`` (``bash SCRIPT ARGS``); a script another one runs gets its exported variables
+    (`inherited`) and starts in its folder (`cd`)."""
     try:
         with open(script, encoding="utf-8") as fh:
             text = fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise ShellError(f"cannot read it: {exc}") from None
-    text = with_script_path(_GPU_COUNT.sub("gpu", text), script)
     batch = slurm.batch_directives(text)      # `#SBATCH --nodes=4 --ntasks-per-node=8`
-    env: Dict[str, str] = {}
-    exported: set = set()
-    cd: Optional[str] = None
+    text = slurm.VISIBLE_GPU_COUNT.sub(str(batch.get("gpus_per_node", "gpu")), text)
+    text = with_script_path(_GPU_COUNT.sub("gpu", text), script)
+    env: Dict[str, str] = dict(slurm.batch_environment(batch), **(inherited or {}))   # (SLURM's batch shell)
+    exported: set = set(inherited or ())
     console: Optional[Dict[str, str]] = None        # the repository's console scripts, read when needed
     out: List[ShellLaunch] = []
     in_case = 0
     branches = Branches()                  # the open `if` statements, and whether bash runs the line
     where: List[Tuple[Tuple[int, int], ...]] = []      # each launch's branches
-    for start, pieces in _logical_lines(text):
+    logical = _logical_lines(text)
+    k = 0
+    while k < len(logical):
+        start, pieces = logical[k]
+        k += 1
         stripped = _joined(pieces)
         if not stripped or stripped.startswith("#"):
+            continue
+        loop = argument_block(logical, k - 1, env, positional, script) if branches.runs() and not in_case else None
+        if loop is not None:     # `while [[ $# -gt 0 ]]; do case "$1" in ...`: run for the arguments given
+            k, positional = loop
             continue
         try:
             words = _split(stripped)
         except ValueError:
             words = []
-        # `case "$1" in -c|--config) CONFIG="$2"; shift 2;; ... esac`: an arm runs for the arguments it
-        # matches, which are not followed here -- its assignments and shifts are not made, the defaults stand
+        # a `case` not run above (`case $MODEL in llama) torchrun ...`): each arm's launch is followed
         branches.follow(words, env, positional)
         opened = in_case > 0 or "case" in words[:1]
         in_case += sum(1 for w in words if w == "case") - sum(1 for w in words if w in ("esac", "esac;"))
         if not branches.runs():
             continue                # a branch bash does not take (`if [ "$BACKEND" == "accelerate" ]`)
+        if words[:1] == ["eval"] and branches.runs():
+            # `eval $cmd`, `eval "$cmd"` of a command built in a string: its words joined, read again as a line
+            try:
+                stripped = " ".join(_expanded_words(stripped[4:], env, positional))
+                pieces, words = [(start, stripped)], _split(stripped)
+            except ValueError:
+                continue
         if (opened or in_case > 0) and not any(_is_launcher_word(w) for w in words):
             continue
         exporting = bool(words) and words[0] == "export"
@@ -479,10 +428,15 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
             if exporting:
                 exported.add(name)
             continue
-        if words and all(_ASSIGN.match(w) for w in words):     # `MODEL=...`, `export NPROC=8`
+        if words and all(_ASSIGN.match(w) or _APPEND.match(w) for w in words):     # `MODEL=...`, `cmd+=" --x 1"`
             for w in words:
                 name, _, value = w.partition("=")
-                env[name] = _unset_stops(start, _expand, value, env, positional)
+                value = _unset_stops(start, _expand, value, env, positional)
+                if name.endswith("+"):
+                    name = name[:-1]
+                    before = env.get(name, os.environ.get(name, ""))
+                    value = (before if isinstance(before, str) else " ".join(before)) + value
+                env[name] = value
                 if exporting:
                     exported.add(name)
             continue
@@ -501,6 +455,7 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
                 bases = [cd] if cd else [here, os.getcwd(), os.path.dirname(here)]
                 cd = next((os.path.normpath(os.path.join(b, target)) for b in bases
                            if os.path.isdir(os.path.join(b, target))), os.path.normpath(os.path.join(bases[0], target)))
+                env["PWD"] = cd                 # (`export PYTHONPATH=$PWD` after it)
             continue
         if console is None:
             console = _console_commands(script, cd)
@@ -508,10 +463,14 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         # 2>&1 | tee out/log`), its redirections left out: bash gives the program none of them
         found = None
         for command in _commands(_unset_stops(start, _tokens, pieces, env, positional)):
-            tokens = _nested(command)
+            marked = _nested(command)          # (unset variables marked: the script's arguments drop them)
+            tokens = [(unset_literal(w), n) for w, n in marked]
             found = _slurm(tokens, _command_start(tokens), _launch(tokens, env, console), batch)
             if found is not None:
                 break
+            called = _called_script(marked, env, exported, script, cd, depth)
+            if called:
+                out.extend(called)
         if found is None:
             continue
         if found.get("dora"):
@@ -532,9 +491,9 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         if path is None:
             raise ShellError(f"line {start} launches {found['file']}, which is not there (from the current folder, "
                              f"the script's folder or the folders above it){_near(found['file'], script, cd)}")
-        given = found.get("argv", range(found["first_arg"], len(tokens)))    # (dora: its words, not its options)
-        args = [tokens[n][0] for n in given]
-        lines = [tokens[n][1] for n in given]
+        given = list(found.get("argv", range(found["first_arg"], len(tokens))))    # (dora: its words)
+        kept, args, unset = settled([marked[n][0] for n in given])     # bash passes nothing for an unset one
+        lines = [tokens[given[n]][1] for n in kept]
         acc = found["accelerate_config"]
         if acc and not os.path.isabs(acc):
             acc = os.path.join(base, acc)
@@ -542,17 +501,31 @@ def shell_launches(script: str, positional: Sequence[str] = ()) -> List[ShellLau
         passed.update(found.get("env") or {})
         passed = {k: v for k, v in passed.items() if isinstance(v, str) and "$" not in v and "`" not in v and
                   not (_NOT_PASSED.match(k) and not (found.get("plain") and _PLAIN_PYTHON_GETS.match(k)))}
+        search = _search_path(exported, env, found.get("env") or {}, cd)
+        if search:          # `cd repo; export PYTHONPATH=.`: the folders the launched process imports from
+            passed["PYTHONPATH"] = search
         if found.get("plain") and found["world_size"] is None and passed.get("WORLD_SIZE", "").isdigit():
             found["world_size"] = int(passed["WORLD_SIZE"])     # `export WORLD_SIZE=1; python driver.py`
         launch = ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
                              module if found.get("module") else None, found.get("every_gpu_of"),
                              found.get("unset_world"), found.get("torchrun"), bool(found.get("plain")),
-                             tuple(found.get("accelerate_args") or ()))
+                             tuple(found.get("accelerate_args") or ()), tuple(unset))
         at = branches.at()
         if not any(_alternatives(launch, at, other, other_at) for other, other_at in zip(out, where)):
             out.append(launch)
             where.append(at)
     return out
+
+
+def _search_path(exported: set, env: Dict, command_env: Dict, cd: Optional[str]) -> Optional[str]:
+    """The PYTHONPATH the script gives the launched process, each folder made absolute from the folder the
+    process starts in (the one the script cd'd to); entries of a variable not set here are left out."""
+    value = command_env.get("PYTHONPATH", env.get("PYTHONPATH") if "PYTHONPATH" in exported else None)
+    if not isinstance(value, str):
+        return None
+    folders = [os.path.abspath(os.path.join(cd or os.getcwd(), f)) for f in value.split(os.pathsep)
+               if f and "$" not in f and "`" not in f and "\x01" not in f and "\x02" not in f]
+    return os.pathsep.join(folders) or None
 
 
 def _alternatives(a: ShellLaunch, a_at, b: ShellLaunch, b_at) -> bool:

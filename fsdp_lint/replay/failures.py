@@ -4,8 +4,7 @@ A failing statement of project code is skipped (a data set, tokenizer, checkpoin
 that does not exist here) unless the failure belongs to the plan: it was raised while a model was
 being constructed, inside a wrap call, a policy, a freeze, a cast or an optimizer, or by fsdp-lint's
 recorders. A later failure of a name (``NameError``, ``UnboundLocalError``, ``AttributeError`` of
-``self.x``) that a skipped statement should have bound is reported as that earlier failure: the
-first failure in the setup code, not its consequence.
+``self.x``) that a skipped statement should have bound is reported as that earlier failure, not its consequence.
 """
 from __future__ import annotations
 
@@ -504,9 +503,10 @@ class Failures:
                 f"({self._not_importable(missing, imp, where='')}); the plan would be built without it")
 
     def _not_importable(self, missing: str, imp, where: str = " here") -> str:
-        """Why module `missing` is not here: not installed, not in the installed package (a prototype API
-        torch has since removed), or not in the project whose package is here."""
+        """Why module `missing` is not here: not installed, not in the installed package, or not in the project."""
         import importlib.util
+
+        from fsdp_lint.replay.own_packages import own_package
 
         top = missing.split(".")[0]
         if "." in missing and self.resolves_locally is not None and self.resolves_locally(top):
@@ -518,7 +518,8 @@ class Failures:
             # (a namespace package -- `google` -- is shared by distributions: google.protobuf is protobuf's)
             return (f"`{missing}` is not in the installed {drift.installed(top, self.entry_path)} (the training repository needs "
                     f"another version)")
-        return f"`{missing}` is not installed{where}: pip install {requirement(imp) if imp is not None else distribution_of(missing)}"
+        return own_package(top, self.entry_path) or \
+            f"`{missing}` is not installed{where}: pip install {requirement(imp) if imp is not None else distribution_of(missing)}"
 
 
 # --------------------------------------------------------------------------------------------

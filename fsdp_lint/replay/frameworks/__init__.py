@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Any, Dict, Iterator, List
 
 # options of the current lint (``--accelerate-config``, ``--hf-config``, ``--hf-class``), set by the
@@ -61,6 +62,8 @@ def install(rec, patch) -> None:
         for name in PLAIN_PYTHON_UNSET:
             os.environ.pop(name, None)
     os.environ.update(options.launch_env)        # as the launch line exports it (the sandbox restores it)
+    # the launch script's PYTHONPATH (absolute folders): after the script's own folder, as python puts them
+    sys.path[1:1] = [f for f in options.launch_env.get("PYTHONPATH", "").split(os.pathsep) if f and f not in sys.path]
     table: Dict[str, List[Any]] = {}
     for driver in (lightning, accelerate, hf, trl, diffusers):
         for name, fns in driver.hook_table().items():

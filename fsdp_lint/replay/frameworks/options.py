@@ -8,6 +8,8 @@ accelerate version.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -81,14 +83,17 @@ def accelerate_launch_env(path: Optional[str], world_size: Optional[int] = None,
     except ImportError:
         raise OptionError("--accelerate-config needs accelerate: pip install 'fsdp-lint[hf]'") from None
     before = dict(os.environ)
+    said = io.StringIO()        # (argparse's own words for a refusal)
     try:
         count = ["--num_processes", str(world_size)] if world_size else []
         config = ["--config_file", path] if path else []
-        args = launch_command_parser().parse_args([*config, *_without_values(launch_args), *count, "train.py"])
+        with contextlib.redirect_stderr(said):
+            args = launch_command_parser().parse_args([*config, *_without_values(launch_args), *count, "train.py"])
         args, _, _ = _validate_launch_command(args)
         env = prepare_multi_gpu_env(args)
     except SystemExit:
-        raise OptionError(f"{shown}: accelerate rejects it") from None
+        why = [ln for ln in said.getvalue().splitlines() if ln.strip()]
+        raise OptionError(f"{shown}: accelerate rejects it{': ' + why[-1] if why else ''}") from None
     except Exception as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise OptionError(f"{shown}: accelerate cannot read it: {type(exc).__name__}: {msg}") from None
@@ -103,14 +108,17 @@ def accelerate_launch_env(path: Optional[str], world_size: Optional[int] = None,
 
 def _without_values(words: Tuple[str, ...]) -> List[str]:
     """The launch line's accelerate options less ``--num_processes``/``--config_file`` and their values (the
-    world and the config are fsdp-lint's, given separately)."""
+    world and the config are fsdp-lint's, given separately) and the machines' rendezvous."""
     out, skip = [], False
     for w in words:
         if skip:
             skip = False
             continue
         name = w.split("=", 1)[0]
-        if name in ("--num_processes", "--config_file", "--num_machines"):
+        # (and the rendezvous of the node's machines: the simulated node is rank 0's, whatever the
+        # script computed its address and port from -- `--main_process_port $((20000 + SLURM_JOB_ID % 10000))`)
+        if name in ("--num_processes", "--config_file", "--num_machines", "--main_process_ip", "--main_process_port",
+                    "--machine_rank"):
             skip = "=" not in w
             continue
         out.append(w)

@@ -1,0 +1,216 @@
+"""A launch script's own argument loop, run as bash runs it on the arguments it is given:
+
+    while [[ $# -gt 0 ]]; do
+      case "$1" in
+        --script_path) script_path="$2"; shift 2 ;;
+        --nproc) nproc="$2"; shift 2 ;;
+        *) FORWARD_ARGS=("$@"); break ;;
+      esac
+    done
+
+and a lone ``case "$1" in ... esac``. The arm whose pattern matches runs: its assignments (arrays too), its
+``shift``, ``break``/``continue``, and an ``exit`` (bash stops: the script refuses its arguments). Other
+commands in an arm (``echo``, ``usage``) change nothing a launch reads. A loop or case this cannot decide (a
+test on something the script does not set, a launch inside an arm) is left to the line-by-line reader."""
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import shlex
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from fsdp_lint.entry.bash_branches import condition
+from fsdp_lint.entry.bash_words import (_ARRAY, ShellError, _expand, _expanded_words, _joined, _uncommented, settled,
+                                        unset_literal)
+
+_SCALAR = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
+_LAUNCHING = re.compile(r"\b(torchrun|accelerate|deepspeed|python3?|srun)\b|\.py\b")
+_ARGUMENTS_LEFT = re.compile(r'^\(\(\s*"?\$#"?\s*(>\s*0\s*)?\)\)$')    # `(( $# ))`, `(( "$#" > 0 ))`
+_MAX_ROUNDS = 256
+
+
+class _Exit(Exception):
+    pass
+
+
+def _first_words(pieces) -> List[str]:
+    try:
+        return shlex.split(_uncommented(_joined(pieces)))
+    except ValueError:
+        return []
+
+
+def _block_end(lines, k: int, opener: Tuple[str, ...], closer: str) -> Optional[int]:
+    """The index after the line that closes the block `lines[k]` opens (nested blocks counted)."""
+    depth = 0
+    for n in range(k, len(lines)):
+        words = [w.rstrip(";") for w in _first_words(lines[n][1])]
+        depth += sum(1 for i, w in enumerate(words) if w in opener and (i == 0 or words[i - 1] in ("do", "then", "else")))
+        depth -= words.count(closer)
+        if depth <= 0:
+            return n + 1
+    return None
+
+
+def _statements(text: str) -> List[str]:
+    """`text` split at `;` and newlines outside quotes and parentheses (an array's `(...)` stays one)."""
+    out, cur, quote, depth, i = [], [], None, 0, 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and quote != "'" and i + 1 < len(text):
+            cur.append(text[i:i + 2])
+            i += 2
+            continue
+        if quote is None and depth == 0 and c in ";\n":
+            out.append("".join(cur).strip())
+            cur = []
+        else:
+            if quote is None and c in "()":
+                depth += 1 if c == "(" else -1
+            if c in "'\"" and quote in (None, c):
+                quote = None if quote else c
+            cur.append(c)
+        i += 1
+    out.append("".join(cur).strip())
+    return [s for s in out if s]
+
+
+def _arms(body: str) -> Optional[List[Tuple[List[str], str]]]:
+    """The (patterns, commands) of a case statement's arms (``a|b) cmds ;;``)."""
+    arms, rest = [], body
+    while rest.strip():
+        rest = rest.lstrip()
+        m = re.match(r"\(?\s*((?:[^()\s|]+\s*\|\s*)*[^()\s|]+)\s*\)", rest)
+        if not m:
+            return None
+        end = _top_level(rest, ";;", m.end())
+        arms.append(([p.strip() for p in m.group(1).split("|")], rest[m.end():end]))
+        rest = rest[end + 2:] if end < len(rest) else ""
+    return arms
+
+
+def _top_level(text: str, mark: str, i: int) -> int:
+    quote = None
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and quote != "'":
+            i += 2
+            continue
+        if quote is None and text.startswith(mark, i):
+            return i
+        if c in "'\"" and quote in (None, c):
+            quote = None if quote else c
+        i += 1
+    return len(text)
+
+
+def _case(text: str, env: Dict, positional: Sequence[str]):
+    """(the word, its arms, the commands after ``esac``) of ``case WORD in ARMS esac; CMDS`` text, or None."""
+    m = re.match(r"\s*case\s+(\S+)\s+in\b(.*?)\besac\b\s*;?(.*)$", text, re.S)
+    if not m:
+        return None
+    words = _expanded_words(m.group(1), env, positional)
+    word = words[0] if len(words) == 1 else "" if not words else None
+    arms = _arms(m.group(2))
+    if word is None or arms is None or "$" in unset_literal(word):
+        return None
+    return word, arms, m.group(3)
+
+
+def _run_arm(commands: str, env: Dict, positional: List[str], line: int, script: str, word: str) -> Optional[str]:
+    """Run one arm on (env, positional), both changed in place: "break", "continue" or None."""
+    for statement in _statements(commands):
+        array = _ARRAY.match(statement)
+        if array:
+            name, append, inner = array.groups()
+            elements = _expanded_words(inner, env, positional)
+            before = env.get(name) if append else None
+            env[name] = (before if isinstance(before, list) else [before] if before else []) + elements
+            continue
+        words = _expanded_words(statement, env, positional)
+        if not words:
+            continue
+        if all(_SCALAR.match(w) for w in words):
+            for w in words:
+                name, append, value = _SCALAR.match(w).groups()
+                value = settled([value])[1][0] if settled([value])[1] else ""      # an unset variable: empty
+                env[name] = (env.get(name, "") if append and isinstance(env.get(name), str) else "") + value
+        elif words[0] == "shift":
+            count = int(words[1]) if len(words) > 1 and words[1].isdigit() else 1
+            if count <= len(positional):
+                del positional[:count]
+        elif words[0] in ("break", "continue"):
+            return words[0]
+        elif words[0] == "exit" and (words[1:2] or ["0"])[0] != "0":
+            raise ShellError(f"line {line}: {os.path.basename(script)}'s argument loop exits for `{word}` "
+                             f"(its arm for it runs `{statement}`): bash stops there, before the launch")
+        elif words[0] == "exit":
+            raise _Exit()
+    return None
+
+
+def argument_block(lines, k: int, env: Dict, positional: Sequence[str], script: str):
+    """(the index after the block, the arguments left) when `lines[k]` opens an argument loop (``while`` on
+    ``$#``/``$1`` around a ``case``) or a ``case`` this runs, its assignments made in `env`; else None."""
+    words = _first_words(lines[k][1])
+    if not words or words[0] not in ("while", "case"):
+        return None
+    if words[0] == "case":
+        end, header = _block_end(lines, k, ("case",), "esac"), None
+    else:
+        end = _block_end(lines, k, ("while", "until", "for"), "done")
+        header = words[:words.index("do")] if "do" in words else words
+    if end is None or words[0] == "while" and (header[1:2] == ["["] or header[1:2] == ["[["]) is False and \
+            not _ARGUMENTS_LEFT.match(" ".join(header[1:])):
+        return None
+    body = "\n".join(_uncommented(_joined(p)) for _, p in lines[k:end])
+    if header is not None:
+        inner = re.search(r"\bdo\b(.*)\bdone\s*;?\s*$", body, re.S)
+        if inner is None:
+            return None
+        body = inner.group(1).strip()
+    if _LAUNCHING.search(body):
+        return None             # a launch in an arm: the line-by-line reader follows it
+    state = dict(env)
+    left = list(positional)
+    line = lines[k][0]
+    rounds = 0
+    try:
+        while True:
+            if header is not None:
+                test = " ".join(header[1:])
+                go = bool(left) if _ARGUMENTS_LEFT.match(test) else condition(["if", *header[1:]], state, left)
+                if go is None:
+                    return None
+                if not go:
+                    break
+            parsed = _case(body, state, left)
+            if parsed is None:
+                return None
+            word, arms, after = parsed
+            before = len(left)
+            arm = next((cmds for patterns, cmds in arms if any(fnmatch.fnmatchcase(word, _pattern(p, state, left))
+                                                                 for p in patterns)), None)
+            outcome = _run_arm(arm, state, left, line, script, word) if arm is not None else None
+            if outcome is None:
+                outcome = _run_arm(after, state, left, line, script, word)
+            rounds += 1
+            if header is None or outcome == "break":
+                break
+            if len(left) == before and outcome != "continue" or rounds > _MAX_ROUNDS:
+                return None     # an arm that shifts nothing would loop forever in bash: not followed
+    except _Exit:
+        raise ShellError(f"line {line}: {os.path.basename(script)}'s argument loop exits for the arguments given "
+                         f"(`exit 0`): bash launches nothing") from None
+    except ValueError:
+        return None
+    env.clear()
+    env.update(state)
+    return end, tuple(left)
+
+
+def _pattern(pattern: str, env: Dict, positional: Sequence[str]) -> str:
+    if len(pattern) >= 2 and pattern[0] == pattern[-1] and pattern[0] in "'\"":
+        return re.sub(r"([*?\[])", r"[\1]", _expand(pattern[1:-1], env, positional))
+    return _expand(pattern, env, positional)

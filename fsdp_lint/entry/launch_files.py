@@ -1,0 +1,104 @@
+"""Where a launch script's launched file is: a file from the folder the script runs in (or the folders around
+it), a module's file (``python -m pkg.train``), the project's console script's module, and the close names of a
+file that is not there."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Dict, Optional, Tuple
+
+from fsdp_lint.entry.bash_words import ShellError
+from fsdp_lint.entry.console_launch import top_level_names
+
+
+def _resolve(name: str, script: str, cd: Optional[str]) -> Tuple[Optional[str], str]:
+    """The launched file: from the folder the script `cd`s to, the current folder, the script's folder, or
+    a folder above it (a script in scripts/ run from the repository root)."""
+    here = os.path.dirname(os.path.abspath(script))
+    bases = ([cd] if cd else []) + [os.getcwd(), here]
+    up = here
+    for _ in range(3):
+        up = os.path.dirname(up)
+        bases.append(up)
+    for base in bases:
+        cand = os.path.join(base, name) if not os.path.isabs(name) else name
+        if os.path.isfile(cand):
+            return os.path.abspath(cand), os.path.abspath(base)
+    return None, os.getcwd()
+
+
+def _near(name: str, script: str, cd: Optional[str]) -> str:
+    """``; its folder has main_training_llama.py`` for a launched file that is not there (a script left
+    behind by a rename): the files of that folder whose names are close to it, or ""."""
+    import difflib
+
+    here = os.path.dirname(os.path.abspath(script))
+    for base in filter(None, (cd, os.getcwd(), here, os.path.dirname(here))):
+        folder = os.path.normpath(os.path.join(base, os.path.dirname(name)))
+        try:
+            files = [f for f in os.listdir(folder) if f.endswith(".py")]
+        except OSError:
+            continue
+        close = difflib.get_close_matches(os.path.basename(name), files, n=3, cutoff=0.6)
+        if close:
+            where = "the current folder" if folder == os.getcwd() else f"{os.path.relpath(folder)}/"
+            return f"; {where} has {', '.join(sorted(close))}"
+    return ""
+
+
+def _module_file(module: str, script: str, cd: Optional[str]) -> Tuple[Optional[str], str]:
+    """The file `python -m module` runs (``pkg/mod.py`` or ``pkg/mod/__main__.py``, also under ``src/``)."""
+    rel = module.replace(".", os.sep)
+    for cand in (rel + ".py", os.path.join(rel, "__main__.py"), os.path.join("src", rel + ".py"),
+                 os.path.join("src", rel, "__main__.py")):
+        path, base = _resolve(cand, script, cd)
+        if path is not None:
+            return path, (os.path.dirname(base) if base.endswith(os.sep + "src") else base)
+    return None, os.getcwd()
+
+
+def _module_root(path: str, module: str) -> str:
+    """The folder `module` resolves from, `path` being its file (``.../gritlm/training/run.py`` of
+    ``training.run``: ``.../gritlm``)."""
+    depth = len(module.split(".")) - (0 if os.path.basename(path) == "__main__.py" else 1)
+    root = os.path.dirname(path)
+    for _ in range(depth):
+        root = os.path.dirname(root)
+    return root
+
+
+def _console_commands(script: str, cd: Optional[str]) -> Dict[str, str]:
+    """The console scripts of the repository the script is in (or runs in): command -> "module:function"."""
+    from fsdp_lint.entry.launches import console_scripts
+    from fsdp_lint.entry.project import repo_root
+
+    out: Dict[str, str] = {}
+    for start in filter(None, (cd, os.path.dirname(os.path.abspath(script)), os.getcwd())):
+        root = repo_root(start)
+        if root:
+            for name, target in console_scripts(root):
+                out.setdefault(name, target)
+    return out
+
+
+def _console_file(command: str, target: str, script: str, cd: Optional[str], line: int) -> Tuple[str, str]:
+    """The file a console script runs, when running that file as a script calls the same function."""
+    module, _, function = target.partition(":")
+    path, base = _module_file(module, script, cd)
+    if path is None:
+        raise ShellError(f"line {line} runs `{command}`, the project's command ({target}), whose module is "
+                         f"not in this checkout")
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        text = fh.read()
+    name = function.split(".")[0]
+    defined = top_level_names(text)
+    if defined is not None and name not in defined:
+        raise ShellError(f"line {line} runs `{command}`, the project's command ({target}), but {os.path.relpath(path)} "
+                         f"defines no `{name}`: the command fails there on a node too (ImportError: cannot import name "
+                         f"'{name}'); lint the file as `python {os.path.relpath(path)}` runs it, or fix the entry point")
+    main = re.search(r"^if\s+__name__\s*==\s*[\"']__main__[\"']\s*:(.*?)(?=^\S|\Z)", text, re.S | re.M)
+    if not main or not re.search(rf"\b{re.escape(function.split('.')[-1])}\s*\(", main.group(1)):
+        raise ShellError(f"line {line} runs `{command}`, the project's command ({target}); running "
+                         f"{os.path.relpath(path)} as a script does not call {function}(): lint the file the "
+                         f"command dispatches to")
+    return path, base

@@ -1,0 +1,29 @@
+"""A module the replay could not import that is the repository's own package (``mylib/`` next to ``scripts/``,
+imported by ``scripts/train.py``): python does not find it from the launched script's folder, and the repository
+is not installed. The cause is the search path (the launch script's PYTHONPATH, an editable install), never a
+package to `pip install` from the index."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+_REPO_MARKS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+
+
+def own_package(top: str, entry_path: Optional[str]) -> Optional[str]:
+    """Why `top` is not importable when it is a package of the entry's repository, or None."""
+    if not entry_path or not top.isidentifier():
+        return None
+    here = os.path.dirname(os.path.abspath(entry_path))
+    folder = os.path.dirname(here)
+    for _ in range(4):
+        for cand in (os.path.join(folder, top, "__init__.py"), os.path.join(folder, top + ".py")):
+            if os.path.isfile(cand):
+                # (the folder written whole: the replay runs in the launch's folder, not where the user is)
+                return (f"`{top}` is the repository's own package (in {folder}), which python does not find from "
+                        f"the script's folder ({os.path.basename(here)}/): put that folder on PYTHONPATH (as a launch "
+                        f"script's `cd {os.path.basename(folder)}; export PYTHONPATH=.` does) or install the repository")
+        if any(os.path.exists(os.path.join(folder, m)) for m in _REPO_MARKS) or folder == os.path.dirname(folder):
+            break
+        folder = os.path.dirname(folder)
+    return None
