@@ -243,6 +243,10 @@ class Failures(MissingPackages):
         `exc` holds (``cfg.validate()`` skipped, then ``build_mesh(cfg)`` fails): the later failure
         is likely its consequence."""
         from fsdp_lint.replay.consequences import holds
+        from fsdp_lint.replay.missing_inputs import missing_input
+
+        if missing_input(exc):
+            return None     # a file, download or the network this machine lacks: its own cause, whatever it shares
         found, before = None, len(self.skips) if before is None else before
         for _ in range(5):              # back along the chain: a skipped failure that follows from an earlier one
             match = next((i for i in range(before - 1, -1, -1)     # the closest one before the failure
