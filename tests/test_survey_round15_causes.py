@@ -1,0 +1,258 @@
+"""Round 15 of the real-launch survey: the one-line cause a failed lint reports. Each fixture is written in
+the idiom met (a package, helpers in other modules, argv); the oracle is python, real torch or the library."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import textwrap
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from conftest import run_subprocess  # noqa: E402
+
+
+def _tree(root, files):
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+def _error(res) -> str:
+    lines = [ln for ln in res.err.splitlines() if ln.startswith("fsdp-lint: error:")]
+    assert len(lines) == 1, res.err
+    return lines[0]
+
+
+def _line_of(path, text: str) -> int:
+    return next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if text in ln)
+
+
+# -- 1. two failures that only share the config object are no chain -------------------------------------------
+# a tracker needs a login here and is skipped; its next statement (a library logger handed `vars(args)`) fails on
+# the unbound tracker (the project's helper handed `args` sets a run name on it); the model's hub config is not here on its own account. The error named the tracker as the
+# cause, the hub config as what "it would have set up" (Bagel, Infinity and two more)
+SHARED_ARGS = {
+    "pyproject.toml": '''
+        [project]
+        name = "trk"
+        version = "0.1"
+    ''',
+    "trk/__init__.py": "",
+    "trk/tracking.py": '''
+        from __future__ import annotations
+
+
+        class Tracker:
+            def __init__(self, project: str):
+                raise RuntimeError("No API key configured. Use `tracker login` to log in.")
+
+            def log_config(self, config: dict) -> None:
+                pass
+
+
+        def start_tracking(args) -> Tracker:
+            tracker = Tracker(args.project)
+            args.run_name = f"{args.project}-{tracker.run_id}"
+            return tracker
+    ''',
+    "train.py": '''
+        from __future__ import annotations
+
+        import argparse
+        import json
+        import os
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from trk.tracking import start_tracking
+
+
+        def main():
+            p = argparse.ArgumentParser()
+            p.add_argument("--llm_path", default="acme/never-downloaded-0.5B")
+            p.add_argument("--project", default="demo")
+            p.add_argument("--out", default="runs/none/here")
+            args = p.parse_args()
+            dist.init_process_group("nccl")
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            tracker = start_tracking(args)
+            tracker.log_config(vars(args))
+            with open(os.path.join(args.out, "args.json"), "w") as fh:
+                json.dump(vars(args), fh)
+            config = AutoConfig.from_pretrained(args.llm_path)
+            model = AutoModelForCausalLM.from_config(config)
+            layer_cls = type(model.model.layers[0])
+            model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({layer_cls}), device_id=torch.cuda.current_device())
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+}
+
+
+def test_a_missing_hub_config_is_its_own_cause_not_the_skipped_trackers(cli, tmp_path, monkeypatch):
+    _tree(tmp_path, SHARED_ARGS)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = _error(res)
+    at = _line_of(tmp_path / "train.py", "AutoConfig.from_pretrained(")
+    assert f"train.py:{at}:" in line and "acme/never-downloaded-0.5B" in line, line
+    assert "No API key" not in line and "used later" not in line, line
+
+
+# a library function handed the config only reads it (json.dump(vars(args)), a logger's update): a later failure
+# of the script's own model code is the script's, not a consequence of the skipped dump
+SHARED_ARGS_OWN_BUG = {
+    **SHARED_ARGS,
+    "trk/model.py": '''
+        from __future__ import annotations
+
+        import torch.nn as nn
+
+
+        class Net(nn.Module):
+            def __init__(self, dim: int, layers: int):
+                super().__init__()
+                self.blocks = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
+                self.head = nn.Linear(dim, "vocab")
+    ''',
+    "train.py": '''
+        from __future__ import annotations
+
+        import argparse
+        import json
+        import os
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        from trk.model import Net
+
+
+        def main():
+            p = argparse.ArgumentParser()
+            p.add_argument("--dim", type=int, default=64)
+            p.add_argument("--layers", type=int, default=2)
+            p.add_argument("--out", default="runs/none/here")
+            args = p.parse_args()
+            dist.init_process_group("nccl")
+            json.dump(vars(args), open(os.path.join(args.out, "args.json"), "w"))
+            model = Net(args.dim, args.layers)
+            model = FSDP(model, device_id=torch.cuda.current_device())
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+}
+
+
+def test_a_library_call_handed_the_config_is_no_cause_of_the_scripts_own_failure(cli, tmp_path):
+    _tree(tmp_path, SHARED_ARGS_OWN_BUG)
+    # the oracle: python fails building the model with the output folder there (as on a node)
+    os.makedirs(tmp_path / "runs/none/here")
+    real = run_subprocess(["-c", "import sys; sys.path.insert(0, '.'); from trk.model import Net; Net(64, 2)"],
+                          cwd=str(tmp_path))
+    failing = re.findall(r'File ".*trk/model.py", line (\d+)', real.stderr)[-1]
+    os.rmdir(tmp_path / "runs/none/here")
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = _error(res)
+    assert f"trk/model.py:{failing}: TypeError" in line, line
+    assert "FileNotFoundError" not in line and "used later" not in line, line
+
+
+# -- 3. a stand-in blamed only where the failing line reads what it gave -----------------------------------------
+# a dataclass DTO annotates a field with a class of a package not installed here (`effnet: torchvision.transforms
+# .Compose = EXPECTED`, StableCascade); a SLURM launch reads its local rank, unset here. The error blamed the
+# package for the rank's `int(None)`
+STANDIN_ANNOTATION = {
+    "cascade/__init__.py": "",
+    "cascade/model.py": '''
+        from __future__ import annotations
+
+        import torch.nn as nn
+
+
+        class Block(nn.Module):
+            def __init__(self, dim: int = 128):
+                super().__init__()
+                self.proj = nn.Linear(dim, dim)
+
+
+        class Net(nn.Module):
+            def __init__(self, depth: int = 4):
+                super().__init__()
+                self.blocks = nn.ModuleList(Block() for _ in range(depth))
+    ''',
+    "train.py": '''
+        import os
+        from dataclasses import dataclass
+
+        import fancy_augment_lib
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        from cascade.model import Block, Net
+
+
+        @dataclass(frozen=True)
+        class Extras:
+            transforms: fancy_augment_lib.Compose = None
+
+
+        def main(device):
+            dist.init_process_group("nccl")
+            torch.cuda.set_device(device)
+            model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy([Block]), device_id=device)
+
+
+        if __name__ == "__main__":
+            main(torch.device(int(os.environ.get("SLURM_LOCALID"))))
+    ''',
+}
+
+
+def test_a_stand_in_only_annotated_is_not_blamed_for_an_unrelated_failure(cli, tmp_path, monkeypatch):
+    _tree(tmp_path, STANDIN_ANNOTATION)
+    monkeypatch.delenv("SLURM_LOCALID", raising=False)
+    # the oracle: python, with the package there, fails on the same line for the same reason
+    site = tmp_path / "site"
+    _tree(site, {"fancy_augment_lib/__init__.py": "class Compose:\n    pass\n"})
+    env = {"PYTHONPATH": str(site), "SLURM_LOCALID": ""}
+    real = run_subprocess(["-c", "import os; os.environ.pop('SLURM_LOCALID'); import runpy; "
+                                 "runpy.run_path('train.py', run_name='__main__')"], cwd=str(tmp_path), env=env)
+    assert "TypeError: int() argument must be" in real.stderr, real.stderr
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = _error(res)
+    at = _line_of(tmp_path / "train.py", 'int(os.environ.get("SLURM_LOCALID"))')
+    assert f"train.py:{at}:" in line and "TypeError: int() argument must be" in line, line
+    assert "fancy_augment_lib" not in line and "pip install" not in line, line
+
+
+def test_a_check_of_what_a_stand_in_gave_still_names_the_package(cli, tmp_path):
+    # the same file, the check reading the stand-in's value through an assignment: the package is the cause
+    files = dict(STANDIN_ANNOTATION)
+    files["train.py"] = files["train.py"].replace(
+        '''            main(torch.device(int(os.environ.get("SLURM_LOCALID"))))''',
+        '''            urls = fancy_augment_lib.expand_urls("shards-{0000..0127}.tar")
+            num_shards = len(urls)
+            assert num_shards % 8 == 0, f"{num_shards} shards do not divide among the ranks"
+            main(torch.device(0))''')
+    _tree(tmp_path, files)
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = _error(res)
+    assert "fancy_augment_lib" in line and "pip install fancy-augment-lib" in line, line
