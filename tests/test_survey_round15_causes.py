@@ -256,3 +256,96 @@ def test_a_check_of_what_a_stand_in_gave_still_names_the_package(cli, tmp_path):
     assert res.code == 2
     line = _error(res)
     assert "fancy_augment_lib" in line and "pip install fancy-augment-lib" in line, line
+
+
+# -- 4. what only follows from a skipped data-only tokenizer is skipped, asserts included --------------------------
+# AQLM's finetune: the tokenizer (a hub id in argv) feeds only the data; the script checks it has an eos token and
+# pads with it. The tokenizer is not here and is skipped; its `assert` failed on the unbound name and ended the lint
+TOKENIZER_ASSERT = {
+    "ftune/__init__.py": "",
+    "ftune/model.py": '''
+        from __future__ import annotations
+
+        import torch.nn as nn
+
+
+        class Block(nn.Module):
+            def __init__(self, dim: int):
+                super().__init__()
+                self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+
+        class LM(nn.Module):
+            def __init__(self, dim: int = 64, depth: int = 3):
+                super().__init__()
+                self.embed = nn.Embedding(1000, dim)
+                self.layers = nn.ModuleList(Block(dim) for _ in range(depth))
+    ''',
+    "finetune.py": '''
+        from __future__ import annotations
+
+        import argparse
+
+        import torch
+        import transformers
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        from ftune.model import LM, Block
+
+
+        def main():
+            p = argparse.ArgumentParser()
+            p.add_argument("tokenizer")
+            args = p.parse_args()
+            torch.distributed.init_process_group("nccl")
+            tokenizer = transformers.AutoTokenizer.from_pretrained(args.tokenizer)
+            assert tokenizer.eos_token_id is not None
+            tokenizer.pad_token = tokenizer.eos_token
+            model = FSDP(LM(), auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.cuda.current_device())
+            opt = torch.optim.Adam(model.parameters())
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+}
+
+
+def test_an_assert_on_a_skipped_data_only_tokenizer_is_skipped_too(cli, tmp_path, monkeypatch):
+    import json
+
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    _tree(tmp_path, TOKENIZER_ASSERT)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    res = cli("finetune.py", "-n", "8", "--no-cache", "--format", "json", "--", "acme/never-downloaded-tok",
+              cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    skipped = f["replay"]["skipped_statements"]
+    assert any("acme/never-downloaded-tok" in s["error"] for s in skipped), f
+    assert _line_of(tmp_path / "finetune.py", "assert tokenizer.eos_token_id") in [s["line"] for s in skipped]
+    # the oracle: real FSDP1 wraps the model the tokenizer never touched
+    from ftune.model import LM, Block
+
+    real = fsdp1_units(LM, world_size=8, auto_wrap_policy=ModuleWrapPolicy({Block}))
+    assert [(u["module"], u["numel"]) for u in f["plan"]["units"] if u["numel"]] == \
+        [(r["module"], r["numel"]) for r in real]
+
+
+def test_the_scripts_own_failing_assert_still_stops_the_lint(cli, tmp_path, monkeypatch):
+    # an assert that fails on its own (no skipped statement behind it) is the script's, as on a node
+    files = dict(TOKENIZER_ASSERT)
+    files["finetune.py"] = files["finetune.py"].replace(
+        "            assert tokenizer.eos_token_id is not None\n",
+        "            assert tokenizer.eos_token_id is not None\n"
+        "            assert args.tokenizer.startswith(\"local/\"), \"tokenizers come from local/ folders\"\n")
+    _tree(tmp_path, files)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    res = cli("finetune.py", "-n", "8", "--no-cache", "--", "acme/never-downloaded-tok", cwd=str(tmp_path))
+    assert res.code == 2
+    line = _error(res)
+    assert "tokenizers come from local/ folders" in line, line
