@@ -349,3 +349,127 @@ def test_the_scripts_own_failing_assert_still_stops_the_lint(cli, tmp_path, monk
     assert res.code == 2
     line = _error(res)
     assert "tokenizers come from local/ folders" in line, line
+
+
+# -- 6. a missing checkpoint that holds a pickled module decides the model ---------------------------------------
+# AQLM saves the quantized model one pickled nn.Module per layer and loads them back into the layer list. The
+# stand-in state dict was assigned as a child module and the error said torch refuses it "on a GPU node too"
+PICKLED_LAYERS = {
+    "qlm/__init__.py": "",
+    "qlm/model.py": '''
+        from __future__ import annotations
+
+        import torch.nn as nn
+
+
+        class Block(nn.Module):
+            def __init__(self, dim: int = 64):
+                super().__init__()
+                self.fc = nn.Linear(dim, dim)
+
+
+        class QuantBlock(nn.Module):
+            def __init__(self, dim: int = 64, groups: int = 4):
+                super().__init__()
+                self.codes = nn.Parameter(__import__("torch").zeros(dim, dim // groups), requires_grad=False)
+                self.scales = nn.Linear(dim, dim, bias=False)
+
+
+        class Net(nn.Module):
+            def __init__(self, depth: int = 3):
+                super().__init__()
+                self.layers = nn.ModuleList(Block() for _ in range(depth))
+    ''',
+    "qlm/loading.py": '''
+        from __future__ import annotations
+
+        import os
+
+        import torch
+
+
+        def load_quantized(model, load_path: str):
+            for i in range(len(model.layers)):
+                model.layers[i] = torch.load(os.path.join(load_path, f"{i}.pth"), weights_only=False)
+            return model
+    ''',
+    "finetune.py": '''
+        from __future__ import annotations
+
+        import sys
+
+        import torch
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        from qlm.loading import load_quantized
+        from qlm.model import Net, QuantBlock
+
+
+        def main(load_path):
+            torch.distributed.init_process_group("nccl")
+            model = load_quantized(Net(), load_path)
+            model = FSDP(model, auto_wrap_policy=lambda module, recurse, **_: recurse or isinstance(module, QuantBlock),
+                         device_id=torch.cuda.current_device(), use_orig_params=True)
+
+
+        if __name__ == "__main__":
+            main(sys.argv[1])
+    ''',
+}
+
+
+def test_a_missing_pickled_module_checkpoint_is_named_as_what_decides_the_model(cli, tmp_path, monkeypatch):
+    import json
+
+    import torch
+    from oracle import fsdp1_units
+
+    _tree(tmp_path, PICKLED_LAYERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from qlm.loading import load_quantized
+    from qlm.model import Net, QuantBlock
+
+    # the oracle: with the files there, real torch loads the pickled modules into the model FSDP wraps -- what the
+    # files hold (QuantBlock, not Block) is the model
+    (tmp_path / "quantized").mkdir()
+    for i in range(3):
+        torch.save(QuantBlock(), tmp_path / "quantized" / f"{i}.pth")
+    real = fsdp1_units(lambda: load_quantized(Net(), str(tmp_path / "quantized")), world_size=8, use_orig_params=True,
+                       auto_wrap_policy=lambda module, recurse, **_: recurse or isinstance(module, QuantBlock))
+    res = cli("finetune.py", "-n", "8", "--no-cache", "--format", "json", "--", "quantized", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    units = json.loads(res.out)["files"][0]["plan"]["units"]
+    assert [(u["module"], u["numel"]) for u in units if u["numel"]] == [(r["module"], r["numel"]) for r in real]
+
+    # without them, nothing stands in for the modules: the missing file is named, never torch nor a node
+    for i in range(3):
+        os.remove(tmp_path / "quantized" / f"{i}.pth")
+    res = cli("finetune.py", "-n", "8", "--no-cache", "--", "quantized", cwd=str(tmp_path))
+    assert res.code == 2
+    line = _error(res)
+    at = _line_of(tmp_path / "qlm/loading.py", "model.layers[i] = torch.load(")
+    assert f"qlm/loading.py:{at}: `quantized/0.pth` is not on this machine" in line, line
+    assert "GPU node" not in line and "StandInStateDict" not in line, line
+
+
+def test_a_missing_pickled_module_used_at_the_top_level_is_not_skipped(cli, tmp_path):
+    # the module's own method called on what the file held (freezing a pickled encoder): a tolerant statement
+    # skipped the stand-in's AttributeError and planned a model without the encoder
+    files = dict(PICKLED_LAYERS)
+    files["finetune.py"] = '''
+        import torch
+        import torch.nn as nn
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        from qlm.model import Net
+
+        torch.distributed.init_process_group("nccl")
+        encoder = torch.load("ckpts/encoder.pt", weights_only=False)
+        encoder.requires_grad_(False)
+        model = FSDP(nn.ModuleDict({"encoder": encoder, "net": Net()}), device_id=torch.cuda.current_device())
+    '''
+    _tree(tmp_path, files)
+    res = cli("finetune.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = _error(res)
+    assert "`ckpts/encoder.pt` is not on this machine" in line and "`.requires_grad_` used" in line, line

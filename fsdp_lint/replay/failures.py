@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from fsdp_lint.replay import arguments, drift
+from fsdp_lint.replay.checkpoints import module_use, used_as_module
 from fsdp_lint.replay.stand_ins import stand_in_on_failing_line
 from fsdp_lint.replay.framework_checks import raised_by_framework_launch
 from fsdp_lint.replay.handlers import PROTOCOL_METHODS, handled_by_the_script
@@ -106,6 +107,8 @@ class Failures(MissingPackages):
             return False
         if raised_by_model_validation(exc) or raised_by_framework_launch(exc):   # a real node fails there too
             return False
+        if used_as_module(exc) is not None:
+            return False            # a checkpoint file that holds a module decides the model: nothing stands in
         if line is not None and not isinstance(exc, (NetworkWait, NotDownloaded)) and self.stub_cause(exc) is None \
                 and handled_by_the_script(exc, frame, line, self._is_project_path):
             return False            # the script's own `except` takes it, as on a node (replay.handlers)
@@ -336,6 +339,12 @@ class Failures(MissingPackages):
             # failed on a name a skipped statement would have bound: that statement's failure is the first)
             return (f"{self._location(exc, entry_display)}: setup code failed {where_real}: {_one_line(exc)} "
                     f"{self._uses_stand_in(stub, self.decides_note(entry_display))}")
+        checkpoint = used_as_module(exc)
+        if checkpoint is not None:
+            return (f"{self._location(exc, entry_display)}: `{_display(checkpoint, self.entry_path, entry_display)}` is "
+                    f"not on this machine, and the setup uses what it loads as a module ({module_use(exc)}: the file "
+                    f"holds a pickled nn.Module, a quantized layer or a whole model): the file decides the model, so "
+                    f"there is no plan without it -- lint where the file is, or copy it here")
         parsing = None if self.names_an_argument(exc) else \
             arguments.describe(exc, self._location(exc, entry_display), self.argv, entry_display, _one_line)
         if parsing:                                 # trials: the script refuses its arguments
