@@ -473,3 +473,74 @@ def test_a_missing_pickled_module_used_at_the_top_level_is_not_skipped(cli, tmp_
     assert res.code == 2
     line = _error(res)
     assert "`ckpts/encoder.pt` is not on this machine" in line and "`.requires_grad_` used" in line, line
+
+
+# -- 5. pytest's skip of a module whose package is missing is the script's own stop --------------------------------
+# torchao's benchmarks: `except ImportError: pytest.skip(..., allow_module_level=True)` (a BaseException) was
+# reported as "internal error: Skipped: ..."
+PYTEST_SKIP = {
+    "benchmarks/__init__.py": "",
+    "benchmarks/models.py": '''
+        from __future__ import annotations
+
+        import torch.nn as nn
+
+
+        class Expert(nn.Module):
+            def __init__(self, dim: int = 64):
+                super().__init__()
+                self.w = nn.Linear(dim, dim)
+    ''',
+    "benchmarks/bench_moe_fsdp.py": '''
+        from __future__ import annotations
+
+        import pytest
+        import torch
+        from torch.distributed.fsdp import fully_shard
+
+        try:
+            from titan_not_here.models.moe import MoE
+        except ImportError:
+            pytest.skip("torchtitan not installed, skipping MoE tests.", allow_module_level=True)
+
+
+        def main():
+            torch.distributed.init_process_group("nccl")
+            fully_shard(MoE())
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+}
+
+
+def test_a_module_level_pytest_skip_on_a_missing_package_names_the_import(cli, tmp_path):
+    _tree(tmp_path, PYTEST_SKIP)
+    # the oracle: python stops there with pytest's Skipped, raised while handling the failed import
+    real = run_subprocess(["benchmarks/bench_moe_fsdp.py"], cwd=str(tmp_path))
+    assert real.returncode != 0 and "Skipped: torchtitan not installed" in real.stderr
+    assert "No module named 'titan_not_here'" in real.stderr
+    res = cli("benchmarks/bench_moe_fsdp.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = _error(res)
+    at = _line_of(tmp_path / "benchmarks/bench_moe_fsdp.py", "from titan_not_here")
+    assert f"bench_moe_fsdp.py:{at}: `titan_not_here` is not installed here" in line, line
+    assert "torchtitan not installed, skipping MoE tests." in line and "internal error" not in res.err, line
+
+
+def test_pytest_importorskip_names_the_import_too(cli, tmp_path):
+    files = dict(PYTEST_SKIP)
+    files["benchmarks/bench_moe_fsdp.py"] = files["benchmarks/bench_moe_fsdp.py"].replace(
+        '''        try:
+            from titan_not_here.models.moe import MoE
+        except ImportError:
+            pytest.skip("torchtitan not installed, skipping MoE tests.", allow_module_level=True)
+''', '''        moe = pytest.importorskip("titan_not_here.models.moe")
+        MoE = moe.MoE
+''')
+    _tree(tmp_path, files)
+    res = cli("benchmarks/bench_moe_fsdp.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = _error(res)
+    assert "`titan_not_here" in line and "pytest.skip" in line and "internal error" not in res.err, line
