@@ -544,3 +544,106 @@ def test_pytest_importorskip_names_the_import_too(cli, tmp_path):
     assert res.code == 2
     line = _error(res)
     assert "`titan_not_here" in line and "pytest.skip" in line and "internal error" not in res.err, line
+
+
+# -- 2. an explicit online mode is disabled too ---------------------------------------------------------------------
+# Bagel: `wandb.init(mode="offline" if args.wandb_offline else "online")` beat the lint's WANDB_MODE=disabled and
+# asked for a login. The tracker below behaves as wandb does: an explicit mode beats WANDB_MODE, and an online run
+# needs an API key
+FAKE_WANDB = {
+    "wandb/__init__.py": '''
+        import os
+
+
+        class UsageError(Exception):
+            pass
+
+
+        class _Config(dict):
+            def update(self, d=None, **kw):
+                dict.update(self, vars(d) if hasattr(d, "__dict__") else (d or {}), **kw)
+
+
+        config = _Config()
+        modes = []
+
+
+        def login(key=None, **kwargs):
+            if not (key or os.environ.get("WANDB_API_KEY")):
+                raise UsageError("No API key configured. Use `wandb login` to log in.")
+            return True
+
+
+        def init(project=None, mode=None, settings=None, **kwargs):
+            mode = mode or (settings or {}).get("mode") or os.environ.get("WANDB_MODE", "online")
+            modes.append(mode)
+            if mode == "online" and not os.environ.get("WANDB_API_KEY"):
+                raise UsageError("No API key configured. Use `wandb login` to log in.")
+            return object()
+    ''',
+}
+WANDB_ONLINE = {
+    "bagelish/__init__.py": "",
+    "bagelish/model.py": '''
+        from __future__ import annotations
+
+        import torch.nn as nn
+
+
+        class Block(nn.Module):
+            def __init__(self, d: int = 64):
+                super().__init__()
+                self.ff = nn.Linear(d, d)
+
+            def forward(self, x):
+                return self.ff(x)
+    ''',
+    "train.py": '''
+        from __future__ import annotations
+
+        import argparse
+
+        import torch
+        import torch.distributed as dist
+        import torch.nn as nn
+        import wandb
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        from bagelish.model import Block
+
+        if __name__ == "__main__":
+            p = argparse.ArgumentParser()
+            p.add_argument("--wandb_offline", action="store_true")
+            p.add_argument("--layers", type=int, default=3)
+            args = p.parse_args()
+            dist.init_process_group("nccl")
+            if dist.get_rank() == 0:
+                wandb.init(project="demo", mode="offline" if args.wandb_offline else "online")
+                wandb.config.update(vars(args))
+            layers = args.layers if wandb.modes == ["disabled"] else 1      # (what the tracker was asked for)
+            model = FSDP(nn.Sequential(*[Block() for _ in range(layers)]), auto_wrap_policy=ModuleWrapPolicy({Block}),
+                         device_id=torch.cuda.current_device())
+    ''',
+}
+
+
+def test_an_explicit_online_tracker_mode_is_disabled_in_a_lint(cli, tmp_path, monkeypatch):
+    import json
+
+    site = tmp_path / "site"
+    _tree(site, FAKE_WANDB)
+    _tree(tmp_path, WANDB_ONLINE)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    # the oracle: python, with WANDB_MODE=disabled, still asks for the login the explicit mode wants
+    real = run_subprocess(["-c", "import wandb; wandb.init(project='demo', mode='online')"],
+                          env={"PYTHONPATH": str(site), "WANDB_MODE": "disabled"}, cwd=str(tmp_path))
+    assert "No API key configured" in real.stderr
+    for argv in ([], ["--wandb_offline"]):
+        res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", *argv, cwd=str(tmp_path))
+        assert res.code in (0, 1), res.err
+        f = json.loads(res.out)["files"][0]
+        assert f["replay"]["skipped_statements"] == [], f["replay"]
+        assert len([u for u in f["plan"]["units"] if u["numel"]]) == 3

@@ -53,7 +53,7 @@ PLAIN_PYTHON_UNSET = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "G
 
 def install(rec, patch) -> None:
     """Called by the replay's sandbox after the FSDP recorders are in place."""
-    from fsdp_lint.replay.frameworks import accelerate, diffusers, hf, lightning, trl
+    from fsdp_lint.replay.frameworks import accelerate, diffusers, hf, lightning, trackers, trl
     from fsdp_lint.replay.frameworks.hooks import install_hooks, simulate_ddp, simulate_object_collectives
 
     options = current_options()
@@ -62,7 +62,7 @@ def install(rec, patch) -> None:
             os.environ.pop(name, None)
     os.environ.update(options.launch_env)        # as the launch line exports it (the sandbox restores it)
     table: Dict[str, List[Any]] = {}
-    for driver in (lightning, accelerate, hf, trl, diffusers):
+    for driver in (lightning, accelerate, hf, trl, diffusers, trackers):
         for name, fns in driver.hook_table().items():
             table.setdefault(name, []).extend(fns)
     for driver in (accelerate, hf):
