@@ -647,3 +647,48 @@ def test_an_explicit_online_tracker_mode_is_disabled_in_a_lint(cli, tmp_path, mo
         f = json.loads(res.out)["files"][0]
         assert f["replay"]["skipped_statements"] == [], f["replay"]
         assert len([u for u in f["plan"]["units"] if u["numel"]]) == 3
+
+
+# -- 7. the distribution the repository's requirements name, once ----------------------------------------------------
+# Infinity parses its arguments with typed-argument-parser, whose import name is `tap` (PyPI's `tap` is another
+# package); the error said `pip install tap`, twice
+TAP_ARGS = {
+    "requirements.txt": "torch\ntyped-argument-parser>=1.8\n",
+    "infinity_ish/__init__.py": "",
+    "infinity_ish/arg_util.py": '''
+        from tap import Tap
+
+
+        class Args(Tap):
+            depth: int = 4
+            width: int = 64
+    ''',
+    "train.py": '''
+        from __future__ import annotations
+
+        import torch
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        from infinity_ish.arg_util import Args
+
+        if __name__ == "__main__":
+            args = Args().parse_args()
+            dist.init_process_group("nccl")
+            model = nn.Sequential(*[nn.Linear(args.width, args.width) for _ in range(args.depth)])
+            model = FSDP(model, device_id=torch.cuda.current_device())
+    ''',
+}
+
+
+def test_a_missing_import_names_the_distribution_the_requirements_declare_once(cli, tmp_path):
+    _tree(tmp_path, TAP_ARGS)
+    # the oracle: python fails on the import itself
+    real = run_subprocess(["train.py"], cwd=str(tmp_path))
+    assert "No module named 'tap'" in real.stderr
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = _error(res)
+    assert "pip install typed-argument-parser" in line and "pip install tap" not in line, line
+    assert line.count("which could not be imported") == 1 and line.count("pip install") == 1, line

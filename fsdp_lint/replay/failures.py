@@ -337,8 +337,10 @@ class Failures(MissingPackages):
         if stub is not None and not (isinstance(exc, NameError) and self.root_cause(exc) is not None):
             # setup code (not the model) failed on a stand-in: the package it needs is the cause (unless it
             # failed on a name a skipped statement would have bound: that statement's failure is the first)
-            return (f"{self._location(exc, entry_display)}: setup code failed {where_real}: {_one_line(exc)} "
-                    f"{self._uses_stand_in(stub, self.decides_note(entry_display))}")
+            loc, msg = self._location(exc, entry_display), _one_line(exc)
+            if "which could not be imported" in msg:    # the stand-in's own message names the package already
+                return f"{loc}: setup code failed {where_real}: {msg}{self.decides_note(entry_display, loc)}"
+            return f"{loc}: setup code failed {where_real}: {msg} {self._uses_stand_in(stub, self.decides_note(entry_display))}"
         checkpoint = used_as_module(exc)
         if checkpoint is not None:
             return (f"{self._location(exc, entry_display)}: `{_display(checkpoint, self.entry_path, entry_display)}` is "
