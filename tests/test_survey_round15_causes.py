@@ -692,3 +692,71 @@ def test_a_missing_import_names_the_distribution_the_requirements_declare_once(c
     line = _error(res)
     assert "pip install typed-argument-parser" in line and "pip install tap" not in line, line
     assert line.count("which could not be imported") == 1 and line.count("pip install") == 1, line
+
+
+# -- 8. no library drift note on a file that is not here ------------------------------------------------------------
+# OmniGen2/Bagel: the config is read from a path the launch script fills in ($model_path/llm_config.json); the error
+# added "(requirements.txt asks for transformers==4.44.0; installed here: ...)", which no version explains
+DRIFT_MISSING_FILE = {
+    "requirements.txt": "torch\ntransformers==4.44.0\n",
+    "omni/__init__.py": "",
+    "omni/build.py": '''
+        from __future__ import annotations
+
+        import os
+
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+
+        def build_llm(model_path: str):
+            config = Qwen2Config.from_json_file(os.path.join(model_path, "llm_config.json"))
+            return Qwen2ForCausalLM(config)
+    ''',
+    "train.py": '''
+        from __future__ import annotations
+
+        import argparse
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        from omni.build import build_llm
+
+        p = argparse.ArgumentParser()
+        p.add_argument("--model_path", default="$model_path")
+        args = p.parse_args()
+        dist.init_process_group("nccl")
+        model = FSDP(build_llm(args.model_path), device_id=torch.cuda.current_device())
+    ''',
+}
+
+
+def test_a_missing_file_gets_no_library_drift_note(cli, tmp_path):
+    import transformers
+    from packaging.requirements import Requirement
+
+    # the premise: the pin excludes the installed transformers (else there is no note to leave out)
+    assert not Requirement("transformers==4.44.0").specifier.contains(transformers.__version__)
+    _tree(tmp_path, DRIFT_MISSING_FILE)
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = _error(res)
+    assert "$model_path/llm_config.json" in line and "FileNotFoundError" in line, line
+    assert "asks for transformers" not in line, line
+
+
+def test_a_library_api_drift_keeps_its_note(cli, tmp_path):
+    # the control: a keyword transformers 4.44 took (deprecated) and the installed one refuses is the drift's doing
+    files = dict(DRIFT_MISSING_FILE)
+    files["omni/build.py"] = files["omni/build.py"].replace(
+        '''            config = Qwen2Config.from_json_file(os.path.join(model_path, "llm_config.json"))''',
+        '''            config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=256)''').replace(
+        "return Qwen2ForCausalLM(config)", "return AutoModelForCausalLM.from_config(config, use_flash_attention_2=False)").replace(
+        "from transformers import Qwen2Config, Qwen2ForCausalLM", "from transformers import AutoModelForCausalLM, Qwen2Config")
+    _tree(tmp_path, files)
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = _error(res)
+    assert "requirements.txt asks for transformers==4.44.0" in line, line

@@ -15,7 +15,8 @@ import re
 _NOT_THERE = re.compile(
     r"is not a local folder and is not a valid model identifier|does not appear to have a file named|"
     r"Can't load (the )?(config|tokenizer|model|configuration)|We couldn't connect to|"
-    r"Repository Not Found|EntryNotFound|LocalEntryNotFound|No such file or directory|"
+    r"Repository Not Found|EntryNotFound|LocalEntryNotFound|No such file or directory|Repo id must|"
+    r"Incorrect path_or_model_id|"
     r"(file|folder|directory|path|checkpoint) .{0,80}(does not exist|doesn't exist|not found)",
     re.IGNORECASE)
 
@@ -34,7 +35,8 @@ def missing_input(exc: BaseException) -> bool:
         if isinstance(e, OSError) and (e.errno == errno.ENOENT or _NOT_THERE.search(str(e))):
             return True
         if type(e).__name__ in ("LocalEntryNotFoundError", "EntryNotFoundError", "RepositoryNotFoundError",
-                                "RevisionNotFoundError", "GatedRepoError", "OfflineModeIsEnabled"):
+                                "RevisionNotFoundError", "GatedRepoError", "OfflineModeIsEnabled",
+                                "HFValidationError"):       # (a placeholder path: `$model_path/llm`)
             return True
         # (`raise OSError(...) from err`, or an OSError raised while handling one; not any failure that
         # happened to be raised inside an `except FileNotFoundError:`, which may be the script's own check)
