@@ -475,6 +475,30 @@ def test_a_missing_pickled_module_used_at_the_top_level_is_not_skipped(cli, tmp_
     assert "`ckpts/encoder.pt` is not on this machine" in line and "`.requires_grad_` used" in line, line
 
 
+def test_a_missing_pickled_object_that_is_no_module_is_still_skipped(cli, tmp_path):
+    # a pickled training-arguments object (`training_args.bin`) read for a setting the plan does not use: skipped,
+    # as any file this machine lacks
+    files = dict(PICKLED_LAYERS)
+    files["finetune.py"] = '''
+        import torch
+        from torch.distributed.fsdp import fully_shard
+
+        from qlm.model import Net
+
+        torch.distributed.init_process_group("nccl")
+        train_args = torch.load("ckpts/training_args.bin", weights_only=False)
+        lr = train_args.learning_rate
+        model = Net()
+        for layer in model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+    '''
+    _tree(tmp_path, files)
+    res = cli("finetune.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    assert "skipped" in res.out and "learning_rate" in res.out, res.out
+
+
 # -- 5. pytest's skip of a module whose package is missing is the script's own stop --------------------------------
 # torchao's benchmarks: `except ImportError: pytest.skip(..., allow_module_level=True)` (a BaseException) was
 # reported as "internal error: Skipped: ..."

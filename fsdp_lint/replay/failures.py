@@ -341,7 +341,7 @@ class Failures(MissingPackages):
             if "which could not be imported" in msg:    # the stand-in's own message names the package already
                 return f"{loc}: setup code failed {where_real}: {msg}{self.decides_note(entry_display, loc)}"
             return f"{loc}: setup code failed {where_real}: {msg} {self._uses_stand_in(stub, self.decides_note(entry_display))}"
-        checkpoint = used_as_module(exc)
+        checkpoint = used_as_module(exc, any_attribute=True)
         if checkpoint is not None:
             return (f"{self._location(exc, entry_display)}: `{_display(checkpoint, self.entry_path, entry_display)}` is "
                     f"not on this machine, and the setup uses what it loads as a module ({module_use(exc)}: the file "
