@@ -22,6 +22,7 @@ asserts the weights are there), which fsdp-lint reports with the path.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Optional
 
 from fsdp_lint.replay import device_mode, host_values
@@ -112,6 +113,51 @@ class StandInStateDict(dict):
 
     def __repr__(self) -> str:
         return f"<state dict of {self._path!r}: not on this machine>"
+
+
+def used_as_module(exc: BaseException, any_attribute: bool = False) -> Optional[str]:
+    """The missing file whose stand-in the setup used as a module, where `exc` says so, else None.
+
+    ``model.layers[i] = torch.load(f"{dir}/{i}.pth", weights_only=False)``: a file that holds a pickled
+    ``nn.Module`` (a quantized layer, a whole model) decides the model itself -- its classes and shapes, which no
+    state dict stands in for. torch refuses the stand-in as a child module, as a callable, as a module's
+    methods; the cause is the file this machine lacks, not torch's check nor anything a node lacks. Any
+    attribute a state dict lacks counts where the failure already ends the lint (`any_attribute`: ``for layer
+    in model.layers`` of a pickled whole model, a line deciding the wrap); a statement that may be skipped is
+    refused only for a module's own attributes."""
+    if not isinstance(exc, (TypeError, AttributeError)) or StandInStateDict.__name__ not in str(exc):
+        return None
+    if isinstance(exc, AttributeError) and not (any_attribute or _module_attribute(exc)):
+        return None         # (`args = torch.load("args.bin")`, then `args.lr`: a pickled object, may be skipped)
+    tb = exc.__traceback__
+    while tb is not None:
+        for value in list(tb.tb_frame.f_locals.values()):
+            if isinstance(value, StandInStateDict):
+                return value._path
+        tb = tb.tb_next
+    return None
+
+
+def _module_attribute(exc: AttributeError) -> bool:
+    """Whether the attribute `exc` misses is one every ``nn.Module`` has (``.to``, ``.eval``, ``.parameters``)."""
+    import torch.nn as nn
+
+    name = getattr(exc, "name", None)
+    if not name:
+        found = re.search(r"has no attribute '(\w+)'", str(exc))
+        name = found.group(1) if found else None
+    return bool(name) and hasattr(nn.Module, name)
+
+
+def module_use(exc: BaseException) -> str:
+    """How the setup used a stand-in as a module (`used_as_module`), in words."""
+    text = str(exc)
+    if "child module" in text:
+        return "assigned as a child module"
+    if "not callable" in text:
+        return "called"
+    found = re.search(r"has no attribute '(\w+)'", text)
+    return f"its `.{found.group(1)}` used" if found else "used as a module"
 
 
 def _tensors(module):

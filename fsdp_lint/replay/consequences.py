@@ -63,8 +63,9 @@ def acted_on(stmt: ast.stmt, frame) -> List[object]:
         exprs = []
         if isinstance(node, ast.Call):
             exprs = [node.func.value] if isinstance(node.func, ast.Attribute) else []
-            exprs += [a for a in node.args if isinstance(a, (ast.Name, ast.Attribute))]
-            exprs += [k.value for k in node.keywords if isinstance(k.value, (ast.Name, ast.Attribute))]
+            if _may_set_arguments(node.func, frame):
+                exprs += [a for a in node.args if isinstance(a, (ast.Name, ast.Attribute))]
+                exprs += [k.value for k in node.keywords if isinstance(k.value, (ast.Name, ast.Attribute))]
         elif isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store):
             exprs = [node.value]
         for expr in exprs:
@@ -74,6 +75,48 @@ def acted_on(stmt: ast.stmt, frame) -> List[object]:
             seen.add(id(value))
             out.append(value)
     return out
+
+
+def _may_set_arguments(func: ast.expr, frame) -> bool:
+    """Whether the function `func` names in `frame` may set state on the objects it is handed: the project's
+    own code (``check_args(args)``, ``Trainer(cfg)``), or a callee not known here (a name the skip left
+    unbound). A library's function only reads what it is handed -- a logger's ``wandb.config.update(args)``,
+    ``vars(args)``, ``json.dumps(cfg)`` -- so a later failure in a frame holding `args` is no consequence of it."""
+    from fsdp_lint.entry.project import is_local
+
+    target = _callee(func, frame)
+    if target is _value:
+        return True
+    target = getattr(target, "__func__", target)                 # a bound method
+    if not isinstance(target, (types.FunctionType, type)) and callable(target):
+        target = type(target)                                    # a callable instance: its class's __call__
+    code = getattr(target, "__code__", None)
+    if code is not None:
+        return is_local(code.co_filename)
+    module = sys.modules.get(getattr(target, "__module__", None) or "")
+    return is_local(getattr(module, "__file__", None) or "")
+
+
+def _callee(func: ast.expr, frame):
+    """What `func` names in `frame` -- looked up statically (no property or ``__getattr__`` runs) -- or `_value`."""
+    import builtins
+    import inspect
+
+    if isinstance(func, ast.Name):
+        if func.id in frame.f_locals:
+            return frame.f_locals[func.id]
+        if func.id in frame.f_globals:
+            return frame.f_globals[func.id]
+        return getattr(builtins, func.id, _value)
+    if isinstance(func, ast.Attribute):
+        base = _callee(func.value, frame)
+        if base is _value:
+            return _value
+        try:
+            return inspect.getattr_static(base, func.attr)
+        except AttributeError:
+            return _value
+    return _value
 
 
 def works_on_a_module(stmt: ast.stmt, frame) -> bool:

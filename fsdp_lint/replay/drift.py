@@ -33,10 +33,11 @@ _NO_MODULE = re.compile(r"No module named '([^']+)'")
 def note(exc: BaseException, entry_path: Optional[str]) -> str:
     """`` (requirements.txt asks for transformers==4.45.2; installed here: 5.25.0)`` for each library
     behind `exc` whose installed version the repository's pins exclude, or ''. Not for what is not
-    downloaded: a config or tokenizer that is not here is the cause, whatever the versions."""
-    from fsdp_lint.replay.network import NotDownloaded
+    downloaded, nor for a missing file or path (``$model_path/llm_config.json``, a hub id that is not here): what
+    is not here is the cause, whatever the versions."""
+    from fsdp_lint.replay.missing_inputs import missing_input
 
-    if isinstance(exc, NotDownloaded):
+    if missing_input(exc):
         return ""
     try:
         # (not torch: the simulated node's torch is fsdp-lint's own, >= 2.6, whatever an old checkout pins;

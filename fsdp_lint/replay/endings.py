@@ -201,3 +201,41 @@ def on_exit(run, exc: SystemExit) -> None:
                           f"handling {at}{text}{first}")
     detail = f": {last_error}" if last_error else ""
     raise ReplayError(f"{run.display}: the script exited with status {code!r} before training started{detail}")
+
+
+def stops_itself(exc: BaseException) -> bool:
+    """The script's own stop that is neither a failure nor ``sys.exit``: pytest's skip of a module whose optional
+    package is missing (``except ImportError: pytest.skip(..., allow_module_level=True)``, ``pytest.importorskip``;
+    a BaseException), or any BaseException of the script raised while it handled an ImportError."""
+    if isinstance(exc, (Exception, SystemExit, KeyboardInterrupt, GeneratorExit)):
+        return False
+    return _pytest_outcome(exc) or isinstance(exc.__context__, ImportError)
+
+
+def _pytest_outcome(exc: BaseException) -> bool:
+    """pytest's skip/exit/fail of the module (its classes say `builtins` for their module)."""
+    import sys
+
+    outcomes = sys.modules.get("_pytest.outcomes")
+    return outcomes is not None and isinstance(exc, getattr(outcomes, "OutcomeException", ()))
+
+
+def on_own_stop(run, exc: BaseException) -> None:
+    """The script stopped itself (`stops_itself`): on an import that failed, that import and its package."""
+    how = f"pytest.{type(exc).__name__.lower().replace('skipped', 'skip').replace('failed', 'fail')}" \
+        if _pytest_outcome(exc) else type(exc).__name__
+    reason = getattr(exc, "msg", None) or str(exc)
+    said = f"{how}: {reason}" if reason else how
+    handled = exc.__context__
+    named = re.search(r"No module named '([^']+)'", reason) if _pytest_outcome(exc) else None
+    if not isinstance(handled, ImportError) and named:      # pytest.importorskip raises after its `except`
+        handled = ModuleNotFoundError(named.group(0), name=named.group(1))
+        handled.__traceback__ = exc.__traceback__
+    if isinstance(handled, ImportError):
+        where = _innermost_project_line(handled)
+        at = f"{_display(where[0], run.path, run.shown)}:{where[1]}" if where else run.display
+        text = run.failures.describe_import_error(handled) or (_one_line(handled) + package_hint(handled, ""))
+        raise ReplayError(f"{at}: {text} (the script stops itself there, as on a node without it: {said})")
+    where = _innermost_project_line(exc)
+    at = f"{_display(where[0], run.path, run.shown)}:{where[1]}" if where else run.display
+    raise ReplayError(f"{at}: the script stopped itself before it built a model ({said})")

@@ -17,21 +17,15 @@ from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from fsdp_lint.replay import arguments, drift
+from fsdp_lint.replay.checkpoints import module_use, used_as_module
 from fsdp_lint.replay.stand_ins import stand_in_on_failing_line
 from fsdp_lint.replay.framework_checks import raised_by_framework_launch
 from fsdp_lint.replay.handlers import PROTOCOL_METHODS, handled_by_the_script
 from fsdp_lint.replay.own_raises import (fails_an_import, guard_skipped_before, raised_by_model_validation,
                                          raised_by_the_script, stand_in_before)
-from fsdp_lint.replay.imports import (
-    MissingImport,
-    StubUse,
-    circular_module,
-    distribution_of,
-    is_circular,
-    missing_module_of,
-    package_behind,
-    requirement,
-)
+from fsdp_lint.replay.imports import MissingImport, StubUse
+from fsdp_lint.replay.missing_packages import (MissingPackages, display as _display,
+                                               is_fsdp_lint_frame as _is_fsdp_lint_frame, package_hint)
 from fsdp_lint.entry.reading import python_requirement_note
 from fsdp_lint.replay.requirements import set_project
 from fsdp_lint.replay.network import (NetworkWait, NotDownloaded, download_hint, network_ask as _network_ask,
@@ -58,7 +52,7 @@ class SkipRecord:
 
 
 @dataclass
-class Failures:
+class Failures(MissingPackages):
     """The failures of one replay."""
     entry_path: str
     # path -> lines whose failure is never skipped (statements holding a wrap/freeze/cast/optimizer
@@ -96,6 +90,9 @@ class Failures:
             return False
         if frame.f_code.co_name in PROTOCOL_METHODS:
             return False            # `raise AttributeError(key)` in `__getattr__`: getattr(obj, k, default) takes it
+        if line is not None and isinstance(self.tolerant.get(os.path.abspath(frame.f_code.co_filename), {}).get(line),
+                                           ast.Assert) and (isinstance(exc, AssertionError) or self.root_cause(exc) is None):
+            return False            # the script's own check; only one of what a skipped statement left unbound skips
         if exc is self.refused:
             return False            # refused where it decided the wrap: the statements around it do not skip it
         if line is not None and (self.stub_cause(exc) is not None or isinstance(exc, (NetworkWait, NotDownloaded))) \
@@ -109,6 +106,8 @@ class Failures:
             return False
         if raised_by_model_validation(exc) or raised_by_framework_launch(exc):   # a real node fails there too
             return False
+        if used_as_module(exc) is not None:
+            return False            # a checkpoint file that holds a module decides the model: nothing stands in
         if line is not None and not isinstance(exc, (NetworkWait, NotDownloaded)) and self.stub_cause(exc) is None \
                 and handled_by_the_script(exc, frame, line, self._is_project_path):
             return False            # the script's own `except` takes it, as on a node (replay.handlers)
@@ -249,7 +248,10 @@ class Failures:
         `exc` holds (``cfg.validate()`` skipped, then ``build_mesh(cfg)`` fails): the later failure
         is likely its consequence."""
         from fsdp_lint.replay.consequences import holds
+        from fsdp_lint.replay.missing_inputs import missing_input
 
+        if missing_input(exc):
+            return None     # a file, download or the network this machine lacks: its own cause, whatever it shares
         found, before = None, len(self.skips) if before is None else before
         for _ in range(5):              # back along the chain: a skipped failure that follows from an earlier one
             match = next((i for i in range(before - 1, -1, -1)     # the closest one before the failure
@@ -334,8 +336,16 @@ class Failures:
         if stub is not None and not (isinstance(exc, NameError) and self.root_cause(exc) is not None):
             # setup code (not the model) failed on a stand-in: the package it needs is the cause (unless it
             # failed on a name a skipped statement would have bound: that statement's failure is the first)
-            return (f"{self._location(exc, entry_display)}: setup code failed {where_real}: {_one_line(exc)} "
-                    f"{self._uses_stand_in(stub, self.decides_note(entry_display))}")
+            loc, msg = self._location(exc, entry_display), _one_line(exc)
+            if "which could not be imported" in msg:    # the stand-in's own message names the package already
+                return f"{loc}: setup code failed {where_real}: {msg}{self.decides_note(entry_display, loc)}"
+            return f"{loc}: setup code failed {where_real}: {msg} {self._uses_stand_in(stub, self.decides_note(entry_display))}"
+        checkpoint = used_as_module(exc, any_attribute=True)
+        if checkpoint is not None:
+            return (f"{self._location(exc, entry_display)}: `{_display(checkpoint, self.entry_path, entry_display)}` is "
+                    f"not on this machine, and the setup uses what it loads as a module ({module_use(exc)}: the file "
+                    f"holds a pickled nn.Module, a quantized layer or a whole model): the file decides the model, so "
+                    f"there is no plan without it -- lint where the file is, or copy it here")
         parsing = None if self.names_an_argument(exc) else \
             arguments.describe(exc, self._location(exc, entry_display), self.argv, entry_display, _one_line)
         if parsing:                                 # trials: the script refuses its arguments
@@ -401,14 +411,6 @@ class Failures:
         decides = self.decides_note(entry_display, loc) if exc is self.refused else ""
         return f"{loc}: setup code failed {where_real}: {msg}{download_hint(msg, exc)}{hint}{decides}{later}"
 
-    def _uses_stand_in(self, stub: StubUse, decides: str = "") -> str:
-        """``(it uses `catalogue.Registry`, which could not be imported: <why>)``"""
-        top = stub.name.split(".")[0].split("(")[0]
-        imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
-        need = (f"{imp.message} (the installed {drift.installed(imp.module, self.entry_path)})" if imp is not None and imp.absent_names
-                else self._not_importable(imp.missing if imp is not None else top, imp))
-        return f"(it uses `{stub.name.rstrip('()')}`, which could not be imported: {need}{decides})"
-
     def _skipped_missing_input(self) -> Optional[SkipRecord]:
         """The first skipped failure for a model's hub config that is not here (fsdp-lint never downloads):
         a framework that catches it builds on without a model, and fails far from the cause."""
@@ -435,92 +437,6 @@ class Failures:
         if innermost is None:
             return fallback or entry_display
         return f"{_display(innermost.filename, self.entry_path, entry_display)}:{innermost.lineno}"
-
-    def describe_import_error(self, exc: ImportError, importer=None) -> Optional[str]:
-        if is_circular(exc):
-            mod = circular_module(exc)
-            chain = next((c for c in reversed(self.cycles) if c and c[-1] == mod), None)
-            if chain:
-                names = " -> ".join(chain)
-                return (f"circular import: {names} ({mod} is imported again before it has finished importing; "
-                        f"`python` fails the same way)")
-            return f"circular import of {mod}: {_one_line(exc)}"
-        missing = missing_module_of(exc)
-        if missing:
-            top = missing.split(".")[0]
-            if "." in missing and self.resolves_locally is not None and self.resolves_locally(top):
-                return (f"the project has no module `{missing}` (its package `{top}` is here, that module is not); "
-                        f"check the import, or the checkout")
-            return (f"`{missing}` is not installed here (pip install {distribution_of(missing)}); "
-                    f"install the training repository's dependencies to lint it")
-        return None
-
-    def _stub_hint(self, msg: str) -> str:
-        if ("not installed here" in msg or "does not have it" in msg) and self.imports:
-            return ""           # the message names the cause already (a stand-in's own message)
-        for imp in self.imports:
-            if imp.missing and imp.missing.split(".")[0] in msg:
-                if imp.absent_names:      # the package is installed: its version lacks the name
-                    return (f" ({imp.message}: the installed {drift.installed(imp.module, self.entry_path)} does not have it; "
-                            f"the training repository needs another version)")
-                return f" (`{imp.missing}` is not installed here: pip install {requirement(imp)})"
-        return ""
-
-    # -- stand-ins used by the model -------------------------------------------------------------
-    def stub_cause(self, exc: BaseException) -> Optional[StubUse]:
-        """A use of a stand-in (for an import that failed) that `exc` comes from: in the model, or
-        on a line of the failure's traceback."""
-        lines = set()
-        tb = exc.__traceback__
-        while tb is not None:
-            lines.add((os.path.abspath(tb.tb_frame.f_code.co_filename), tb.tb_lineno))
-            tb = tb.tb_next
-        for u in self.stub_uses:
-            if u.in_model or (os.path.abspath(u.path), u.line) in lines:
-                return u
-        return stand_in_on_failing_line(exc)
-
-    def incomplete_plan(self, entry_display: str) -> Optional[str]:
-        """The message when a stand-in for something not installed was used while the model was
-        built or wrapped: the plan would silently miss what it stands for."""
-        used = [u for u in self.stub_uses if u.in_model]
-        return self._stub_message(used[0], entry_display) if used else None
-
-    def _stub_message(self, u: StubUse, entry_display: str) -> str:
-        top = u.name.split(".")[0].split("(")[0]
-        imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
-        missing = imp.missing if imp is not None else top
-        where = f"{_display(u.path, self.entry_path, entry_display)}:{u.line}"
-        if _is_fsdp_lint_frame(u.path) and imp is not None:
-            # used where fsdp-lint read what the file handed it (the recorder walking a stand-in model):
-            # the import's own line is the user's
-            where = f"{_display(imp.path, self.entry_path, entry_display)}:{imp.line}"
-        if imp is not None and imp.absent_names:
-            return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here: "
-                    f"{imp.message} (the installed {drift.installed(imp.module, self.entry_path)}; the training repository "
-                    f"needs another version); the plan would be built without it")
-        return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here "
-                f"({self._not_importable(missing, imp, where='')}); the plan would be built without it")
-
-    def _not_importable(self, missing: str, imp, where: str = " here") -> str:
-        """Why module `missing` is not here: not installed, not in the installed package, or not in the project."""
-        import importlib.util
-
-        from fsdp_lint.replay.own_packages import own_package
-
-        top = missing.split(".")[0]
-        if "." in missing and self.resolves_locally is not None and self.resolves_locally(top):
-            return f"the project has no module `{missing}` (its package `{top}` is here, that module is not)"
-        if importlib.util.find_spec(top) is not None and drift.failed_inside(missing, imp, self.entry_path):
-            return drift.failed_inside(missing, imp, self.entry_path)
-        spec = importlib.util.find_spec(top) if "." in missing else None
-        if spec is not None and spec.origin not in (None, "namespace"):
-            # (a namespace package -- `google` -- is shared by distributions: google.protobuf is protobuf's)
-            return (f"`{missing}` is not in the installed {drift.installed(top, self.entry_path)} (the training repository needs "
-                    f"another version)")
-        return own_package(top, self.entry_path) or \
-            f"`{missing}` is not installed{where}: pip install {requirement(imp) if imp is not None else distribution_of(missing)}"
-
 
 # --------------------------------------------------------------------------------------------
 # torch's own checks of a model, its names, shapes and options (issue 18): what they refuse, they
@@ -562,10 +478,6 @@ def _in_model_init(frame) -> bool:
     return nn is not None and isinstance(obj, nn.Module)
 
 
-def _is_fsdp_lint_frame(fname: str) -> bool:
-    return os.path.abspath(fname).startswith(_FSDP_LINT_DIR + os.sep)
-
-
 def _is_recorder_frame(fname: str) -> bool:
     """fsdp-lint code that runs on the linted code's behalf (recorders, policy resolution)."""
     if not _is_fsdp_lint_frame(fname):
@@ -578,23 +490,3 @@ def _is_project(fname: str) -> bool:
     from fsdp_lint.entry.project import is_local
 
     return is_local(fname)
-
-
-def _display(path: str, entry_path: str, entry_display: str) -> str:
-    path = os.path.abspath(path)
-    if path == entry_path:
-        return entry_display
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
-
-
-def package_hint(exc: BaseException, msg: str) -> str:
-    """`` (`streaming` is not installed here: pip install mosaicml-streaming)`` when a package that is not
-    installed is behind `exc` and `msg` does not name it already."""
-    top = package_behind(exc)
-    if not top or f"`{top}`" in msg or f"'{top}'" in msg:
-        return ""
-    return f" (`{top}` is not installed here: pip install {distribution_of(top)})"

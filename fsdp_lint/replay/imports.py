@@ -56,6 +56,8 @@ def distribution_of(module: str) -> str:
             if name.endswith("-" + guess) or name.startswith(guess + "-"):
                 guess = name
                 break
+        else:
+            guess = next((name for name in declared if _provides(name, top)), guess)
     url = declared_from_url(guess) if guess in declared else None
     return f"'{url}'" if url else guess + _needs_cuda(top)        # pip install 'name @ git+https://...
 
@@ -78,6 +80,36 @@ def _needs_cuda(top: str) -> str:
     # (its build compiles against the installed torch's CUDA: a CPU-only torch, or no CUDA compiler, cannot)
     return (" -- which cannot be installed on this machine: its build needs a CUDA torch and CUDA compiler, which "
             "this machine lacks; lint where the GPU nodes' environment is installed")
+
+
+def _provides(distribution: str, top: str) -> bool:
+    """Whether the declared `distribution` is the one that installs import `top` where their names differ: the
+    installed distributions' own top-level names say so, else the name's initials (typed-argument-parser's
+    ``tap``: PyPI's ``tap`` is another package) or a ``python-``/``py`` prefix (``pyyaml``'s ``yaml``)."""
+    if distribution in _installed_providers().get(top, ()):
+        return True
+    words = distribution.split("-")
+    key = top.lower().replace("_", "")
+    return (len(words) > 1 and "".join(w[0] for w in words if w) == key) or \
+        any(distribution == prefix + key for prefix in ("python-", "py"))
+
+
+def _installed_providers() -> Dict[str, Tuple[str, ...]]:
+    """import name -> the installed distributions that provide it (normalised as requirements are)."""
+    if not _PROVIDERS:
+        import importlib.metadata
+        import re
+
+        try:
+            found = importlib.metadata.packages_distributions()
+        except Exception:  # noqa: BLE001  odd metadata: no answer from it
+            found = {}
+        _PROVIDERS.update({top: tuple(re.sub(r"[-_.]+", "-", d).lower() for d in dists) for top, dists in found.items()})
+        _PROVIDERS.setdefault("", ())
+    return _PROVIDERS
+
+
+_PROVIDERS: Dict[str, Tuple[str, ...]] = {}
 
 
 def _guess_distribution(module: str) -> str:

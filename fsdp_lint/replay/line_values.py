@@ -17,8 +17,8 @@ from typing import Dict, List, Optional, Tuple
 _TREES: Dict[Tuple[str, float], Optional[ast.AST]] = {}
 
 
-def statement_at(fname: str, line: int) -> Optional[ast.stmt]:
-    """The innermost statement of `fname` that spans `line` (the branch's assignment, not its `if`)."""
+def tree_of(fname: str) -> Optional[ast.AST]:
+    """The parsed file `fname` (None where it cannot be read or parsed)."""
     try:
         key = (fname, os.path.getmtime(fname))
     except OSError:
@@ -28,7 +28,12 @@ def statement_at(fname: str, line: int) -> Optional[ast.stmt]:
             _TREES[key] = ast.parse("".join(linecache.getlines(fname)))
         except (SyntaxError, ValueError):
             _TREES[key] = None
-    tree = _TREES[key]
+    return _TREES[key]
+
+
+def statement_at(fname: str, line: int) -> Optional[ast.stmt]:
+    """The innermost statement of `fname` that spans `line` (the branch's assignment, not its `if`)."""
+    tree = tree_of(fname)
     best = None
     for node in ast.walk(tree) if tree is not None else ():
         if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno):

@@ -203,8 +203,11 @@ def guard_skipped_before(skips, exc: BaseException):
 
 
 def stand_in_before(stub_uses, exc: BaseException):
-    """A use of a stand-in (of `stub_uses`) earlier in the function `exc` failed in: what it checks may be
-    the stand-in's value (``num_shards = len(wds.expand_urls(...))``, then an assert on it)."""
+    """A use of a stand-in (of `stub_uses`) earlier in the function `exc` failed in whose value the failing
+    line reads: what it checks may be the stand-in's value (``num_shards = len(wds.expand_urls(...))``, then
+    an assert on it)."""
+    from fsdp_lint.replay.stand_ins import flows_into
+
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
@@ -213,4 +216,4 @@ def stand_in_before(stub_uses, exc: BaseException):
     code = tb.tb_frame.f_code
     path = os.path.abspath(code.co_filename)
     return next((u for u in stub_uses if os.path.abspath(u.path) == path
-                 and code.co_firstlineno <= u.line <= tb.tb_lineno), None)
+                 and code.co_firstlineno <= u.line <= tb.tb_lineno and flows_into(path, u.line, tb.tb_lineno)), None)

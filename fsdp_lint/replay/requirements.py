@@ -20,23 +20,35 @@ def declared_distributions() -> Tuple[str, ...]:
     """The distributions the entry's repository depends on, normalised (``ai2_olmo_core`` ->
     ``ai2-olmo-core``): pyproject.toml's ``[project]`` dependencies and extras and Poetry's dependency
     tables, the requirement lines of ``requirements*.txt``, the quoted requirements of ``setup.py``."""
+    if not _PROJECT[0]:
+        return ()
+    folder = os.path.dirname(os.path.abspath(_PROJECT[0]))
+    if folder not in _DECLARED:
+        _DECLARED[folder] = tuple(dict.fromkeys(_normalised(r) for r in _project_requirements() if _normalised(r)))
+    return _DECLARED[folder]
+
+
+def _project_requirements() -> List[str]:
+    """The requirement texts of each folder from the entry's own up to its repository root (the entry's folder
+    alone where nothing marks a root: a checkout's requirements.txt beside its train.py), nearest first."""
     from fsdp_lint.entry.project import repo_root
 
-    root = repo_root(_PROJECT[0]) if _PROJECT[0] else None
-    if root is None:
-        return ()
-    if root not in _DECLARED:
-        _DECLARED[root] = tuple(dict.fromkeys(_normalised(r) for r in _requirements(root) if _normalised(r)))
-    return _DECLARED[root]
+    folder = os.path.dirname(os.path.abspath(_PROJECT[0])) if _PROJECT[0] else None
+    if folder is None:
+        return []
+    root = repo_root(_PROJECT[0]) or folder
+    out, d = [], folder
+    while True:
+        out += _requirements(d)
+        if d == root or os.path.dirname(d) == d or not d.startswith(root):
+            return out
+        d = os.path.dirname(d)
 
 
 def declared_from_url(name: str) -> Optional[str]:
     """The requirement the repository declares for distribution `name` when it names where to get it
     (``pydantic_config @ git+https://github.com/...``: a package not on PyPI, or another one of that name)."""
-    from fsdp_lint.entry.project import repo_root
-
-    root = repo_root(_PROJECT[0]) if _PROJECT[0] else None
-    for text in _requirements(root) if root is not None else ():
+    for text in _project_requirements():
         if _normalised(text) == name and re.match(r"^\s*[A-Za-z0-9._-]+(\[[^]]*\])?\s*@\s*\S", text):
             return text.split(" #")[0].strip()
     return None

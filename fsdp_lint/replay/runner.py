@@ -392,7 +392,11 @@ class _Run:
             endings.on_exit(self, exc)
         except ReplayError:
             raise
-        except Exception as exc:
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                if endings.stops_itself(exc):       # `except ImportError: pytest.skip(...)`: the script's own stop
+                    endings.on_own_stop(self, exc)
+                raise
             if self.setup_done is not None and self.failures.after_setup_ok(exc):
                 self.ended_after_setup = _one_line(exc)
                 return

@@ -9,11 +9,12 @@ stand-in base (``super()`` reads the bases' own attributes, which an empty stand
 so: a stand-in, an object or class built on one, or a class one decorated."""
 from __future__ import annotations
 
-from typing import Optional
+import ast
+from typing import Optional, Set
 
 from fsdp_lint.entry.project import is_local
 from fsdp_lint.replay.imports import Missing, StubUse
-from fsdp_lint.replay.line_values import named_on_line
+from fsdp_lint.replay.line_values import named_on_line, statement_at, tree_of
 
 
 def stand_in_on_failing_line(exc: BaseException) -> Optional[StubUse]:
@@ -46,3 +47,71 @@ def _stand_in_name(value) -> Optional[str]:
         if isinstance(name, str):
             return name
     return None
+
+
+def flows_into(path: str, use_line: int, failing_line: int) -> bool:
+    """Whether what the statement at `use_line` of file `path` binds (``num_shards = len(wds.expand_urls(...))``)
+    reaches the statement at `failing_line` (``assert num_shards % world == 0``), through the assignments
+    between them. A stand-in met earlier that the failing line never reads (a dataclass field annotated with
+    the missing package's class, a helper that built a transform) is not what failed."""
+    failing = statement_at(path, failing_line)
+    source = statement_at(path, use_line)
+    if failing is None or source is None:
+        return False
+    if failing.lineno <= use_line <= (failing.end_lineno or failing.lineno):
+        return True             # the failing statement used it itself
+    given = _bound(source)
+    if not given:
+        return False
+    between = sorted((n for n in ast.walk(tree_of(path) or failing)
+                      if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                      and (source.end_lineno or source.lineno) < n.lineno < failing.lineno), key=lambda n: n.lineno)
+    for stmt in between:
+        if _reads(stmt) & given:
+            given |= _bound(stmt)
+    return bool(_reads(failing) & given)
+
+
+def _dotted(node: ast.AST) -> Optional[str]:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
+def _bound(stmt: ast.stmt) -> Set[str]:
+    """What an assignment binds: names and attribute chains (``self.num_shards``); what a method call
+    statement fills in (its receiver)."""
+    if isinstance(stmt, ast.Assign):
+        targets = stmt.targets
+    elif isinstance(stmt, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor)):
+        targets = [stmt.target]
+    elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+        targets = [i.optional_vars for i in stmt.items if i.optional_vars is not None]
+    elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute):
+        return {name for name in [_dotted(stmt.value.func.value)] if name}    # `shards.extend(wds.expand(...))`
+    else:
+        targets = []
+    out = set()
+    for target in targets:
+        for n in ast.walk(target):
+            if isinstance(getattr(n, "ctx", None), ast.Store):
+                name = _dotted(n.value) if isinstance(n, ast.Subscript) else _dotted(n)
+                if name:
+                    out.add(name)
+    return out
+
+
+def _reads(stmt: ast.stmt) -> Set[str]:
+    """The names and attribute chains `stmt` reads, each with its prefixes (``cfg.data.shards`` reads ``cfg``,
+    ``cfg.data`` and ``cfg.data.shards``)."""
+    out = set()
+    for n in ast.walk(stmt):
+        if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
+            name = _dotted(n)
+            while name:
+                out.add(name)
+                name = name.rpartition(".")[0]
+    return out

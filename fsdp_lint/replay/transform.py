@@ -249,7 +249,9 @@ class _Transformer:
                     # retry loop: `while not os.path.exists(ready): time.sleep(10)`); a loop that only
                     # computes (`while dim % 8: dim += 1`) runs
                     out.append(ast.copy_location(ast.Pass(), stmt))
-                elif isinstance(stmt, _NEVER_WRAP) or not tolerate or _yields(stmt):
+                elif (isinstance(stmt, _NEVER_WRAP) and not isinstance(stmt, ast.Assert)) or not tolerate or _yields(stmt):
+                    # (an `assert` is wrapped: only its failure on a name a skipped statement would have bound
+                    # is skipped -- Failures.may_skip -- never the script's own check)
                     self._visit_defs_in(stmt)
                     out.append(stmt)
                 else:

@@ -54,7 +54,7 @@ PLAIN_PYTHON_UNSET = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "G
 
 def install(rec, patch) -> None:
     """Called by the replay's sandbox after the FSDP recorders are in place."""
-    from fsdp_lint.replay.frameworks import accelerate, diffusers, hf, lightning, trl
+    from fsdp_lint.replay.frameworks import accelerate, diffusers, hf, lightning, trackers, trl
     from fsdp_lint.replay.frameworks.hooks import install_hooks, simulate_ddp, simulate_object_collectives
 
     options = current_options()
@@ -65,7 +65,7 @@ def install(rec, patch) -> None:
     # the launch script's PYTHONPATH (absolute folders): after the script's own folder, as python puts them
     sys.path[1:1] = [f for f in options.launch_env.get("PYTHONPATH", "").split(os.pathsep) if f and f not in sys.path]
     table: Dict[str, List[Any]] = {}
-    for driver in (lightning, accelerate, hf, trl, diffusers):
+    for driver in (lightning, accelerate, hf, trl, diffusers, trackers):
         for name, fns in driver.hook_table().items():
             table.setdefault(name, []).extend(fns)
     for driver in (accelerate, hf):
