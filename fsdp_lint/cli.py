@@ -81,6 +81,17 @@ def _run_ranks(results, nproc: Optional[int], world_size: Optional[int]) -> int:
     return next(iter(sizes), _DEFAULT_RUN_RANKS)
 
 
+def _reaches_fsdp(path: str) -> bool:
+    """Whether a launched file wraps with FSDP (itself or through the project modules it imports): a launch
+    script's other lines (a checkpoint conversion after training) do not, and their failure is a note."""
+    from fsdp_lint.entry.project import reach
+
+    try:
+        return bool(reach(path).reaches_fsdp)
+    except Exception:  # noqa: BLE001 - unreadable: the failure stays the error it is
+        return True
+
+
 def _print_rules() -> None:
     from fsdp_lint.check.rule import all_rules
     from fsdp_lint.report.width import fitted
@@ -327,7 +338,7 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
             elif debug and getattr(exc, "user_traceback", None):   # formatted in the child that linted it
                 click.echo(exc.user_traceback.rstrip(), err=True)
             msg = _with_unset_note(_with_path(path, str(exc)), run_settings)
-            if run_settings.launch_script and _NO_MODEL in str(exc):
+            if run_settings.launch_script and (_NO_MODEL in str(exc) or not _reaches_fsdp(path)):
                 besides.append((path, msg, run_settings.launch_script))    # decided once every launch is linted
                 continue
             failures.append((path, msg))

@@ -396,7 +396,9 @@ class _Run:
             if not isinstance(exc, Exception):
                 if endings.stops_itself(exc):       # `except ImportError: pytest.skip(...)`: the script's own stop
                     endings.on_own_stop(self, exc)
-                raise
+                if isinstance(exc, (KeyboardInterrupt, GeneratorExit)) or type(exc).__module__.startswith("fsdp_lint"):
+                    raise
+                # a library's own BaseException (torch.distributed.checkpoint's CheckpointException): a failure
             if self.setup_done is not None and self.failures.after_setup_ok(exc):
                 self.ended_after_setup = _one_line(exc)
                 return
