@@ -1020,3 +1020,63 @@ def test_a_conversion_after_training_that_fails_is_a_note_beside_the_plan(cli, t
     assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 3
     assert "fsdp-lint: note: tools/convert.py:" in res.err and "CheckpointException" in res.err
     assert "internal error" not in res.err
+
+
+# a one-GPU run started as plain `python train.py` gives itself the env:// rendezvous values in a helper (SpecForge's
+# `_bootstrap_single_process_env()`: a free port, RANK/WORLD_SIZE=1) and reads them back. The helper binds nothing, so
+# it was left out of the slice (KeyError: 'WORLD_SIZE'); and the world it sets is the job's world
+SELF_RENDEZVOUS = {
+    "run.sh": '''
+        #!/bin/bash
+        python train.py
+    ''',
+    "train.py": '''
+        import os
+        import socket
+
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.distributed.fsdp import fully_shard
+
+
+        def _bootstrap_single_process_env() -> None:
+            if "RANK" in os.environ:
+                return
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                               "MASTER_PORT": str(port)})
+
+
+        def main():
+            _bootstrap_single_process_env()
+            world = int(os.environ["WORLD_SIZE"])
+            dist.init_process_group("gloo")
+            assert dist.get_world_size() == world
+            model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(3)])
+            for layer in model:
+                fully_shard(layer)
+            fully_shard(model)
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+}
+
+
+def test_a_plain_python_run_that_sets_its_own_rendezvous_runs_on_its_own_world(cli, tmp_path):
+    _tree(tmp_path, SELF_RENDEZVOUS)
+    # the oracle: torch's own env:// rendezvous in the plain process gives the world the helper set
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                              "MASTER_PORT", "TORCHELASTIC_RUN_ID")}
+    probe = subprocess.run([sys.executable, "-c", "import runpy, torch.distributed as d; runpy.run_path('train.py', "
+                            "run_name='__main__'); print(d.get_world_size())"], cwd=str(tmp_path), capture_output=True,
+                           text=True, env=env, timeout=120)
+    assert probe.stdout.strip().splitlines()[-1] == "1", probe.stderr
+    res = cli("run.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["plan"]["world_size"] == 1 and len(f["plan"]["units"]) == 4
+    assert any("init_process_group (world 1" in n for n in f["notes"])

@@ -46,3 +46,30 @@ def changes_parts(loop: ast.stmt, objects: Set[str]) -> bool:
                    for t in targets for sub in ast.walk(t)):
                 return True
     return False
+
+
+def environment_setters(tree: ast.AST) -> Set[str]:
+    """The module's functions that write the process environment (``os.environ[k] = v``,
+    ``os.environ.update({...})``, ``setdefault``, ``os.putenv``): a bare call of one
+    (``_bootstrap_single_process_env()`` giving a one-GPU run its ``env://`` rendezvous values) is set-up the
+    code after it reads through ``os.environ``, although it binds nothing."""
+    out: Set[str] = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            target = None
+            if isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                target = next((t.value for t in targets if isinstance(t, ast.Subscript)), None)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr in ("update", "setdefault", "__setitem__"):
+                    target = node.func.value
+                elif node.func.attr == "putenv" and isinstance(node.func.value, ast.Name) and node.func.value.id == "os":
+                    out.add(fn.name)
+                    break
+            if isinstance(target, ast.Attribute) and target.attr == "environ" and \
+                    isinstance(target.value, ast.Name) and target.value.id == "os":
+                out.add(fn.name)
+                break
+    return out

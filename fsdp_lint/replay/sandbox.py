@@ -39,6 +39,7 @@ from fsdp_lint.replay import (  # issue 11; issue 15: the node's GPU, data value
 )
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
 from fsdp_lint.replay.streams import NodeStream
+from fsdp_lint.replay.process_group import initialised_by_the_script
 from fsdp_lint.replay import targets
 
 Patch = Callable[[Any, str, Any], None]
@@ -239,7 +240,7 @@ def _simulate_dist(rec: Recorder, patch: Patch) -> bool:
             patch(dist, name, _noop())
         patch(dist, "is_torchelastic_launched", lambda: True)
         return owned
-    init_process_group, is_initialized = _initialised_by_the_script(dist)
+    init_process_group, is_initialized = initialised_by_the_script(dist, ws)
     for name, value in {
         "init_process_group": init_process_group, "destroy_process_group": _noop(), "barrier": _noop(),
         "get_rank": _of_group(dist.get_rank, 0), "get_world_size": _of_group(dist.get_world_size, ws),
@@ -264,22 +265,6 @@ def _simulate_dist(rec: Recorder, patch: Patch) -> bool:
     host_values.install(rec, patch, dist)   # collectives leave what a world of identical ranks would
     rank_values.install(rec, patch, dist, host_values.groups_of)   # ... but each rank's own rank and host
     return False
-
-
-def _initialised_by_the_script(dist):
-    """``init_process_group`` (a no-op) and ``is_initialized`` as a node answers them: False until the
-    script (or its framework) initialised the world, or a mesh or the default group made the fake one
-    (``if not dist.is_initialized(): return 1`` before the init is a world of 1 on a node too)."""
-    from torch.distributed import distributed_c10d as c10d
-
-    done = []
-
-    def init_process_group(*args, **kwargs):
-        done.append(True)
-
-    def is_initialized():
-        return bool(done) or c10d.is_initialized()
-    return init_process_group, is_initialized
 
 
 def _of_group(real, world_answer):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
 from fsdp_lint.entry.source import SourceFacts
-from fsdp_lint.replay.kept_calls import changes_parts, root_name as _root_name, sets_library_state
+from fsdp_lint.replay.kept_calls import changes_parts, environment_setters, root_name as _root_name, sets_library_state
 from fsdp_lint.replay.registrations import registers
 
 from fsdp_lint.replay.stub_imports import (  # noqa: F401  the helpers' names, and what the transform makes
@@ -145,6 +145,7 @@ class _Transformer:
                         self.torch_names.add(local)
         self.trainers = {d.name for d in ast.walk(tree) if isinstance(d, _DEFS[:2]) and self.stepping & {
             n.lineno for n in ast.walk(d) if isinstance(n, _LOOPS)}}
+        self.environment_setters = environment_setters(tree)
         # loops that step an optimizer or call backward() are training: the replay ends where one
         # starts; the entry's other data/epoch loops do not run (their results matter for nothing)
         _StopAtLoops(self.stepping, self.dropped if self.main else set(), self.model_classes).visit(tree)
@@ -396,6 +397,8 @@ class _Transformer:
                                                  # importlib.import_module("exps.big") (its registrations)
                 if bare and sets_library_state(self.import_package, self.trainers, root, needed):
                     return True                  # fs_init.initialize_model_parallel(1), then fs_init.get_...()
+                if bare and isinstance(node.func, ast.Name) and node.func.id in self.environment_setters:
+                    return True                  # _bootstrap_env() sets os.environ the next lines read
                 if isinstance(node.func, ast.Attribute) and (root in objects or self._part_of.get(root) in objects):
                     return True                  # model.apply(init), config.update(...), group.add_argument(...)
                 if not bare or (isinstance(node.func, ast.Name) and node.func.id in self.trainers):
