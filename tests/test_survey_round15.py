@@ -1080,3 +1080,60 @@ def test_a_plain_python_run_that_sets_its_own_rendezvous_runs_on_its_own_world(c
     f = json.loads(res.out)["files"][0]
     assert f["plan"]["world_size"] == 1 and len(f["plan"]["units"]) == 4
     assert any("init_process_group (world 1" in n for n in f["notes"])
+
+
+# a frozen target head reads the two tensors it needs from the target model's safetensors by their checkpoint names
+# (`if k in f.keys(): f.get_tensor(k)`, SpecForge's TargetEmbeddingsAndHead); with the file not here, the stand-in's
+# keys were the head's own names, none matched, and the script's own check raised
+HEAD_KEYS = '''
+import sys
+
+import torch
+import torch.nn as nn
+from safetensors import safe_open
+from torch.distributed.fsdp import fully_shard
+
+KEYS = ["model.embed_tokens.weight", "lm_head.weight"]
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(100, 16)
+        self.lm_head = nn.Linear(16, 100, bias=False)
+
+
+head = Head()
+found = {}
+with safe_open(sys.argv[1], framework="pt") as f:
+    for k in KEYS:
+        if k in f.keys():
+            found[k] = f.get_tensor(k)
+missing = sorted(set(KEYS) - set(found))
+if missing:
+    raise RuntimeError(f"Required target weight tensors were not loaded: {missing}")
+assert found["model.embed_tokens.weight"].shape == head.embed_tokens.weight.shape
+head.requires_grad_(False)
+draft = nn.Sequential(*[nn.Linear(16, 16) for _ in range(3)])
+for layer in draft:
+    fully_shard(layer)
+fully_shard(draft)
+'''
+
+
+def test_a_stand_in_checkpoints_keys_answer_the_checkpoint_names_of_the_models_tensors(cli, tmp_path):
+    from safetensors.torch import save_file
+    import torch
+
+    (tmp_path / "train.py").write_text(HEAD_KEYS)
+    # the oracle: the real file with those names loads both tensors
+    save_file({"model.embed_tokens.weight": torch.zeros(100, 16), "lm_head.weight": torch.zeros(100, 16)},
+              str(tmp_path / "real.safetensors"))
+    node = run_subprocess(["train.py", "real.safetensors"], cwd=str(tmp_path))
+    assert "Required target" not in node.stderr
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", "ckpt/model.safetensors",
+              cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert len(f["plan"]["units"]) == 4
+    assert any("stands in as the model's own state dict" in n for n in f["notes"])

@@ -85,7 +85,7 @@ class StandInStateDict(dict):
 
     def __contains__(self, key):
         self._bind()
-        return dict.__contains__(self, key)
+        return dict.__contains__(self, key) or self._same_parameter(key) is not None
 
     def __iter__(self):
         self._bind()
@@ -261,6 +261,17 @@ def _install_safetensors(rec, patch) -> None:
     patch(st, "load_file", load_file)
     real_safe_open = safetensors.safe_open
 
+    class _StandInKeys(list):
+        """The stand-in file's keys: `key in f.keys()` answers as the stand-in state dict does (a key under
+        another prefix, ``model.embed_tokens.weight``, names the model's one matching tensor)."""
+
+        def __init__(self, state):
+            super().__init__(state.keys())
+            self._state = state
+
+        def __contains__(self, key):
+            return key in self._state
+
     class _OpenStandIn:
         def __init__(self, state):
             self._state = state
@@ -272,7 +283,7 @@ def _install_safetensors(rec, patch) -> None:
             return False
 
         def keys(self):
-            return list(self._state.keys())
+            return _StandInKeys(self._state)
 
         def get_tensor(self, name):
             return self._state[name]
