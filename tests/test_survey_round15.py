@@ -1137,3 +1137,33 @@ def test_a_stand_in_checkpoints_keys_answer_the_checkpoint_names_of_the_models_t
     f = json.loads(res.out)["files"][0]
     assert len(f["plan"]["units"]) == 4
     assert any("stands in as the model's own state dict" in n for n in f["notes"])
+
+
+# a model config file that IS here, of a model type a package registers (flame's configs/transformer_340M.json, whose
+# `transformer` type flash-linear-attention registers at import): transformers refuses it on a node without that
+# package too; fsdp-lint said the hub config was not downloaded
+LOCAL_CONFIG = '''
+import sys
+
+from torch.distributed.fsdp import fully_shard
+from transformers import AutoConfig, AutoModelForCausalLM
+
+config = AutoConfig.from_pretrained(sys.argv[1])
+model = AutoModelForCausalLM.from_config(config)
+for layer in model.model.layers:
+    fully_shard(layer)
+fully_shard(model)
+'''
+
+
+def test_a_config_file_that_is_here_is_refused_with_transformers_words_not_as_a_download(cli, tmp_path):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "gla.json").write_text(json.dumps({"model_type": "gla_registered_elsewhere",
+                                                              "hidden_size": 64}))
+    (tmp_path / "train.py").write_text(LOCAL_CONFIG)
+    node = run_subprocess(["train.py", "configs/gla.json"], cwd=str(tmp_path))
+    assert "does not recognize this architecture" in node.stderr
+    res = cli("train.py", "-n", "8", "--no-cache", "--", "configs/gla.json", cwd=str(tmp_path))
+    assert res.code == 2
+    line = res.err.strip().splitlines()[0]
+    assert "does not recognize this architecture" in line and "never downloads" not in line, line

@@ -97,6 +97,8 @@ def load_config(name_or_path, options, **kwargs):
     try:
         return AutoConfig.from_pretrained(name_or_path, local_files_only=True, **keep)
     except (OSError, ValueError):
+        if os.path.exists(str(name_or_path)):
+            raise       # a config that is here: transformers' own refusal (a model type nothing registered) is the cause
         raise HubConfigMissing(missing_config_message(str(name_or_path))) from None
 
 
@@ -283,6 +285,8 @@ def _read_locally(options, applies, local_first: bool = False):
                 if options.hf_config and name == options.hf_config:
                     raise HubConfigMissing(f"--hf-config {options.hf_config}: transformers cannot read it: "
                                            f"{exc}") from None
+                if os.path.exists(str(name)):
+                    raise       # here, and refused by transformers itself (an unknown model type): the node's failure
                 raise HubConfigMissing(missing_config_message(str(name))) from None
         return wrapped
     return make
