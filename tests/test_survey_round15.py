@@ -1167,3 +1167,31 @@ def test_a_config_file_that_is_here_is_refused_with_transformers_words_not_as_a_
     assert res.code == 2
     line = res.err.strip().splitlines()[0]
     assert "does not recognize this architecture" in line and "never downloads" not in line, line
+
+
+# a skipped statement that also calls a stand-in of a package not installed (flame's data pipeline on fla's and
+# torchtitan's stand-ins): deciding what the statement hands on read the stand-in class's `__code__` -- a property --
+# and the lint crashed
+STAND_IN_IN_SKIPPED = '''
+import argparse
+
+import torch.nn as nn
+from not_installed_datakit import build_loader
+from torch.distributed.fsdp import fully_shard
+
+args = argparse.Namespace(path="data/train.txt", layers=3)
+build_loader(args, open(args.path).read())
+model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(args.layers)])
+for layer in model:
+    fully_shard(layer)
+fully_shard(model)
+'''
+
+
+def test_a_skipped_statement_calling_a_stand_in_is_skipped_as_any_other(cli, tmp_path):
+    (tmp_path / "train.py").write_text(STAND_IN_IN_SKIPPED)
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert len(f["plan"]["units"]) == 4
+    assert any("FileNotFoundError" in n for n in f["notes"]), f["notes"]

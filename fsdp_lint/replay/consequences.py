@@ -91,7 +91,7 @@ def _may_set_arguments(func: ast.expr, frame) -> bool:
     if not isinstance(target, (types.FunctionType, type)) and callable(target):
         target = type(target)                                    # a callable instance: its class's __call__
     code = getattr(target, "__code__", None)
-    if code is not None:
+    if isinstance(code, types.CodeType):        # (a stand-in class's `__code__` is a property, not code)
         return is_local(code.co_filename)
     module = sys.modules.get(getattr(target, "__module__", None) or "")
     return is_local(getattr(module, "__file__", None) or "")
