@@ -60,6 +60,16 @@ def cli(capsys, monkeypatch):
     return run
 
 
+def write_tree(root, files) -> None:
+    """A small repository under `root`: {relative path: text (dedented)}."""
+    import textwrap
+
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
 def run_subprocess(args, cwd=REPO, timeout=120, env=None):
     import subprocess
 

@@ -6,18 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from conftest import run_subprocess  # noqa: E402
+from conftest import run_subprocess, write_tree  # noqa: E402
 
 
-def _tree(root, files):
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
 
 
 def _assert_shard_grad_op_units_match_torch(cli, tmp_path, monkeypatch, name: str) -> None:
@@ -73,7 +67,7 @@ WORLD_BEFORE_INIT = {
 
 
 def test_is_initialized_is_false_until_the_script_initialises_the_world(cli, tmp_path):
-    _tree(tmp_path, WORLD_BEFORE_INIT)
+    write_tree(tmp_path, WORLD_BEFORE_INIT)
     # the oracle: a process that has not called init_process_group is not initialised
     probe = run_subprocess(["-c", "import torch.distributed as d; print(d.is_initialized())"])
     assert probe.stdout.strip() == "False"
@@ -88,7 +82,7 @@ def test_is_initialized_is_false_until_the_script_initialises_the_world(cli, tmp
 
 def test_a_mesh_initialises_the_world_for_is_initialized(cli, tmp_path):
     # init_device_mesh initialises the default group itself (torch's own code): afterwards a node answers True
-    _tree(tmp_path, {"train.py": '''
+    write_tree(tmp_path, {"train.py": '''
         import torch.distributed as dist
         import torch.nn as nn
         from torch.distributed.device_mesh import init_device_mesh
@@ -155,7 +149,7 @@ ABSENT_NAME = {
 def test_a_later_failure_names_the_absent_name_stood_in_before_it(cli, tmp_path):
     import transformers
 
-    _tree(tmp_path, ABSENT_NAME)
+    write_tree(tmp_path, ABSENT_NAME)
     node = run_subprocess(["train.py"], cwd=str(tmp_path))
     assert "ImportError: cannot import name 'OutputRemovedSinceThePin'" in node.stderr
     res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
@@ -194,7 +188,7 @@ UNBOUND_AFTER_SKIP = {
 
 
 def test_a_name_left_unbound_by_a_skipped_statement_names_that_statement_and_the_package(cli, tmp_path):
-    _tree(tmp_path, UNBOUND_AFTER_SKIP)
+    write_tree(tmp_path, UNBOUND_AFTER_SKIP)
     res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
     line = res.err.strip().splitlines()[0]
@@ -233,7 +227,7 @@ DRIVER = {
 
 
 def test_a_plain_python_launch_sees_the_process_variables_its_script_exports(cli, tmp_path):
-    _tree(tmp_path, DRIVER)
+    write_tree(tmp_path, DRIVER)
     # the oracle: bash gives the exported variable to the plain python process
     seen = subprocess.run(["bash", "-c", "export WORLD_SIZE=1; python -c 'import os; print(os.environ[\"WORLD_SIZE\"])'"],
                           capture_output=True, text=True)
@@ -362,7 +356,7 @@ SELF_LAUNCH = {
 
 
 def test_a_script_that_relaunches_itself_under_torchrun_is_linted_as_that_launch(cli, tmp_path):
-    _tree(tmp_path, SELF_LAUNCH)
+    write_tree(tmp_path, SELF_LAUNCH)
     # the oracle of the premise: torchrun gives its workers RANK/WORLD_SIZE/LOCAL_RANK, a plain python has none
     probe = tmp_path / "probe.py"
     probe.write_text("import os\nprint([k in os.environ for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK')])\n")
@@ -447,7 +441,7 @@ ACCELERATE_FLAGS = {
 
 
 def test_accelerate_fsdp_options_on_the_launch_line_are_read_by_accelerate(cli, tmp_path):
-    _tree(tmp_path, ACCELERATE_FLAGS)
+    write_tree(tmp_path, ACCELERATE_FLAGS)
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils.launch import prepare_multi_gpu_env
 
@@ -554,7 +548,7 @@ BUCKETEER = {
 
 
 def test_an_iterator_made_in_a_constructor_is_not_training(cli, tmp_path, monkeypatch):
-    _tree(tmp_path, BUCKETEER)
+    write_tree(tmp_path, BUCKETEER)
     _assert_shard_grad_op_units_match_torch(cli, tmp_path, monkeypatch, "bucket_train")
 
 
@@ -564,7 +558,7 @@ def test_a_batch_drawn_before_the_unreached_wrap_is_named_not_planned(cli, tmp_p
     files = dict(BUCKETEER)
     files["train.py"] = BUCKETEER["train.py"].replace(
         "loader = make_loader()", "loader = make_loader()\n            with torch.no_grad():\n                model(next(loader))")
-    _tree(tmp_path, files)
+    write_tree(tmp_path, files)
     res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
     line = res.err.strip().splitlines()[0]
@@ -615,7 +609,7 @@ PROBE = {
 
 
 def test_a_python_probe_whose_output_the_setup_reads_runs_as_on_a_node(cli, tmp_path):
-    _tree(tmp_path, PROBE)
+    write_tree(tmp_path, PROBE)
     probe = subprocess.run([sys.executable, str(tmp_path / "tools" / "layout.py"), "--json"], capture_output=True,
                            text=True)
     assert json.loads(probe.stdout) == {"replicas": 2}      # what the node's subprocess prints
@@ -708,7 +702,7 @@ INSTANCE_CALL = {
 
 
 def test_an_instance_whose_call_builds_and_wraps_the_model_is_followed(cli, tmp_path, monkeypatch):
-    _tree(tmp_path, INSTANCE_CALL)
+    write_tree(tmp_path, INSTANCE_CALL)
     _assert_shard_grad_op_units_match_torch(cli, tmp_path, monkeypatch, "warp_train")
 
 
@@ -799,7 +793,7 @@ REGISTRY = {
 def test_wrap_functions_registered_in_a_spec_are_followed(cli, tmp_path, monkeypatch):
     from oracle import fsdp2_groups
 
-    _tree(tmp_path, REGISTRY)
+    write_tree(tmp_path, REGISTRY)
     res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", "--layers", "3", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
     plan = json.loads(res.out)["files"][0]["plan"]
@@ -849,7 +843,7 @@ model = FSDP(build(), auto_wrap_policy=ModuleWrapPolicy({Block, MBlock}), device
 '''
 
 
-def test_a_class_of_a_family_set_the_model_lacks_is_info_not_an_error(cli, tmp_path, monkeypatch):
+def test_a_class_of_a_family_set_the_model_lacks_is_info_not_an_error(cli, tmp_path):
     from oracle import fsdp1_units
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -860,10 +854,6 @@ def test_a_class_of_a_family_set_the_model_lacks_is_info_not_an_error(cli, tmp_p
     [finding] = [x for x in f["findings"] if x["code"] == "FSD103"]
     assert finding["severity"] == "info" and "`MBlock`" in finding["message"] and "`Block`" in finding["message"]
     # the oracle: torch wraps the four Blocks (MBlock matches nothing, silently)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("family_train", tmp_path / "train.py")
     src = FAMILY_SET.split("model = FSDP(")[0]
     ns: dict = {}
     exec(compile(src, str(tmp_path / "train.py"), "exec"), ns)
@@ -905,7 +895,7 @@ OS_SYSTEM = {
 
 
 def test_a_launch_run_with_os_system_is_followed(cli, tmp_path):
-    _tree(tmp_path, OS_SYSTEM)
+    write_tree(tmp_path, OS_SYSTEM)
     res = cli("launch.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
     followed = json.loads(res.out)["files"][0]
@@ -962,7 +952,7 @@ LIGHTNING_PLAIN = {
 
 
 def test_lightning_run_as_plain_python_from_a_launch_script_launches_its_own_ranks(cli, tmp_path):
-    _tree(tmp_path, LIGHTNING_PLAIN)
+    write_tree(tmp_path, LIGHTNING_PLAIN)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")}
     probe = subprocess.run([sys.executable, "-c", "import torch.distributed as d; from lightning.fabric.plugins.environments "
                             "import TorchElasticEnvironment as T; print(d.is_torchelastic_launched(), T.detect())"],
@@ -1009,7 +999,7 @@ CONVERT_AFTER = {
 
 
 def test_a_conversion_after_training_that_fails_is_a_note_beside_the_plan(cli, tmp_path):
-    _tree(tmp_path, CONVERT_AFTER)
+    write_tree(tmp_path, CONVERT_AFTER)
     node = run_subprocess(["tools/convert.py", "--step", "100"], cwd=str(tmp_path))
     assert "CheckpointException" in node.stderr       # what the node prints: the checkpoint is not there
     from torch.distributed.checkpoint.api import CheckpointException
@@ -1067,7 +1057,7 @@ SELF_RENDEZVOUS = {
 
 
 def test_a_plain_python_run_that_sets_its_own_rendezvous_runs_on_its_own_world(cli, tmp_path):
-    _tree(tmp_path, SELF_RENDEZVOUS)
+    write_tree(tmp_path, SELF_RENDEZVOUS)
     # the oracle: torch's own env:// rendezvous in the plain process gives the world the helper set
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                               "MASTER_PORT", "TORCHELASTIC_RUN_ID")}

@@ -5,18 +5,12 @@ from __future__ import annotations
 import os
 import re
 import sys
-import textwrap
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from conftest import run_subprocess  # noqa: E402
+from conftest import run_subprocess, write_tree  # noqa: E402
 
 
-def _tree(root, files):
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
 
 
 def _error(res) -> str:
@@ -98,7 +92,7 @@ SHARED_ARGS = {
 
 
 def test_a_missing_hub_config_is_its_own_cause_not_the_skipped_trackers(cli, tmp_path, monkeypatch):
-    _tree(tmp_path, SHARED_ARGS)
+    write_tree(tmp_path, SHARED_ARGS)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
@@ -157,7 +151,7 @@ SHARED_ARGS_OWN_BUG = {
 
 
 def test_a_library_call_handed_the_config_is_no_cause_of_the_scripts_own_failure(cli, tmp_path):
-    _tree(tmp_path, SHARED_ARGS_OWN_BUG)
+    write_tree(tmp_path, SHARED_ARGS_OWN_BUG)
     # the oracle: python fails building the model with the output folder there (as on a node)
     os.makedirs(tmp_path / "runs/none/here")
     real = run_subprocess(["-c", "import sys; sys.path.insert(0, '.'); from trk.model import Net; Net(64, 2)"],
@@ -225,11 +219,11 @@ STANDIN_ANNOTATION = {
 
 
 def test_a_stand_in_only_annotated_is_not_blamed_for_an_unrelated_failure(cli, tmp_path, monkeypatch):
-    _tree(tmp_path, STANDIN_ANNOTATION)
+    write_tree(tmp_path, STANDIN_ANNOTATION)
     monkeypatch.delenv("SLURM_LOCALID", raising=False)
     # the oracle: python, with the package there, fails on the same line for the same reason
     site = tmp_path / "site"
-    _tree(site, {"fancy_augment_lib/__init__.py": "class Compose:\n    pass\n"})
+    write_tree(site, {"fancy_augment_lib/__init__.py": "class Compose:\n    pass\n"})
     env = {"PYTHONPATH": str(site), "SLURM_LOCALID": ""}
     real = run_subprocess(["-c", "import os; os.environ.pop('SLURM_LOCALID'); import runpy; "
                                  "runpy.run_path('train.py', run_name='__main__')"], cwd=str(tmp_path), env=env)
@@ -251,7 +245,7 @@ def test_a_check_of_what_a_stand_in_gave_still_names_the_package(cli, tmp_path):
             num_shards = len(urls)
             assert num_shards % 8 == 0, f"{num_shards} shards do not divide among the ranks"
             main(torch.device(0))''')
-    _tree(tmp_path, files)
+    write_tree(tmp_path, files)
     res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
     line = _error(res)
@@ -318,7 +312,7 @@ def test_an_assert_on_a_skipped_data_only_tokenizer_is_skipped_too(cli, tmp_path
     from oracle import fsdp1_units
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    _tree(tmp_path, TOKENIZER_ASSERT)
+    write_tree(tmp_path, TOKENIZER_ASSERT)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.syspath_prepend(str(tmp_path))
     res = cli("finetune.py", "-n", "8", "--no-cache", "--format", "json", "--", "acme/never-downloaded-tok",
@@ -343,7 +337,7 @@ def test_the_scripts_own_failing_assert_still_stops_the_lint(cli, tmp_path, monk
         "            assert tokenizer.eos_token_id is not None\n",
         "            assert tokenizer.eos_token_id is not None\n"
         "            assert args.tokenizer.startswith(\"local/\"), \"tokenizers come from local/ folders\"\n")
-    _tree(tmp_path, files)
+    write_tree(tmp_path, files)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     res = cli("finetune.py", "-n", "8", "--no-cache", "--", "acme/never-downloaded-tok", cwd=str(tmp_path))
     assert res.code == 2
@@ -424,7 +418,7 @@ def test_a_missing_pickled_module_checkpoint_is_named_as_what_decides_the_model(
     import torch
     from oracle import fsdp1_units
 
-    _tree(tmp_path, PICKLED_LAYERS)
+    write_tree(tmp_path, PICKLED_LAYERS)
     monkeypatch.syspath_prepend(str(tmp_path))
     from qlm.loading import load_quantized
     from qlm.model import Net, QuantBlock
@@ -468,7 +462,7 @@ def test_a_missing_pickled_module_used_at_the_top_level_is_not_skipped(cli, tmp_
         encoder.requires_grad_(False)
         model = FSDP(nn.ModuleDict({"encoder": encoder, "net": Net()}), device_id=torch.cuda.current_device())
     '''
-    _tree(tmp_path, files)
+    write_tree(tmp_path, files)
     res = cli("finetune.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
     line = _error(res)
@@ -493,7 +487,7 @@ def test_a_missing_pickled_object_that_is_no_module_is_still_skipped(cli, tmp_pa
             fully_shard(layer)
         fully_shard(model)
     '''
-    _tree(tmp_path, files)
+    write_tree(tmp_path, files)
     res = cli("finetune.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
     assert "skipped" in res.out and "learning_rate" in res.out, res.out
@@ -540,7 +534,7 @@ PYTEST_SKIP = {
 
 
 def test_a_module_level_pytest_skip_on_a_missing_package_names_the_import(cli, tmp_path):
-    _tree(tmp_path, PYTEST_SKIP)
+    write_tree(tmp_path, PYTEST_SKIP)
     # the oracle: python stops there with pytest's Skipped, raised while handling the failed import
     real = run_subprocess(["benchmarks/bench_moe_fsdp.py"], cwd=str(tmp_path))
     assert real.returncode != 0 and "Skipped: torchtitan not installed" in real.stderr
@@ -563,7 +557,7 @@ def test_pytest_importorskip_names_the_import_too(cli, tmp_path):
 ''', '''        moe = pytest.importorskip("titan_not_here.models.moe")
         MoE = moe.MoE
 ''')
-    _tree(tmp_path, files)
+    write_tree(tmp_path, files)
     res = cli("benchmarks/bench_moe_fsdp.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
     line = _error(res)
@@ -656,8 +650,8 @@ def test_an_explicit_online_tracker_mode_is_disabled_in_a_lint(cli, tmp_path, mo
     import json
 
     site = tmp_path / "site"
-    _tree(site, FAKE_WANDB)
-    _tree(tmp_path, WANDB_ONLINE)
+    write_tree(site, FAKE_WANDB)
+    write_tree(tmp_path, WANDB_ONLINE)
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -707,7 +701,7 @@ TAP_ARGS = {
 
 
 def test_a_missing_import_names_the_distribution_the_requirements_declare_once(cli, tmp_path):
-    _tree(tmp_path, TAP_ARGS)
+    write_tree(tmp_path, TAP_ARGS)
     # the oracle: python fails on the import itself
     real = run_subprocess(["train.py"], cwd=str(tmp_path))
     assert "No module named 'tap'" in real.stderr
@@ -762,7 +756,7 @@ def test_a_missing_file_gets_no_library_drift_note(cli, tmp_path):
 
     # the premise: the pin excludes the installed transformers (else there is no note to leave out)
     assert not Requirement("transformers==4.44.0").specifier.contains(transformers.__version__)
-    _tree(tmp_path, DRIFT_MISSING_FILE)
+    write_tree(tmp_path, DRIFT_MISSING_FILE)
     res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
     line = _error(res)
@@ -779,7 +773,7 @@ def test_a_library_api_drift_keeps_its_note(cli, tmp_path):
                                  num_key_value_heads=2, vocab_size=256)''').replace(
         "return Qwen2ForCausalLM(config)", "return AutoModelForCausalLM.from_config(config, use_flash_attention_2=False)").replace(
         "from transformers import Qwen2Config, Qwen2ForCausalLM", "from transformers import AutoModelForCausalLM, Qwen2Config")
-    _tree(tmp_path, files)
+    write_tree(tmp_path, files)
     res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
     line = _error(res)

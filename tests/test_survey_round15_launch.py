@@ -12,12 +12,7 @@ import textwrap
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-
-def _tree(root, files):
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
+from conftest import write_tree  # noqa: E402
 
 
 def _bash_echo(script, given=(), env=None, cwd=None) -> list:
@@ -75,7 +70,7 @@ def test_accelerates_world_wins_under_srun(cli, tmp_path):
     # the plan was for srun's 1 task. dllm's idiom counts the node's GPUs from CUDA_VISIBLE_DEVICES and its nodes
     # from SLURM_NNODES, which SLURM sets in the batch script's shell (the oracle: bash under those variables); the
     # machines' rendezvous it computes (scontrol, SLURM_JOB_ID) is the node's, not the plan's
-    _tree(tmp_path, ACCELERATE_TRAIN)
+    write_tree(tmp_path, ACCELERATE_TRAIN)
     (tmp_path / "acc4.slurm.sh").write_text(
         SBATCH + "srun --nodes=1 --ntasks=1 accelerate launch --config_file fsdp.yaml --num_machines 1 "
                  "--num_processes 4 --machine_rank 0 acc_train.py\n")
@@ -159,7 +154,7 @@ def _plan(cli, tmp_path, script, *given):
 def test_a_launch_scripts_argument_loop_runs_for_the_arguments_given(cli, tmp_path):
     # `while [[ $# -gt 0 ]]; do case "$1" in --script_path) ...; shift 2;; *) FWD=("$@"); break;; esac; done`:
     # the arm each argument matches runs (the oracle: bash itself, torchrun replaced by echo)
-    _tree(tmp_path, {"train_a.py": TRAIN_ARGS, "train_b.py": TRAIN_ARGS, "run.sh": ARG_LOOP, **NETS})
+    write_tree(tmp_path, {"train_a.py": TRAIN_ARGS, "train_b.py": TRAIN_ARGS, "run.sh": ARG_LOOP, **NETS})
     given = ["--script_path", "train_b.py", "-n", "4", "--layers", "5", "--lr", "1"]
     [ran] = _bash_echo(tmp_path / "run.sh", given, cwd=tmp_path)
     assert ran.split() == ["torchrun", "--nproc_per_node", "4", "train_b.py", "--layers", "5", "--lr", "1"]
@@ -179,7 +174,7 @@ def test_a_launch_scripts_argument_loop_runs_for_the_arguments_given(cli, tmp_pa
 def test_a_lone_case_on_the_first_argument_and_an_unset_array(tmp_path, monkeypatch):
     from fsdp_lint.entry.shell import shell_launches
 
-    _tree(tmp_path, {"train_a.py": TRAIN_ARGS, "train_b.py": TRAIN_ARGS, **NETS,
+    write_tree(tmp_path, {"train_a.py": TRAIN_ARGS, "train_b.py": TRAIN_ARGS, **NETS,
                      "run8.sh": 'script_path="train_a.py"\ncase "$1" in\n  --script_path) script_path="$2" ;;\n'
                                 'esac\ntorchrun --nproc_per_node 2 "${script_path}" "${EXTRA[@]}" --lr 1\n'})
     monkeypatch.chdir(tmp_path)
@@ -192,7 +187,7 @@ def test_a_lone_case_on_the_first_argument_and_an_unset_array(tmp_path, monkeypa
 def test_an_unset_variable_is_nothing_and_the_failure_names_it(cli, tmp_path, monkeypatch):
     # a README template: `--layers $LAYERS` of a variable the user was to set; bash passes `--layers` alone and
     # argparse refuses it -- the one line names the variable the script never sets
-    _tree(tmp_path, {"train.py": TRAIN_ARGS, **NETS,
+    write_tree(tmp_path, {"train.py": TRAIN_ARGS, **NETS,
                      "run.sh": "#!/bin/bash\ntorchrun --nproc-per-node=4 train.py --layers $LAYERS\n",
                      "ok.sh": '#!/bin/bash\ntorchrun --nproc-per-node=4 train.py $EXTRA_FLAGS --layers 3 --lr "$LR"\n'})
     [ran] = _bash_echo(tmp_path / "run.sh", cwd=tmp_path)
@@ -251,7 +246,7 @@ def test_a_launch_script_that_runs_another_with_arguments_and_environment(cli, t
     # converts the checkpoint after training (the oracle: bash and grep themselves)
     from fsdp_lint.entry.shell import shell_launches
 
-    _tree(tmp_path, WRAPPED)
+    write_tree(tmp_path, WRAPPED)
     (tmp_path / "scripts" / "train.sh").chmod(0o755)
     monkeypatch.chdir(tmp_path)
     for script, world in (("run_readme.sh", 4), ("run_exec.sh", 2)):
@@ -275,7 +270,7 @@ def test_a_launch_built_in_a_string_and_run_with_eval(tmp_path, monkeypatch):
     # the launch's (the oracle: bash itself)
     from fsdp_lint.entry.shell import shell_launches
 
-    _tree(tmp_path, {"train.py": TRAIN_ARGS, **NETS})
+    write_tree(tmp_path, {"train.py": TRAIN_ARGS, **NETS})
     monkeypatch.chdir(tmp_path)
     for run in ('eval $cmd', 'eval "$cmd"', '$cmd'):
         (tmp_path / "run.sh").write_text(
@@ -296,7 +291,7 @@ def test_an_accelerate_config_whose_num_processes_is_gpu(cli, tmp_path, monkeypa
     files = dict(ACCELERATE_TRAIN)
     files["fsdp.yaml"] = files["fsdp.yaml"].replace("num_processes: 8", "num_processes: gpu")
     files["run.sh"] = "accelerate launch --config-file fsdp.yaml acc_train.py\n"
-    _tree(tmp_path, files)
+    write_tree(tmp_path, files)
     monkeypatch.chdir(tmp_path)
     before = dict(os.environ)
     try:
@@ -351,7 +346,7 @@ OWN_PACKAGE = {
 def test_a_launch_scripts_pythonpath_finds_the_repositorys_package(cli, tmp_path):
     # `cd repo; export PYTHONPATH=.`: the launched script imports the repository's package through it (the oracle:
     # python itself, which finds `mylib` from scripts/train.py only with that PYTHONPATH)
-    _tree(tmp_path, OWN_PACKAGE)
+    write_tree(tmp_path, OWN_PACKAGE)
     probe = [sys.executable, "-c", "import runpy, sys; sys.path[0] = 'scripts'; import mylib.model; print('ok')"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     found = subprocess.run(probe, cwd=tmp_path / "repo", capture_output=True, text=True, env=dict(env, PYTHONPATH="."))
@@ -370,7 +365,7 @@ def test_a_launch_scripts_pythonpath_finds_the_repositorys_package(cli, tmp_path
 
 def test_a_command_substitution_not_run_here_is_named_in_the_failure(cli, tmp_path):
     # `--layers $(jq .layers cfg.json)`: bash passes jq's output; the lint cannot run jq, and its refusal says so
-    _tree(tmp_path, {"train.py": TRAIN_ARGS, **NETS, "cfg.json": '{"layers": 3}',
+    write_tree(tmp_path, {"train.py": TRAIN_ARGS, **NETS, "cfg.json": '{"layers": 3}',
                      "run.sh": "torchrun --nproc_per_node=2 train.py --layers $(jq .layers cfg.json)\n"})
     res = cli("run.sh", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2 and "`$(jq...` is a command substitution fsdp-lint does not run" in res.err
@@ -380,7 +375,7 @@ def test_accelerates_refusal_of_a_launch_option_says_why(cli, tmp_path, capsys):
     # the refusal was "accelerate rejects it" alone; accelerate's parser says which option (the oracle: its parser)
     from accelerate.commands.launch import launch_command_parser
 
-    _tree(tmp_path, ACCELERATE_TRAIN)
+    write_tree(tmp_path, ACCELERATE_TRAIN)
     (tmp_path / "run.sh").write_text("accelerate launch --config_file fsdp.yaml --gradient_accumulation_steps x "
                                      "acc_train.py\n")
     try:

@@ -7,20 +7,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-import textwrap
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from conftest import REPO, run_subprocess  # noqa: E402
+from conftest import REPO, run_subprocess, write_tree  # noqa: E402
 
 
-def _tree(root, files):
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
 
 
 def _plan(res):
@@ -73,7 +67,7 @@ def test_init_device_mesh_bound_from_an_alias_module_is_the_simulated_mesh(cli, 
     plans = []
     for name, line in (("alias", import_line), ("control", "from torch.distributed.device_mesh import init_device_mesh")):
         root = tmp_path / name
-        _tree(root, {"train.py": MESH_TRAIN, "project/__init__.py": "",
+        write_tree(root, {"train.py": MESH_TRAIN, "project/__init__.py": "",
                      "project/parallel.py": MESH_HELPER.format(import_line=line)})
         res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", "3", cwd=str(root))
         assert res.code in (0, 1), res.err
@@ -141,7 +135,7 @@ BUNDLED_LOAD = {
 
 @pytest.mark.parametrize("bundled", ["legacy.pt", "zip.pt", "weights.safetensors"])
 def test_a_bundled_file_loaded_in_a_module_init_holds_its_values(cli, tmp_path, bundled):
-    _tree(tmp_path, BUNDLED_LOAD)
+    write_tree(tmp_path, BUNDLED_LOAD)
     import torch
     import torch.nn as nn
 
@@ -218,7 +212,7 @@ SNAPSHOT_GLOB = {
 
 
 def test_weights_globbed_from_a_snapshot_download_stand_in(tmp_path):
-    _tree(tmp_path, SNAPSHOT_GLOB)
+    write_tree(tmp_path, SNAPSHOT_GLOB)
     repo = tmp_path / "hf" / "hub" / "models--acme--tiny-lm"
     snapshot = repo / "snapshots" / ("1" * 40)
     snapshot.mkdir(parents=True)
@@ -299,7 +293,7 @@ EMPTY_DATASET = {
 
 
 def test_a_dataset_left_empty_by_a_skipped_read_has_the_stand_in_length(cli, tmp_path):
-    _tree(tmp_path, EMPTY_DATASET)
+    write_tree(tmp_path, EMPTY_DATASET)
     res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", "/cluster/annotations", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
     report = json.loads(res.out)["files"][0]
@@ -310,7 +304,7 @@ def test_a_dataset_left_empty_by_a_skipped_read_has_the_stand_in_length(cli, tmp
 
 def test_a_dataset_empty_on_the_node_too_is_the_scripts_failure(cli, tmp_path):
     # the annotation file is here and lists nothing: torch's sampler refuses the empty data set (the oracle)
-    _tree(tmp_path, EMPTY_DATASET)
+    write_tree(tmp_path, EMPTY_DATASET)
     (tmp_path / "annotations").mkdir()
     (tmp_path / "annotations" / "data_info.json").write_text("[]")
     import torch.utils.data as tud
@@ -374,7 +368,7 @@ INDEX_IN_INIT = {
 
 
 def test_an_index_tensor_a_module_init_computes_from_constants_holds_its_values(cli, tmp_path):
-    _tree(tmp_path, INDEX_IN_INIT)
+    write_tree(tmp_path, INDEX_IN_INIT)
     sys.path.insert(0, str(tmp_path))
     try:
         from project.model import Net   # the oracle: real torch builds the model on the CPU
@@ -450,7 +444,7 @@ PRINT_PATCH = {
 
 
 def test_the_projects_print_replacement_works_as_on_a_node_and_is_undone(cli, tmp_path):
-    _tree(tmp_path, PRINT_PATCH)
+    write_tree(tmp_path, PRINT_PATCH)
     import builtins
 
     # the oracle: python itself runs the project's replacement, and print then takes force=
@@ -509,7 +503,7 @@ RANK_SHARDS = {
 
 
 def test_other_ranks_data_shards_saved_before_a_barrier_load_as_rank_0s(cli, tmp_path):
-    _tree(tmp_path, RANK_SHARDS)
+    write_tree(tmp_path, RANK_SHARDS)
     import datasets
 
     # the oracle: the datasets library itself, every rank's folder saved (as on a node), merged by rank 0
@@ -569,7 +563,7 @@ SAVE_PRETRAINED = {
 
 
 def test_save_pretrained_of_stand_in_weights_writes_the_config_only(cli, tmp_path):
-    _tree(tmp_path, SAVE_PRETRAINED)
+    write_tree(tmp_path, SAVE_PRETRAINED)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -631,7 +625,7 @@ KERNEL_PROBE = {
 
 
 def test_a_cuda_only_kernel_introspected_by_the_model_is_named_as_not_installable_here(cli, tmp_path):
-    _tree(tmp_path, KERNEL_PROBE)
+    write_tree(tmp_path, KERNEL_PROBE)
     import importlib.util
 
     import torch
