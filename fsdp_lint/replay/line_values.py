@@ -90,3 +90,13 @@ def named_on_line(frame: types.FrameType, line: int) -> List[object]:
             else:
                 out.append(_look_up(frame, node.id))
     return out
+
+
+def dotted_path(node: ast.AST) -> Optional[str]:
+    """``a.b.c`` of a name or an attribute chain; None for anything else (a call, a subscript)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted_path(node.value)
+        return f"{base}.{node.attr}" if base else None
+    return None

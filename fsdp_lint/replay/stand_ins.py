@@ -14,7 +14,7 @@ from typing import Optional, Set
 
 from fsdp_lint.entry.project import is_local
 from fsdp_lint.replay.imports import Missing, StubUse
-from fsdp_lint.replay.line_values import named_on_line, statement_at, tree_of
+from fsdp_lint.replay.line_values import dotted_path, named_on_line, statement_at, tree_of
 
 
 def stand_in_on_failing_line(exc: BaseException) -> Optional[StubUse]:
@@ -72,13 +72,6 @@ def flows_into(path: str, use_line: int, failing_line: int) -> bool:
     return bool(_reads(failing) & given)
 
 
-def _dotted(node: ast.AST) -> Optional[str]:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
 
 
 def _bound(stmt: ast.stmt) -> Set[str]:
@@ -91,14 +84,14 @@ def _bound(stmt: ast.stmt) -> Set[str]:
     elif isinstance(stmt, (ast.With, ast.AsyncWith)):
         targets = [i.optional_vars for i in stmt.items if i.optional_vars is not None]
     elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Attribute):
-        return {name for name in [_dotted(stmt.value.func.value)] if name}    # `shards.extend(wds.expand(...))`
+        return {name for name in [dotted_path(stmt.value.func.value)] if name}    # `shards.extend(wds.expand(...))`
     else:
         targets = []
     out = set()
     for target in targets:
         for n in ast.walk(target):
             if isinstance(getattr(n, "ctx", None), ast.Store):
-                name = _dotted(n.value) if isinstance(n, ast.Subscript) else _dotted(n)
+                name = dotted_path(n.value) if isinstance(n, ast.Subscript) else dotted_path(n)
                 if name:
                     out.add(name)
     return out
@@ -110,7 +103,7 @@ def _reads(stmt: ast.stmt) -> Set[str]:
     out = set()
     for n in ast.walk(stmt):
         if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
-            name = _dotted(n)
+            name = dotted_path(n)
             while name:
                 out.add(name)
                 name = name.rpartition(".")[0]

@@ -22,6 +22,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from fsdp_lint.replay.line_values import dotted_path
 from fsdp_lint.replay.recorders import FakeMesh, Recorder
 from fsdp_lint.replay.records import FSDP_LINT_DIR, NoModelError, ReplayError, TrainingBoundary
 from fsdp_lint.entry.source import SourceFacts
@@ -79,7 +80,7 @@ class ModelTarget:
                               f"(literals, names and calls are evaluated)") from None
         call = node if isinstance(node, ast.Call) else None
         head = node.func if call is not None else node
-        dotted = _dotted(head)
+        dotted = dotted_path(head)
         if dotted is None:
             raise ReplayError(f"invalid --model target {_shown(text)}: {_unparsed(head)!r} is not a name")
         source = None
@@ -111,13 +112,6 @@ class ModelTarget:
         return args, kwargs
 
 
-def _dotted(node: ast.AST) -> Optional[str]:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
 
 
 _SAFE = (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Name, ast.Attribute, ast.Call, ast.UnaryOp,
@@ -150,7 +144,7 @@ def _check_safe(node: ast.AST, text: str) -> None:
         if not isinstance(n, _SAFE):
             raise ReplayError(f"invalid --model target {_shown(text)}: only literals, names and calls of named callables "
                               f"are evaluated, not {_unparsed(n) if isinstance(n, ast.expr) else type(n).__name__}")
-        if isinstance(n, ast.Call) and _dotted(n.func) is None:
+        if isinstance(n, ast.Call) and dotted_path(n.func) is None:
             raise ReplayError(f"invalid --model target {_shown(text)}: {_unparsed(n.func)!r} is not a named callable")
 
 
