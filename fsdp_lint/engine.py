@@ -359,8 +359,13 @@ def _follow_launch(launch: dict, exc: LintError, settings: Settings, followed: i
     screened = screen(launch["path"], followed_settings)
     if isinstance(screened, FileResult):
         raise exc
-    res = lint_facts(screened, followed_settings, argv=list(launch.get("args") or ()), explicit=True,
-                     cwd=launch.get("cwd"), _followed=followed + 1)
+    try:
+        res = lint_facts(screened, followed_settings, argv=list(launch.get("args") or ()), explicit=True,
+                         cwd=launch.get("cwd"), _followed=followed + 1)
+    except LintError as failed:     # said as the launch's, which the user did not name
+        err = LintError(f"{failed} (in the launch the setup starts: `{launch.get('shown')}`)")
+        err.user_exception = getattr(failed, "user_exception", None)
+        raise err from None
     res.notes.insert(0, f"the setup starts `{launch.get('shown')}`: linted that launch, whose processes build the "
                         f"model on a node (a lint never starts processes)")
     res.imported_files = sorted(set(res.imported_files) | {os.path.abspath(launch["path"])})
