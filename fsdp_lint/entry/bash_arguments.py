@@ -8,7 +8,8 @@
       esac
     done
 
-and a lone ``case "$1" in ... esac``. The arm whose pattern matches runs: its assignments (arrays too), its
+a ``for arg in "$@"; do case "$arg" in --model=*) model="${arg#*=}" ;; esac; done`` over the arguments
+(``for arg; do`` too), and a lone ``case "$1" in ... esac``. The arm whose pattern matches runs: its assignments (arrays too), its
 ``shift``, ``break``/``continue``, and an ``exit`` (bash stops: the script refuses its arguments). Other
 commands in an arm (``echo``, ``usage``) change nothing a launch reads. A loop or case this cannot decide (a
 test on something the script does not set, a launch inside an arm) is left to the line-by-line reader."""
@@ -154,10 +155,12 @@ def argument_block(lines, k: int, env: Dict, positional: Sequence[str], script: 
     """(the index after the block, the arguments left) when `lines[k]` opens an argument loop (``while`` on
     ``$#``/``$1`` around a ``case``) or a ``case`` this runs, its assignments made in `env`; else None."""
     words = _first_words(lines[k][1])
-    if not words or words[0] not in ("while", "case"):
+    if not words or words[0] not in ("while", "case", "for"):
         return None
     if words[0] == "case":
         end, header = _block_end(lines, k, ("case",), "esac"), None
+    elif words[0] == "for":
+        return _for_block(lines, k, env, positional, script)
     else:
         end = _block_end(lines, k, ("while", "until", "for"), "done")
         header = words[:words.index("do")] if "do" in words else words
@@ -200,6 +203,43 @@ def argument_block(lines, k: int, env: Dict, positional: Sequence[str], script: 
                 break
             if len(left) == before and outcome != "continue" or rounds > _MAX_ROUNDS:
                 return None     # an arm that shifts nothing would loop forever in bash: not followed
+    except _Exit:
+        raise ShellError(f"line {line}: {os.path.basename(script)}'s argument loop exits for the arguments given "
+                         f"(`exit 0`): bash launches nothing") from None
+    except ValueError:
+        return None
+    env.clear()
+    env.update(state)
+    return end, tuple(left)
+
+
+def _for_block(lines, k: int, env: Dict, positional: Sequence[str], script: str):
+    """``for NAME in WORDS; do case ... esac; done`` (``for NAME; do``: over "$@"): the case run once per
+    word with NAME set to it, as `argument_block` runs a ``while`` loop's."""
+    end = _block_end(lines, k, ("while", "until", "for"), "done")
+    if end is None:
+        return None
+    body = "\n".join(_uncommented(_joined(p)) for _, p in lines[k:end])
+    m = re.match(r"\s*for\s+([A-Za-z_][A-Za-z0-9_]*)\s*(?:\bin\b(.*?))?\s*(?:;|\n)\s*do\b(.*)\bdone\s*;?\s*$", body, re.S)
+    if m is None or _LAUNCHING.search(m.group(3)):
+        return None
+    name, listed, inner = m.group(1), m.group(2), m.group(3).strip()
+    state, left, line = dict(env), list(positional), lines[k][0]
+    try:
+        items = _expanded_words(listed, state, left) if listed is not None else list(left)
+        for item in items:
+            state[name] = item
+            parsed = _case(inner, state, left)
+            if parsed is None:
+                return None
+            word, arms, after = parsed
+            arm = next((cmds for patterns, cmds in arms if any(fnmatch.fnmatchcase(word, _pattern(p, state, left))
+                                                                 for p in patterns)), None)
+            outcome = _run_arm(arm, state, left, line, script, word) if arm is not None else None
+            if outcome is None:
+                outcome = _run_arm(after, state, left, line, script, word)
+            if outcome == "break":
+                break
     except _Exit:
         raise ShellError(f"line {line}: {os.path.basename(script)}'s argument loop exits for the arguments given "
                          f"(`exit 0`): bash launches nothing") from None

@@ -16,9 +16,11 @@ class ShellError(Exception):
     """A launch script that cannot be read (or whose launch cannot be found): one line, exit 2."""
 
 
-# $NAME, ${NAME}, ${NAME:-default} (also `-`, `:?`/`?` message, `:=`/`=`, `:+`/`+`), ${NAME[@]} (an array's
-# elements), ${NAME[0]}, $1, $@; a default holding another expansion (`${1:-${DIR}/x}`) matches once that is made
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:\[([@*]|[0-9]+)\])?((:?)([-?=+])([^{}]*))?\}"
+# $NAME, ${NAME}, ${NAME:-default} (also `-`, `:?`/`?` message, `:=`/`=`, `:+`/`+`), the pattern removals
+# ${NAME#glob}/${NAME##glob}/${NAME%glob}/${NAME%%glob} (`${arg#*=}`: the value of `--opt=value`), ${NAME[@]}
+# (an array's elements), ${NAME[0]}, $1, $@; a default holding another expansion (`${1:-${DIR}/x}`) matches once
+# that is made
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:\[([@*]|[0-9]+)\])?((:?)([-?=+]|##?|%%?)([^{}]*))?\}"
                   r"|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
 
 
@@ -160,6 +162,8 @@ def _value_of(m, env: Dict[str, str], positional: Sequence[str]):
     if m.group(3) is not None:
         unset = value is None or (value == "" and m.group(4) == ":")
         op, word = m.group(5), _expand(m.group(6), env, positional)
+        if op[0] in "#%":
+            return None if value is None else _removed(value, op, word)
         if op == "?" and unset:
             raise UnsetError(f"{name}: {word or 'parameter null or not set'}")
         if op in "-=" and unset:
@@ -168,6 +172,19 @@ def _value_of(m, env: Dict[str, str], positional: Sequence[str]):
             return "" if unset else word
     if value is None:
         return "" if name.isdigit() else None
+    return value
+
+
+def _removed(value: str, op: str, pattern: str) -> str:
+    """bash's ``${NAME#pattern}`` (the shortest matching prefix removed), ``##`` (the longest), ``%``/``%%``
+    (suffixes): `pattern` is a glob."""
+    import fnmatch
+
+    shortest = len(op) == 1
+    for cut in (range(len(value) + 1) if shortest else range(len(value), -1, -1)):
+        piece = value[:cut] if op[0] == "#" else value[len(value) - cut:]
+        if fnmatch.fnmatchcase(piece, pattern):
+            return value[cut:] if op[0] == "#" else value[:len(value) - cut]
     return value
 
 

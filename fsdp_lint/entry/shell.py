@@ -354,10 +354,12 @@ def _called_script(marked, env: Dict, exported: set, script: str, cd: Optional[s
 
 
 def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optional[Dict[str, str]] = None,
-                   cd: Optional[str] = None, depth: int = 0) -> List[ShellLaunch]:
+                   cd: Optional[str] = None, depth: int = 0, shared: Optional[Tuple[Dict, set]] = None
+                   ) -> List[ShellLaunch]:
     """Every launch of a Python file in the shell script, in order, the script run with the arguments
     ``positional`` (``bash SCRIPT ARGS``); a script another one runs gets its exported variables
-    (`inherited`) and starts in its folder (`cd`)."""
+    (`inherited`) and starts in its folder (`cd`); a script another one sources (``source env.sh``) reads
+    and sets that one's variables (`shared`: its environment and exported names)."""
     try:
         with open(script, encoding="utf-8") as fh:
             text = fh.read()
@@ -368,6 +370,8 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
     text = with_script_path(_GPU_COUNT.sub("gpu", text), script)
     env: Dict[str, str] = dict(slurm.batch_environment(batch), **(inherited or {}))   # (SLURM's batch shell)
     exported: set = set(inherited or ())
+    if shared is not None:
+        env, exported = shared
     console: Optional[Dict[str, str]] = None        # the repository's console scripts, read when needed
     out: List[ShellLaunch] = []
     in_case = 0
@@ -457,6 +461,10 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
                            if os.path.isdir(os.path.join(b, target))), os.path.normpath(os.path.join(bases[0], target)))
                 env["PWD"] = cd                 # (`export PYTHONPATH=$PWD` after it)
             continue
+        sourced = _sourced_script(words, env, positional, script, cd, depth)
+        if sourced is not None:     # `source configs/env.sh`, `. ./common.sh`: its variables are this script's
+            out.extend(shell_launches(sourced, positional, None, cd, depth + 1, (env, exported)))
+            continue
         if console is None:
             console = _console_commands(script, cd)
         # the first command of the line's list or pipeline that is a launch (`mkdir -p out && torchrun ...
@@ -515,6 +523,17 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
             out.append(launch)
             where.append(at)
     return out
+
+
+def _sourced_script(words, env: Dict, positional, script: str, cd: Optional[str], depth: int) -> Optional[str]:
+    """The project's file a ``source FILE``/``. FILE`` line reads (not an environment's ``activate``), or None."""
+    if len(words) < 2 or words[0] not in ("source", ".") or depth >= 4:
+        return None
+    target = _expand(words[1], env, positional)
+    if "$" in target or os.path.basename(target) == "activate":
+        return None
+    path, _ = _resolve(target, script, cd)
+    return path if path is not None and os.path.isfile(path) else None
 
 
 def _search_path(exported: set, env: Dict, command_env: Dict, cd: Optional[str]) -> Optional[str]:

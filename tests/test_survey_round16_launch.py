@@ -1,0 +1,103 @@
+"""Round 16 of the real-launch survey: launch scripts read as bash runs them -- ``for arg in "$@"`` loops with
+``${arg#*=}``, the pattern removals of ``${NAME#...}``/``${NAME%...}``, settings read from a sourced file. The oracle
+is real bash (the script run with the launchers replaced by echo)."""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from conftest import write_tree  # noqa: E402
+from test_survey_round15_launch import NETS, TRAIN_ARGS, _bash_echo, _plan  # noqa: E402
+
+FOR_LOOP = '''\
+#!/usr/bin/env bash
+set -euo pipefail
+NPROC=2
+LAYERS=2
+SCRIPT=train_a.py
+for arg in "$@"; do
+  case $arg in
+    --nproc=*)
+      NPROC="${arg#*=}"
+      shift
+      ;;
+    --layers=*) LAYERS="${arg#*=}" ;;
+    --script=*) SCRIPT="${arg##*=}" ;;
+    *) ;;
+  esac
+done
+RUN_NAME="${SCRIPT%.py}-l${LAYERS}"
+torchrun --nproc_per_node=$NPROC "$SCRIPT" --layers "$LAYERS" --run_name "$RUN_NAME"
+'''
+
+TRAIN_NAMED = TRAIN_ARGS.replace('parser.add_argument("--lr"', 'parser.add_argument("--run_name")\n    '
+                                 'parser.add_argument("--lr"')
+
+
+def test_a_for_loop_over_the_arguments_with_pattern_removals(cli, tmp_path):
+    # `for arg in "$@"; do case $arg in --nproc=*) NPROC="${arg#*=}" ;; esac; done`: each `--opt=value` sets its
+    # variable (bash is the oracle); the value after `=` is `${arg#*=}`, and `${SCRIPT%.py}` cuts a suffix
+    write_tree(tmp_path, {"train_a.py": TRAIN_NAMED, "train_b.py": TRAIN_NAMED, "run.sh": FOR_LOOP, **NETS})
+    given = ["--nproc=4", "--layers=5", "--script=train_b.py"]
+    [ran] = _bash_echo(tmp_path / "run.sh", given, cwd=tmp_path)
+    assert ran.split() == ["torchrun", "--nproc_per_node=4", "train_b.py", "--layers", "5", "--run_name", "train_b-l5"]
+    f = _plan(cli, tmp_path, "run.sh", *given)
+    assert f["path"].endswith("train_b.py") and f["plan"]["world_size"] == 4
+    assert len(f["plan"]["units"]) == 5 + 1
+    # no arguments: the defaults
+    [ran] = _bash_echo(tmp_path / "run.sh", cwd=tmp_path)
+    assert ran.split() == ["torchrun", "--nproc_per_node=2", "train_a.py", "--layers", "2", "--run_name", "train_a-l2"]
+    f = _plan(cli, tmp_path, "run.sh")
+    assert f["path"].endswith("train_a.py") and f["plan"]["world_size"] == 2 and len(f["plan"]["units"]) == 3
+
+
+def test_pattern_removals_expand_as_bash_expands_them(tmp_path):
+    from fsdp_lint.entry.bash_words import _expand
+
+    env = {"arg": "--model=org/name=v2", "ckpt": "runs/a/b/step.tar.gz"}
+    words = ["${arg#*=}", "${arg##*=}", "${arg%=*}", "${arg%%=*}", "${ckpt%.*}", "${ckpt%%.*}", "${ckpt##*/}",
+             "${ckpt#*/}", "${arg#--}"]
+    script = tmp_path / "p.sh"
+    script.write_text("".join(f'echo "{w}"\n' for w in words))
+    import subprocess
+
+    bash = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True,
+                          env={**os.environ, **env}).stdout.splitlines()
+    assert [_expand(w, env) for w in words] == bash
+    # a variable nothing sets stays as written (the launch reader then names it)
+    assert _expand("${unset_name#*=}", env) == "${unset_name#*=}"
+
+
+SOURCED = {
+    "configs/common.sh": '''\
+        # shared by every launch script
+        export NPROC=${NPROC:-4}
+        LAYERS=3
+    ''',
+    "scripts/train.sh": '''\
+        #!/usr/bin/env bash
+        set -euo pipefail
+        SCRIPT_DIR=$(cd "$(dirname "$0")" && pwd)
+        source "${SCRIPT_DIR}/../configs/common.sh"
+        . .venv/bin/activate 2>/dev/null || true
+        torchrun --nproc_per_node=$NPROC train_a.py --layers $LAYERS
+    ''',
+}
+
+
+def test_settings_from_a_sourced_file(cli, tmp_path, monkeypatch):
+    # `source "$SCRIPT_DIR/../configs/common.sh"` sets the script's variables as bash sets them; an environment's
+    # `activate` that is not there changes nothing a launch reads
+    write_tree(tmp_path, {"train_a.py": TRAIN_ARGS, **NETS, **SOURCED})
+    monkeypatch.delenv("NPROC", raising=False)
+    [ran] = _bash_echo(tmp_path / "scripts/train.sh", cwd=tmp_path)
+    assert ran.split() == ["torchrun", "--nproc_per_node=4", "train_a.py", "--layers", "3"]
+    f = _plan(cli, tmp_path, "scripts/train.sh")
+    assert f["plan"]["world_size"] == 4 and len(f["plan"]["units"]) == 3 + 1
+    # the sourced default gives way to the caller's environment, as in bash
+    monkeypatch.setenv("NPROC", "2")
+    [ran] = _bash_echo(tmp_path / "scripts/train.sh", cwd=tmp_path)
+    assert ran.split()[1] == "--nproc_per_node=2"
+    assert _plan(cli, tmp_path, "scripts/train.sh")["plan"]["world_size"] == 2
