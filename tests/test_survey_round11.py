@@ -324,7 +324,7 @@ model = FSDP(model, device_id=torch.device("cpu"))
     line = res.err.splitlines()[0]
     assert line.startswith("fsdp-lint: error: train.py:14: setup code failed on the meta device: LocalEntryNotFoundError"), line
     assert line.endswith("(tokenizer_spm_32k_3.model of the hub repository someorg/somemodel is not here, and fsdp-lint "
-                         "never downloads: `huggingface-cli download someorg/somemodel tokenizer_spm_32k_3.model` puts "
+                         "never downloads: `hf download someorg/somemodel tokenizer_spm_32k_3.model` puts "
                          "it in the local Hugging Face cache)"), line
 
 

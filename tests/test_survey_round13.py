@@ -571,7 +571,7 @@ if __name__ == "__main__":
     res = cli("train.py", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
     assert "has its config.json here but not its own code (configuration_remote.py, modeling_remote.py" in res.err
-    assert "huggingface-cli download acme/remote-encoder configuration_remote.py modeling_remote.py" in res.err
+    assert "hf download acme/remote-encoder configuration_remote.py modeling_remote.py" in res.err
 
 
 GROUPED_OPTIONS = '''

@@ -273,7 +273,8 @@ def test_a_model_snapshot_not_here_is_named_with_its_revision_and_its_configs_su
     line = res.err.strip().splitlines()[0]
     assert "train.py:10:" in line
     rev = "3210bec0495fdc7a8d3dbb8d58da5711eab4b423"
-    assert f"`huggingface-cli download org/some-model --revision {rev} --include '*.json'`" in line
+    assert (f"`hf download org/some-model --include '*.json' --include '*.model' --include '*.txt' --include '*.tiktoken' "
+            f"--include '*.py' --revision {rev}`") in line
     # what that command leaves in the cache (the snapshot folder of the revision, its configs) is enough
     snap = hf_home / "hub" / "models--org--some-model" / "snapshots" / rev
     snap.mkdir(parents=True)

@@ -547,7 +547,7 @@ def test_a_hub_file_the_projects_code_downloads_is_named_with_how_to_get_it(cli,
     res = cli("train.py", "--world-size", "2", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2, res.out
     assert ("load.py:8: setup code failed on the meta device: prism-224px+7b/config.json of the hub repository "
-            "Org/vlm-checkpoints is not here, and fsdp-lint never downloads: `huggingface-cli download "
+            "Org/vlm-checkpoints is not here, and fsdp-lint never downloads: `hf download "
             "Org/vlm-checkpoints prism-224px+7b/config.json` puts it in the local Hugging Face cache") in res.err, res.err
 
 

@@ -18,6 +18,8 @@ import socket
 import sys
 from typing import Any, Callable, Optional
 
+from fsdp_lint.replay.hub_commands import SETUP_FILES, download_command
+
 Patch = Callable[[Any, str, Any], None]
 
 _LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback", "", None}
@@ -245,11 +247,10 @@ def download_hint(msg: str, exc: Optional[BaseException] = None) -> str:
             rev = f" --revision {revision}" if revision and revision != "main" else ""
             if not name:    # snapshot_download of a model: its configs are what a lint reads
                 return (f" (the hub repository {repo}{f' at revision {revision}' if rev else ''} is not here, and "
-                        f"fsdp-lint never downloads: `huggingface-cli download {repo}{rev}"
-                        f"{f' --repo-type {kind}' if kind else ''} --include '*.json'` puts its configs in the local "
-                        f"Hugging Face cache)")
+                        f"fsdp-lint never downloads: `{download_command(repo, include=SETUP_FILES, repo_type=kind, revision=revision)}` "
+                        f"puts its configs and tokenizer (no weights) in the local Hugging Face cache)")
             return (f" ({name} of the hub repository {repo} is not here, and fsdp-lint never downloads: "
-                    f"`huggingface-cli download {repo} {name}{rev}{f' --repo-type {kind}' if kind else ''}` puts it in "
+                    f"`{download_command(repo, [name], repo_type=kind, revision=revision)}` puts it in "
                     f"the local Hugging Face cache)")
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     # (a file read from the empty folder a hub data set's snapshot_download stood in as: frameworks.hf)
@@ -258,7 +259,7 @@ def download_hint(msg: str, exc: Optional[BaseException] = None) -> str:
         re.search(r"fsdp-lint-hub-datasets/([\w.-]+/[\w.-]+)/", msg)
     if dataset:         # a data set of the hub (`load_dataset`, LeRobotDataset's `repo_id`), not a model
         return (f" (the hub data set {dataset.group(1)} is not here, and fsdp-lint never downloads: "
-                f"`huggingface-cli download {dataset.group(1)} --repo-type dataset` puts it in the local Hugging Face "
+                f"`{download_command(dataset.group(1), repo_type='dataset')}` puts it in the local Hugging Face "
                 f"cache, or point the script at a local copy)")
     if any(w in msg for w in ("huggingface.co", "from_pretrained", "cached files", "offline mode", "HF Hub",
                               "outgoing traffic has been disabled")):

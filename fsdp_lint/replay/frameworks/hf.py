@@ -28,6 +28,7 @@ from typing import Any, Dict, List
 
 from fsdp_lint.replay.frameworks.hf_saves import save_pretrained_hook
 from fsdp_lint.replay.frameworks.hub_snapshots import NOT_DOWNLOADED, WEIGHT_SUFFIXES, snapshot_download_hook
+from fsdp_lint.replay.hub_commands import SETUP_FILES, download_command
 from fsdp_lint.replay.network import HUB_FILE, NotDownloaded
 from fsdp_lint.replay.records import IN_TRAINING
 
@@ -58,10 +59,10 @@ def missing_config_message(name: str) -> str:
         # the config is here; the model's own code (`auto_map`, trust_remote_code) is not
         return (f"the hub model {name!r} has its config.json here but not its own code ({', '.join(code)}; "
                 f"trust_remote_code), and fsdp-lint never downloads: put them in the local Hugging Face cache "
-                f"({cache}) with `huggingface-cli download {name} {' '.join(code)}`")
+                f"({cache}) with `{download_command(name, code)}`")
     return (f"no config.json for the hub model {name!r} here, and fsdp-lint never downloads: pass "
-            f"--hf-config path/to/config.json (or the model's directory), or put the config in the local Hugging "
-            f"Face cache ({cache}) with `huggingface-cli download {name} config.json`")
+            f"--hf-config path/to/config.json (or the model's directory), or put its config and tokenizer (no "
+            f"weights) in the local Hugging Face cache ({cache}) with `{download_command(name, include=SETUP_FILES)}`")
 
 
 def _missing_code(name: str) -> List[str]:
@@ -225,7 +226,7 @@ def _auto_tokenizer(hooks, module) -> None:
 
 def _tokenizer_missing(name: str, why: str) -> str:
     return (f"no tokenizer for {name!r} here, and fsdp-lint never downloads: put it in the local Hugging "
-            f"Face cache (`huggingface-cli download {name} --include 'tokenizer*' 'special_tokens_map.json'`) "
+            f"Face cache (`{download_command(name, include=SETUP_FILES)}`: its configs and tokenizer, no weights) "
             f"or pass a local tokenizer folder in the script's arguments ({why})")
 
 
@@ -458,7 +459,7 @@ def _hub_file(hooks, module) -> None:
                 setattr(exc, HUB_FILE, (repo, name, kind))
                 raise
             raise HubFileMissing(f"{name} of the hub repository {repo} is not here, and fsdp-lint never downloads: "
-                                 f"`huggingface-cli download {repo} {name}{f' --repo-type {kind}' if kind else ''}` "
+                                 f"`{download_command(repo, [name], repo_type=kind)}` "
                                  f"puts it in the local Hugging Face cache ({type(exc).__name__})") from None
 
     hooks.patch(module, "hf_hub_download", hf_hub_download)
