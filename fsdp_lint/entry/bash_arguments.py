@@ -151,6 +151,22 @@ def _run_arm(commands: str, env: Dict, positional: List[str], line: int, script:
     return None
 
 
+_UNDECIDED = object()
+
+
+def _run_case(text: str, state: Dict, left: List[str], line: int, script: str):
+    """Run ``case WORD in ARMS esac; CMDS`` once: the arm WORD matches, then the commands after it ("break",
+    "continue" or None), or `_UNDECIDED` when the case cannot be read."""
+    parsed = _case(text, state, left)
+    if parsed is None:
+        return _UNDECIDED
+    word, arms, after = parsed
+    arm = next((cmds for patterns, cmds in arms if any(fnmatch.fnmatchcase(word, _pattern(p, state, left))
+                                                         for p in patterns)), None)
+    outcome = _run_arm(arm, state, left, line, script, word) if arm is not None else None
+    return _run_arm(after, state, left, line, script, word) if outcome is None else outcome
+
+
 def argument_block(lines, k: int, env: Dict, positional: Sequence[str], script: str):
     """(the index after the block, the arguments left) when `lines[k]` opens an argument loop (``while`` on
     ``$#``/``$1`` around a ``case``) or a ``case`` this runs, its assignments made in `env`; else None."""
@@ -175,34 +191,36 @@ def argument_block(lines, k: int, env: Dict, positional: Sequence[str], script: 
         body = inner.group(1).strip()
     if _LAUNCHING.search(body):
         return None             # a launch in an arm: the line-by-line reader follows it
-    state = dict(env)
-    left = list(positional)
-    line = lines[k][0]
-    rounds = 0
-    try:
+
+    def run(state: Dict, left: List[str]) -> bool:
+        rounds = 0
         while True:
             if header is not None:
                 test = " ".join(header[1:])
                 go = bool(left) if _ARGUMENTS_LEFT.match(test) else condition(["if", *header[1:]], state, left)
                 if go is None:
-                    return None
+                    return False
                 if not go:
-                    break
-            parsed = _case(body, state, left)
-            if parsed is None:
-                return None
-            word, arms, after = parsed
+                    return True
             before = len(left)
-            arm = next((cmds for patterns, cmds in arms if any(fnmatch.fnmatchcase(word, _pattern(p, state, left))
-                                                                 for p in patterns)), None)
-            outcome = _run_arm(arm, state, left, line, script, word) if arm is not None else None
-            if outcome is None:
-                outcome = _run_arm(after, state, left, line, script, word)
+            outcome = _run_case(body, state, left, lines[k][0], script)
+            if outcome is _UNDECIDED:
+                return False
             rounds += 1
             if header is None or outcome == "break":
-                break
+                return True
             if len(left) == before and outcome != "continue" or rounds > _MAX_ROUNDS:
-                return None     # an arm that shifts nothing would loop forever in bash: not followed
+                return False     # an arm that shifts nothing would loop forever in bash: not followed
+    return _ran(run, env, positional, end, lines[k][0], script)
+
+
+def _ran(run, env: Dict, positional: Sequence[str], end: int, line: int, script: str):
+    """(`end`, the arguments left) after `run(state, left)` ran the block on copies of the script's variables
+    and arguments (and they are made the script's), or None when it could not be decided."""
+    state, left = dict(env), list(positional)
+    try:
+        if not run(state, left):
+            return None
     except _Exit:
         raise ShellError(f"line {line}: {os.path.basename(script)}'s argument loop exits for the arguments given "
                          f"(`exit 0`): bash launches nothing") from None
@@ -224,30 +242,17 @@ def _for_block(lines, k: int, env: Dict, positional: Sequence[str], script: str)
     if m is None or _LAUNCHING.search(m.group(3)):
         return None
     name, listed, inner = m.group(1), m.group(2), m.group(3).strip()
-    state, left, line = dict(env), list(positional), lines[k][0]
-    try:
-        items = _expanded_words(listed, state, left) if listed is not None else list(left)
-        for item in items:
+
+    def run(state: Dict, left: List[str]) -> bool:
+        for item in (_expanded_words(listed, state, left) if listed is not None else list(left)):
             state[name] = item
-            parsed = _case(inner, state, left)
-            if parsed is None:
-                return None
-            word, arms, after = parsed
-            arm = next((cmds for patterns, cmds in arms if any(fnmatch.fnmatchcase(word, _pattern(p, state, left))
-                                                                 for p in patterns)), None)
-            outcome = _run_arm(arm, state, left, line, script, word) if arm is not None else None
-            if outcome is None:
-                outcome = _run_arm(after, state, left, line, script, word)
+            outcome = _run_case(inner, state, left, lines[k][0], script)
+            if outcome is _UNDECIDED:
+                return False
             if outcome == "break":
                 break
-    except _Exit:
-        raise ShellError(f"line {line}: {os.path.basename(script)}'s argument loop exits for the arguments given "
-                         f"(`exit 0`): bash launches nothing") from None
-    except ValueError:
-        return None
-    env.clear()
-    env.update(state)
-    return end, tuple(left)
+        return True
+    return _ran(run, env, positional, end, lines[k][0], script)
 
 
 def _pattern(pattern: str, env: Dict, positional: Sequence[str]) -> str:
