@@ -122,6 +122,9 @@ def _explain(code: str) -> None:
 @click.option("--gpu-memory", default=None, metavar="SIZE",
               help="The device memory per rank the plan's peak is judged against (80GiB, 40GB; default: the --gpu "
                    "profile's), less the CUDA context, NCCL buffers and fragmentation (FSD801).")
+@click.option("--fetch-configs", is_flag=True, default=None,
+              help="Fetch the configs and tokenizer files (never weights) of a hub model the lint stops on into the "
+                   "local Hugging Face cache, and lint the file again.")
 @click.option("--allow-partial", is_flag=True, default=None,
               help="Report plans with elements fsdp-lint does not model (listed as unsupported) instead of exit 2.")
 @click.option("--api", type=click.Choice(["fsdp1", "fsdp2"]), default=None,
@@ -196,7 +199,7 @@ def _explain(code: str) -> None:
                    "project root).")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
 @click.version_option(__version__, prog_name="fsdp-lint")
-def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout,
+def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, fetch_configs, allow_partial, api, wrap, use_orig_params, model_target, fmt, layout,
         compare_granularity, select, ignore, extend_select, fail_on, exit_zero, statistics, explain, list_rules,
         config_path, output, accelerate_config, hf_config, hf_class, run_, simulate, suggest, nproc, steps, device,
         input_shape, input_dtype, run_timeout, no_cache, cache_dir, debug, fix_=False, unsafe_fixes=False, diff_=False,
@@ -261,6 +264,7 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         world_size=world_size, api=api, wrap=list(wrap), use_orig_params=use_orig_params, model=model_target,
         fail_on=fail_on, cli_selection=cli_selection if any(cli_selection.values()) else None,
         gpus_per_node=gpus_per_node, gpu=gpu, gpu_memory=gpu_memory, allow_partial=allow_partial or None,
+        fetch_configs=fetch_configs or None,
         world_size_source="--world-size" if world_size is not None else None, script_world=True,
         accelerate_config=accelerate_config, hf_config=hf_config, hf_class=hf_class,
         input_shape=input_shape, input_dtype=input_dtype)
@@ -321,7 +325,13 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
             click.echo(f"fsdp-lint: error: {msg}", err=True)
             continue
         try:
-            res = next(linted)()
+            outcome = next(linted)
+            if run_settings.fetch_configs:    # the hub files its error names, fetched, and the file linted again
+                from fsdp_lint.hub_fetch import with_fetches
+
+                outcome = with_fetches(outcome, _relint(lint_runs, (path, run_settings, argv, explicit, cwd), cache),
+                                       LintError)
+            res = outcome()
             results.append(res)
             planned.add(run_settings.launch_script)
             if res.skipped and explicit and not quiet:
@@ -482,6 +492,16 @@ def cli(paths, world_size, gpus_per_node, gpu, gpu_memory, allow_partial, api, w
         notes = "".join(err_notes) if fastpath._isatty(sys.stderr) else click.unstyle("".join(err_notes))
         fastpath.store(cache, argv, script_args, paths, files, discovery, to_lint, record, written, notes, code)
     return code
+
+
+def _relint(lint_runs, run, cache):
+    def lint():
+        again = lint_runs([run], cache=cache)
+        try:
+            return next(again)()
+        finally:
+            again.close()
+    return lint
 
 
 def _first_line(exc: BaseException) -> str:

@@ -49,6 +49,7 @@ class Settings:
     memory_info_share: float = 0.05                  # FSD104/FSD202: below this share of the usable memory, info
     suggest: bool = False                            # --suggest: plans that fit (fsdp_lint.suggest)
     allow_partial: bool = False              # report a plan with elements fsdp-lint does not model
+    fetch_configs: bool = False              # fetch a hub model's configs and tokenizer it stops on (fsdp_lint.hub_fetch)
     entries: List[EntrySpec] = field(default_factory=list)
     # frameworks (issue 8): an accelerate config file as `accelerate launch --config_file` reads it; a
     # Hugging Face model config for `from_pretrained(...)` (never downloaded) or to lint a model alone

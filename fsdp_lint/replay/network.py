@@ -248,7 +248,8 @@ def download_hint(msg: str, exc: Optional[BaseException] = None) -> str:
             if not name:    # snapshot_download of a model: its configs are what a lint reads
                 return (f" (the hub repository {repo}{f' at revision {revision}' if rev else ''} is not here, and "
                         f"fsdp-lint never downloads: `{download_command(repo, include=SETUP_FILES, repo_type=kind, revision=revision)}` "
-                        f"puts its configs and tokenizer (no weights) in the local Hugging Face cache)")
+                        f"puts its configs and tokenizer (no weights) in the local Hugging Face cache, as "
+                        f"--fetch-configs does)")
             return (f" ({name} of the hub repository {repo} is not here, and fsdp-lint never downloads: "
                     f"`{download_command(repo, [name], repo_type=kind, revision=revision)}` puts it in "
                     f"the local Hugging Face cache)")

@@ -62,7 +62,8 @@ def missing_config_message(name: str) -> str:
                 f"({cache}) with `{download_command(name, code)}`")
     return (f"no config.json for the hub model {name!r} here, and fsdp-lint never downloads: pass "
             f"--hf-config path/to/config.json (or the model's directory), or put its config and tokenizer (no "
-            f"weights) in the local Hugging Face cache ({cache}) with `{download_command(name, include=SETUP_FILES)}`")
+            f"weights) in the local Hugging Face cache ({cache}) with `{download_command(name, include=SETUP_FILES)}` "
+            f"(or rerun with --fetch-configs)")
 
 
 def _missing_code(name: str) -> List[str]:
@@ -226,7 +227,8 @@ def _auto_tokenizer(hooks, module) -> None:
 
 def _tokenizer_missing(name: str, why: str) -> str:
     return (f"no tokenizer for {name!r} here, and fsdp-lint never downloads: put it in the local Hugging "
-            f"Face cache (`{download_command(name, include=SETUP_FILES)}`: its configs and tokenizer, no weights) "
+            f"Face cache (`{download_command(name, include=SETUP_FILES)}`: its configs and tokenizer, no weights; or "
+            f"rerun with --fetch-configs) "
             f"or pass a local tokenizer folder in the script's arguments ({why})")
 
 
