@@ -42,6 +42,8 @@ class Deciding:
     # what another file's call of this file's functions decides: name -> (parameters, the deciding ones,
     # whether the first parameter is the instance) -- `setup_fsdp(model, cfg)` imported from utils/fsdp.py
     exported: Dict[str, Tuple[List[str], Set[str], bool]] = field(default_factory=dict)
+    # the lines of freeze sites whose module no wrap is given (a frozen VAE beside the wrapped model)
+    unwrapped_freezes: Set[int] = field(default_factory=set)
 
 
 def _chain(node: ast.AST):
@@ -279,10 +281,12 @@ def deciding_lines(tree: ast.Module, sites, external=None) -> Deciding:
     another file defines and this one imports (its wrap sites read those parameters)."""
     out = Deciding()
     external = external or {}
-    site_lines = {s.line for s in sites if s.kind in _SITE_KINDS}
+    site_lines = {s.line for s in sites if s.kind in _SITE_KINDS and s.kind != "freeze"}
+    freeze_lines = {s.line for s in sites if s.kind == "freeze"}
     scopes = [(scope, body, _items(body)) for scope, body in _scopes(tree)]
     callees = _callees(tree)
     deciding: Dict[int, Set[str]] = {}         # id(function) -> its parameters that decide a wrap
+    kept: Dict[int, Set[int]] = {}             # id(scope) -> the lines of its freeze sites that decide a wrap
     for _ in range(8):                         # callers of callers, to a fixed point
         changed = False
         for scope, body, items in scopes:
@@ -298,6 +302,8 @@ def deciding_lines(tree: ast.Module, sites, external=None) -> Deciding:
                 if name in external:
                     params, wanted, bound = external[name]
                     needed |= _argument_reads(call, params, bound, wanted)
+            freezing, kept[id(scope)] = _freezes_needed(body, freeze_lines, items, needed)
+            needed |= freezing
             if not needed:
                 continue
             out.wrap_lines |= _slice(items, needed)
@@ -308,6 +314,7 @@ def deciding_lines(tree: ast.Module, sites, external=None) -> Deciding:
                     changed = True
         if not changed:
             break
+    out.unwrapped_freezes = freeze_lines - set().union(set(), *kept.values())
     for name, fns in callees.items():       # what an importer's call of them decides
         for fn, bound in fns:
             if deciding.get(id(fn)) and not name.startswith("."):
@@ -322,6 +329,19 @@ def deciding_lines(tree: ast.Module, sites, external=None) -> Deciding:
                     out.return_lines.update(range(r.lineno, (r.end_lineno or r.lineno) + 1))
                 out.return_lines |= _slice(items, _reads([r.value for r in returns if r.value is not None]))
     return out
+
+
+def _freezes_needed(body: List[ast.stmt], freeze_lines: Set[int], items: List[_Item], needed: Set[str]):
+    """(what they read, their lines) of the scope's freeze sites where what they freeze is what its wraps are given (or the scope wraps
+    nothing itself: a model frozen here is wrapped by a caller). A frozen helper model the scope's wraps never
+    read -- a VAE or teacher loaded after the trained model was wrapped, ``vae.requires_grad_(False)`` -- decides
+    nothing of the plan: its failing load is skipped as any statement that needs a file this machine lacks."""
+    freezes = [(call.lineno, _reads([call])) for call in _calls_at(body, freeze_lines)]
+    if needed:
+        closure = set(needed)
+        _slice(items, closure)
+        freezes = [(line, reads) for line, reads in freezes if any(_matches(r, closure) for r in reads)]
+    return set().union(set(), *(reads for _, reads in freezes)), {line for line, _ in freezes}
 
 
 def _calls_in(body: List[ast.stmt]):

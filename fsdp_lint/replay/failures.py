@@ -227,7 +227,10 @@ class Failures(MissingPackages):
 
     def _is_fatal_line(self, fname: str, line: int) -> bool:
         lines = self.fatal_lines.get(os.path.abspath(fname))
-        return bool(lines) and line in lines
+        if not lines or line not in lines:
+            return False
+        decides = self._deciding(os.path.abspath(fname))        # (not a freeze of what no wrap is given)
+        return decides is None or line not in decides.unwrapped_freezes
 
     def record_skip(self, path: str, line: int, exc: BaseException, depth: int = 0, frame=None) -> None:
         from fsdp_lint.replay.consequences import acted_on

@@ -116,6 +116,9 @@ class _Transformer:
         self.relevant = relevant
         self.dropped = dropped
         self.stepping = dropped & facts.stepping_loop_lines
+        # a freeze site runs guarded: one that freezes what no wrap is given (a VAE loaded after the wrap, whose
+        # load was skipped) is skipped in turn (Failures._is_fatal_line), any other failure there ends the replay
+        self.freeze_lines = {s.line for s in facts.sites if s.kind == "freeze"}
         self.model_classes = {name for name, _ in facts.module_classes}
         self.tolerant: Dict[int, ast.stmt] = {}
         self.terminal_spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
@@ -258,6 +261,10 @@ class _Transformer:
                 else:
                     self._visit_defs_in(stmt)
                     out.append(self._tolerant(stmt))
+                continue
+            if tolerate and isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign)) and not _yields(stmt) and any(
+                    stmt.lineno <= ln <= (stmt.end_lineno or stmt.lineno) for ln in self.freeze_lines):
+                out.append(self._tolerant(stmt))
                 continue
             # a relevant statement runs as written; blocks inside it are transformed in turn
             is_last = mark and i == last_relevant

@@ -52,8 +52,26 @@ class HubFileMissing(NotDownloaded):
     local cache (fsdp-lint never downloads)."""
 
 
+def _is_hub_id(name: str) -> bool:
+    """``org/name`` or ``name`` as the hub spells a repository; a path of more parts (``output/models/vae``)
+    or a relative or absolute one is a folder of this machine's."""
+    try:
+        from huggingface_hub.utils import validate_repo_id
+
+        validate_repo_id(name)
+        return True
+    except ImportError:
+        return name.count("/") <= 1 and not name.startswith((".", "/", "~"))
+    except Exception:       # HFValidationError
+        return False
+
+
 def missing_config_message(name: str) -> str:
     cache = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    if not _is_hub_id(name):
+        return (f"no model folder {name!r} here (no config.json in it): a path of the node the job runs on -- a "
+                f"checkpoint it trained or downloaded before -- that this machine does not have; pass "
+                f"--hf-config path/to/config.json, or the folder's path in the script's arguments")
     code = _missing_code(name)
     if code:
         # the config is here; the model's own code (`auto_map`, trust_remote_code) is not
