@@ -46,6 +46,7 @@ _NOT_PASSED = re.compile(r"^(CUDA_VISIBLE_DEVICES|MASTER_ADDR|MASTER_PORT|WORLD_
                          r"HF_HUB_OFFLINE|TRANSFORMERS_OFFLINE|HF_DATASETS_OFFLINE|HF_HUB_DISABLE_TELEMETRY|WANDB_MODE|"
                          r"WANDB_DISABLED)$")
 
+_NAME_BEFORE_QUOTE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)(?=[\"'])")
 _PLAIN_PYTHON_GETS = re.compile(r"^(MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|NODE_RANK|LOCAL_WORLD_SIZE)$")
 
 
@@ -251,7 +252,10 @@ def _launch(tokens, env, console: Dict[str, str]) -> Optional[dict]:
     env = {k: v for k, v in (tokens[n][0].split("=", 1) for n in range(i) if _ASSIGN.match(tokens[n][0]))}
     if lightning:
         env.update(_lightning_cli_env(opts))
-    return {"file": words[module] if module else words[j], "first_arg": (module or j) + 1,
+    first = (module or j) + 1
+    if first < len(words) and words[first] == "--" and (torchrun is not None or head in ("accelerate", "deepspeed")):
+        first += 1      # `torchrun ... train.py -- ARGS`: their parsers (argparse's REMAINDER) drop the separator
+    return {"file": words[module] if module else words[j], "first_arg": first,
             "world_size": nproc * nodes if nproc else None, "module": bool(module), "env": env,
             # torchrun's `--nproc_per_node gpu` (or auto): every GPU of each of the nodes
             # (composer's launcher without -n: every GPU of this node)
@@ -390,7 +394,9 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
             k, positional = loop
             continue
         try:
-            words = _split(stripped)
+            # `cfg=configs/"$size"_mp"$mp".json`: a name ends at the quote (bash reads `$size`, then `_mp`), which
+            # the words without their quotes would no longer show
+            words = _split(_NAME_BEFORE_QUOTE.sub(r"${\1}", stripped))
         except ValueError:
             words = []
         # a `case` not run above (`case $MODEL in llama) torchrun ...`): each arm's launch is followed

@@ -64,6 +64,8 @@ class Failures(MissingPackages):
     # given (replay.deciding): worked out only then -- a slice of every module would cost every lint
     deciding: Dict[str, object] = field(default_factory=dict)
     decided_at: Optional[Tuple[str, int]] = None         # the statement deciding the wrap that a stand-in failed
+    # what the script's own handlers caught (replay.caught): (exception, file, line of the `except`)
+    caught: List[Tuple[BaseException, str, int]] = field(default_factory=list)
     refused: Optional[BaseException] = None             # the failure refused there (not skipped further out)
     skips: List[SkipRecord] = field(default_factory=list)
     imports: List[MissingImport] = field(default_factory=list)

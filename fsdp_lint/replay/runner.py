@@ -27,6 +27,7 @@ from fsdp_lint.process.alarm import alarm
 from fsdp_lint.entry.project import Entry, Reach, facts_for, reach
 from fsdp_lint.replay import asked_keys, boundary, drift, endings, network
 from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_line
+from fsdp_lint.replay.caught import caught_before_wrap, caught_helper
 from fsdp_lint.replay.empty_data import empty_length
 from fsdp_lint.replay.import_errors import (_import_message, _innermost_project_line, _names_absent_from_installed,
                                            _own_project_modules)
@@ -59,7 +60,8 @@ from fsdp_lint.replay.targets import (
     helper_arguments,
     load_target,
 )
-from fsdp_lint.replay.transform import LENGTH, LOOP, REBIND, SETUP_DONE, SKIP, SKIPPABLE, STUB_IMPORT, transform
+from fsdp_lint.replay.transform import (CAUGHT, LENGTH, LOOP, REBIND, SETUP_DONE, SKIP, SKIPPABLE, STUB_IMPORT,
+                                        transform)
 from fsdp_lint.replay.helpers import ReplayHelper
 from fsdp_lint.entry.source import SourceFacts, relevant_lines_with
 from fsdp_lint.entry.reading import python_requirement_note
@@ -165,7 +167,7 @@ class _Run:
             return self.failures.standin_length(exc, sys._getframe(2), line, over=self.finished)
 
         helpers = {SKIP: skip, STUB_IMPORT: stub_import, REBIND: rebind, LOOP: training_loop, SETUP_DONE: self._setup_done,
-                   LENGTH: length}
+                   LENGTH: length, CAUGHT: caught_helper(self)}
         return {**{name: ReplayHelper(name, fn) for name, fn in helpers.items()},
                 SKIPPABLE: (Exception, network.NetworkWait), "__builtins__": guarded_builtins()}
 
@@ -308,7 +310,8 @@ class _Run:
                 code = self._compile(self.facts, main=True)
                 self._run(lambda: self._exec_entry(code, ns), timeout, where_real)
                 root, how = self._find_model(ns, timeout, where_real)
-                unreached = endings.training_unreached(self) or endings.training_before_wrap(self)
+                unreached = endings.training_unreached(self) or caught_before_wrap(self) or \
+                    endings.training_before_wrap(self)
                 if unreached is not None:
                     raise unreached
             finally:

@@ -11,9 +11,10 @@ STUB_IMPORT = "__fsdp_lint_stub_import__"
 REBIND = "__fsdp_lint_rebind__"
 LOOP = "__fsdp_lint_training_loop__"
 SETUP_DONE = "__fsdp_lint_setup_done__"
+CAUGHT = "__fsdp_lint_caught__"      # a handler of the script's: what it caught (replay.caught)
 LENGTH = "__fsdp_lint_length__"      # the length of a data set whose data was skipped (a project Dataset's __len__)
 _EXC = "__fsdp_lint_exc__"
-HELPER_NAMES = (SKIP, STUB_IMPORT, REBIND, LOOP, SETUP_DONE)
+HELPER_NAMES = (SKIP, STUB_IMPORT, REBIND, LOOP, SETUP_DONE, CAUGHT)
 _STUBS = "__fsdp_lint_stubs__"
 
 
