@@ -101,3 +101,30 @@ def test_settings_from_a_sourced_file(cli, tmp_path, monkeypatch):
     [ran] = _bash_echo(tmp_path / "scripts/train.sh", cwd=tmp_path)
     assert ran.split()[1] == "--nproc_per_node=2"
     assert _plan(cli, tmp_path, "scripts/train.sh")["plan"]["world_size"] == 2
+
+
+def test_the_separator_torchrun_drops_before_the_scripts_arguments(cli, tmp_path):
+    # `torchrun ... -m pkg.train -- ARGS` / `torchrun ... train.py -- ARGS`: torchrun's parser (argparse's REMAINDER)
+    # drops the `--`, so the script's own parser never sees it (the oracle: torch's parser)
+    from torch.distributed.run import get_args_parser
+
+    write_tree(tmp_path, {"train_a.py": TRAIN_ARGS, "pkg/__init__.py": "", "pkg/train.py": TRAIN_ARGS, **NETS})
+    (tmp_path / "run.sh").write_text("torchrun --nproc-per-node 4 -m pkg.train -- --layers 5\n")
+    (tmp_path / "run_file.sh").write_text("torchrun --nproc-per-node 4 train_a.py -- --layers 3\n")
+    assert get_args_parser().parse_args(["--nproc-per-node", "4", "-m", "pkg.train", "--", "--layers", "5"]
+                                        ).training_script_args == ["--layers", "5"]
+    f = _plan(cli, tmp_path, "run.sh")
+    assert f["plan"]["world_size"] == 4 and len(f["plan"]["units"]) == 5 + 1
+    f = _plan(cli, tmp_path, "run_file.sh")
+    assert f["plan"]["world_size"] == 4 and len(f["plan"]["units"]) == 3 + 1
+
+
+def test_a_name_ends_at_a_quote_in_an_assignment(cli, tmp_path):
+    # `cfg=configs/"$size"_mp"$mp".json`: bash reads `$size`, then `_mp` (the oracle: bash itself)
+    write_tree(tmp_path, {"train_a.py": TRAIN_NAMED, **NETS})
+    (tmp_path / "run.sh").write_text('size="$1"\nn="$2"\nname=run/"$size"_n"$n"\n'
+                                     'torchrun --nproc_per_node=2 train_a.py --layers "$n" --run_name "$name"\n')
+    [ran] = _bash_echo(tmp_path / "run.sh", ["small", "3"], cwd=tmp_path)
+    assert ran.split()[-1] == "run/small_n3"
+    f = _plan(cli, tmp_path, "run.sh", "small", "3")
+    assert f["args"][-1] == "run/small_n3" and len(f["plan"]["units"]) == 3 + 1

@@ -115,3 +115,210 @@ def test_freezing_the_wrapped_model_from_a_missing_folder_still_ends_the_lint(cl
     res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
     assert res.code == 2
     assert "no model folder 'output/pretrained_models/tinyvae' here" in res.err
+
+
+LAZY_KERNEL = {
+    "lm/__init__.py": "",
+    "lm/model.py": '''
+        from __future__ import annotations
+
+        import torch.nn as nn
+
+
+        class Attention(nn.Module):
+            def __init__(self, width: int):
+                super().__init__()
+                # a CUDA-only kernel package, imported where it is used (flash-attn's users do)
+                from fused_kernels_nowhere.modules import FlashSelfAttention
+
+                self.qkv = nn.Linear(width, 3 * width)
+                self.inner = FlashSelfAttention()
+
+
+        class Block(nn.Module):
+            def __init__(self, width: int):
+                super().__init__()
+                self.attn = Attention(width)
+                self.mlp = nn.Linear(width, width)
+
+
+        class LM(nn.Module):
+            def __init__(self, vocab: int = 1000, width: int = 64, depth: int = 4):
+                super().__init__()
+                self.embedding = nn.Embedding(vocab, width)
+                self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
+    ''',
+    "train.py": '''
+        from __future__ import annotations
+
+        import argparse
+        import logging
+        import traceback
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        from lm.model import LM, Block
+
+        logger = logging.getLogger(__name__)
+
+
+        def main(args):
+            model = LM(depth=args.depth)
+            model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.cuda.current_device())
+            optimizer = torch.optim.AdamW(model.parameters())
+
+
+        if __name__ == "__main__":
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--depth", type=int, default=4)
+            args = parser.parse_args()
+            dist.init_process_group("nccl")
+            try:
+                main(args)
+            except Exception:
+                logger.error(f"rank {dist.get_rank()} failed:\\n{traceback.format_exc()}")
+    ''',
+}
+
+
+def test_a_model_that_failed_to_build_under_the_scripts_own_except_is_the_cause(cli, tmp_path):
+    # `try: main(args) except Exception: logger.error(...)`: the block's lazy import fails, the handler logs it,
+    # the wrap never runs; the embedding built on the way is not the job's model (it was a suggested plan, exit 0)
+    write_tree(tmp_path, LAZY_KERNEL)
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    line = res.err.strip().splitlines()[0]
+    assert "the setup never reached its wrap code: the model failed to build" in line
+    assert "lm/model.py:" in line and "fused_kernels_nowhere" in line and "train.py:31 caught it" in line
+
+
+TRAINER_LIB = '''
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+
+def read_manifest(url):
+    with open(url.replace("s3://", "/mnt/s3/")) as fh:       # the node's mounted bucket
+        return [line.split() for line in fh]
+
+
+def main(argv, build, block_class):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--logs")
+    parser.add_argument("--dataset-manifest")
+    parser.add_argument("--fsdp", action="store_true")
+    args = parser.parse_args(argv)
+    dist.init_process_group("nccl")
+    model = FSDP(build(), auto_wrap_policy=ModuleWrapPolicy({block_class}), device_id=torch.cuda.current_device(),
+                 mixed_precision=MixedPrecision(param_dtype=torch.bfloat16))
+    optimizer = torch.optim.AdamW(model.parameters())
+    data = read_manifest(args.dataset_manifest)
+    for batch in data:
+        model(torch.tensor(batch)).sum().backward()
+        optimizer.step()
+    torch.save({"done": True}, f"{args.logs}/stats_1.pt")
+'''
+
+MODELS = '''
+from __future__ import annotations
+
+import torch.nn as nn
+
+
+class Block(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.ff = nn.Linear(width, width)
+
+
+class Net(nn.Module):
+    def __init__(self, width: int = 64, depth: int = 4):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
+        self.head = nn.Linear(width, 8)
+
+
+def build() -> Net:
+    return Net()
+'''
+
+RUNNER = '''
+from __future__ import annotations
+
+import glob
+import logging
+import os
+
+import torch
+
+from models import Block, build
+from trainerlib_round16.main import main
+
+if __name__ == "__main__":
+    logdir = "logs/run1"
+    os.makedirs(logdir, exist_ok=True)
+    try:
+        main(["--logs", logdir, "--dataset-manifest", "s3://bucket/manifest.jsonl", "--fsdp"], build, Block)
+    except Exception as e:
+        logging.error(e)
+    stats = sorted(glob.glob(os.path.join(logdir, "stats_*.pt")))
+    if not stats:
+        raise ValueError(f"Could not find stats in {logdir}")
+'''
+
+
+def test_an_installed_trainer_that_wrapped_then_failed_on_its_data_under_the_scripts_except(cli, tmp_path,
+                                                                                               monkeypatch):
+    # an installed trainer's main() builds, wraps, makes its optimizer, then reads a data manifest the node has;
+    # the script's `except` logs the failure and its next lines look for the stats training writes -- which the
+    # lint reported as the failure. Training starts where the read failed; the plan is real FSDP1's
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp import MixedPrecision
+    import torch
+
+    site, project = tmp_path / "site-packages", tmp_path / "project"      # the trainer is installed, not the project's
+    write_tree(site, {"trainerlib_round16/__init__.py": "", "trainerlib_round16/main.py": TRAINER_LIB})
+    project.mkdir()
+    (project / "train.py").write_text(RUNNER)
+    (project / "models.py").write_text(MODELS)
+    monkeypatch.syspath_prepend(str(project))
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(project))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert "plan" in f, f
+    from models import Block, build
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    real = fsdp1_units(build, world_size=8, auto_wrap_policy=ModuleWrapPolicy({Block}),
+                       mixed_precision=MixedPrecision(param_dtype=torch.bfloat16))
+    assert [(u["module"], u["numel"]) for u in f["plan"]["units"] if u["numel"]] == [(r["module"], r["numel"]) for r in real]
+    stopped = f["replay"]["stopped_at"]
+    assert stopped["line"] == 17 and "FileNotFoundError" in stopped["reason"] and "except" in stopped["reason"], stopped
+
+
+def test_a_resume_the_script_catches_between_wraps_ends_nothing(cli, tmp_path):
+    # the control: `try: load_checkpoint(...) except FileNotFoundError:` between the blocks' wraps and the root's
+    # (the script's own code raised it, not the call that wrapped): the root is still wrapped
+    (tmp_path / "train.py").write_text(
+        "from __future__ import annotations\n\nimport torch\nimport torch.nn as nn\n"
+        "from torch.distributed.fsdp import fully_shard\n\n"
+        "torch.distributed.init_process_group('nccl')\n"
+        "model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(3)])\n"
+        "for layer in model:\n    fully_shard(layer)\n"
+        "try:\n    state = torch.load('checkpoints/last.pt')\nexcept FileNotFoundError:\n    state = None\n"
+        "fully_shard(model)\n")
+    res = cli("train.py", "-n", "4", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    units = json.loads(res.out)["files"][0]["plan"]["units"]
+    assert len(units) == 3 + 1 and units[-1]["module"] == ""
