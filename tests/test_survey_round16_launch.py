@@ -128,3 +128,21 @@ def test_a_name_ends_at_a_quote_in_an_assignment(cli, tmp_path):
     assert ran.split()[-1] == "run/small_n3"
     f = _plan(cli, tmp_path, "run.sh", "small", "3")
     assert f["args"][-1] == "run/small_n3" and len(f["plan"]["units"]) == 3 + 1
+
+
+def test_text_command_substitutions_are_computed_as_bash_computes_them(cli, tmp_path):
+    # `$(basename "$0" | cut -f 1 -d '.')`, `$(basename "$0" .sh)`, `$(echo "$M" | tr '/' '_')`: pure text commands
+    # run as bash runs them (the oracle: bash); `$(date +"%Y%m%d%H%M%S")` is one word, a timestamp
+    write_tree(tmp_path, {"train_a.py": TRAIN_NAMED, **NETS})
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts/stage1.sh").write_text(
+        '#!/bin/bash\nname=$(basename "$0" | cut -f 1 -d ".")\nalso=$(basename "$0" .sh)\nM=org/tiny-lm\n'
+        'tag=$(echo "$M" | tr \'/\' \'_\')\nstamp=$(date +"%Y%m%d%H%M%S")\n'
+        'torchrun --nproc_per_node=2 train_a.py --layers 3 --run_name ${name}-${also}-${tag}-$stamp\n')
+    [ran] = _bash_echo(tmp_path / "scripts/stage1.sh", cwd=tmp_path)
+    expected = ran.split()[-1]
+    f = _plan(cli, tmp_path, "scripts/stage1.sh")
+    got = f["args"][-1]
+    assert got.rsplit("-", 1)[0] == expected.rsplit("-", 1)[0] == "stage1-stage1-org_tiny-lm"
+    assert len(got.rsplit("-", 1)[1]) == 14 and got.rsplit("-", 1)[1].isdigit()
+    assert len(f["plan"]["units"]) == 3 + 1

@@ -7,7 +7,11 @@ launch script uses for numbers and folders.
 * ``$(cd "${SCRIPT_DIR}/.." && pwd)``: the folder, where it exists (from the folder the script runs in);
 * ``$(basename PATH)``, ``$(dirname PATH)`` (``$(basename $(dirname $0))``: the script's folder's name);
 * ``$(which COMMAND)``: the installed command (a console script, whose file `fsdp_lint.entry.shell` reads);
-* ``$(grep -oP 'PATTERN' <<< "$params")``: grep run on the here-string (a pure text command).
+* ``$(grep -oP 'PATTERN' <<< "$params")``: grep run on the here-string (a pure text command);
+* a pipeline of text commands -- ``$(basename "$0" | cut -f 1 -d '.')``, ``$(basename "$0" .sh)``,
+  ``$(date +"%Y%m%d%H%M%S")``, ``$(echo "$MODEL" | tr '/' '_')``, ``$(echo $X | sed 's/a/b/')`` -- run as bash
+  runs it (``basename``, ``dirname``, ``cut``, ``tr``, ``date``, ``echo``, ``printf``, ``head``, ``tail``, ``grep`` and
+  ``sed`` with a substitution only: commands that read nothing of the node's and change nothing).
 
 Anything else (a variable the script does not set, another command) is left as written, as before.
 """
@@ -49,6 +53,9 @@ def substitute(inner: str, expand: Callable[[str], str]) -> Optional[str]:
     here = _here_string_grep(expand(inner))
     if here is not None:
         return here
+    piped = _text_pipeline(expand(inner))
+    if piped is not None:
+        return piped
     words = expand(inner).split()
     if words[:1] == ["expr"] and len(words) == 4:
         return arithmetic(" ".join(w.replace("\\*", "*") for w in words[1:]), lambda s: s)
@@ -68,6 +75,60 @@ def substitute(inner: str, expand: Callable[[str], str]) -> Optional[str]:
 
 
 _GREP_OPTIONS = re.compile(r"^-[oPEFiwxvc]+$")
+_TEXT_COMMANDS = {"basename", "dirname", "cut", "tr", "date", "echo", "printf", "head", "tail", "grep", "sed"}
+_SED_SUBSTITUTION = re.compile(r"^s(.).*\1.*\1[gIi0-9]*$", re.S)
+
+
+def _safe(words) -> bool:
+    """A text command that reads nothing of the node's (no file operands) and changes nothing."""
+    name, args = words[0], words[1:]
+    if name not in _TEXT_COMMANDS or any("$" in a or "`" in a for a in args):
+        return False
+    if name == "date":
+        return all(a.startswith("+") or a in ("-u", "--utc") for a in args)
+    if name == "sed":
+        exprs = [a for a in args if not re.fullmatch(r"-[nE]+|-e", a)]
+        return len(exprs) == 1 and bool(_SED_SUBSTITUTION.match(exprs[0]))
+    if name in ("cut", "tr", "head", "tail", "grep"):
+        return not words[-1].startswith("/") or name == "tr"      # (a path operand: a file of the node's)
+    return True
+
+
+def _text_pipeline(text: str) -> Optional[str]:
+    """The output of a pipeline of text commands (`_TEXT_COMMANDS`), its last newlines dropped, or None."""
+    import shlex
+    import subprocess
+
+    try:
+        lexer = shlex.shlex(text, posix=True, punctuation_chars="|;&<>()")
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+    except ValueError:
+        return None
+    commands, current = [], []
+    for token in tokens:
+        if token == "|":
+            commands.append(current)
+            current = []
+        elif set(token) <= set(";&<>()"):
+            return None         # anything but a plain pipeline
+        else:
+            current.append(token)
+    commands.append(current)
+    if not all(commands) or not all(_safe(c) for c in commands) or commands[0][0] in ("cut", "tr", "head", "tail",
+                                                                                        "grep", "sed"):
+        return None             # (a first command that reads its input would read the node's terminal)
+    output = None
+    for command in commands:
+        try:
+            done = subprocess.run(command, input=output, capture_output=True, text=True, timeout=10,
+                                  stdin=None if output is not None else subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if done.returncode != 0:
+            return None
+        output = done.stdout
+    return output.rstrip("\n")
 
 
 def _here_string_grep(text: str) -> Optional[str]:
