@@ -15,24 +15,27 @@ def mark_relevance(functions: Dict[str, Any], extra_relevant: Set[str] = frozens
     for f in functions.values():
         f.relevant = bool(f.direct_markers) or bool(f.calls & extra_relevant)
         f.wraps = bool(f.direct_markers & {"fsdp1", "fsdp2"}) or bool(f.calls & extra_wraps)
+    by_name: Dict[str, list] = {}           # (a name several classes define: a call by it may be any of them)
+    for f in functions.values():
+        by_name.setdefault(f.name, []).append(f)
     changed = True
     while changed:
         changed = False
         for f in functions.values():
             for callee in f.calls:
-                g = functions.get(callee)
-                if g is None or g is f:
-                    continue
-                if g.relevant and not f.relevant:
-                    f.relevant = changed = True
-                if g.wraps and not f.wraps:
-                    f.wraps = changed = True
+                for g in by_name.get(callee, ()):
+                    if g is f:
+                        continue
+                    if g.relevant and not f.relevant:
+                        f.relevant = changed = True
+                    if g.wraps and not f.wraps:
+                        f.wraps = changed = True
 
 
 def relevant_lines_with(facts: Any, relevant_names: Set[str]) -> Set[int]:
     """The module's relevant statement lines when the names in `relevant_names` (functions of other
     project modules that wrap, freeze, cast or build optimizers) are relevant too."""
-    own = {n for n, f in facts.functions.items() if f.relevant}
+    own = {f.name for f in facts.functions.values() if f.relevant}
     names = own | called_here(facts, relevant_names)
     out = set(facts.relevant_stmt_lines)
     for line, calls in getattr(facts, "_stmt_calls", {}).items():
@@ -47,7 +50,7 @@ _BUILTIN_NAMES = frozenset(dir(builtins))
 def called_here(facts: Any, names: Set[str]) -> Set[str]:
     """Which of other modules' function `names` a bare call in this module can mean: another module's
     `def list(...)` is not this module's `list(PRESETS)` unless it defines or imports that name."""
-    bound = set(facts.functions) | {a for i in facts.imports for a in i.names}
+    bound = {f.name for f in facts.functions.values()} | {a for i in facts.imports for a in i.names}
     return {n for n in names if n not in _BUILTIN_NAMES or n in bound}
 
 

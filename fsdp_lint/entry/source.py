@@ -191,7 +191,7 @@ def parse_source(path: str, text: str) -> SourceFacts:
     calls_through_keywords(collector.keyword_bindings, functions.values(), module_calls,
                            (calls for _, calls in stmt_markers.values()))
     mark_relevance(functions)
-    relevant_fn_names = {n for n, f in functions.items() if f.relevant}
+    relevant_fn_names = {f.name for f in functions.values() if f.relevant}
     relevant_lines: Set[int] = set()
     for line, (markers, calls) in stmt_markers.items():
         if markers or (calls & relevant_fn_names):
@@ -392,9 +392,15 @@ class _Collector(ast.NodeVisitor):
         f = FunctionFacts(name=node.name, line=node.lineno, end_line=node.end_lineno or node.lineno, params=params,
                           defaults=defaults, is_method=is_method, first_line=first,
                           cls=self._class_stack[-1] if is_method else None)
-        # keep the first definition of a name; methods do not shadow module functions
+        # the first definition of a name under the name itself (methods do not shadow module functions); another
+        # one under its class and line, so that its body is read too (two classes' `__init__` in one module)
         if f.name not in self.functions or (self.functions[f.name].is_method and not is_method):
+            if f.name in self.functions:
+                shadowed = self.functions[f.name]
+                self.functions[f"{shadowed.cls}.{shadowed.name}@{shadowed.line}"] = shadowed
             self.functions[f.name] = f
+        else:
+            self.functions[f"{f.cls}.{f.name}@{f.line}"] = f
         for d in node.decorator_list:
             self.visit(d)
         for d in list(args.defaults) + [d for d in args.kw_defaults if d is not None]:
