@@ -449,3 +449,106 @@ def _numel(shape) -> int:
     for d in shape:
         n *= d
     return n
+
+
+PREPARED_DATA = {
+    "fsdp.yaml": '''
+        compute_environment: LOCAL_MACHINE
+        distributed_type: FSDP
+        fsdp_config:
+          fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+          fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
+          fsdp_version: 1
+        mixed_precision: bf16
+        num_machines: 1
+        num_processes: 4
+    ''',
+    "tiny/config.json": json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                    "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                    "vocab_size": 256}),
+    "data/prompts.py": '''
+        from __future__ import annotations
+
+        import pickle
+
+        import torch
+        from torch.utils.data import Dataset
+
+
+        class Prompts(Dataset):
+            def __init__(self, path: str, tokenizer=None):
+                with open(path, "rb") as fh:
+                    self.prompts = pickle.load(fh)
+                self.tokenizer = tokenizer
+
+            def __len__(self):
+                return len(self.prompts)
+
+            def __getitem__(self, i):
+                return torch.tensor(self.tokenizer(self.prompts[i])["input_ids"])
+    ''',
+    "train.py": '''
+        from __future__ import annotations
+
+        import argparse
+
+        import torch
+        from accelerate import Accelerator
+        from torch.utils.data import DataLoader
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        from data.prompts import Prompts
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--model", default="tiny")
+        parser.add_argument("--tokenizer", default="acme/tiny-llama")
+        parser.add_argument("--train_prompt_path", required=True)
+        args = parser.parse_args()
+
+        accelerator = Accelerator()
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        loader = accelerator.prepare(DataLoader(Prompts(args.train_prompt_path, tokenizer), batch_size=2))
+        eval_loader = DataLoader(Prompts(args.train_prompt_path + ".eval", tokenizer), batch_size=2)
+        eval_loader = accelerator.prepare(eval_loader)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model))
+        model = accelerator.prepare(model)
+        optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters()))
+    ''',
+}
+
+
+def test_the_data_given_to_prepare_decides_nothing_of_the_wrap(cli, tmp_path, monkeypatch):
+    # a tokenizer (from the hub) and a captions file (named by `--train_prompt_path`) that only feed data loaders
+    # handed to `accelerator.prepare`: missing here, they are skipped, and the plan is the one of the same script
+    # without any data (the data decides nothing)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    write_tree(tmp_path, PREPARED_DATA)
+    (tmp_path / "run.sh").write_text("accelerate launch --config_file fsdp.yaml train.py "
+                                     "--train_prompt_path /data/captions.pkl\n")
+    res = cli("run.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    with_data = json.loads(res.out)["files"][0]
+    assert "acme/tiny-llama" in json.dumps(with_data["replay"]["skipped_statements"])
+    # without the tokenizer: the captions file the data set opens is what is missing, skipped as data
+    write_tree(tmp_path / "no_tokenizer", {**PREPARED_DATA, "train.py": PREPARED_DATA["train.py"].replace(
+        ", tokenizer)", ")")})
+    (tmp_path / "no_tokenizer/run.sh").write_text((tmp_path / "run.sh").read_text())
+    res = cli("run.sh", "--no-cache", "--format", "json", cwd=str(tmp_path / "no_tokenizer"))
+    assert res.code in (0, 1), res.err
+    data_only = json.loads(res.out)["files"][0]
+    assert "/data/captions.pkl" in json.dumps(data_only["replay"]["skipped_statements"])
+    control = dict(PREPARED_DATA)
+    control["train.py"] = "\n".join(line for line in PREPARED_DATA["train.py"].splitlines()
+                                    if "tokenizer =" not in line and "loader" not in line)
+    write_tree(tmp_path / "control", control)
+    (tmp_path / "control/run.sh").write_text("accelerate launch --config_file fsdp.yaml train.py "
+                                             "--train_prompt_path /data/captions.pkl\n")
+    res = cli("run.sh", "--no-cache", "--format", "json", cwd=str(tmp_path / "control"))
+    assert res.code in (0, 1), res.err
+    without = json.loads(res.out)["files"][0]
+    def units(f):
+        return [(u["module"], u["numel"], u["param_dtype"], u["shard_numel"]) for u in f["plan"]["units"]]
+
+    assert units(with_data) == units(data_only) == units(without)
+    assert with_data["plan"]["world_size"] == 4
+    assert len(with_data["plan"]["units"]) == 3 + 1

@@ -60,13 +60,28 @@ _DATA_FLAG = re.compile(r"data|train_file|eval_file|validation_file|test_file|co
 _WEIGHTS = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".distcp")
 
 
+def _read_by_a_data_set(exc: BaseException) -> bool:
+    """The file was read while a ``torch.utils.data.Dataset`` was built (`--train_prompt_path captions.pkl` opened in
+    the data set's ``__init__``): data a node has, whatever its flag is called."""
+    import sys
+
+    data = sys.modules.get("torch.utils.data")
+    tb = exc.__traceback__
+    while tb is not None and data is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), data.Dataset):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def names_an_unreadable_file(exc: BaseException, argv) -> bool:
     """Whether `exc` is a file named in the script's arguments `argv` (a config) that cannot be read: the
     launch command is wrong here, and skipping it would plan with defaults nobody launches. A data set's
     file (`--data_path traj.json`) or a checkpoint's (`--pretrained checkpoint.pt`) is not: a node has it,
     here it is missing data or weights."""
     name = getattr(exc, "filename", None)
-    if not isinstance(exc, OSError) or not name:
+    if not isinstance(exc, OSError) or not name or _read_by_a_data_set(exc):
         return False
     name = os.fspath(name)
     target = os.path.abspath(name)

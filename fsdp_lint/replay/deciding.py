@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Set, Tuple
 
@@ -33,6 +34,7 @@ class _Item:
     span: Tuple[int, int]
     binds: FrozenSet[str]          # names it binds, or whose object it stores into (``cfg.mp = ...``)
     reads: FrozenSet[str]          # names its own expressions read, and the tests of the blocks around it
+    data: bool = False             # ``loader = DataLoader(...)``: binds a data pipeline
 
 
 @dataclass
@@ -42,8 +44,9 @@ class Deciding:
     # what another file's call of this file's functions decides: name -> (parameters, the deciding ones,
     # whether the first parameter is the instance) -- `setup_fsdp(model, cfg)` imported from utils/fsdp.py
     exported: Dict[str, Tuple[List[str], Set[str], bool]] = field(default_factory=dict)
-    # the lines of freeze sites whose module no wrap is given (a frozen VAE beside the wrapped model)
-    unwrapped_freezes: Set[int] = field(default_factory=set)
+    # the lines of sites that decide nothing of a wrap: a freeze of what no wrap is given (a frozen VAE beside the
+    # wrapped model), a framework call given data only (`loader = accelerator.prepare(DataLoader(...))`)
+    undeciding_sites: Set[int] = field(default_factory=set)
 
 
 def _chain(node: ast.AST):
@@ -166,7 +169,8 @@ def _items(body: List[ast.stmt], control: FrozenSet[str] = frozenset()) -> List[
         bodies = _bodies(stmt)
         span = (stmt.lineno, stmt.end_lineno or stmt.lineno)
         if not bodies:
-            out.append(_Item(span, frozenset(_stored([stmt])), control | frozenset(_reads([stmt]))))
+            data = isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None and _is_data(stmt.value)
+            out.append(_Item(span, frozenset(_stored([stmt])), control | frozenset(_reads([stmt])), data))
             continue
         header = _header(stmt)
         reads = control | frozenset(_reads(header))
@@ -177,9 +181,26 @@ def _items(body: List[ast.stmt], control: FrozenSet[str] = frozenset()) -> List[
     return out
 
 
+# what builds a data pipeline (`DataLoader(Prompts(tokenizer))`, `build_train_loader(cfg)`, `MyDataset(path)`): the
+# data decides nothing of a wrap, also where it is handed to the same call (`accelerator.prepare(model, loader)`)
+_DATA_CALL = re.compile(r"(?i)(data_?loader|dataset|(^|_)loader)$")
+
+
+def _is_data(node: ast.AST) -> bool:
+    if isinstance(node, ast.Starred):
+        node = node.value
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return bool(_DATA_CALL.search(name))
+
+
 def _slice(items: List[_Item], needed: Set[str]) -> Set[int]:
-    """The lines of `items` that bind what `needed` names; `needed` grows to all they read."""
+    """The lines of `items` that bind what `needed` names; `needed` grows to all they read. A statement that
+    binds a data pipeline (`loader = DataLoader(...)`) is no part of it."""
     lines: Set[int] = set()
+    items = [item for item in items if not item.data]
     taken = [False] * len(items)
     changed = True
     while changed:
@@ -292,7 +313,7 @@ def deciding_lines(tree: ast.Module, sites, external=None) -> Deciding:
         for scope, body, items in scopes:
             needed: Set[str] = set()
             for call in _calls_at(body, site_lines):
-                needed |= _reads([*call.args, *(k.value for k in call.keywords)])
+                needed |= _reads([a for a in (*call.args, *(k.value for k in call.keywords)) if not _is_data(a)])
             for call in _calls_in(body):
                 name = call.func.id if isinstance(call.func, ast.Name) else (
                     "." + call.func.attr if isinstance(call.func, ast.Attribute) else None)
@@ -314,7 +335,7 @@ def deciding_lines(tree: ast.Module, sites, external=None) -> Deciding:
                     changed = True
         if not changed:
             break
-    out.unwrapped_freezes = freeze_lines - set().union(set(), *kept.values())
+    out.undeciding_sites = (freeze_lines - set().union(set(), *kept.values())) | data_only_sites(tree, sites)
     for name, fns in callees.items():       # what an importer's call of them decides
         for fn, bound in fns:
             if deciding.get(id(fn)) and not name.startswith("."):
@@ -328,6 +349,20 @@ def deciding_lines(tree: ast.Module, sites, external=None) -> Deciding:
                 for r in returns:
                     out.return_lines.update(range(r.lineno, (r.end_lineno or r.lineno) + 1))
                 out.return_lines |= _slice(items, _reads([r.value for r in returns if r.value is not None]))
+    return out
+
+
+def data_only_sites(tree: ast.Module, sites) -> Set[int]:
+    """The lines of wrap sites whose call is given a data pipeline only (``accelerator.prepare(loader)``,
+    ``prepare(DataLoader(Prompts(tokenizer)))``): they decide nothing of a wrap."""
+    lines = {s.line for s in sites if s.kind in ("fsdp1", "fsdp2", "framework")}
+    out: Set[int] = set()
+    for _, body in _scopes(tree):
+        data_names = {b for item in _items(body) if item.data for b in item.binds}
+        for call in _calls_at(body, lines):
+            given = [*call.args, *(k.value for k in call.keywords)]
+            if given and all(_is_data(a) or isinstance(a, ast.Name) and a.id in data_names for a in given):
+                out.add(call.lineno)
     return out
 
 

@@ -231,8 +231,8 @@ class Failures(MissingPackages):
         lines = self.fatal_lines.get(os.path.abspath(fname))
         if not lines or line not in lines:
             return False
-        decides = self._deciding(os.path.abspath(fname))        # (not a freeze of what no wrap is given)
-        return decides is None or line not in decides.unwrapped_freezes
+        decides = self._deciding(os.path.abspath(fname))        # (not a freeze of what no wrap is given, nor
+        return decides is None or line not in decides.undeciding_sites     # a `prepare` of data only)
 
     def record_skip(self, path: str, line: int, exc: BaseException, depth: int = 0, frame=None) -> None:
         from fsdp_lint.replay.consequences import acted_on

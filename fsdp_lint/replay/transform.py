@@ -27,6 +27,7 @@ from fsdp_lint.entry.source import SourceFacts
 from fsdp_lint.replay.kept_calls import changes_parts, environment_setters, root_name as _root_name, sets_library_state
 from fsdp_lint.replay.registrations import registers
 
+from fsdp_lint.replay.deciding import data_only_sites
 from fsdp_lint.replay.stub_imports import (  # noqa: F401  the helpers' names, and what the transform makes
     _EXC, CAUGHT, HELPER_NAMES, LENGTH, LOOP, REBIND, SETUP_DONE, SKIP, SKIPPABLE, STUB_IMPORT, _call_stmt, _globals_call,
     _located, length_fallback, tolerant_import, tolerant_local_import,
@@ -116,9 +117,10 @@ class _Transformer:
         self.relevant = relevant
         self.dropped = dropped
         self.stepping = dropped & facts.stepping_loop_lines
-        # a freeze site runs guarded: one that freezes what no wrap is given (a VAE loaded after the wrap, whose
-        # load was skipped) is skipped in turn (Failures._is_fatal_line), any other failure there ends the replay
-        self.freeze_lines = {s.line for s in facts.sites if s.kind == "freeze"}
+        # a freeze site runs guarded, and so does a site given data only: one that freezes what no wrap is given (a
+        # VAE loaded after the wrap, whose load was skipped) or prepares a data loader is skipped in turn
+        # (Failures._is_fatal_line); any other failure there ends the replay
+        self.guarded_lines = {s.line for s in facts.sites if s.kind == "freeze"}
         self.model_classes = {name for name, _ in facts.module_classes}
         self.tolerant: Dict[int, ast.stmt] = {}
         self.terminal_spans: Dict[Tuple[str, int], List[Tuple[int, int]]] = {}
@@ -263,7 +265,7 @@ class _Transformer:
                     out.append(self._tolerant(stmt))
                 continue
             if tolerate and isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign)) and not _yields(stmt) and any(
-                    stmt.lineno <= ln <= (stmt.end_lineno or stmt.lineno) for ln in self.freeze_lines):
+                    stmt.lineno <= ln <= (stmt.end_lineno or stmt.lineno) for ln in self.guarded_lines):
                 out.append(self._tolerant(stmt))
                 continue
             # a relevant statement runs as written; blocks inside it are transformed in turn
@@ -555,6 +557,7 @@ def transform(facts: SourceFacts, *, main: bool, relevant: Optional[Set[int]] = 
                                relevant=facts.relevant_stmt_lines if relevant is None else relevant,
                                dropped=facts.dropped_loop_lines if dropped is None else dropped)
     _tell_caught(tree, transformer.synthetic)
+    transformer.guarded_lines |= data_only_sites(tree, facts.sites)
     tree = transformer.module(tree)
     # every node the transform made has a position already (ast.fix_missing_locations walks the
     # whole tree in Python: a second on a large file)
