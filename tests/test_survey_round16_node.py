@@ -552,3 +552,33 @@ def test_the_data_given_to_prepare_decides_nothing_of_the_wrap(cli, tmp_path, mo
     assert units(with_data) == units(data_only) == units(without)
     assert with_data["plan"]["world_size"] == 4
     assert len(with_data["plan"]["units"]) == 3 + 1
+
+
+def test_a_library_that_finds_print_by_its_module_and_name(cli, tmp_path):
+    # numba (imported by librosa and whisper) looks each built-in it compiles up by `obj.__module__` and its name
+    # at import: the replay's `print` says it is Python's
+    write_tree(tmp_path, {
+        "jitlib/__init__.py": '''
+            import importlib
+
+            BUILTINS = {f: getattr(importlib.import_module(f.__module__), f.__qualname__) for f in (print, len, open)}
+        ''',
+        "train.py": '''
+            from __future__ import annotations
+
+            import torch
+            import torch.nn as nn
+            from torch.distributed.fsdp import fully_shard
+
+            import jitlib  # noqa: F401
+
+            torch.distributed.init_process_group("nccl")
+            model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
+            for layer in model:
+                fully_shard(layer)
+            fully_shard(model)
+        ''',
+    })
+    res = cli("train.py", "-n", "2", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 3

@@ -561,6 +561,10 @@ def _print_like_open(patch) -> None:
     def print(*args, **kwargs):  # noqa: A001  (the name a traceback shows)
         return real_print(*args, **kwargs)
 
+    # where it says it lives is Python's: numba (imported by librosa, whisper) finds the built-in it stands for
+    # by `print.__module__` and its name, at import
+    print.__module__ = "builtins"
+    print.__qualname__ = "print"
     patch(builtins, "print", print)
 
 
