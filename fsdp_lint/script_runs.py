@@ -101,6 +101,8 @@ def shell_runs(scripts, settings, script_args, cli_world_size):
                     f"{os.path.basename(script)} line {launch.line}{_NEVER_SETS}{names}: bash passes nothing for "
                     f"{'it' if len(launch.unset) == 1 else 'them'} (set {'it' if len(launch.unset) == 1 else 'them'} "
                     f"in the script or the environment)",)
+            if launch.loops:      # `for FOLD in {0..4}; do torchrun ... --fold $FOLD; done`
+                overrides["launch_notes"] = overrides.get("launch_notes", ()) + tuple(launch.loops)
             computed = next((a for a in launch.args if "$(" in a or "`" in a), None)
             if computed:          # a command substitution not run here (`--steps $(jq .steps cfg.json)`)
                 overrides["launch_notes"] = overrides.get("launch_notes", ()) + (

@@ -146,3 +146,18 @@ def test_text_command_substitutions_are_computed_as_bash_computes_them(cli, tmp_
     assert got.rsplit("-", 1)[0] == expected.rsplit("-", 1)[0] == "stage1-stage1-org_tiny-lm"
     assert len(got.rsplit("-", 1)[1]) == 14 and got.rsplit("-", 1)[1].isdigit()
     assert len(f["plan"]["units"]) == 3 + 1
+
+
+def test_a_launch_inside_a_for_loop_is_linted_for_its_first_run(cli, tmp_path):
+    # `for FOLD in {0..4}` / `for FOLD in 0 1 2` / `for ((FOLD=0; FOLD<5; FOLD++))` around the launch: the loop's
+    # first run, as bash starts it first (the oracle: bash), noted
+    write_tree(tmp_path, {"train_a.py": TRAIN_NAMED, **NETS})
+    for header in ("for FOLD in {2..4}", "for FOLD in 2 3", "for ((FOLD=2; FOLD<5; FOLD++))"):
+        (tmp_path / "cv.sh").write_text(f"#!/bin/bash\n{header}\ndo\n"
+                                        "torchrun --nproc_per_node 2 train_a.py --layers $FOLD --run_name fold${FOLD}\n"
+                                        "done\n")
+        ran = _bash_echo(tmp_path / "cv.sh", cwd=tmp_path)
+        f = _plan(cli, tmp_path, "cv.sh")
+        assert f["args"] == ran[0].split()[4:] == ["--layers", "2", "--run_name", "fold2"], header
+        assert len(f["plan"]["units"]) == 2 + 1
+        assert any("runs it in a loop (`for FOLD`" in n and "FOLD=2" in n for n in f["notes"]), f["notes"]

@@ -72,6 +72,7 @@ class ShellLaunch:
     plain: bool = False                             # `python FILE` itself: one process, no launcher's variables
     accelerate_args: Tuple[str, ...] = ()           # `accelerate launch`'s own options, before the file
     unset: Tuple[str, ...] = ()                     # the variables in `args` the script never sets (bash: empty)
+    loops: Tuple[str, ...] = ()                     # `for FOLD in {0..4}` around it: each loop's first run, in words
 
 
 _CONTROL = {"|", "||", "&&", ";", "&", "|&"}
@@ -379,6 +380,7 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
     console: Optional[Dict[str, str]] = None        # the repository's console scripts, read when needed
     out: List[ShellLaunch] = []
     in_case = 0
+    loops: List[Tuple[int, str]] = []      # the `for` loops open around the line: (line, note)
     branches = Branches()                  # the open `if` statements, and whether bash runs the line
     where: List[Tuple[Tuple[int, int], ...]] = []      # each launch's branches
     logical = _logical_lines(text)
@@ -467,6 +469,16 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
                            if os.path.isdir(os.path.join(b, target))), os.path.normpath(os.path.join(bases[0], target)))
                 env["PWD"] = cd                 # (`export PYTHONPATH=$PWD` after it)
             continue
+        looped = _loop_header(stripped, env, positional)
+        if looped is not None:      # `for FOLD in {0..4}; do` around a launch: its first run is linted
+            name, first, count = looped
+            env[name] = first
+            loops.append((start, f"{os.path.basename(script)} line {start} runs it in a loop (`for {name}`, "
+                                 f"{count} runs): linted for its first, {name}={first}"))
+            continue
+        if words[:1] == ["done"] and loops:
+            loops.pop()
+            continue
         sourced = _sourced_script(words, env, positional, script, cd, depth)
         if sourced is not None:     # `source configs/env.sh`, `. ./common.sh`: its variables are this script's
             out.extend(shell_launches(sourced, positional, None, cd, depth + 1, (env, exported)))
@@ -523,12 +535,46 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
         launch = ShellLaunch(script, start, path, args, base, found["world_size"], acc, lines, passed,
                              module if found.get("module") else None, found.get("every_gpu_of"),
                              found.get("unset_world"), found.get("torchrun"), bool(found.get("plain")),
-                             tuple(found.get("accelerate_args") or ()), tuple(unset))
+                             tuple(found.get("accelerate_args") or ()), tuple(unset), tuple(n for _, n in loops))
         at = branches.at()
         if not any(_alternatives(launch, at, other, other_at) for other, other_at in zip(out, where)):
             out.append(launch)
             where.append(at)
     return out
+
+
+_FOR_IN = re.compile(r"^for\s+([A-Za-z_][A-Za-z0-9_]*)\s+in\s+(.*?)\s*(?:;\s*do)?\s*$", re.S)
+_FOR_C = re.compile(r"^for\s*\(\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([^;]*);([^;]*);[^)]*\)\)\s*(?:;\s*do)?\s*$")
+_RANGE = re.compile(r"^\{(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?\}$")
+_CHOICES = re.compile(r"^\{([^{},]*(?:,[^{},]*)+)\}$")
+
+
+def _loop_header(text: str, env: Dict, positional) -> Optional[Tuple[str, str, str]]:
+    """(name, its first value, how many runs) of a ``for NAME in WORDS`` / ``for ((NAME=A; NAME<B; ...))`` header
+    whose first value bash decides here (`{0..4}`, `{a,b}`, words, `$(seq 0 4)`), or None."""
+    from fsdp_lint.entry.bash_substitutions import arithmetic
+
+    m = _FOR_IN.match(text.strip())
+    if m:
+        try:
+            words = _expanded_words(m.group(2), env, positional)
+        except (ValueError, ShellError):
+            return None
+        if len(words) == 1 and _RANGE.match(words[0]):
+            a, b, step = _RANGE.match(words[0]).groups()
+            values = list(range(int(a), int(b) + (1 if int(b) >= int(a) else -1),
+                                abs(int(step or 1)) * (1 if int(b) >= int(a) else -1)))
+            words = [str(v) for v in values]
+        elif len(words) == 1 and _CHOICES.match(words[0]):
+            words = _CHOICES.match(words[0]).group(1).split(",")
+        if not words or "$" in words[0] or "`" in words[0]:
+            return None
+        return m.group(1), words[0], str(len(words))
+    m = _FOR_C.match(text.strip())
+    if m:
+        first = arithmetic(m.group(2), lambda t: _expand(t, env, positional))
+        return None if first is None else (m.group(1), first, "several")
+    return None
 
 
 def _sourced_script(words, env: Dict, positional, script: str, cd: Optional[str], depth: int) -> Optional[str]:
