@@ -161,3 +161,51 @@ def test_a_launch_inside_a_for_loop_is_linted_for_its_first_run(cli, tmp_path):
         assert f["args"] == ran[0].split()[4:] == ["--layers", "2", "--run_name", "fold2"], header
         assert len(f["plan"]["units"]) == 2 + 1
         assert any("runs it in a loop (`for FOLD`" in n and "FOLD=2" in n for n in f["notes"]), f["notes"]
+
+
+# Kaldi's option parser, as the speech recipes copy it (the parts a launch reads: `--name value` sets `name`, an
+# option the script never set stops it)
+PARSE_OPTIONS = r'''
+while true; do
+  [ -z "${1:-}" ] && break;
+  case "$1" in
+    --*=*) echo "$0: options to scripts must be of the form --name value, got '$1'"; exit 1 ;;
+    --*) name=`echo "$1" | sed s/^--// | sed s/-/_/g`;
+      eval '[ -z "${'$name'+xxx}" ]' && echo "$0: invalid option $1" 1>&2 && exit 1;
+      eval $name=\"$2\";
+      shift 2;;
+    *) break
+  esac
+done
+true
+'''
+
+STAGES = '''\
+#!/bin/bash
+stage=0
+stop_stage=5
+num_layers=2
+. tools/parse_options.sh || exit 1;
+
+if [ ${stage} -le 1 ] && [ ${stop_stage} -ge 1 ]; then
+  python local/prepare_data.py data/
+fi
+
+if [ ${stage} -le 4 ] && [ ${stop_stage} -ge 4 ]; then
+  torchrun --nnodes=1 --nproc_per_node=2 train_a.py --layers ${num_layers}
+fi
+'''
+
+
+def test_a_kaldi_style_recipe_runs_the_stages_its_options_select(cli, tmp_path):
+    # `. tools/parse_options.sh` sets `--stage 4 --stop-stage 4 --num-layers 3` as the script's variables, and the
+    # `[ $stage -le N ] && [ $stop_stage -ge N ]` tests pick the stages bash runs (the oracle: bash itself)
+    write_tree(tmp_path, {"train_a.py": TRAIN_ARGS, **NETS, "tools/parse_options.sh": PARSE_OPTIONS, "run.sh": STAGES})
+    given = ["--stage", "4", "--stop-stage", "4", "--num-layers", "3"]
+    assert _bash_echo(tmp_path / "run.sh", given, cwd=tmp_path) == ["torchrun --nnodes=1 --nproc_per_node=2 "
+                                                                     "train_a.py --layers 3"]
+    f = _plan(cli, tmp_path, "run.sh", *given)
+    assert f["args"] == ["--layers", "3"] and len(f["plan"]["units"]) == 3 + 1
+    # an option the recipe does not have stops bash, and the lint says so
+    res = cli("run.sh", "--no-cache", "--", "--stage", "4", "--bogus", "1", cwd=str(tmp_path))
+    assert res.code == 2 and "invalid option" in res.err and "--bogus" in res.err

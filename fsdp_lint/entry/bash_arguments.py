@@ -259,3 +259,25 @@ def _pattern(pattern: str, env: Dict, positional: Sequence[str]) -> str:
     if len(pattern) >= 2 and pattern[0] == pattern[-1] and pattern[0] in "'\"":
         return re.sub(r"([*?\[])", r"[\1]", _expand(pattern[1:-1], env, positional))
     return _expand(pattern, env, positional)
+
+
+def kaldi_options(positional: Sequence[str], env: Dict, script: str, line: int) -> Tuple[str, ...]:
+    """What Kaldi's ``. utils/parse_options.sh`` does -- the option parser the speech recipes of Kaldi, ESPnet,
+    WeNet and icefall copy verbatim: each leading ``--name value`` sets the script's variable ``name`` (dashes
+    read as underscores), which the script must have set before (else it stops: "invalid option"); what
+    follows the options is left as the script's arguments."""
+    left = list(positional)
+    while left and left[0].startswith("--"):
+        option = left[0]
+        if "=" in option:
+            raise ShellError(f"line {line}: {os.path.basename(script)}'s parse_options.sh refuses `{option}` (options are "
+                             f"`--name value`): bash stops there")
+        name = option[2:].replace("-", "_")
+        if name not in env and name not in os.environ:
+            raise ShellError(f"line {line}: {os.path.basename(script)}'s parse_options.sh refuses `{option}` (invalid "
+                             f"option: the script sets no `{name}` before it): bash stops there")
+        if len(left) < 2:
+            break
+        env[name] = left[1]
+        left = left[2:]
+    return tuple(left)

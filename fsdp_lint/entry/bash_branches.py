@@ -9,7 +9,7 @@ Launch scripts pick their launcher, GPU count or config with an `if` chain on a 
 
 bash runs one branch; its assignments are made, the others' are not, and only its launch runs. A test
 whose words all expand from what the script set (``[ A == B ]``, ``=``, ``!=``, ``-eq -ne -gt -ge -lt
--le``, ``-z``, ``-n``, a lone word, ``!``; ``[[ ]]`` alike) is decided; any other condition (a command's
+-le``, ``-z``, ``-n``, a lone word, ``!``; ``[[ ]]`` alike) is decided, and so are such tests joined by ``&&`` and ``||``; any other condition (a command's
 status, a file test, a variable set outside the script) leaves every branch of its `if` as it was: each
 is followed, as before.
 """
@@ -32,6 +32,15 @@ def condition(words: Sequence[str], env: Dict[str, str], positional: Sequence[st
         if w in ("then", ";"):
             break
         test.append(w[:-1] if w.endswith(";") else w)
+    # `[ $stage -le 4 ] && [ $stop_stage -ge 4 ]` (Kaldi-style stage recipes), `||`: left to right, as bash
+    for i, w in enumerate(test):
+        if w in ("&&", "||"):
+            left = condition(["if", *test[:i]], env, positional)
+            if left is not None and (left is False if w == "&&" else left is True):
+                return left     # bash does not run the rest
+            right = condition(["if", *test[i + 1:]], env, positional)
+            return right if left is not None else (right if right is not None and
+                                                    right is (w == "||") else None)
     negate = bool(test) and test[0] == "!"
     test = test[1:] if negate else test
     if len(test) < 2 or (test[0], test[-1]) not in (("[", "]"), ("[[", "]]")):

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fsdp_lint.entry.bash_arguments import argument_block
+from fsdp_lint.entry.bash_arguments import argument_block, kaldi_options
 from fsdp_lint.entry.launch_files import (  # noqa: F401 - _module_root: also shell.*
     _console_commands, _console_file, _module_file, _module_root, _near, _resolve)
 from fsdp_lint.entry.bash_branches import Branches
@@ -480,6 +480,9 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
             loops.pop()
             continue
         sourced = _sourced_script(words, env, positional, script, cd, depth)
+        if sourced is not None and os.path.basename(sourced) == "parse_options.sh":
+            positional = kaldi_options(positional, env, script, start)     # Kaldi's `. utils/parse_options.sh`
+            continue
         if sourced is not None:     # `source configs/env.sh`, `. ./common.sh`: its variables are this script's
             out.extend(shell_launches(sourced, positional, None, cd, depth + 1, (env, exported)))
             continue
@@ -515,7 +518,8 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
         else:
             path, base = _resolve(found["file"], script, cd)
         if path is None:
-            raise ShellError(f"line {start} launches {found['file']}, which is not there (from the current folder, "
+            raise ShellError(f"{f'{os.path.relpath(script)} ' if depth else ''}line {start} launches {found['file']}, "
+                             f"which is not there (from the current folder, "
                              f"the script's folder or the folders above it){_near(found['file'], script, cd)}")
         given = list(found.get("argv", range(found["first_arg"], len(tokens))))    # (dora: its words)
         kept, args, unset = settled([marked[n][0] for n in given])     # bash passes nothing for an unset one
