@@ -582,3 +582,28 @@ def test_a_library_that_finds_print_by_its_module_and_name(cli, tmp_path):
     res = cli("train.py", "-n", "2", "--no-cache", "--format", "json", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
     assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 3
+
+
+def test_an_autoprocessor_with_only_the_config_here_names_the_tokenizer(cli, tmp_path, monkeypatch):
+    # the hub cache holds the model's config.json only (a node's cache before its first download):
+    # `AutoProcessor.from_pretrained` failed with transformers' own "Unrecognized processing class"
+    snap = tmp_path / "hf/hub/models--acme--tiny-lm/snapshots/0123456789abcdef0123456789abcdef01234567"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                                  "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                  "vocab_size": 256}))
+    refs = tmp_path / "hf/hub/models--acme--tiny-lm/refs"
+    refs.mkdir()
+    (refs / "main").write_text("0123456789abcdef0123456789abcdef01234567")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    (tmp_path / "train.py").write_text(
+        "from __future__ import annotations\n\nimport torch\nfrom torch.distributed.fsdp import fully_shard\n"
+        "from transformers import AutoConfig, AutoModelForCausalLM, AutoProcessor\n\n"
+        "torch.distributed.init_process_group('nccl')\nprocessor = AutoProcessor.from_pretrained('acme/tiny-lm')\n"
+        "config = AutoConfig.from_pretrained('acme/tiny-lm')\n"
+        "config.pad_token_id = getattr(processor, 'tokenizer', processor).pad_token_id\n"
+        "model = AutoModelForCausalLM.from_config(config)\nfully_shard(model)\n")
+    res = cli("train.py", "-n", "2", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    assert "train.py:8:" in res.err and "no tokenizer for 'acme/tiny-lm' here" in res.err
+    assert "Unrecognized processing class" not in res.err

@@ -218,29 +218,33 @@ def _note(rec, text: str) -> None:
     framework_note(rec, text)
 
 
-def _auto_tokenizer(hooks, module) -> None:
-    """``AutoTokenizer.from_pretrained("org/name")`` that finds no tokenizer files here fails with whatever the
-    tokenizer class says (with `--hf-config`, transformers picks the class from that config and fails with
-    "Couldn't instantiate the backend tokenizer"): the cause is that the tokenizer is not here."""
-    def make(from_pretrained):
-        def wrapped(cls, pretrained_model_name_or_path, *args, **kwargs):
-            name = str(pretrained_model_name_or_path)
-            kwargs.pop("force_download", None)      # (a lint never downloads: what the cache holds is the answer)
-            try:
-                tokenizer = from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs)
-            except (OSError, ValueError) as exc:
-                if os.path.isdir(name) and any(f.startswith("tokenizer") for f in os.listdir(name)):
-                    raise               # a local tokenizer that fails on its own
-                raise TokenizerMissing(_tokenizer_missing(name, type(exc).__name__)) from None
-            if _empty_vocabulary(tokenizer):
-                # transformers 5 builds the config's tokenizer class with no vocabulary when no tokenizer file
-                # is found (`len()` 1: its special tokens): the length a script resizes the embeddings to
-                # (`resize_token_embeddings(len(tokenizer))`) would shrink the model to a handful of rows
-                raise TokenizerMissing(_tokenizer_missing(name, "no vocabulary file"))
-            return tokenizer
-        return wrapped
+def _loads_tokenizers(attr: str):
+    """``AutoTokenizer.from_pretrained("org/name")`` (`attr`; ``AutoProcessor`` alike, whose tokenizer is a part)
+    that finds no tokenizer files here fails with whatever the tokenizer class says (with `--hf-config`,
+    transformers picks the class from that config and fails with "Couldn't instantiate the backend tokenizer"; an
+    AutoProcessor with "Unrecognized processing class"): the cause is that the tokenizer is not here."""
+    def install(hooks, module) -> None:
+        def make(from_pretrained):
+            def wrapped(cls, pretrained_model_name_or_path, *args, **kwargs):
+                name = str(pretrained_model_name_or_path)
+                kwargs.pop("force_download", None)      # (a lint never downloads: what the cache holds is the answer)
+                try:
+                    loaded = from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs)
+                except (OSError, ValueError) as exc:
+                    if os.path.isdir(name) and any(f.startswith(("tokenizer", "preprocessor", "processor"))
+                                                   for f in os.listdir(name)):
+                        raise               # a local tokenizer that fails on its own
+                    raise TokenizerMissing(_tokenizer_missing(name, type(exc).__name__)) from None
+                if _empty_vocabulary(getattr(loaded, "tokenizer", None) or loaded):
+                    # transformers 5 builds the config's tokenizer class with no vocabulary when no tokenizer file
+                    # is found (`len()` 1: its special tokens): the length a script resizes the embeddings to
+                    # (`resize_token_embeddings(len(tokenizer))`) would shrink the model to a handful of rows
+                    raise TokenizerMissing(_tokenizer_missing(name, "no vocabulary file"))
+                return loaded
+            return wrapped
 
-    hooks.wrap(module.AutoTokenizer, "from_pretrained", make)
+        hooks.wrap(getattr(module, attr), "from_pretrained", make)
+    return install
 
 
 def _tokenizer_missing(name: str, why: str) -> str:
@@ -538,7 +542,8 @@ def hook_table() -> Dict[str, List[Any]]:
         "transformers.modeling_utils": [_modeling, save_pretrained_hook],
         "transformers.models.auto.configuration_auto": [_auto_config],
         "transformers.configuration_utils": [_concrete_config],
-        "transformers.models.auto.tokenization_auto": [_auto_tokenizer],
+        "transformers.models.auto.tokenization_auto": [_loads_tokenizers("AutoTokenizer")],
+        "transformers.models.auto.processing_auto": [_loads_tokenizers("AutoProcessor")],
         "transformers.trainer": [_trainer],
         "datasets": [_datasets],
         "huggingface_hub._snapshot_download": [snapshot_download_hook],
