@@ -607,3 +607,37 @@ def test_an_autoprocessor_with_only_the_config_here_names_the_tokenizer(cli, tmp
     assert res.code == 2
     assert "train.py:8:" in res.err and "no tokenizer for 'acme/tiny-lm' here" in res.err
     assert "Unrecognized processing class" not in res.err
+
+
+def test_a_script_in_a_package_folder_imports_its_own_folder_first(cli, tmp_path):
+    # `python src/train.py` searches src/ first: its `datasets/` package is the one `import datasets.toy` finds, not
+    # Hugging Face's (the oracle: python itself, on a probe beside it); the file has an `__init__.py` beside it
+    import subprocess
+    import sys as _sys
+
+    write_tree(tmp_path, {
+        "src/__init__.py": "",
+        "src/datasets/__init__.py": "",
+        "src/datasets/toy.py": "N_BLOCKS = 5\n",
+        "src/probe.py": "import datasets.toy\nprint(datasets.toy.N_BLOCKS)\n",
+        "src/train.py": '''
+            from __future__ import annotations
+
+            import torch
+            import torch.nn as nn
+            from torch.distributed.fsdp import fully_shard
+
+            from datasets.toy import N_BLOCKS
+
+            torch.distributed.init_process_group("nccl")
+            model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(N_BLOCKS)])
+            for layer in model:
+                fully_shard(layer)
+            fully_shard(model)
+        ''',
+    })
+    probe = subprocess.run([_sys.executable, "src/probe.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert probe.stdout.strip() == "5", probe.stderr
+    res = cli("src/train.py", "-n", "2", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 5 + 1

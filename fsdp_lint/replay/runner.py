@@ -302,6 +302,8 @@ class _Run:
                                              last_resort_path=siblings):
             if self.cwd:
                 os.chdir(self.cwd)      # restored by the sandbox
+            if self._runs_as_a_script_would():
+                sys.path.insert(1, os.path.dirname(self.path))      # restored by the sandbox
             sys.meta_path.insert(0, self.importer)
             try:
                 sys.modules["__main__"] = module
@@ -363,6 +365,16 @@ class _Run:
             sys.path.insert(0, folder)       # restored by the sandbox
         self.failures.skips.clear()          # the package's own failures are not the file's
         return True
+
+    def _runs_as_a_script_would(self) -> bool:
+        """A file given as it is, in a package folder, that is written as a script (no relative import, no import of
+        its own package by name): its own folder is searched before the installed packages, as `python pkg/train.py`
+        searches it -- a project folder `datasets/` beside it is the one it imports, not Hugging Face's."""
+        entry = self.entry
+        if not entry.is_package_module or entry.launched or not entry.package:
+            return False
+        top = entry.package.split(".")[0]
+        return not any(i.level or (i.module or "").split(".")[0] == top for i in self.facts.imports)
 
     def _with_failures(self, fn, where_real: str):
         try:
