@@ -641,3 +641,63 @@ def test_a_script_in_a_package_folder_imports_its_own_folder_first(cli, tmp_path
     res = cli("src/train.py", "-n", "2", "--no-cache", "--format", "json", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
     assert len(json.loads(res.out)["files"][0]["plan"]["units"]) == 5 + 1
+
+
+def test_a_module_that_checks_the_values_it_computes_in_its_init(cli, tmp_path, monkeypatch):
+    # `freqs = 2.0 ** torch.linspace(0, 8, 16)` then `assert freqs.isfinite().all()` in a module's __init__: the
+    # small tensor made from values holds them (on meta the check read False and failed); the plan is real FSDP2's
+    from oracle import fsdp2_groups
+    from torch.distributed.fsdp import fully_shard
+
+    write_tree(tmp_path, {
+        "fold/__init__.py": "",
+        "fold/embed.py": '''
+            from __future__ import annotations
+
+            import torch
+            import torch.nn as nn
+
+
+            class FourierEmbed(nn.Module):
+                def __init__(self, dim: int = 64, n_freqs: int = 16, max_freq: float = 8.0):
+                    super().__init__()
+                    bands = 2.0 ** torch.linspace(0.0, max_freq, steps=n_freqs)
+                    assert bands.isfinite().all(), f"nan: {bands.isnan().any()}"
+                    self.register_buffer("bands", bands, persistent=False)
+                    self.proj = nn.Linear(2 * n_freqs, dim)
+
+
+            class Net(nn.Module):
+                def __init__(self, dim: int = 64, depth: int = 3):
+                    super().__init__()
+                    self.embed = FourierEmbed(dim)
+                    self.blocks = nn.ModuleList(nn.Linear(dim, dim) for _ in range(depth))
+        ''',
+        "train.py": '''
+            from __future__ import annotations
+
+            import torch
+            from torch.distributed.fsdp import fully_shard
+
+            from fold.embed import Net
+
+            torch.distributed.init_process_group("nccl")
+            model = Net()
+            for block in model.blocks:
+                fully_shard(block)
+            fully_shard(model)
+        ''',
+    })
+    res = cli("train.py", "-n", "4", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from fold.embed import Net
+
+    def apply(model, mesh):
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    real = fsdp2_groups(Net, world_size=4, apply=apply, device="cpu")
+    assert [u["numel"] for u in plan["units"]] == [sum(_numel(p["shape"]) for p in g["params"]) for g in real]

@@ -11,9 +11,10 @@ zeros, and the code takes the wrong branch (no data-parallel group, one "node" o
 So a tensor made by a factory call (``torch.tensor``, ``arange``, ``zeros``, ``empty``, ``full``, ...)
 outside the construction of a module, and small (at most `HOST_NUMEL` elements), is a real CPU tensor
 whatever device it names; so is a small integer or bool one a module's ``__init__`` makes (an index: document
-ids from a list of lengths, then ``repeat_interleave``, whose result's shape depends on the values). Every
-floating-point tensor a module builds in its ``__init__`` (parameters, rotary tables), every buffer, and every
-large tensor, stays on meta. A parameter or buffer given such a tensor later
+ids from a list of lengths, then ``repeat_interleave``, whose result's shape depends on the values), and a small
+floating-point one it makes from values (``linspace``, ``arange``, ``tensor``, ``full``: frequencies it checks
+with ``assert freqs.isfinite().all()``). Every other floating-point tensor a module builds in its ``__init__``
+(parameters: ``empty``, ``zeros``, ``randn``), every buffer, and every large tensor, stays on meta. A parameter or buffer given such a tensor later
 (``model.pos = nn.Parameter(torch.zeros(1, 16, 64))``) is moved to meta when it is registered, and an
 operation mixing one with a meta tensor runs on meta: values with no data give no data.
 
@@ -42,6 +43,9 @@ _FACTORY_NAMES = ("tensor", "as_tensor", "asarray", "arange", "range", "linspace
                   "empty", "full", "eye", "rand", "randn", "randint", "randperm", "scalar_tensor",
                   "tril_indices", "triu_indices", "empty_strided")
 _factories: Optional[frozenset] = None
+# the factories that make a tensor of given values, not an empty, zero or random one (a weight to initialise)
+_VALUE_FACTORIES = frozenset({"tensor", "as_tensor", "asarray", "arange", "range", "linspace", "logspace", "full",
+                              "scalar_tensor"})
 
 
 def factories() -> frozenset:
@@ -91,10 +95,12 @@ def make_on_host(func, args, kwargs):
 
     out = func(*args, **kwargs)          # on the target device (meta): cheap, and gives the size
     if not isinstance(out, torch.Tensor) or not out.is_meta or out.numel() > HOST_NUMEL \
-            or (in_module_construction() and (out.is_floating_point() or out.is_complex())):
+            or (in_module_construction() and (out.is_floating_point() or out.is_complex())
+                and getattr(func, "__name__", "") not in _VALUE_FACTORIES):
         # (a small integer or bool tensor a module's __init__ makes is an index -- document ids from a list of
         # lengths, a permutation -- that shapes are computed from: it holds values, and is moved to meta if it
-        # is registered as a buffer; weights and tables are floating point)
+        # is registered as a buffer; so does a small float one made from values, `2.0 ** torch.linspace(0, 8,
+        # 16)` that the module checks (`assert freqs.isfinite().all()`); weights are made empty, zeros or random)
         return out
     host = dict(kwargs)
     host["device"] = "cpu"
