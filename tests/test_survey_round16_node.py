@@ -701,3 +701,55 @@ def test_a_module_that_checks_the_values_it_computes_in_its_init(cli, tmp_path, 
 
     real = fsdp2_groups(Net, world_size=4, apply=apply, device="cpu")
     assert [u["numel"] for u in plan["units"]] == [sum(_numel(p["shape"]) for p in g["params"]) for g in real]
+
+
+def test_a_logger_stood_in_for_is_handed_to_hydras_instantiate(cli, tmp_path):
+    # Lightning's TensorBoardLogger without tensorboard: Lightning's DummyLogger stands in, and the Trainer is built
+    # by `hydra.utils.instantiate(cfg, strategy=..., logger=[it])`; OmegaConf read the stand-in's `_metadata` (any
+    # name answered a function) and failed, where a node's logger has no such attribute
+    import importlib.util
+
+    write_tree(tmp_path, {"train.py": '''
+        from __future__ import annotations
+
+        import hydra
+        import lightning.pytorch as pl
+        import torch
+        import torch.nn as nn
+        from lightning.pytorch.strategies import FSDPStrategy
+        from omegaconf import OmegaConf
+
+        TRAINER = {"_target_": "lightning.pytorch.Trainer", "accelerator": "gpu", "devices": "auto",
+                   "precision": "bf16-mixed", "max_steps": 10}
+        LOGGER = {"_target_": "lightning.pytorch.loggers.TensorBoardLogger", "save_dir": "logs"}
+
+
+        class Lit(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.blocks = nn.Sequential(*[nn.Linear(32, 32) for _ in range(3)])
+
+            def training_step(self, batch, _):
+                return self.blocks(batch).sum()
+
+            def configure_optimizers(self):
+                return torch.optim.AdamW(self.parameters())
+
+
+        def main():
+            model = Lit()
+            loggers = [hydra.utils.instantiate(OmegaConf.create(LOGGER))]
+            strategy = FSDPStrategy(auto_wrap_policy={nn.Linear})
+            trainer = hydra.utils.instantiate(OmegaConf.create(TRAINER), strategy=strategy, logger=loggers)
+            trainer.fit(model, train_dataloaders=torch.utils.data.DataLoader(torch.randn(64, 32), batch_size=8))
+
+
+        if __name__ == "__main__":
+            main()
+    '''})
+    res = cli("train.py", "-n", "4", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert len(f["plan"]["units"]) == 3 + 1 and f["plan"]["world_size"] == 4
+    if importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None:
+        assert any("DummyLogger stood in" in n for n in f["notes"])

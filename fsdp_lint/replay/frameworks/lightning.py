@@ -265,12 +265,25 @@ def _infinite_barrier(hooks, module) -> None:
         hooks.patch(barrier, "__enter__", lambda self: self)
 
 
+_QUIET: Dict[Any, Any] = {}
+
+
 def _dummy_logger():
+    """Lightning's ``DummyLogger``, except that it has no private or special attributes it was not given (its
+    ``__getattr__`` answers any name with a no-op method: Hydra's ``instantiate(cfg, logger=[...])`` and OmegaConf
+    read ``_metadata`` and the like of what they are handed, and got a function where a node's logger has none)."""
     for name in ("lightning.pytorch.loggers.logger", "pytorch_lightning.loggers.logger"):
         try:
-            return importlib.import_module(name).DummyLogger
+            dummy = importlib.import_module(name).DummyLogger
         except (ImportError, AttributeError):
             continue
+        if dummy not in _QUIET:
+            def __getattr__(self, attr, _dummy=dummy):
+                if attr.startswith("_"):
+                    raise AttributeError(attr)
+                return _dummy.__getattr__(self, attr)
+            _QUIET[dummy] = type("DummyLogger", (dummy,), {"__getattr__": __getattr__, "__module__": dummy.__module__})
+        return _QUIET[dummy]
     return None
 
 
