@@ -63,6 +63,24 @@ def with_unset_note(msg: str, run_settings) -> str:
     return msg + "".join(f" [{n}]" for n in notes)
 
 
+def _unpassed_arguments(script: str, script_args) -> str:
+    """`` (the script reads its arguments -- $1, $2 -- and none were given: ...)`` where that is so, else ""."""
+    import re
+
+    if script_args:
+        return ""
+    try:
+        with open(script, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return ""
+    read = sorted(set(re.findall(r"\$\{?([1-9])\b", text)))
+    if not read:
+        return ""
+    return (f" (it is built from the script's arguments -- {', '.join('$' + n for n in read)} -- and none were given: "
+            f"`fsdp-lint {script} -- ARGS` passes them as `bash {script} ARGS` does)")
+
+
 def shell_runs(scripts, settings, script_args, cli_world_size):
     """The launch lines of shell scripts named on the command line, as runs of the files they launch with
     their arguments, world size and accelerate config (fsdp_lint.entry.shell)."""
@@ -115,6 +133,9 @@ def shell_runs(scripts, settings, script_args, cli_world_size):
             if launch.module:
                 overrides["launch_module"] = launch.module
             if launch.accelerate_config and not settings.accelerate_config:
+                if not os.path.exists(launch.accelerate_config):
+                    raise BadInput(f"{script}: line {launch.line}: accelerate's --config_file is "
+                                   f"{launch.accelerate_config}, which is not there{_unpassed_arguments(script, script_args)}")
                 overrides["accelerate_config"] = launch.accelerate_config
             if launch.accelerate_args:
                 overrides["accelerate_args"] = launch.accelerate_args

@@ -209,3 +209,18 @@ def test_a_kaldi_style_recipe_runs_the_stages_its_options_select(cli, tmp_path):
     # an option the recipe does not have stops bash, and the lint says so
     res = cli("run.sh", "--no-cache", "--", "--stage", "4", "--bogus", "1", cwd=str(tmp_path))
     assert res.code == 2 and "invalid option" in res.err and "--bogus" in res.err
+
+
+def test_an_accelerate_config_built_from_arguments_not_given(cli, tmp_path):
+    # `accelerate launch --config_file $FSDP_DIR/config_rank$RANK.yaml` with `FSDP_DIR=$2 RANK=$3`: run without its
+    # arguments the path is `/config_rank.yaml` (bash agrees), and the line says the arguments were not given
+    write_tree(tmp_path, {"train_a.py": TRAIN_ARGS, **NETS})
+    (tmp_path / "launch.sh").write_text("export OUT=$1\nexport FSDP_DIR=$2\nexport RANK=$3\n"
+                                        "accelerate launch --config_file $FSDP_DIR/config_rank$RANK.yaml train_a.py\n")
+    [ran] = _bash_echo(tmp_path / "launch.sh", cwd=tmp_path)
+    assert ran.split()[:3] == ["accelerate", "launch", "--config_file"] and ran.split()[3] == "/config_rank.yaml"
+    res = cli("launch.sh", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = res.err.strip().splitlines()[0]
+    assert "line 4: accelerate's --config_file is /config_rank.yaml, which is not there" in line
+    assert "$1, $2, $3" in line and "-- ARGS" in line
