@@ -13,7 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from fsdp_lint.replay.transform import SETUP_DONE, SKIP, SKIPPABLE, STUB_IMPORT, transform
+from fsdp_lint.replay.transform import CAUGHT, SETUP_DONE, SKIP, SKIPPABLE, STUB_IMPORT, transform
 from fsdp_lint.entry.source import parse_source
 
 
@@ -68,7 +68,7 @@ def _run_both(source: str, tmp_path, name="mod.py"):
     exec(compile(text, path, "exec", dont_inherit=True), plain)
     code = transform(parse_source(path, text), main=True).code
     transformed: dict = {"__name__": "__main__", SKIP: lambda line, exc: False, SKIPPABLE: Exception,
-                         SETUP_DONE: lambda: None,
+                         SETUP_DONE: lambda: None, CAUGHT: lambda: None,
                          STUB_IMPORT: lambda *a: False, "__fsdp_lint_rebind__": lambda g: None,
                          "__fsdp_lint_training_loop__": lambda line: None}
     exec(code, transformed)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fsdp_lint.entry.bash_arguments import argument_block, kaldi_options
+from fsdp_lint.entry.bash_loops import loop_header, sourced_script
 from fsdp_lint.entry.launch_files import (  # noqa: F401 - _module_root: also shell.*
     _console_commands, _console_file, _module_file, _module_root, _near, _resolve)
 from fsdp_lint.entry.bash_branches import Branches
@@ -469,7 +470,7 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
                            if os.path.isdir(os.path.join(b, target))), os.path.normpath(os.path.join(bases[0], target)))
                 env["PWD"] = cd                 # (`export PYTHONPATH=$PWD` after it)
             continue
-        looped = _loop_header(stripped, env, positional)
+        looped = loop_header(stripped, env, positional)
         if looped is not None:      # `for FOLD in {0..4}; do` around a launch: its first run is linted
             name, first, count = looped
             env[name] = first
@@ -479,7 +480,7 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
         if words[:1] == ["done"] and loops:
             loops.pop()
             continue
-        sourced = _sourced_script(words, env, positional, script, cd, depth)
+        sourced = sourced_script(words, env, positional, script, cd, depth)
         if sourced is not None and os.path.basename(sourced) == "parse_options.sh":
             positional = kaldi_options(positional, env, script, start)     # Kaldi's `. utils/parse_options.sh`
             continue
@@ -545,51 +546,6 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
             out.append(launch)
             where.append(at)
     return out
-
-
-_FOR_IN = re.compile(r"^for\s+([A-Za-z_][A-Za-z0-9_]*)\s+in\s+(.*?)\s*(?:;\s*do)?\s*$", re.S)
-_FOR_C = re.compile(r"^for\s*\(\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([^;]*);([^;]*);[^)]*\)\)\s*(?:;\s*do)?\s*$")
-_RANGE = re.compile(r"^\{(-?\d+)\.\.(-?\d+)(?:\.\.(-?\d+))?\}$")
-_CHOICES = re.compile(r"^\{([^{},]*(?:,[^{},]*)+)\}$")
-
-
-def _loop_header(text: str, env: Dict, positional) -> Optional[Tuple[str, str, str]]:
-    """(name, its first value, how many runs) of a ``for NAME in WORDS`` / ``for ((NAME=A; NAME<B; ...))`` header
-    whose first value bash decides here (`{0..4}`, `{a,b}`, words, `$(seq 0 4)`), or None."""
-    from fsdp_lint.entry.bash_substitutions import arithmetic
-
-    m = _FOR_IN.match(text.strip())
-    if m:
-        try:
-            words = _expanded_words(m.group(2), env, positional)
-        except (ValueError, ShellError):
-            return None
-        if len(words) == 1 and _RANGE.match(words[0]):
-            a, b, step = _RANGE.match(words[0]).groups()
-            values = list(range(int(a), int(b) + (1 if int(b) >= int(a) else -1),
-                                abs(int(step or 1)) * (1 if int(b) >= int(a) else -1)))
-            words = [str(v) for v in values]
-        elif len(words) == 1 and _CHOICES.match(words[0]):
-            words = _CHOICES.match(words[0]).group(1).split(",")
-        if not words or "$" in words[0] or "`" in words[0]:
-            return None
-        return m.group(1), words[0], str(len(words))
-    m = _FOR_C.match(text.strip())
-    if m:
-        first = arithmetic(m.group(2), lambda t: _expand(t, env, positional))
-        return None if first is None else (m.group(1), first, "several")
-    return None
-
-
-def _sourced_script(words, env: Dict, positional, script: str, cd: Optional[str], depth: int) -> Optional[str]:
-    """The project's file a ``source FILE``/``. FILE`` line reads (not an environment's ``activate``), or None."""
-    if len(words) < 2 or words[0] not in ("source", ".") or depth >= 4:
-        return None
-    target = _expand(words[1], env, positional)
-    if "$" in target or os.path.basename(target) == "activate":
-        return None
-    path, _ = _resolve(target, script, cd)
-    return path if path is not None and os.path.isfile(path) else None
 
 
 def _search_path(exported: set, env: Dict, command_env: Dict, cd: Optional[str]) -> Optional[str]:

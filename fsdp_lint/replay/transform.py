@@ -27,6 +27,7 @@ from fsdp_lint.entry.source import SourceFacts
 from fsdp_lint.replay.kept_calls import changes_parts, environment_setters, root_name as _root_name, sets_library_state
 from fsdp_lint.replay.registrations import registers
 
+from fsdp_lint.replay.caught_handlers import tell_caught
 from fsdp_lint.replay.deciding import data_only_sites
 from fsdp_lint.replay.stub_imports import (  # noqa: F401  the helpers' names, and what the transform makes
     _EXC, CAUGHT, HELPER_NAMES, LENGTH, LOOP, REBIND, SETUP_DONE, SKIP, SKIPPABLE, STUB_IMPORT, _call_stmt, _globals_call,
@@ -556,7 +557,7 @@ def transform(facts: SourceFacts, *, main: bool, relevant: Optional[Set[int]] = 
     transformer = _Transformer(facts, main=main,
                                relevant=facts.relevant_stmt_lines if relevant is None else relevant,
                                dropped=facts.dropped_loop_lines if dropped is None else dropped)
-    _tell_caught(tree, transformer.synthetic)
+    tell_caught(tree, transformer.synthetic)
     transformer.guarded_lines |= data_only_sites(tree, facts.sites)
     tree = transformer.module(tree)
     # every node the transform made has a position already (ast.fix_missing_locations walks the
@@ -565,15 +566,6 @@ def transform(facts: SourceFacts, *, main: bool, relevant: Optional[Set[int]] = 
     code = compile(tree, os.path.abspath(facts.path), "exec", dont_inherit=True)
     return Transformed(code=code, tolerant=transformer.tolerant, fatal_lines=fatal,
                        terminal_spans=transformer.terminal_spans)
-
-
-def _tell_caught(tree: ast.Module, synthetic: Set[int]) -> None:
-    """Every ``except`` of the file first tells the replay what it caught (`replay.caught`)."""
-    for node in ast.walk(tree):
-        for handler in getattr(node, "handlers", None) or ():
-            call = _call_stmt(CAUGHT, like=handler)
-            synthetic.add(id(call))
-            handler.body.insert(0, call)
 
 
 def fatal_lines(tree: ast.Module, facts: SourceFacts) -> Set[int]:
