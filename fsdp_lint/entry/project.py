@@ -280,7 +280,11 @@ class Reach:
             for facts in self.modules.values():
                 mark_relevance(facts.functions, called_here(facts, relevant), called_here(facts, wraps))
                 for f in facts.functions.values():
-                    names = {f.name} | ({f.cls} if f.cls and f.name in ("__init__", "__post_init__") else set())
+                    # a special method is called through its class (`Trainer(...)`), never by its name from another
+                    # module: `super().__init__()` of every class elsewhere would count as a call of it
+                    special = f.name.startswith("__") and f.name.endswith("__")
+                    names = (set() if special else {f.name}) | (
+                        {f.cls} if f.cls and f.name in ("__init__", "__post_init__") else set())
                     if f.relevant and not names <= relevant:
                         relevant |= names
                         changed = True

@@ -23,7 +23,9 @@ def mark_relevance(functions: Dict[str, Any], extra_relevant: Set[str] = frozens
         changed = False
         for f in functions.values():
             for callee in f.calls:
-                for g in by_name.get(callee, ()):
+                # (a special method by its name -- `super().__init__()` -- is no call of every class's own)
+                special = callee.startswith("__") and callee.endswith("__")
+                for g in ([functions[callee]] if callee in functions else []) if special else by_name.get(callee, ()):
                     if g is f:
                         continue
                     if g.relevant and not f.relevant:
