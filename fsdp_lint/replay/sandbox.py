@@ -159,6 +159,15 @@ def _hub_offline(patch: Optional[Patch]) -> bool:
         return False
     if patch is not None:
         patch(constants, "HF_HUB_OFFLINE", True)
+        # and its cache folders: this process may have imported it under another HF_HOME (a long-lived process
+        # linting for callers whose environments differ); as huggingface_hub computes them at import
+        home = os.path.expanduser(os.environ.get("HF_HOME") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface"))
+        hub = os.path.expanduser(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+                                 or os.path.join(home, "hub"))
+        for name, value in (("HF_HOME", home), ("HF_HUB_CACHE", hub), ("HUGGINGFACE_HUB_CACHE", hub)):
+            if hasattr(constants, name) and getattr(constants, name) != value:
+                patch(constants, name, value)
     else:
         constants.HF_HUB_OFFLINE = str(os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
                                        or "").upper() in {"1", "ON", "YES", "TRUE"}
