@@ -753,3 +753,158 @@ def test_a_logger_stood_in_for_is_handed_to_hydras_instantiate(cli, tmp_path):
     assert len(f["plan"]["units"]) == 3 + 1 and f["plan"]["world_size"] == 4
     if importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None:
         assert any("DummyLogger stood in" in n for n in f["notes"])
+
+
+def test_a_data_helper_that_writes_what_the_model_is_built_from(cli, tmp_path, monkeypatch):
+    # `train_ds, train_dl = init_dataset_and_dataloader(configs, path)` sets `configs["vocab_size"]` (WeNet's idiom);
+    # its results are not read before the wrap, so the call was left out and the model failed on the missing key
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    write_tree(tmp_path, {
+        "asr/__init__.py": "",
+        "asr/data.py": '''
+            from __future__ import annotations
+
+            from torch.utils.data import DataLoader, Dataset
+
+
+            class Utterances(Dataset):
+                def __init__(self, path: str):
+                    with open(path) as fh:
+                        self.items = [line.split() for line in fh]
+
+                def __len__(self):
+                    return len(self.items)
+
+
+            def init_dataset_and_dataloader(configs: dict, path: str):
+                configs["vocab_size"] = 4233          # the tokenizer's units: the model's output size
+                dataset = Utterances(path)
+                return dataset, DataLoader(dataset, batch_size=None)
+        ''',
+        "asr/model.py": '''
+            from __future__ import annotations
+
+            import torch.nn as nn
+
+
+            class Block(nn.Module):
+                def __init__(self, d: int):
+                    super().__init__()
+                    self.ff = nn.Linear(d, d)
+
+
+            class Net(nn.Module):
+                def __init__(self, configs: dict):
+                    super().__init__()
+                    self.emb = nn.Embedding(configs["vocab_size"], configs["d"])
+                    self.blocks = nn.ModuleList(Block(configs["d"]) for _ in range(configs["n"]))
+                    self.out = nn.Linear(configs["d"], configs["vocab_size"])
+        ''',
+        "train.py": '''
+            from __future__ import annotations
+
+            import torch
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+            from asr.data import init_dataset_and_dataloader
+            from asr.model import Block, Net
+
+
+            def main():
+                torch.distributed.init_process_group("nccl")
+                configs = {"d": 64, "n": 3}
+                train_ds, train_dl = init_dataset_and_dataloader(configs, "data/train/data.list")
+                model = Net(configs)
+                model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.cuda.current_device())
+
+
+            if __name__ == "__main__":
+                main()
+        ''',
+    })
+    res = cli("train.py", "-n", "4", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from asr.model import Block, Net
+
+    real = fsdp1_units(lambda: Net({"d": 64, "n": 3, "vocab_size": 4233}), world_size=4,
+                       auto_wrap_policy=ModuleWrapPolicy({Block}))
+    assert [(u["module"], u["numel"]) for u in plan["units"] if u["numel"]] == [(r["module"], r["numel"]) for r in real]
+
+
+def test_a_project_subclass_of_fsdp_with_its_own_constructor(cli, tmp_path, monkeypatch):
+    # `class FSDPWrapper(FullyShardedDataParallel): def __init__(self, opts, model): super().__init__(module=model,
+    # ...)` called `FSDPWrapper(opts=..., model=model)`: the recorder took `opts` for the module (or had none), the
+    # wrap was skipped and a plan suggested (exit 0). The plan is the one real FSDP1 builds through the subclass
+    import torch
+    import torch.nn as nn
+    from oracle import fake_pg, strip_wrapper_prefixes
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    write_tree(tmp_path, {
+        "corelib/__init__.py": "",
+        "corelib/fsdp_wrapper.py": '''
+            from __future__ import annotations
+
+            import functools
+
+            import torch
+            from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+            from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+
+            class FSDPWrapper(FullyShardedDataParallel):
+                def __init__(self, opts: dict, model, block_cls):
+                    self.opts = opts
+                    super().__init__(
+                        module=model,
+                        sharding_strategy=ShardingStrategy[opts.get("strategy", "FULL_SHARD")],
+                        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={block_cls}),
+                        device_id=opts["device"] if "device" in opts else torch.cuda.current_device(),
+                    )
+        ''',
+        "train.py": '''
+            from __future__ import annotations
+
+            import torch
+            import torch.nn as nn
+
+            from corelib.fsdp_wrapper import FSDPWrapper
+
+
+            class Block(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc = nn.Linear(64, 64)
+
+                def forward(self, x):
+                    return self.fc(x)
+
+
+            torch.distributed.init_process_group("nccl")
+            model = nn.Sequential(*[Block() for _ in range(4)])
+            fsdp_model = FSDPWrapper(opts={"strategy": "SHARD_GRAD_OP"}, model=model, block_cls=Block)
+            optimizer = torch.optim.AdamW(fsdp_model.parameters(), lr=1e-4)
+        ''',
+    })
+    res = cli("train.py", "-n", "4", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    assert plan["api"] == "fsdp1" and plan["origin"] != "suggested" and plan["sharding_strategy"] == "SHARD_GRAD_OP"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from corelib.fsdp_wrapper import FSDPWrapper
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, 64)
+
+    with fake_pg(4):
+        real = FSDPWrapper(opts={"strategy": "SHARD_GRAD_OP", "device": torch.device("cpu")},
+                           model=nn.Sequential(*[Block() for _ in range(4)]), block_cls=Block)
+        units = sorted(strip_wrapper_prefixes(name) for name, m in real.named_modules() if isinstance(m, FSDP))
+    assert sorted(u["module"] for u in plan["units"]) == units

@@ -264,6 +264,13 @@ class Reach:
             node = prev[node]
         return out
 
+    def param_writers(self) -> Set[str]:
+        """Names of the project's functions that write into an object they are given (`FunctionFacts.stores_into_params`):
+        ``train_ds, train_dl = init_dataset_and_dataloader(configs, ...)`` sets ``configs["vocab_size"]`` the model
+        is built from, though what it returns is not read."""
+        return {f.name for facts in self.modules.values() for f in facts.functions.values()
+                if f.stores_into_params and not f.is_method}
+
     def relevant_names(self) -> Tuple[Set[str], Set[str]]:
         """Names (functions, methods, classes whose constructor does so) that wrap, freeze, cast or
         build optimizers anywhere in the reached modules, and the subset that wraps: a call of one

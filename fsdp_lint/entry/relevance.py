@@ -2,6 +2,7 @@
 build optimizers, within a module and across the project's modules."""
 from __future__ import annotations
 
+import ast
 import builtins
 from typing import Any, Dict, Set
 
@@ -87,3 +88,25 @@ def instance_call_relevance(modules, relevant: Set[str]) -> Set[str]:
                     out.add(f"__call__@{cls}")
                     changed = True
     return out
+
+
+def stores_into(fn: ast.AST, params: Set[str]) -> bool:
+    """Whether the function writes into one of the objects `params` names: an item or attribute of it
+    (``configs["vocab_size"] = len(vocab)``, ``args.num_labels = n``), or ``.update(...)``/``.setdefault(...)``/``setattr``
+    on it -- a helper that builds the data and sets what the model is built from."""
+    def rooted(node) -> bool:
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        return isinstance(node, ast.Name) and node.id in params
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, (ast.Attribute, ast.Subscript)) and rooted(t) for t in targets):
+                return True
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in ("update", "setdefault") and rooted(func.value):
+                return True
+            if isinstance(func, ast.Name) and func.id == "setattr" and node.args and rooted(node.args[0]):
+                return True
+    return False

@@ -15,7 +15,7 @@ from fsdp_lint.entry.launch_calls import names_a_launcher, starts_a_launch
 from fsdp_lint.entry.noqa import _noqa_lines, file_noqa_lines
 from fsdp_lint.entry.reading import SourceError, python_requirement_note, read_text  # noqa: F401 - (callers' names)
 from fsdp_lint.entry.relevance import (  # noqa: F401 - (callers' names)
-    called_here, calls_through_keywords, mark_relevance, relevant_lines_with)
+    called_here, calls_through_keywords, mark_relevance, relevant_lines_with, stores_into)
 
 import ast
 import re
@@ -56,6 +56,7 @@ class FunctionFacts:
     calls: Set[str] = field(default_factory=set)            # simple names it calls
     relevant: bool = False        # transitively contains a wrap/freeze/dtype/optimizer site
     wraps: bool = False           # transitively contains a wrap call
+    stores_into_params: bool = False   # writes into an object it is given (`cfg["vocab_size"] = ...`, `args.x = ...`)
 
 
 @dataclass
@@ -248,10 +249,7 @@ def dotted(node) -> str:
 
 
 def _expr_text(node) -> str:
-    try:
-        return ast.unparse(node)
-    except Exception:  # pragma: no cover - ast.unparse handles every expression
-        return dotted(node)
+    return ast.unparse(node)
 
 
 _COMPOUND = (ast.If, ast.With, ast.AsyncWith, ast.Try, ast.For, ast.AsyncFor, ast.While) + (
@@ -391,16 +389,17 @@ class _Collector(ast.NodeVisitor):
         first = min([d.lineno for d in node.decorator_list] + [node.lineno])
         f = FunctionFacts(name=node.name, line=node.lineno, end_line=node.end_lineno or node.lineno, params=params,
                           defaults=defaults, is_method=is_method, first_line=first,
-                          cls=self._class_stack[-1] if is_method else None)
-        # the first definition of a name under the name itself (methods do not shadow module functions); another
-        # one under its class and line, so that its body is read too (two classes' `__init__` in one module)
-        if f.name not in self.functions or (self.functions[f.name].is_method and not is_method):
+                          cls=self._class_stack[-1] if is_method else None,
+                          stores_into_params=stores_into(node, set(params)))
+        # the first definition of a name under the name (methods do not shadow module functions), another under
+        # its class and line, so that its body is read too (two classes' `__init__` in one module)
+        if f.name in self.functions and not (self.functions[f.name].is_method and not is_method):
+            self.functions[f"{f.cls}.{f.name}@{f.line}"] = f
+        else:
             if f.name in self.functions:
                 shadowed = self.functions[f.name]
                 self.functions[f"{shadowed.cls}.{shadowed.name}@{shadowed.line}"] = shadowed
             self.functions[f.name] = f
-        else:
-            self.functions[f"{f.cls}.{f.name}@{f.line}"] = f
         for d in node.decorator_list:
             self.visit(d)
         for d in list(args.defaults) + [d for d in args.kw_defaults if d is not None]:

@@ -343,7 +343,30 @@ def _install_recorders(rec: Recorder, patch) -> None:
     class RecordingFSDP(metaclass=_FSDPMeta):
         fsdp_modules = staticmethod(fsdp1_wrapper.fsdp_modules)
 
-        def __new__(cls, module, *args, **kwargs):
+        def __new__(cls, *args, **kwargs):
+            if cls is not RecordingFSDP:
+                # the project's subclass (``class FSDPWrapper(FSDP): def __init__(self, opts, model):
+                # super().__init__(module=model, ...)``): its own ``__init__`` runs and its ``super().__init__``
+                # wraps; the instance stands for the wrapped module it holds
+                return object.__new__(cls)
+            return RecordingFSDP._wrap(*args, **kwargs)
+
+        def __init__(self, *args, **kwargs):
+            if type(self) is not RecordingFSDP:
+                object.__setattr__(self, "_fsdp_lint_module", RecordingFSDP._wrap(*args, **kwargs))
+
+        def __getattr__(self, name):
+            try:
+                module = object.__getattribute__(self, "_fsdp_lint_module")
+            except AttributeError:
+                raise AttributeError(name) from None
+            return getattr(module, name)
+
+        def __call__(self, *args, **kwargs):
+            return object.__getattribute__(self, "_fsdp_lint_module")(*args, **kwargs)
+
+        @staticmethod
+        def _wrap(module, *args, **kwargs):
             from fsdp_lint.model.policy import resolve_fsdp1_auto_wrap
 
             kwargs = _bind(fsdp1_signature, "FullyShardedDataParallel.__init__()", (None, module, *args), kwargs,

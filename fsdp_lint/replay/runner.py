@@ -116,6 +116,7 @@ class _Run:
         self.project = self.project or reach(path, self.facts)
         self.entry: Entry = self.project.entry
         self.relevant_names, self.wrap_names = self.project.relevant_names()
+        self.param_writers = self.project.param_writers()
         self.rec = Recorder(path, self.world_size, real=self.real)
         self.rec.device = self.device
         self.rec.api = self.facts.api
@@ -202,7 +203,7 @@ class _Run:
         relevant = relevant_lines_with(facts, self.relevant_names)
         dropped = {line for line in facts.dropped_loop_lines
                    if not (facts.loop_calls.get(line, set()) & self.wrap_names)}
-        done = transform(facts, main=main, relevant=relevant, dropped=dropped)
+        done = transform(facts, main=main, relevant=relevant, dropped=dropped, param_writers=self.param_writers)
         path = os.path.abspath(facts.path)
         if main:
             self.terminal_spans = done.terminal_spans

@@ -118,6 +118,7 @@ class _Transformer:
         self.relevant = relevant
         self.dropped = dropped
         self.stepping = dropped & facts.stepping_loop_lines
+        self.param_writers: Set[str] = set()     # the project's functions that write into what they are given
         # a freeze site runs guarded, and so does a site given data only: one that freezes what no wrap is given (a
         # VAE loaded after the wrap, whose load was skipped) or prepares a data loader is skipped in turn
         # (Failures._is_fatal_line); any other failure there ends the replay
@@ -411,7 +412,8 @@ class _Transformer:
                     return True                  # _bootstrap_env() sets os.environ the next lines read
                 if isinstance(node.func, ast.Attribute) and (root in objects or self._part_of.get(root) in objects):
                     return True                  # model.apply(init), config.update(...), group.add_argument(...)
-                if not bare or (isinstance(node.func, ast.Name) and node.func.id in self.trainers):
+                writes = isinstance(node.func, ast.Name) and node.func.id in self.param_writers
+                if (not bare and not writes) or (isinstance(node.func, ast.Name) and node.func.id in self.trainers):
                     continue                     # issue 18: train(model) holds a training loop: no set-up
                 for arg in list(node.args) + [k.value for k in node.keywords]:
                     if isinstance(arg, ast.Starred):
@@ -548,7 +550,7 @@ def _dotted_name(node: ast.AST) -> str:
 
 
 def transform(facts: SourceFacts, *, main: bool, relevant: Optional[Set[int]] = None,
-              dropped: Optional[Set[int]] = None) -> Transformed:
+              dropped: Optional[Set[int]] = None, param_writers: Set[str] = frozenset()) -> Transformed:
     """Compile `facts`' module with the transform. `main`: the entry file (its module level is
     sliced and tolerant); `relevant`/`dropped`: relevant statement lines and training loops (default:
     the module's own facts; the replay passes them computed across the project)."""
@@ -557,6 +559,7 @@ def transform(facts: SourceFacts, *, main: bool, relevant: Optional[Set[int]] = 
     transformer = _Transformer(facts, main=main,
                                relevant=facts.relevant_stmt_lines if relevant is None else relevant,
                                dropped=facts.dropped_loop_lines if dropped is None else dropped)
+    transformer.param_writers = set(param_writers)
     tell_caught(tree, transformer.synthetic)
     transformer.guarded_lines |= data_only_sites(tree, facts.sites)
     tree = transformer.module(tree)
