@@ -224,3 +224,15 @@ def test_an_accelerate_config_built_from_arguments_not_given(cli, tmp_path):
     line = res.err.strip().splitlines()[0]
     assert "line 4: accelerate's --config_file is /config_rank.yaml, which is not there" in line
     assert "$1, $2, $3" in line and "-- ARGS" in line
+
+
+def test_the_gpus_a_script_counts_from_its_own_cuda_visible_devices(cli, tmp_path):
+    # `num_gpus=$(echo $CUDA_VISIBLE_DEVICES | awk -F "," '{print NF}')` (WeNet's recipes): awk that only prints runs
+    # as bash runs it (the oracle: bash); its text had been split into the launch line, and the launch was lost
+    write_tree(tmp_path, {"train_a.py": TRAIN_ARGS, **NETS})
+    (tmp_path / "run.sh").write_text('#!/bin/bash\nexport CUDA_VISIBLE_DEVICES="0,1,2"\n'
+                                     'num_gpus=$(echo $CUDA_VISIBLE_DEVICES | awk -F "," \'{print NF}\')\n'
+                                     'torchrun --nproc_per_node=$num_gpus train_a.py --layers 2\n')
+    [ran] = _bash_echo(tmp_path / "run.sh", cwd=tmp_path)
+    assert ran.split()[1] == "--nproc_per_node=3"
+    assert _plan(cli, tmp_path, "run.sh")["plan"]["world_size"] == 3

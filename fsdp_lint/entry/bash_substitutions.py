@@ -10,8 +10,10 @@ launch script uses for numbers and folders.
 * ``$(grep -oP 'PATTERN' <<< "$params")``: grep run on the here-string (a pure text command);
 * a pipeline of text commands -- ``$(basename "$0" | cut -f 1 -d '.')``, ``$(basename "$0" .sh)``,
   ``$(date +"%Y%m%d%H%M%S")``, ``$(echo "$MODEL" | tr '/' '_')``, ``$(echo $X | sed 's/a/b/')`` -- run as bash
-  runs it (``basename``, ``dirname``, ``cut``, ``tr``, ``date``, ``echo``, ``printf``, ``head``, ``tail``, ``grep`` and
-  ``sed`` with a substitution only: commands that read nothing of the node's and change nothing).
+  runs it (``basename``, ``dirname``, ``cut``, ``tr``, ``date``, ``echo``, ``printf``, ``head``, ``tail``, ``grep``,
+  ``wc``, ``sed`` with a substitution only and ``awk`` with a program that only prints: commands that read nothing
+  of the node's and change nothing; ``$(echo $CUDA_VISIBLE_DEVICES | awk -F , '{print NF}')`` counts the GPUs the
+  script gives itself).
 
 Anything else (a variable the script does not set, another command) is left as written, as before.
 """
@@ -75,7 +77,10 @@ def substitute(inner: str, expand: Callable[[str], str]) -> Optional[str]:
 
 
 _GREP_OPTIONS = re.compile(r"^-[oPEFiwxvc]+$")
-_TEXT_COMMANDS = {"basename", "dirname", "cut", "tr", "date", "echo", "printf", "head", "tail", "grep", "sed"}
+_TEXT_COMMANDS = {"basename", "dirname", "cut", "tr", "date", "echo", "printf", "head", "tail", "grep", "sed", "awk", "wc"}
+# an awk program that only reads its input and prints (`awk -F "," '{print NF}'`): no system(), getline, output
+# redirection or pipe
+_AWK_UNSAFE = re.compile(r"system|getline|[>|]|close|fflush|ENVIRON")
 _SED_SUBSTITUTION = re.compile(r"^s(.).*\1.*\1[gIi0-9]*$", re.S)
 
 
@@ -89,6 +94,13 @@ def _safe(words) -> bool:
     if name == "sed":
         exprs = [a for a in args if not re.fullmatch(r"-[nE]+|-e", a)]
         return len(exprs) == 1 and bool(_SED_SUBSTITUTION.match(exprs[0]))
+    if name == "awk":
+        rest = list(args)
+        while rest[:1] and rest[0] in ("-F", "-v") and len(rest) > 1:
+            rest = rest[2:]
+        return len(rest) == 1 and not _AWK_UNSAFE.search(rest[0])      # the program, reading its input only
+    if name == "wc":
+        return all(a in ("-l", "-w", "-c") for a in args)
     if name in ("cut", "tr", "head", "tail", "grep"):
         return not words[-1].startswith("/") or name == "tr"      # (a path operand: a file of the node's)
     return True
@@ -116,7 +128,7 @@ def _text_pipeline(text: str) -> Optional[str]:
             current.append(token)
     commands.append(current)
     if not all(commands) or not all(_safe(c) for c in commands) or commands[0][0] in ("cut", "tr", "head", "tail",
-                                                                                        "grep", "sed"):
+                                                                                        "grep", "sed", "awk", "wc"):
         return None             # (a first command that reads its input would read the node's terminal)
     output = None
     for command in commands:
