@@ -908,3 +908,26 @@ def test_a_project_subclass_of_fsdp_with_its_own_constructor(cli, tmp_path, monk
                            model=nn.Sequential(*[Block() for _ in range(4)]), block_cls=Block)
         units = sorted(strip_wrapper_prefixes(name) for name, m in real.named_modules() if isinstance(m, FSDP))
     assert sorted(u["module"] for u in plan["units"]) == units
+
+
+def test_what_the_scripts_except_caught_after_the_wrap_is_named_with_what_fails_next(cli, tmp_path, monkeypatch):
+    # the installed trainer wraps, then refuses the data config's placeholder bucket (a node refuses it too); the
+    # script's `except` logs it and its next lines fail on the stats training never wrote: the one line names both
+    site, project = tmp_path / "site-packages", tmp_path / "project"
+    lib = TRAINER_LIB.replace('''    with open(url.replace("s3://", "/mnt/s3/")) as fh:       # the node's mounted bucket
+        return [line.split() for line in fh]''', '''    bucket = url.split("/")[2]
+    if not bucket.replace("-", "").isalnum():
+        raise ValueError(f"Invalid bucket name {bucket!r}")
+    return []''')
+    write_tree(site, {"trainerlib_round16c/__init__.py": "", "trainerlib_round16c/main.py": lib})
+    project.mkdir()
+    (project / "train.py").write_text(RUNNER.replace("trainerlib_round16.main", "trainerlib_round16c.main")
+                                      .replace("s3://bucket/manifest.jsonl", "s3://***REMOVED***/manifest.jsonl"))
+    (project / "models.py").write_text(MODELS)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(project))
+    assert res.code == 2
+    line = res.err.strip().splitlines()[0]
+    assert "Could not find stats" in line
+    assert "after the wrap, the script's `except` at train.py:18 caught: ValueError: Invalid bucket name" in line

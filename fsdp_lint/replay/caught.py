@@ -100,5 +100,7 @@ def caught_helper(run):
             return
         frame = sys._getframe(2)
         run.failures.caught.append((exc, frame.f_code.co_filename, frame.f_lineno))
+        if run.rec.wrap_calls:
+            run.failures.caught_after_wrap = (exc, frame.f_code.co_filename, frame.f_lineno)
         after_wrap_boundary(run, exc)
     return caught

@@ -66,6 +66,7 @@ class Failures(MissingPackages):
     decided_at: Optional[Tuple[str, int]] = None         # the statement deciding the wrap that a stand-in failed
     # what the script's own handlers caught (replay.caught): (exception, file, line of the `except`)
     caught: List[Tuple[BaseException, str, int]] = field(default_factory=list)
+    caught_after_wrap: Optional[Tuple[BaseException, str, int]] = None     # the last of them, once a wrap ran
     refused: Optional[BaseException] = None             # the failure refused there (not skipped further out)
     skips: List[SkipRecord] = field(default_factory=list)
     imports: List[MissingImport] = field(default_factory=list)
@@ -322,7 +323,23 @@ class Failures(MissingPackages):
         cause = self.root_cause(exc)
         text += drift.note(cause.exc if cause is not None else exc, self.entry_path)   # (and a newer Python's project)
         text += self._absent_name_before(text, entry_display)
+        text += self._caught_after_the_wrap(exc, entry_display)
         return text if "requires-python" in text else text + python_requirement_note(self.entry_path)
+
+    def _caught_after_the_wrap(self, exc: BaseException, entry_display: str) -> str:
+        """`` (before it, after the wrap, the script's `except` at train.py:106 caught: ...)``: what failed in the
+        call that wrapped -- the data a trainer reads next -- is the cause of what the script fails on after its
+        handler (the stats training would have written), not that."""
+        if self.caught_after_wrap is None:
+            return ""
+        caught, path, line = self.caught_after_wrap
+        chain, seen = exc, 0
+        while chain is not None and seen < 8:
+            if chain is caught:
+                return ""           # the failure is that one, raised again
+            chain, seen = chain.__cause__ or chain.__context__, seen + 1
+        return (f" (before it, after the wrap, the script's `except` at {_display(path, self.entry_path, entry_display)}"
+                f":{line} caught: {_one_line(caught)})")
 
     def _absent_name_before(self, text: str, entry_display: str) -> str:
         """`` (before it, pkg/outputs.py:3: cannot import name ... (the installed transformers 5.25.0; pyproject.toml
