@@ -236,3 +236,33 @@ def test_the_gpus_a_script_counts_from_its_own_cuda_visible_devices(cli, tmp_pat
     [ran] = _bash_echo(tmp_path / "run.sh", cwd=tmp_path)
     assert ran.split()[1] == "--nproc_per_node=3"
     assert _plan(cli, tmp_path, "run.sh")["plan"]["world_size"] == 3
+
+
+def test_a_recipe_that_detects_the_nodes_gpus(cli, tmp_path):
+    # WeNet/ESPnet recipes: `if command -v nvidia-smi &> /dev/null; then num_gpus=$(nvidia-smi -L | wc -l);
+    # gpu_list=$(seq -s, 0 $((num_gpus-1))); else ...; fi`, then the GPU count from CUDA_VISIBLE_DEVICES. The oracle:
+    # bash on a node, an `nvidia-smi` on its PATH listing --gpus-per-node GPUs; the else branch had made it a world of 1
+    write_tree(tmp_path, {"train_a.py": TRAIN_ARGS, **NETS})
+    (tmp_path / "run.sh").write_text('''#!/bin/bash
+if command -v nvidia-smi &> /dev/null; then
+  num_gpus=$(nvidia-smi -L | wc -l)
+  gpu_list=$(seq -s, 0 $((num_gpus-1)))
+else
+  num_gpus=-1
+  gpu_list="-1"
+fi
+export CUDA_VISIBLE_DEVICES="${gpu_list}"
+num_gpus=$(echo $CUDA_VISIBLE_DEVICES | awk -F "," '{print NF}')
+torchrun --nnodes=1 --nproc_per_node=$num_gpus train_a.py --layers 2
+''')
+    node_bin = tmp_path / "node-bin"
+    node_bin.mkdir()
+    (node_bin / "nvidia-smi").write_text('#!/bin/bash\nfor i in 0 1 2 3; do echo "GPU $i: NVIDIA H100 80GB HBM3"; done\n')
+    (node_bin / "nvidia-smi").chmod(0o755)
+    [ran] = _bash_echo(tmp_path / "run.sh", env={"PATH": f"{node_bin}:{os.environ['PATH']}"}, cwd=tmp_path)
+    assert ran.split()[2] == "--nproc_per_node=4"
+    res = cli("run.sh", "--no-cache", "--gpus-per-node", "4", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    import json
+
+    assert json.loads(res.out)["files"][0]["plan"]["world_size"] == 4

@@ -43,6 +43,10 @@ def condition(words: Sequence[str], env: Dict[str, str], positional: Sequence[st
                                                     right is (w == "||") else None)
     negate = bool(test) and test[0] == "!"
     test = test[1:] if negate else test
+    probe = [w for w in test if not re.fullmatch(r"\d*(&?>>?|<)(&\d+|/dev/null)?|/dev/null", w)]
+    if probe in (["command", "-v", "nvidia-smi"], ["which", "nvidia-smi"], ["hash", "nvidia-smi"],
+                 ["type", "nvidia-smi"], ["type", "-P", "nvidia-smi"]):
+        return not negate       # `if command -v nvidia-smi &> /dev/null`: the simulated node is a GPU node
     if len(test) < 2 or (test[0], test[-1]) not in (("[", "]"), ("[[", "]]")):
         return None
     inner = [_expand(w, env, positional) for w in test[1:-1]]

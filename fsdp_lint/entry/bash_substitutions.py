@@ -77,7 +77,8 @@ def substitute(inner: str, expand: Callable[[str], str]) -> Optional[str]:
 
 
 _GREP_OPTIONS = re.compile(r"^-[oPEFiwxvc]+$")
-_TEXT_COMMANDS = {"basename", "dirname", "cut", "tr", "date", "echo", "printf", "head", "tail", "grep", "sed", "awk", "wc"}
+_TEXT_COMMANDS = {"basename", "dirname", "cut", "tr", "date", "echo", "printf", "head", "tail", "grep", "sed", "awk", "wc",
+                  "seq"}
 # an awk program that only reads its input and prints (`awk -F "," '{print NF}'`): no system(), getline, output
 # redirection or pipe
 _AWK_UNSAFE = re.compile(r"system|getline|[>|]|close|fflush|ENVIRON")
@@ -101,6 +102,8 @@ def _safe(words) -> bool:
         return len(rest) == 1 and not _AWK_UNSAFE.search(rest[0])      # the program, reading its input only
     if name == "wc":
         return all(a in ("-l", "-w", "-c") for a in args)
+    if name == "seq":       # `seq -s, 0 7`: numbers only
+        return all(re.fullmatch(r"-?\d+|-w|-s.?|-f%[0-9.]*[gfe]", a) for a in args)
     if name in ("cut", "tr", "head", "tail", "grep"):
         return not words[-1].startswith("/") or name == "tr"      # (a path operand: a file of the node's)
     return True

@@ -48,6 +48,9 @@ _NOT_PASSED = re.compile(r"^(CUDA_VISIBLE_DEVICES|MASTER_ADDR|MASTER_PORT|WORLD_
                          r"WANDB_DISABLED)$")
 
 _NAME_BEFORE_QUOTE = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)(?=[\"'])")
+# the GPUs of the simulated node (`--gpus-per-node`) a count of them in the script is (`$(nvidia-smi -L | wc -l)`,
+# then `$(seq -s, 0 $((num_gpus-1)))`); unset: torchrun's own "gpu", which the plan reads as the node's
+NODE_GPUS: List[Optional[int]] = [None]
 _PLAIN_PYTHON_GETS = re.compile(r"^(MASTER_ADDR|MASTER_PORT|WORLD_SIZE|RANK|LOCAL_RANK|NODE_RANK|LOCAL_WORLD_SIZE)$")
 
 
@@ -372,8 +375,9 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
     except (OSError, UnicodeDecodeError) as exc:
         raise ShellError(f"cannot read it: {exc}") from None
     batch = slurm.batch_directives(text)      # `#SBATCH --nodes=4 --ntasks-per-node=8`
-    text = slurm.VISIBLE_GPU_COUNT.sub(str(batch.get("gpus_per_node", "gpu")), text)
-    text = with_script_path(_GPU_COUNT.sub("gpu", text), script)
+    count = str(NODE_GPUS[0]) if NODE_GPUS[0] else "gpu"
+    text = slurm.VISIBLE_GPU_COUNT.sub(str(batch.get("gpus_per_node", count)), text)
+    text = with_script_path(_GPU_COUNT.sub(count, text), script)
     env: Dict[str, str] = dict(slurm.batch_environment(batch), **(inherited or {}))   # (SLURM's batch shell)
     exported: set = set(inherited or ())
     if shared is not None:
