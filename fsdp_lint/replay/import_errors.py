@@ -28,6 +28,32 @@ def _own_project_modules():
             sys.modules.setdefault(name, mod)
 
 
+@contextlib.contextmanager
+def own_folder_first(folder: Optional[str]):
+    """`folder` searched before the installed packages (`python pkg/train.py`): it goes second on ``sys.path`` (after
+    the entry's root), and a library this process imported whose top-level name a package or module of `folder`
+    has (Hugging Face's ``datasets`` beside the project's ``datasets/``) is set aside for the replay, as a fresh
+    ``python`` would not have it, and put back afterwards. None: nothing changes."""
+    if folder is None:
+        yield
+        return
+    names = {n[:-3] if n.endswith(".py") else n for n in os.listdir(folder)
+             if n.endswith(".py") or os.path.isfile(os.path.join(folder, n, "__init__.py"))}
+    aside = {name: mod for name, mod in list(sys.modules.items())
+             if name.split(".")[0] in names and not os.path.abspath(getattr(mod, "__file__", None) or "").startswith(
+                 folder + os.sep)}
+    for name in aside:
+        del sys.modules[name]
+    sys.path.insert(1, folder)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+        for name, mod in aside.items():
+            sys.modules[name] = mod
+
+
 def _import_message(exc: BaseException) -> str:
     """The ImportError's first line without the path of the package's ``__init__.py``; when a package
     re-raised another ImportError as its own ("Please make sure to pip install ."), that one's too."""

@@ -30,7 +30,7 @@ from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_l
 from fsdp_lint.replay.caught import caught_before_wrap, caught_helper
 from fsdp_lint.replay.empty_data import empty_length
 from fsdp_lint.replay.import_errors import (_import_message, _innermost_project_line, _names_absent_from_installed,
-                                           _own_project_modules)
+                                           _own_project_modules, own_folder_first)
 from fsdp_lint.replay.imports import (
     limited_uses,
     Missing,
@@ -299,12 +299,11 @@ class _Run:
         # (`python -m pkg.mod` puts no folder of the module on sys.path: its siblings are not top-level modules)
         siblings = os.path.dirname(self.path) if entry.is_package_module and not entry.launched else None
         siblings = last_resort_roots(entry, siblings)   # trials: the roots the static Project resolves with
+        script_folder = os.path.dirname(self.path) if self._runs_as_a_script_would() else None
         with _own_project_modules(), sandbox(self.rec, entry.root, self.argv, launchers=launchers,
-                                             last_resort_path=siblings):
+                                             last_resort_path=siblings), own_folder_first(script_folder):
             if self.cwd:
                 os.chdir(self.cwd)      # restored by the sandbox
-            if self._runs_as_a_script_would():
-                sys.path.insert(1, os.path.dirname(self.path))      # restored by the sandbox
             sys.meta_path.insert(0, self.importer)
             try:
                 sys.modules["__main__"] = module
