@@ -931,3 +931,31 @@ def test_what_the_scripts_except_caught_after_the_wrap_is_named_with_what_fails_
     line = res.err.strip().splitlines()[0]
     assert "Could not find stats" in line
     assert "after the wrap, the script's `except` at train.py:18 caught: ValueError: Invalid bucket name" in line
+
+
+def test_a_workspace_member_not_installed_is_named_as_the_repositorys_own(cli, tmp_path):
+    # `mylib/src/mylib/` (a workspace member, installed with `pip install -e mylib` on the node): its folder at the
+    # root imports as an empty namespace package, and the line called it "the installed mylib"
+    write_tree(tmp_path, {
+        "pyproject.toml": "[project]\nname = 'trainer'\nversion = '0'\n",
+        "mylib/pyproject.toml": "[project]\nname = 'mylib'\nversion = '0'\n",
+        "mylib/src/mylib/__init__.py": "import torch.nn as nn\n\n\nclass Block(nn.Linear):\n    pass\n",
+        "scripts/train.py": '''
+            from __future__ import annotations
+
+            import torch
+            import torch.nn as nn
+            from torch.distributed.fsdp import fully_shard
+
+            from mylib import Block
+
+            torch.distributed.init_process_group("nccl")
+            model = nn.Sequential(Block(16, 16), Block(16, 16))
+            fully_shard(model)
+        ''',
+    })
+    res = cli("scripts/train.py", "-n", "2", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = res.err.strip().splitlines()[0]
+    assert "the installed mylib" not in line
+    assert "`mylib` is the repository's own package mylib/src/mylib" in line and "pip install -e mylib" in line

@@ -25,7 +25,12 @@ class MissingPackages:
         """``(it uses `catalogue.Registry`, which could not be imported: <why>)``"""
         top = stub.name.split(".")[0].split("(")[0]
         imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
-        need = (f"{imp.message} (the installed {drift.installed(imp.module, self.entry_path)})" if imp is not None and imp.absent_names
+        from fsdp_lint.replay.own_packages import own_package
+
+        own = own_package(imp.module.lstrip(".").split(".")[0], self.entry_path) if imp is not None and imp.absent_names \
+            else None
+        need = (f"{imp.message} ({own})" if own else
+                f"{imp.message} (the installed {drift.installed(imp.module, self.entry_path)})" if imp is not None and imp.absent_names
                 else self._not_importable(imp.missing if imp is not None else top, imp))
         return f"(it uses `{stub.name.rstrip('()')}`, which could not be imported: {need}{decides})"
 

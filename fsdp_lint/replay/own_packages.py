@@ -17,6 +17,12 @@ def own_package(top: str, entry_path: Optional[str]) -> Optional[str]:
     here = os.path.dirname(os.path.abspath(entry_path))
     folder = os.path.dirname(here)
     for _ in range(4):
+        member = os.path.join(folder, top, "src", top, "__init__.py")
+        if os.path.isfile(member) and not os.path.isfile(os.path.join(folder, top, "__init__.py")):
+            # a workspace member (`mylib/src/mylib/`): its folder at the root is an empty namespace package
+            return (f"`{top}` is the repository's own package {top}/src/{top} (in {folder}), which is not installed: "
+                    f"its folder {top}/ at the root imports as an empty namespace package; install it "
+                    f"(`pip install -e {top}`) or put {top}/src on PYTHONPATH")
         for cand in (os.path.join(folder, top, "__init__.py"), os.path.join(folder, top + ".py")):
             if os.path.isfile(cand):
                 # (the folder written whole: the replay runs in the launch's folder, not where the user is)
