@@ -526,10 +526,14 @@ def test_libraries_that_probe_cuda_when_imported_do_not_fail_the_replay(tmp_path
 
 def test_a_package_script_that_imports_its_siblings_as_top_level_modules(tmp_path, cli):
     """`scripts/` has an `__init__.py`, yet its script imports `train_utils` next to it as `python
-    scripts/train.py` would find it; a sibling never hides an installed package."""
-    write_repo(tmp_path, {"scripts/__init__.py": "", "scripts/model.py": MODEL, "scripts/yaml.py": "raise ImportError\n",
+    scripts/train.py` finds it: the script's folder is searched first, as python searches it -- a sibling named like
+    an installed package hides it there too (the oracle: python itself)."""
+    import subprocess
+    import sys as _sys
+
+    write_repo(tmp_path, {"scripts/__init__.py": "", "scripts/model.py": MODEL,
                           "scripts/train_utils.py": SHARDING, "scripts/train.py": '''
-        import yaml                     # the installed PyYAML, not scripts/yaml.py
+        import yaml                     # the installed PyYAML: no sibling has its name
         from model import GPT, GPTConfig
         from train_utils import shard
 
@@ -539,6 +543,13 @@ def test_a_package_script_that_imports_its_siblings_as_top_level_modules(tmp_pat
     res = cli("scripts/train.py", "--format", "json", cwd=str(tmp_path))
     assert res.code == 0, res.err
     assert units(res) == [["h.0"], ["h.1"], ["h.2"], [""]]
+    # a sibling `yaml.py` is what `import yaml` finds from the script's folder, under python and here
+    (tmp_path / "scripts" / "yaml.py").write_text("raise ImportError('scripts/yaml.py is not PyYAML')\n")
+    ran = subprocess.run([_sys.executable, "-c", "import runpy, sys; sys.path.insert(0, 'scripts'); "
+                          "runpy.run_path('scripts/yaml.py')"], cwd=tmp_path, capture_output=True, text=True)
+    assert "scripts/yaml.py is not PyYAML" in ran.stderr
+    res = cli("scripts/train.py", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2 and "scripts/yaml.py is not PyYAML" in res.err, res.err
 
 
 def test_a_package_not_installed_that_is_handed_the_model_is_an_error_not_a_note(tmp_path, cli):

@@ -54,6 +54,22 @@ def own_folder_first(folder: Optional[str]):
             sys.modules[name] = mod
 
 
+def raised_by_a_project_module(exc: BaseException, is_project_file) -> bool:
+    """An ImportError a project module raised itself, with no module missing in its chain (a sibling `yaml.py`
+    the script's folder puts before PyYAML), not a package that is not installed."""
+    from fsdp_lint.replay.imports import missing_module_of as _missing_module_of
+
+    chain, seen = exc, 0
+    while chain is not None and seen < 8:
+        if isinstance(chain, ModuleNotFoundError) or _missing_module_of(chain):
+            return False
+        chain, seen = chain.__cause__ or chain.__context__, seen + 1
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and is_project_file(tb.tb_frame.f_code.co_filename)
+
+
 def _import_message(exc: BaseException) -> str:
     """The ImportError's first line without the path of the package's ``__init__.py``; when a package
     re-raised another ImportError as its own ("Please make sure to pip install ."), that one's too."""

@@ -30,7 +30,7 @@ from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_l
 from fsdp_lint.replay.caught import caught_before_wrap, caught_helper
 from fsdp_lint.replay.empty_data import empty_length
 from fsdp_lint.replay.import_errors import (_import_message, _innermost_project_line, _names_absent_from_installed,
-                                           _own_project_modules, own_folder_first)
+                                           _own_project_modules, own_folder_first, raised_by_a_project_module)
 from fsdp_lint.replay.imports import (
     limited_uses,
     Missing,
@@ -237,6 +237,8 @@ class _Run:
         gone = missing_module_of(exc)
         if globs is not frame.f_globals and gone and self.failures.resolves_locally(gone.split(".")[0]):
             return False        # inside a function, a module of the project's own that is not there: as python stops
+        if raised_by_a_project_module(exc, self.rec.is_project_file):
+            return False        # a project module's own `raise ImportError(...)` (no package missing): python stops there
         absent = _names_absent_from_installed(module, names, globs, exc)
         if absent:
             # `from transformers import AdamW, T5ForConditionalGeneration`: the package is installed and
