@@ -54,7 +54,7 @@ def own_folder_first(folder: Optional[str]):
             sys.modules[name] = mod
 
 
-def raised_by_a_project_module(exc: BaseException, is_project_file) -> bool:
+def raised_by_a_project_module(exc: BaseException, is_project_file, importer: str) -> bool:
     """An ImportError a project module raised itself, with no module missing in its chain (a sibling `yaml.py`
     the script's folder puts before PyYAML), not a package that is not installed."""
     from fsdp_lint.replay.imports import missing_module_of as _missing_module_of
@@ -67,7 +67,11 @@ def raised_by_a_project_module(exc: BaseException, is_project_file) -> bool:
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    return tb is not None and is_project_file(tb.tb_frame.f_code.co_filename)
+    if tb is None:
+        return False
+    where = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    # (raised in the imported module's own code, not on the importing line: "cannot import name" is a version's)
+    return where != os.path.abspath(importer) and is_project_file(where)
 
 
 def _import_message(exc: BaseException) -> str:

@@ -237,7 +237,7 @@ class _Run:
         gone = missing_module_of(exc)
         if globs is not frame.f_globals and gone and self.failures.resolves_locally(gone.split(".")[0]):
             return False        # inside a function, a module of the project's own that is not there: as python stops
-        if raised_by_a_project_module(exc, self.rec.is_project_file):
+        if raised_by_a_project_module(exc, self.rec.is_project_file, path):
             return False        # a project module's own `raise ImportError(...)` (no package missing): python stops there
         absent = _names_absent_from_installed(module, names, globs, exc)
         if absent:
