@@ -959,3 +959,19 @@ def test_a_workspace_member_not_installed_is_named_as_the_repositorys_own(cli, t
     line = res.err.strip().splitlines()[0]
     assert "the installed mylib" not in line
     assert "`mylib` is the repository's own package mylib/src/mylib" in line and "pip install -e mylib" in line
+
+
+def test_an_error_another_process_raised_is_said_with_its_own_last_line():
+    # Ray's `RayTaskError` says `ray::main_task() (pid=..., ip=...)`, then the worker's traceback: the worker's own
+    # error (its last line) is the cause the one line gives
+    from fsdp_lint.replay.one_line import one_line
+
+    class RayTaskError(RuntimeError):
+        pass
+
+    worker = ("ray::main_task() (pid=4242, ip=10.1.2.3)\nTraceback (most recent call last):\n"
+              '  File "verl/trainer/main_ppo.py", line 90, in main_task\n    from tensordict import TensorDict\n'
+              "ImportError: tensordict 0.5.0 needs torch<2.6")
+    line = one_line(RayTaskError(worker))
+    assert line.startswith("RayTaskError: ray::main_task() (pid=4242, ip=10.1.2.3)")
+    assert line.endswith("ImportError: tensordict 0.5.0 needs torch<2.6")

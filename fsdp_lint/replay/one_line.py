@@ -16,7 +16,11 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     first = lines[0] if lines else ""
     if isinstance(exc, NotDownloaded):
         return first          # fsdp-lint's own text: whole, without the class's name
-    if first.endswith(":") and len(lines) > 1:
+    if "Traceback (most recent call last)" in text and len(lines) > 2:
+        # an error another process raised, with its traceback in the message (a Ray worker's `RayTaskError`,
+        # `ray::main_task() (pid=..., ip=...)` then the worker's traceback): its own last line is the cause
+        first = f"{first} -- {lines[-1]}"
+    elif first.endswith(":") and len(lines) > 1:
         # a wrapper's header ("Failed to import transformers.trainer because of the following error
         # (look up to see its traceback):"): the cause is the next line
         first = f"{first} {lines[1]}"
