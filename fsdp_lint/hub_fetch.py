@@ -38,7 +38,10 @@ def requested(message: str) -> Optional[dict]:
     m = _COMMAND.search(message)
     if m is None:
         return None
-    words = shlex.split(m.group(1))[2:]
+    try:
+        words = shlex.split(m.group(1))[2:]
+    except ValueError:          # (not a command this module wrote)
+        return None
     if not words:
         return None
     asked = {"repo": words[0], "files": [], "include": [], "revision": None, "repo_type": None}
@@ -82,6 +85,8 @@ def fetch(asked: dict, timeout: float = FETCH_TIMEOUT) -> None:
                               text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise FetchRefused(f"the hub did not answer within {timeout:.0f} s") from None
+    except OSError as exc:
+        raise FetchRefused(f"the download could not start ({exc})") from None
     if done.returncode != 0:
         lines = [line for line in (done.stdout + done.stderr).strip().splitlines() if line.strip()]
         raise FetchRefused(lines[-1] if lines else f"the download ended with exit code {done.returncode}")

@@ -305,6 +305,7 @@ def test_an_installed_trainer_that_wrapped_then_failed_on_its_data_under_the_scr
     assert [(u["module"], u["numel"]) for u in f["plan"]["units"] if u["numel"]] == [(r["module"], r["numel"]) for r in real]
     stopped = f["replay"]["stopped_at"]
     assert stopped["line"] == 17 and "FileNotFoundError" in stopped["reason"] and "except" in stopped["reason"], stopped
+    assert any("the setup's end" in n and "FileNotFoundError" in n for n in f["notes"]), f["notes"]
 
 
 def test_a_resume_the_script_catches_between_wraps_ends_nothing(cli, tmp_path):

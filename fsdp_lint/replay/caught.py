@@ -15,31 +15,16 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import List, Optional, Tuple
+from typing import Optional
 
-from fsdp_lint.replay.records import NoModelError, TrainingBoundary
-
-
-def _chain(exc: BaseException):
-    seen = 0
-    while exc is not None and seen < 8:
-        yield exc
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-
-
-def _frames(exc: BaseException) -> List[Tuple[object, int]]:
-    out, tb = [], exc.__traceback__
-    while tb is not None:
-        out.append((tb.tb_frame, tb.tb_lineno))
-        tb = tb.tb_next
-    return out
+from fsdp_lint.replay.records import NoModelError, TrainingBoundary, exception_chain, traceback_frames
 
 
 def lacks_here(exc: BaseException) -> bool:
     """A failure for what the simulated node lacks: a file or folder, the network, a download, a package."""
     from fsdp_lint.replay.network import NetworkWait
 
-    return any(isinstance(e, (OSError, ImportError, NetworkWait)) for e in _chain(exc))
+    return any(isinstance(e, (OSError, ImportError, NetworkWait)) for e in exception_chain(exc))
 
 
 def after_wrap_boundary(run, exc: BaseException) -> None:
@@ -48,7 +33,7 @@ def after_wrap_boundary(run, exc: BaseException) -> None:
     rec = run.rec
     if not rec.wrap_calls or rec.stopped is not None or not lacks_here(exc):
         return
-    frames = _frames(exc)
+    frames = traceback_frames(exc)
     if len(frames) < 2 or rec.is_project_file(frames[-1][0].f_code.co_filename):
         return                  # raised by the project's own code: the replay's own skips decide it
     here = (os.path.abspath(frames[0][0].f_code.co_filename), frames[0][1])
@@ -62,6 +47,8 @@ def after_wrap_boundary(run, exc: BaseException) -> None:
     reason = (f"{shown} wrapped the model, then failed on what this machine lacks ({one_line(exc)[:160]}) and the "
               f"script's `except` caught it: on a node, training starts there")
     rec.stopped = (reason, rec.wrap_calls[-1].pos)
+    # (said in the report too: on a node without that data the job stops there, which the plan does not show)
+    rec.__dict__.setdefault("framework_notes", []).append(f"the setup's end: {reason}")
     raise TrainingBoundary(reason)
 
 
@@ -75,7 +62,7 @@ def caught_before_wrap(run) -> Optional[NoModelError]:
     if run.rec.wrap_calls or run.override is not None or not run.project.wrap_paths:
         return None
     for exc, path, line in run.failures.caught:
-        if not any(_in_model_init(frame) for frame, _ in _frames(exc)):
+        if not any(_in_model_init(frame) for frame, _ in traceback_frames(exc)):
             continue
         failed = _innermost_project_line(exc)
         where = f"{_shown(run, failed[0])}:{failed[1]}: " if failed else ""
@@ -92,6 +79,9 @@ def _shown(run, path: str) -> str:
     return run.display if os.path.abspath(path) == run.path else os.path.relpath(path)
 
 
+_KEPT = 64
+
+
 def caught_helper(run):
     """The `CAUGHT` helper of transformed code: record what the handler it starts caught."""
     def caught():
@@ -99,7 +89,8 @@ def caught_helper(run):
         if exc is None or run.finished or not isinstance(exc, Exception):
             return
         frame = sys._getframe(2)
-        run.failures.caught.append((exc, frame.f_code.co_filename, frame.f_lineno))
+        if len(run.failures.caught) < _KEPT:        # (a retry loop catches thousands: the first ones say why)
+            run.failures.caught.append((exc, frame.f_code.co_filename, frame.f_lineno))
         if run.rec.wrap_calls:
             run.failures.caught_after_wrap = (exc, frame.f_code.co_filename, frame.f_lineno)
         after_wrap_boundary(run, exc)

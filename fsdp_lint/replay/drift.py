@@ -24,6 +24,7 @@ from typing import List, Optional, Tuple
 
 from fsdp_lint.entry.project import is_local, repo_root
 from fsdp_lint.replay.line_values import called_on_line
+from fsdp_lint.replay.records import traceback_frames
 
 _FSDP_LINT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CANNOT_IMPORT = re.compile(r"cannot import name '[^']+' from '([^']+)'")
@@ -122,7 +123,7 @@ def _implicated(exc: BaseException) -> List[str]:
     found = _CANNOT_IMPORT.search(str(exc)) if isinstance(exc, ImportError) else None
     if found or (name and not isinstance(exc, ModuleNotFoundError)):
         modules.append(found.group(1) if found else name)
-    frames = _frames(exc)
+    frames = traceback_frames(exc)
     library = next((f for f, _ in reversed(frames) if not _ours(f.f_code.co_filename)), None)
     if library is not None:
         modules.append(library.f_globals.get("__name__") or "")
@@ -133,16 +134,6 @@ def _implicated(exc: BaseException) -> List[str]:
         modules += [m for m in (_library_module(obj) for obj in called_on_line(*frames[last])) if m]
     dists = [d for d in (_distribution(m) for m in modules if m) if d]
     return list(dict.fromkeys(dists))
-
-
-def _frames(exc: BaseException) -> List[Tuple[types.FrameType, int]]:
-    """(frame, the line it was on) of each traceback entry, outermost first."""
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append((tb.tb_frame, tb.tb_lineno))
-        tb = tb.tb_next
-    return frames
 
 
 def _ours(fname: str) -> bool:

@@ -31,7 +31,7 @@ from fsdp_lint.replay.requirements import set_project
 from fsdp_lint.replay.network import (NetworkWait, NotDownloaded, download_hint, network_ask as _network_ask,
                                       network_text as _network_text, remove_failed_downloads, removed_download)
 from fsdp_lint.replay.one_line import one_line as _one_line
-from fsdp_lint.replay.records import FSDP_LINT_DIR, Skipped
+from fsdp_lint.replay.records import FSDP_LINT_DIR, Skipped, exception_chain
 
 _FSDP_LINT_DIR = FSDP_LINT_DIR
 
@@ -333,11 +333,8 @@ class Failures(MissingPackages):
         if self.caught_after_wrap is None:
             return ""
         caught, path, line = self.caught_after_wrap
-        chain, seen = exc, 0
-        while chain is not None and seen < 8:
-            if chain is caught:
-                return ""           # the failure is that one, raised again
-            chain, seen = chain.__cause__ or chain.__context__, seen + 1
+        if any(e is caught for e in exception_chain(exc)):
+            return ""           # the failure is that one, raised again
         return (f" (before it, after the wrap, the script's `except` at {_display(path, self.entry_path, entry_display)}"
                 f":{line} caught: {_one_line(caught)})")
 

@@ -9,6 +9,7 @@ import sys
 from typing import List, Optional
 
 from fsdp_lint.replay.failures import _FSDP_LINT_DIR
+from fsdp_lint.replay.records import exception_chain
 
 @contextlib.contextmanager
 def _own_project_modules():
@@ -59,11 +60,8 @@ def raised_by_a_project_module(exc: BaseException, is_project_file, importer: st
     the script's folder puts before PyYAML), not a package that is not installed."""
     from fsdp_lint.replay.imports import missing_module_of as _missing_module_of
 
-    chain, seen = exc, 0
-    while chain is not None and seen < 8:
-        if isinstance(chain, ModuleNotFoundError) or _missing_module_of(chain):
-            return False
-        chain, seen = chain.__cause__ or chain.__context__, seen + 1
+    if any(isinstance(e, ModuleNotFoundError) or _missing_module_of(e) for e in exception_chain(exc)):
+        return False
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next

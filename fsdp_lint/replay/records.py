@@ -128,3 +128,21 @@ class Skipped:
 
 
 _MISSING = object()
+
+
+def traceback_frames(exc: BaseException) -> List[Tuple[Any, int]]:
+    """(frame, the line it was on) of each entry of `exc`'s traceback, outermost first."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    return frames
+
+
+def exception_chain(exc: Optional[BaseException], limit: int = 8):
+    """`exc`, then what it was raised from or while handling (``__cause__``, else ``__context__``), `limit` deep."""
+    seen = 0
+    while exc is not None and seen < limit:
+        yield exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
