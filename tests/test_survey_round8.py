@@ -715,22 +715,27 @@ RAY_TASK = ("import ray\nimport torch.nn as nn\nfrom torch.distributed.fsdp impo
             "if __name__ == '__main__':\n    main({'dim': 8})\n")
 
 
-@pytest.mark.parametrize("source, expected", [
-    (RAY_ACTOR, "main.py:15: AttributeError: type object 'Runner' has no attribute 'remote'"),
-    (RAY_TASK, "main.py:9: AttributeError: 'function' object has no attribute 'remote'"),
-], ids=["actor-class", "task-function"])
-def test_what_a_missing_package_decorates_names_the_package_where_its_additions_are_used(cli, tmp_path, source,
-                                                                                          expected):
+@pytest.mark.parametrize("source", [RAY_ACTOR, RAY_TASK], ids=["actor-class", "task-function"])
+def test_a_model_wrapped_inside_a_ray_actor_or_task_is_planned_with_ray_not_installed(cli, tmp_path, source):
     # verl-family: `@ray.remote(num_cpus=1) class Runner` then `Runner.remote()` (EasyR1), `@ray.remote def
-    # main_task(config)` then `main_task.remote(config)` (TinyZero); without ray the stand-in decorator left
-    # them as they are: the AttributeError named no package, and for the task the lint said "main_task(config)
-    # wraps a model it is given" (it builds its own)
+    # main_task(config)` then `main_task.remote(config)` (TinyZero). Without ray these stopped on the stand-in
+    # decorator (round 8: the package named); the simulated node has its own Ray (tests/test_ray_node.py), whether
+    # or not Ray is installed here, so the actor's or task's wrap is the plan, as real FSDP2 builds it
+    import json
+
+    import torch.nn as nn
+    from oracle import fsdp2_groups
+    from torch.distributed.fsdp import fully_shard
+
     (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup(name='rl')\n")
     (tmp_path / "main.py").write_text(source)
-    res = cli("main.py", "--world-size", "2", "--no-cache", cwd=str(tmp_path))
-    assert res.code == 2, res.out
-    assert (f"{expected} (it uses `ray.remote`, which could not be imported: `ray` is not installed here: pip install "
-            f"ray)") in res.err, res.err
+    res = cli("main.py", "--world-size", "2", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    real = fsdp2_groups(lambda: nn.Sequential(nn.Linear(8, 8)), world_size=2,
+                        apply=lambda m, mesh: fully_shard(m, mesh=mesh))
+    assert plan["api"] == "fsdp2" and plan["world_size"] == 2
+    assert [[p["fqn"] for p in u["params"]] for u in plan["units"]] == [[p["fqn"] for p in g["params"]] for g in real]
 
 
 OPTIMIZER_OF_SOME = '''"""Only the first two blocks are optimized (the others keep their gradients for a probe)."""

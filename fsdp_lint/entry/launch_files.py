@@ -57,6 +57,56 @@ def _module_file(module: str, script: str, cd: Optional[str]) -> Tuple[Optional[
     return None, os.getcwd()
 
 
+def installed_module_file(module: str) -> Tuple[Optional[str], str]:
+    """The file `python -m module` runs when the module is an installed package's, not the project's
+    (``python -m verl.trainer.main_ppo`` with verl installed), found without importing anything: only a
+    package built on torch (its requirements reach torch) is a training launch -- ``python -m pip install``,
+    ``-m pytest`` are not."""
+    import importlib.util
+
+    top, *rest = module.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None, os.getcwd()
+    if spec is None or not spec.submodule_search_locations or not _built_on_torch(top):
+        return None, os.getcwd()
+    for location in spec.submodule_search_locations:
+        base = os.path.join(location, *rest)
+        for cand in (base + ".py", os.path.join(base, "__main__.py")):
+            if os.path.isfile(cand):
+                return os.path.abspath(cand), os.path.dirname(os.path.abspath(location))
+    return None, os.getcwd()
+
+
+def _built_on_torch(top: str, depth: int = 3) -> bool:
+    """Whether the distribution of import name `top` requires torch, directly or through its requirements."""
+    from importlib import metadata
+
+    def name(requirement: str) -> str:
+        return re.split(r"[\s\[<>=!~;(]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+    todo = list(metadata.packages_distributions().get(top, []))
+    seen = set()
+    for _ in range(depth):
+        nxt = []
+        for dist in todo:
+            key = dist.lower().replace("_", "-")
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                requires = metadata.requires(dist) or []
+            except metadata.PackageNotFoundError:
+                continue
+            needed = [name(r) for r in requires if "extra ==" not in r]
+            if "torch" in needed:
+                return True
+            nxt.extend(needed)
+        todo = nxt
+    return False
+
+
 def _module_root(path: str, module: str) -> str:
     """The folder `module` resolves from, `path` being its file (``.../gritlm/training/run.py`` of
     ``training.run``: ``.../gritlm``)."""

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from fsdp_lint.entry.bash_arguments import argument_block, kaldi_options
 from fsdp_lint.entry.bash_loops import loop_header, sourced_script
 from fsdp_lint.entry.launch_files import (  # noqa: F401 - _module_root: also shell.*
-    _console_commands, _console_file, _module_file, _module_root, _near, _resolve)
+    _console_commands, _console_file, _module_file, _module_root, _near, _resolve, installed_module_file)
 from fsdp_lint.entry.bash_branches import Branches
 from fsdp_lint.entry.bash_substitutions import closing
 from fsdp_lint.entry.console_launch import console_wrapper
@@ -517,8 +517,10 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
             module, found["module"] = (name, _module_root(path, name)), True
         elif found.get("module"):
             path, base = _module_file(found["file"], script, cd)
+            if path is None:    # an installed package's training module (`python -m verl.trainer.main_ppo`)
+                path, base = installed_module_file(found["file"])
             if path is None:
-                continue        # a module that is not the project's (`python -m pip install ...`, `-m pytest`)
+                continue        # a module that is not a training job's (`python -m pip install ...`, `-m pytest`)
             module = (found["file"], _module_root(path, found["file"]))
         else:
             path, base = _resolve(found["file"], script, cd)

@@ -77,6 +77,23 @@ def acted_on(stmt: ast.stmt, frame) -> List[object]:
     return out
 
 
+def left_half_set(exc: BaseException) -> List[object]:
+    """The objects the failing calls of a skipped statement were working on: ``self`` of each project frame of
+    its traceback (``workers.init_all()`` failing inside a worker's ``init_model`` leaves that worker without the
+    model it was building -- its ``update()`` later fails for that reason)."""
+    from fsdp_lint.entry.project import is_local
+
+    out, tb = [], exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if is_local(frame.f_code.co_filename) and "self" in frame.f_code.co_varnames[:1]:
+            value = frame.f_locals.get("self")
+            if value is not None and _is_state(value) and all(v is not value for v in out):
+                out.append(value)
+        tb = tb.tb_next
+    return out
+
+
 def _may_set_arguments(func: ast.expr, frame) -> bool:
     """Whether the function `func` names in `frame` may set state on the objects it is handed: the project's
     own code (``check_args(args)``, ``Trainer(cfg)``), or a callee not known here (a name the skip left

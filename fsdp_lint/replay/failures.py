@@ -236,15 +236,18 @@ class Failures(MissingPackages):
         return decides is None or line not in decides.undeciding_sites     # a `prepare` of data only)
 
     def record_skip(self, path: str, line: int, exc: BaseException, depth: int = 0, frame=None) -> None:
-        from fsdp_lint.replay.consequences import acted_on
+        from fsdp_lint.replay.consequences import acted_on, left_half_set
+        from fsdp_lint.replay.ray_node.cluster import raised_in_a_task
         from fsdp_lint.replay.transform import binding
 
         stmt = self.tolerant.get(os.path.abspath(path), {}).get(line)
         names, attrs = binding(stmt) if stmt is not None else (frozenset(), frozenset())
         stub = stand_in_on_failing_line(exc)       # `super().register(...)` in a class built on a stand-in
-        error = _one_line(exc) + (f" {self._uses_stand_in(stub)}" if stub is not None else "")
+        error = _one_line(exc) + (f" {self._uses_stand_in(stub)}" if stub is not None else "") + \
+            (raised_in_a_task(exc) or "")
         sk = Skipped(path=os.path.abspath(path), line=line, error=error, exc_type=type(exc).__name__)
         objects = acted_on(stmt, frame) if stmt is not None and frame is not None else []
+        objects += [o for o in left_half_set(exc) if all(o is not seen for seen in objects)]
         self.skips.append(SkipRecord(sk, names, attrs, exc, depth, objects, frame))
         if isinstance(exc, NetworkWait) or _network_ask(exc):
             remove_failed_downloads()       # its download's empty file: the statements after it find none

@@ -587,3 +587,4 @@ def _datasets(hooks, module) -> None:
 
         data_standins.install_columns_on_demand(hooks.patch, module, on_failure,
                                                 lambda text: _note(hooks.rec, text))
+        data_standins.install_loader_length(hooks.patch)

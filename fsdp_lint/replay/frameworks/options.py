@@ -30,6 +30,7 @@ class FrameworkOptions:
     launch_env: Dict[str, str] = field(default_factory=dict)   # what the launch line exports to the process
     launch_plain: bool = False                # a plain `python FILE` launch: no torchrun variables
     accelerate_args: Tuple[str, ...] = ()     # `accelerate launch`'s own options on the launch line
+    node_gpus: int = 8                        # the node's GPUs (--gpus-per-node): its Ray cluster's
 
     @classmethod
     def from_settings(cls, settings) -> "FrameworkOptions":
@@ -40,7 +41,8 @@ class FrameworkOptions:
                    and getattr(settings, "world_size_source", "default") == "default",
                    launch_env=dict(getattr(settings, "launch_env", None) or ()),
                    launch_plain=bool(getattr(settings, "launch_plain", False)),
-                   accelerate_args=tuple(getattr(settings, "accelerate_args", None) or ()))
+                   accelerate_args=tuple(getattr(settings, "accelerate_args", None) or ()),
+                   node_gpus=int(getattr(settings, "gpus_per_node", None) or 8))
         if opts.hf_config:
             opts.hf_config = _config_json(opts.hf_config)
         if opts.accelerate_config or opts.accelerate_args:

@@ -1,0 +1,316 @@
+"""The simulated node's Ray cluster (issue 15): RL frameworks built like verl start Ray from a plain `python -m` process
+and wrap their models inside Ray actors, one per GPU, each told its rank in its ``runtime_env``. The replay runs the
+first actor of each class in its own process (Ray need not be installed, and a real one is never started); the
+oracle is real FSDP1 under the fake process group."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from conftest import write_tree  # noqa: E402
+
+RL_PROJECT = {
+    "rlkit/__init__.py": "",
+    "rlkit/models.py": '''
+        from __future__ import annotations
+
+        import torch.nn as nn
+
+
+        class Block(nn.Module):
+            def __init__(self, width: int):
+                super().__init__()
+                self.attn = nn.Linear(width, 3 * width)
+                self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+            def forward(self, x):
+                return x + self.mlp(x)
+
+
+        class PolicyLM(nn.Module):
+            def __init__(self, vocab: int = 1000, width: int = 64, depth: int = 4):
+                super().__init__()
+                self.embed = nn.Embedding(vocab, width)
+                self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
+                self.head = nn.Linear(width, vocab, bias=False)
+
+            def forward(self, tokens):
+                x = self.embed(tokens)
+                for block in self.blocks:
+                    x = block(x)
+                return self.head(x)
+    ''',
+    "rlkit/workers/__init__.py": "",
+    "rlkit/workers/base.py": '''
+        from __future__ import annotations
+
+        import os
+
+        import ray
+
+
+        class Worker:
+            """A worker of a group: its rank comes in the environment its actor was started with."""
+
+            def __init__(self):
+                self.rank = int(os.environ["RANK"])
+                self.world_size = int(os.environ["WORLD_SIZE"])
+                os.environ["LOCAL_RANK"] = ray.get_runtime_context().get_accelerator_ids()["GPU"][0]
+
+            def get_node_ip(self):
+                return ray.util.get_node_ip_address()
+    ''',
+    "rlkit/workers/fsdp_worker.py": '''
+        from __future__ import annotations
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, MixedPrecision
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        from rlkit.models import Block, PolicyLM
+        from rlkit.workers.base import Worker
+
+
+        class ActorWorker(Worker):
+            def __init__(self, config):
+                super().__init__()
+                self.config = config
+
+            def init_model(self):
+                if not dist.is_initialized():
+                    dist.init_process_group("nccl")
+                torch.cuda.set_device(int(__import__("os").environ["LOCAL_RANK"]))
+                mesh = init_device_mesh("cuda", (self.world_size,), mesh_dim_names=("fsdp",))
+                assert self.config.depth % 2 == 1 or self.config.allow_even, "depth must be odd for this recipe"
+                model = PolicyLM(depth=self.config.depth)
+                self.module = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_mesh=mesh,
+                                   mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+                                   device_id=torch.cuda.current_device(), use_orig_params=True)
+                self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=1e-6)
+                return self.rank
+
+            def update_policy(self, tokens):
+                logits = self.module(tokens.cuda())
+                logits.float().mean().backward()
+                self.optimizer.step()
+                return {"loss": 0.0}
+    ''',
+    "rlkit/controller.py": '''
+        from __future__ import annotations
+
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+
+        @ray.remote
+        def master_addr_port():
+            return ray.util.get_node_ip_address(), "29500"
+
+
+        class ResourcePool:
+            def __init__(self, n_gpus_per_node: int, nnodes: int):
+                self.n_gpus_per_node, self.nnodes = n_gpus_per_node, nnodes
+
+            def placement_groups(self):
+                bundles = [{"GPU": 1, "CPU": 1}] * self.n_gpus_per_node
+                pgs = [placement_group(bundles, strategy="STRICT_PACK") for _ in range(self.nnodes)]
+                ray.get([pg.ready() for pg in pgs])
+                return pgs
+
+
+        class WorkerGroup:
+            def __init__(self, pool: ResourcePool, worker_cls, *args):
+                world = pool.n_gpus_per_node * pool.nnodes
+                addr, port = ray.get(master_addr_port.remote())
+                self.workers = []
+                for pg in pool.placement_groups():
+                    for local_rank in range(pool.n_gpus_per_node):
+                        env = {"RANK": str(len(self.workers)), "WORLD_SIZE": str(world), "MASTER_ADDR": addr,
+                               "MASTER_PORT": port}
+                        strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=local_rank)
+                        self.workers.append(worker_cls.options(runtime_env={"env_vars": env},
+                                                               scheduling_strategy=strategy).remote(*args))
+
+            def execute_all(self, method: str, *args):
+                return ray.get([getattr(w, method).remote(*args) for w in self.workers])
+    ''',
+    "rlkit/main_grpo.py": '''
+        from __future__ import annotations
+
+        import argparse
+
+        import ray
+        import torch
+
+        from rlkit.controller import ResourcePool, WorkerGroup
+        from rlkit.workers.fsdp_worker import ActorWorker
+
+
+        @ray.remote(num_cpus=1)
+        class TaskRunner:
+            def run(self, config):
+                pool = ResourcePool(config.n_gpus_per_node, config.nnodes)
+                actors = WorkerGroup(pool, ray.remote(num_gpus=1)(ActorWorker), config)
+                ranks = actors.execute_all("init_model")
+                assert len(ranks) == config.n_gpus_per_node * config.nnodes
+                for step in range(config.steps):
+                    actors.execute_all("update_policy", torch.zeros(4, 16, dtype=torch.long))
+
+
+        def main():
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--n-gpus-per-node", type=int, default=8)
+            parser.add_argument("--nnodes", type=int, default=1)
+            parser.add_argument("--depth", type=int, default=3)
+            parser.add_argument("--allow-even", action="store_true")
+            parser.add_argument("--steps", type=int, default=100)
+            config = parser.parse_args()
+            if not ray.is_initialized():
+                ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"}})
+            runner = TaskRunner.remote()
+            ray.get(runner.run.remote(config))
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+    "scripts/run_grpo.sh": '''
+        #!/usr/bin/env bash
+        set -x
+        python3 -m rlkit.main_grpo --n-gpus-per-node 8 --nnodes 1 "$@" 2>&1 | tee grpo.log
+    ''',
+}
+
+
+def test_an_rl_job_wrapping_inside_ray_actors_gets_the_plan_torch_builds(cli, tmp_path, monkeypatch):
+    # the plain `python -m` driver starts Ray, a placement group of the node's 8 GPUs and one actor per GPU told its
+    # rank in its runtime_env; rank 0's actor wraps the policy: world 8 (from the actor's environment), not 1
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    write_tree(tmp_path, RL_PROJECT)
+    res = cli("scripts/run_grpo.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    plan = f["plan"]
+    assert plan["api"] == "fsdp1" and plan["origin"] != "suggested" and plan["world_size"] == 8
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from rlkit.models import Block, PolicyLM
+
+    real = fsdp1_units(lambda: PolicyLM(depth=3), world_size=8, auto_wrap_policy=ModuleWrapPolicy({Block}),
+                       use_orig_params=True)
+    assert [(u["module"], u["numel"], u["shard_numel"]) for u in plan["units"] if u["numel"]] == \
+        [(r["module"], r["numel"], r["shard_numel"]) for r in real]
+    assert {u["param_dtype"] for u in plan["units"]} == {"bfloat16"}
+    assert "ray" not in sys.modules or not str(getattr(sys.modules["ray"], "__file__", "")).startswith("<fsdp-lint")
+
+
+def test_a_failure_inside_the_actor_is_the_cause_named_at_its_line(cli, tmp_path):
+    # the actor's own assertion fails on a node too: `ray.get` raises it in the driver; the line names the actor's
+    # file and line, not the driver's `ray.get`
+    write_tree(tmp_path, RL_PROJECT)
+    res = cli("scripts/run_grpo.sh", "--no-cache", "--", "--depth", "4", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    line = res.err.strip().splitlines()[0]
+    assert "depth must be odd for this recipe" in line and "fsdp_worker.py:" in line, line
+
+
+def test_a_placement_group_larger_than_the_node_is_refused_in_one_line(cli, tmp_path):
+    # a real cluster waits for ever for GPUs it does not have; the simulated node is --gpus-per-node GPUs
+    write_tree(tmp_path, RL_PROJECT)
+    res = cli("scripts/run_grpo.sh", "--no-cache", "--gpus-per-node", "4", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    line = res.err.strip().splitlines()[0]
+    assert "asks for 8 GPUs" in line and "one node of 4" in line, line
+
+
+def test_the_simulated_ray_api(monkeypatch):
+    # what the frameworks rely on: errors at `ray.get`, the actor class's name and methods, actors' own environment,
+    # the actors the replay does not run answering as the first did, and nothing left behind
+    from fsdp_lint.replay.ray_node.modules import install
+
+    before = {k: v for k, v in sys.modules.items() if k == "ray" or k.startswith("ray.")}
+    monkeypatch.delenv("RANK", raising=False)
+    uninstall = install(8)
+    try:
+        import ray
+        from ray.actor import ActorHandle
+
+        @ray.remote
+        def fails():
+            raise ValueError("bad shard")
+
+        ref = fails.remote()            # the task ran; its error waits for `ray.get`
+        try:
+            ray.get(ref)
+            raise AssertionError("ray.get did not raise")
+        except ValueError as exc:
+            assert "bad shard" in str(exc)
+
+        class Counter:
+            def __init__(self):
+                self.rank = int(os.environ["RANK"])
+                os.environ["SEEN"] = "yes"
+                self.calls = 0
+
+            def bump(self):
+                self.calls += 1
+                return (self.rank, self.calls, os.environ.get("SEEN"))
+
+        remote_counter = ray.remote(num_gpus=1)(Counter)
+        assert type(remote_counter).__name__ == "ActorClass(Counter)" and "bump" in dir(remote_counter)
+        handles = [remote_counter.options(runtime_env={"env_vars": {"RANK": str(r)}}).remote() for r in range(3)]
+        assert all(isinstance(h, ActorHandle) for h in handles)
+        assert ray.get([h.bump.remote() for h in handles]) == [(0, 1, "yes")] * 3
+        assert "SEEN" not in os.environ and "RANK" not in os.environ      # the driver's environment is its own
+        assert ray.get(handles[0].bump.remote()) == (0, 2, "yes")
+        try:
+            remote_counter()
+            raise AssertionError("an actor class was instantiated directly")
+        except TypeError as exc:
+            assert ".remote()" in str(exc)
+        try:
+            import ray.data  # noqa: F401
+            raise AssertionError("ray.data imported")
+        except ImportError as exc:
+            assert "is not part of the Ray cluster fsdp-lint simulates" in str(exc)
+    finally:
+        uninstall()
+    assert {k: v for k, v in sys.modules.items() if k == "ray" or k.startswith("ray.")} == before
+
+
+def test_python_m_of_an_installed_training_package_is_its_module(cli, tmp_path, monkeypatch):
+    # `python -m verl.trainer.main_ppo ...` with the framework pip-installed: the launched file is the installed
+    # module's (a package built on torch); `python -m pip install ...` on the line before is no launch
+    site = tmp_path / "site"
+    write_tree(site, {
+        "rltrainer/__init__.py": "",
+        "rltrainer/main.py": RL_PROJECT["rlkit/main_grpo.py"].replace("rlkit", "rltrainer"),
+        "rltrainer/controller.py": RL_PROJECT["rlkit/controller.py"],
+        "rltrainer/models.py": RL_PROJECT["rlkit/models.py"],
+        "rltrainer/workers/__init__.py": "",
+        "rltrainer/workers/base.py": RL_PROJECT["rlkit/workers/base.py"],
+        "rltrainer/workers/fsdp_worker.py": RL_PROJECT["rlkit/workers/fsdp_worker.py"].replace("rlkit", "rltrainer"),
+        "rltrainer-0.3.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: rltrainer\nVersion: 0.3.0\n"
+                                               "Requires-Dist: accelerate\nRequires-Dist: ray[default]\n",
+        "rltrainer-0.3.0.dist-info/top_level.txt": "rltrainer\n",
+    })
+    project = tmp_path / "recipe"
+    write_tree(project, {"run.sh": '''
+        set -e
+        python -m pip install -r requirements.txt
+        python3 -m rltrainer.main --n-gpus-per-node 8 --depth 3
+    '''})
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    res = cli("run.sh", "--no-cache", "--format", "json", cwd=str(project))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["path"].endswith(os.path.join("rltrainer", "main.py"))
+    assert f["plan"]["api"] == "fsdp1" and f["plan"]["world_size"] == 8
