@@ -258,7 +258,10 @@ class _Run:
 
         def on_use(name, _path=path, model=False, access=False, truth=False):     # model: called with the model
             use_frame = sys._getframe(3)      # the user's frame: Missing's method, limited_uses, here
-            in_model = not access and (model and not only_observes(missing) or _in_model_build())
+            # handed a model once a wrap was made: what acts on the wrapped model (a rollout engine built from
+            # it, a watcher) comes after the plan, not in it
+            handed = model and not only_observes(missing) and not self.rec.wrap_calls
+            in_model = not access and (handed or _in_model_build())
             self.failures.stub_uses.append(StubUse(name, use_frame.f_code.co_filename, use_frame.f_lineno, in_model))
             return truth and self.failures.decides_wrap(use_frame, use_frame.f_lineno)
 
