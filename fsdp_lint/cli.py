@@ -51,8 +51,9 @@ def plan_runs(files: List[Tuple[str, bool]], settings, script_args: Optional[Lis
                     overrides["world_size_source"] = "config"
                 runs.append((path, list(e.args), settings.with_overrides(launched=True, **overrides), explicit, e.cwd))
         else:
-            runs.append((path, list(script_args or []), settings.with_overrides(launched=bool(script_args) and explicit),
-                         explicit, None))
+            # `-- ARGS`, or a bare `--`: the file is launched (with no arguments), not screened
+            launched = script_args is not None and explicit
+            runs.append((path, list(script_args or []), settings.with_overrides(launched=launched), explicit, None))
     return runs
 
 

@@ -1,0 +1,94 @@
+"""Round 17 of the real-launch survey: the classes it found, each on a fixture in the idiom. The oracle is real FSDP1
+under the fake process group, and python itself for what python does."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from conftest import write_tree  # noqa: E402
+
+HYDRA_NAMED_TRAINER = {
+    "conf/config.yaml": '''
+        _trainer_: recipes.trainer.Trainer
+        width: 64
+        depth: 3
+    ''',
+    "recipes/__init__.py": "",
+    "recipes/trainer.py": '''
+        from __future__ import annotations
+
+        import torch
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+
+        class Block(nn.Module):
+            def __init__(self, width: int):
+                super().__init__()
+                self.ff = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+            def forward(self, x):
+                return x + self.ff(x)
+
+
+        class Net(nn.Module):
+            def __init__(self, width: int, depth: int):
+                super().__init__()
+                self.blocks = nn.Sequential(*(Block(width) for _ in range(depth)))
+                self.out = nn.Linear(width, 10)
+
+
+        class Trainer:
+            def __init__(self, width: int, depth: int):
+                dist.init_process_group("nccl")
+                self.model = FSDP(Net(width, depth), auto_wrap_policy=ModuleWrapPolicy({Block}),
+                                  device_id=torch.cuda.current_device())
+
+            def run(self):
+                for step in range(10):
+                    self.model(torch.zeros(2, 64)).sum().backward()
+    ''',
+    "train.py": '''
+        from __future__ import annotations
+
+        import hydra
+        from omegaconf import DictConfig
+
+
+        @hydra.main(version_base="1.2", config_path="conf", config_name="config")
+        def main(config: DictConfig) -> None:
+            trainer_cls = hydra.utils.get_object(config._trainer_)     # the recipe names its trainer
+            trainer_cls(config.width, config.depth).run()
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+}
+
+
+def test_a_bare_double_dash_launches_the_file_with_no_arguments(cli, tmp_path, monkeypatch):
+    # `fsdp-lint train.py --`: the file is launched as `python train.py` (nothing after `--`), as `-- ARGS` launches
+    # it; its model, named only in the recipe's config, is never seen by reading the file -- it was "skipped (no
+    # model or FSDP use)", exit 0, a silent pass in CI
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    write_tree(tmp_path, HYDRA_NAMED_TRAINER)
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from recipes.trainer import Block, Net
+
+    real = fsdp1_units(lambda: Net(64, 3), world_size=8, auto_wrap_policy=ModuleWrapPolicy({Block}))
+    assert [(u["module"], u["numel"]) for u in f["plan"]["units"] if u["numel"]] == \
+        [(r["module"], r["numel"]) for r in real]
+    # the control: without `--` the file is screened, and its syntax reaches no model
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 0 and "skipped" in (res.out + res.err)
