@@ -92,3 +92,63 @@ def test_a_bare_double_dash_launches_the_file_with_no_arguments(cli, tmp_path, m
     # the control: without `--` the file is screened, and its syntax reaches no model
     res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
     assert res.code == 0 and "skipped" in (res.out + res.err)
+
+
+def test_hydras_own_failure_in_an_entry_whose_trainer_is_named_in_its_config(cli, tmp_path):
+    # the recipe's defaults name a config group no package registered here or on the node: Hydra stops before
+    # main() runs, as `python train.py` does; it was "no model found" (the file's syntax reaches no wrap)
+    tree = dict(HYDRA_NAMED_TRAINER)
+    tree["conf/config.yaml"] = '''
+        defaults:
+          - launcher: submitit
+          - _self_
+        _trainer_: recipes.trainer.Trainer
+        width: 64
+        depth: 3
+    '''
+    write_tree(tmp_path, tree)
+    res = cli("train.py", "-n", "8", "--no-cache", "--", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    line = res.err.strip().splitlines()[0]
+    assert "MissingConfigException" in line and "launcher/submitit" in line, line
+
+
+FRAMEWORK_FACTORY = {
+    "scripts/pretrain.sh": '''
+        #!/bin/bash
+        torchrun --standalone --nproc-per-node=8 train.py --arch base_1b
+    ''',
+    "train.py": '''
+        """The model is made by a framework's loader and wrapped by its FSDP helper; the framework is not installed."""
+        from __future__ import annotations
+
+        import torch
+        import torch.distributed as dist
+        from seqframework.models import load_model_card
+        from seqframework.nn.fsdp import to_fsdp
+        from seqframework.optim import AdamW
+
+
+        def main():
+            dist.init_process_group("nccl")
+            model = load_model_card("base_1b", device=torch.device("cuda"), dtype=torch.float16)
+            model = to_fsdp(model, wrap_policy=None, mixed_precision_dtype=torch.float16)
+            optimizer = AdamW(model.parameters(), lr=1e-4)      # the framework's own optimizer too
+            for step in range(10):
+                optimizer.step()
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+}
+
+
+def test_a_model_made_and_wrapped_by_a_framework_not_installed_names_the_framework(cli, tmp_path):
+    # python stops at the import; fsdp-lint stands the framework in and goes on, and nothing builds a model: the
+    # cause is the framework's loader the setup calls, named with its package (it was "no model found")
+    write_tree(tmp_path, FRAMEWORK_FACTORY)
+    res = cli("scripts/pretrain.sh", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    line = res.err.strip().splitlines()[0]
+    assert "train.py:14: the setup calls `load_model_card()`" in line and "`seqframework` is not installed" in line, line

@@ -22,15 +22,32 @@ def unreached(run, exc: NoModelError) -> NoModelError:
     launch = _cli_launch(run) or _dispatcher_missing(run)
     if launch is not None:
         return launch
-    if run.project.reaches_fsdp and not run.rec.wrap_calls:
+    if not run.rec.wrap_calls:
+        # (also where the file's syntax reaches no wrap: its config names the trainer, a library or framework
+        # builds and wraps the model -- Hydra's own failure, a package of the framework not installed)
         err = _first_cause_error(run, "the setup never reached a model or its wrap code")
         if err is not None:
             return err
+        called = _stand_in_called(run)
+        if called is not None:
+            return called
     said = _error_line(run) if run.facts.main_guard_line is not None and run.override is None else ""
     if said:        # nothing failed here, but the script said why it did not go on (its own parser, a check)
         return NoModelError(f"{run.display}: the script ran to its end without building a model or reaching its "
                             f"wrap code; it reported: {said}")
     return exc
+
+
+def _stand_in_called(run) -> Optional[NoModelError]:
+    """No model, and the setup called what could not be imported here (a framework's model loader, its FSDP
+    helper): the model, or its wrap, comes from that package."""
+    from fsdp_lint.entry.project import is_local
+
+    calls = [u for u in run.failures.stub_uses if u.name.endswith("()") and is_local(u.path)]
+    if not calls:
+        return None
+    return NoModelError(f"{run.display}: no model was built or wrapped here: "
+                        f"{run.failures.stand_in_called(calls[0], run.shown)}; the model or its wrap comes from it")
 
 
 def _dispatcher_missing(run) -> Optional[NoModelError]:

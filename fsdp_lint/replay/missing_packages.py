@@ -84,6 +84,15 @@ class MissingPackages:
         used = [u for u in self.stub_uses if u.in_model]
         return self._stub_message(used[0], entry_display) if used else None
 
+    def stand_in_called(self, u: StubUse, entry_display: str) -> str:
+        """``train.py:14: the setup calls `fs2lib.load_base_model._factory()`, which could not be imported here
+        (`fs2lib` is not installed: pip install fs2lib)``: a call of a stand-in, said as the cause."""
+        top = u.name.split(".")[0].split("(")[0]
+        imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
+        missing = imp.missing if imp is not None else top
+        return (f"{display(u.path, self.entry_path, entry_display)}:{u.line}: the setup calls `{u.name}`, which could "
+                f"not be imported here ({self._not_importable(missing, imp, where='')})")
+
     def _stub_message(self, u: StubUse, entry_display: str) -> str:
         top = u.name.split(".")[0].split("(")[0]
         imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
