@@ -127,7 +127,8 @@ def shell_runs(scripts, settings, script_args, cli_world_size):
             computed = next((a for a in launch.args if "$(" in a or "`" in a), None)
             if computed:          # a command substitution not run here (`--steps $(jq .steps cfg.json)`)
                 overrides["launch_notes"] = overrides.get("launch_notes", ()) + (
-                    f"{os.path.basename(script)} line {launch.line}: `{computed}...` is a command substitution"
+                    f"{os.path.basename(script)} line {launch.line}: `{computed}{'' if computed.endswith(')') else '...'}` "
+                    f"is a command substitution"
                     f"{_NOT_RUN}: its text is passed as written, where bash passes its output",)
             if launch.env:
                 overrides["launch_env"] = tuple(sorted(launch.env.items()))

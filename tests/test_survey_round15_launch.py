@@ -368,7 +368,7 @@ def test_a_command_substitution_not_run_here_is_named_in_the_failure(cli, tmp_pa
     write_tree(tmp_path, {"train.py": TRAIN_ARGS, **NETS, "cfg.json": '{"layers": 3}',
                      "run.sh": "torchrun --nproc_per_node=2 train.py --layers $(jq .layers cfg.json)\n"})
     res = cli("run.sh", "--no-cache", cwd=str(tmp_path))
-    assert res.code == 2 and "`$(jq...` is a command substitution fsdp-lint does not run" in res.err
+    assert res.code == 2 and "`$(jq .layers cfg.json)` is a command substitution fsdp-lint does not run" in res.err
 
 
 def test_accelerates_refusal_of_a_launch_option_says_why(cli, tmp_path, capsys):

@@ -152,3 +152,88 @@ def test_a_model_made_and_wrapped_by_a_framework_not_installed_names_the_framewo
     assert res.code == 2, res.out
     line = res.err.strip().splitlines()[0]
     assert "train.py:14: the setup calls `load_model_card()`" in line and "`seqframework` is not installed" in line, line
+
+
+# -- launch scripts: bash is the oracle (the script run with the launchers replaced by echo) -----------------------
+
+FUNCTIONS = '''\
+#!/usr/bin/env bash
+# a helper that reads its own arguments, defined before the script's argument loop and called in a substitution
+make_suffix() {
+  local suffix=""
+  while [[ "$#" -gt 0 ]]; do
+    case $1 in
+      --layers) suffix+="_l$2"; shift 2 ;;
+      *) shift ;;
+    esac
+  done
+  echo "$suffix"
+}
+launch() {
+  torchrun --nproc_per_node="$1" train_a.py --layers "$2" --lr 0.5
+}
+LAYERS=2
+NPROC=2
+TAG="exp$(make_suffix "$@")"
+while [[ "$#" -gt 0 ]]; do
+  case "$1" in
+    --layers) LAYERS="$2"; shift 2 ;;
+    --nproc) NPROC="$2"; shift 2 ;;
+    *) exit 1 ;;
+  esac
+done
+launch "$NPROC" "$LAYERS"
+'''
+
+
+def test_shell_functions_run_where_they_are_called_with_their_own_arguments(cli, tmp_path):
+    # a definition runs nothing where it stands (its argument loop used to eat the script's arguments: layers 2, a
+    # wrong plan with exit 0); a call runs its body with the call's arguments
+    from test_survey_round15_launch import NETS, TRAIN_ARGS, _bash_echo, _plan
+
+    write_tree(tmp_path, {"train_a.py": TRAIN_ARGS, "run.sh": FUNCTIONS, **NETS})
+    given = ["--layers", "5", "--nproc", "4"]
+    [ran] = _bash_echo(tmp_path / "run.sh", given, cwd=tmp_path)
+    assert ran.split() == ["torchrun", "--nproc_per_node=4", "train_a.py", "--layers", "5", "--lr", "0.5"]
+    f = _plan(cli, tmp_path, "run.sh", *given)
+    assert f["args"] == ["--layers", "5", "--lr", "0.5"] and f["plan"]["world_size"] == 4
+    assert len(f["plan"]["units"]) == 5 + 1
+
+
+EXPANSIONS = '''\
+#!/usr/bin/env bash
+PROMPT=16
+RESPONSE=32
+MAX_LEN=$(expr $PROMPT + $RESPONSE + 8)
+LOG=out/log
+mkdir -p $LOG
+torchrun --nproc_per_node=2 train_a.py --lr "$MAX_LEN" "${@:2}" \\
+  > >(tee $LOG/train.log) \\
+  2> >(tee $LOG/train.err >&2)
+'''
+
+
+def test_expr_chains_positional_slices_and_process_substitutions_as_bash_reads_them(cli, tmp_path):
+    # `$(expr A + B + C)` is computed, `"${@:2}"` is the arguments from the second, and `> >(tee log)` is where the
+    # output goes, not the program's arguments
+    from test_survey_round15_launch import NETS, TRAIN_ARGS, _bash_echo, _plan
+
+    write_tree(tmp_path, {"train_a.py": TRAIN_ARGS, "run.sh": EXPANSIONS, **NETS})
+    given = ["ignored", "--layers", "3"]
+    ran = _bash_echo(tmp_path / "run.sh", given, cwd=tmp_path)[0]
+    assert ran.split() == ["torchrun", "--nproc_per_node=2", "train_a.py", "--lr", "56", "--layers", "3"]
+    f = _plan(cli, tmp_path, "run.sh", *given)
+    assert f["args"] == ["--lr", "56", "--layers", "3"] and len(f["plan"]["units"]) == 3 + 1
+
+
+def test_slices_and_substrings_expand_as_bash_expands_them():
+    import subprocess
+
+    from fsdp_lint.entry.bash_words import _expanded_words
+
+    env = {"NAME": "qwen2.5-7b-instruct"}
+    text = '"${@:2}" ${@:1:1} ${NAME:0:5} ${NAME: -8} ${NAME:6:3}'
+    given = ["a", "b c", "d"]
+    bash = subprocess.run(["bash", "-c", f'NAME={env["NAME"]}; for w in {text}; do echo "$w"; done', "run.sh",
+                           *given], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert _expanded_words(text, env, given) == bash

@@ -59,7 +59,7 @@ def substitute(inner: str, expand: Callable[[str], str]) -> Optional[str]:
     if piped is not None:
         return piped
     words = expand(inner).split()
-    if words[:1] == ["expr"] and len(words) == 4:
+    if words[:1] == ["expr"] and len(words) >= 4 and len(words) % 2 == 0:     # `expr $A + $B + 1000`
         return arithmetic(" ".join(w.replace("\\*", "*") for w in words[1:]), lambda s: s)
     if len(words) == 2 and words[0] in ("basename", "dirname") and "$" not in words[1]:
         return (os.path.basename if words[0] == "basename" else os.path.dirname)(words[1].rstrip("/")) or "."

@@ -20,8 +20,10 @@ class ShellError(Exception):
 # ${NAME#glob}/${NAME##glob}/${NAME%glob}/${NAME%%glob} (`${arg#*=}`: the value of `--opt=value`), ${NAME[@]}
 # (an array's elements), ${NAME[0]}, $1, $@; a default holding another expansion (`${1:-${DIR}/x}`) matches once
 # that is made
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:\[([@*]|[0-9]+)\])?((:?)([-?=+]|##?|%%?)([^{}]*))?\}"
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*])(?:\[([@*]|[0-9]+)\])?"
+                  r"((:?)([-?=+]|##?|%%?)([^{}]*)|:\s*(-?[0-9]+)(?::\s*(-?[0-9]+))?)?\}"
                   r"|\$([A-Za-z_][A-Za-z0-9_]*|[0-9@*#])")
+_NAME = 9       # the group of `$NAME` without braces (groups 7 and 8: a slice's offset and length)
 
 
 class UnsetError(ShellError):
@@ -143,7 +145,9 @@ def _joined(pieces) -> str:
 def _value_of(m, env: Dict[str, str], positional: Sequence[str]):
     """What one expansion gives: a string, the script's arguments (a list, for ``$@``/``$*``), or None
     (a variable neither the script nor the environment sets: kept as written)."""
-    name = m.group(1) or m.group(7)
+    name = m.group(1) or m.group(_NAME)
+    if m.group(7) is not None:      # `${@:2}`, `${ARGS[@]:1:3}`, `${NAME:0:4}`: a slice
+        return _slice(name, m, env, positional)
     if name in "@*":
         return list(positional)
     if name == "#":
@@ -173,6 +177,27 @@ def _value_of(m, env: Dict[str, str], positional: Sequence[str]):
     if value is None:
         return "" if name.isdigit() else None
     return value
+
+
+def _slice(name: str, m, env: Dict[str, str], positional: Sequence[str]):
+    """bash's slices: ``${@:N:L}`` the arguments from the N-th ($0 is the 0th), ``${ARR[@]:N:L}`` elements,
+    ``${NAME:N:L}`` characters (a negative offset counts from the end)."""
+    offset, length = int(m.group(7)), (int(m.group(8)) if m.group(8) is not None else None)
+    if name in "@*":
+        items = [None] + list(positional)       # (`$0` first: the script; `${@:1}` is every argument)
+    else:
+        value = env.get(name, os.environ.get(name))
+        if value is None:
+            return None
+        items = list(value) if isinstance(value, list) and m.group(2) in ("@", "*") else None
+        if items is None:
+            text = value[0] if isinstance(value, list) else value
+            start = offset if offset >= 0 else max(len(text) + offset, 0)
+            return text[start:] if length is None else text[start:start + length] if length >= 0 else \
+                text[start:len(text) + length]
+    start = offset if offset >= 0 else max(len(items) + offset, 0)
+    picked = items[start:] if length is None else items[start:start + length]
+    return [item for item in picked if item is not None]
 
 
 def _removed(value: str, op: str, pattern: str) -> str:
@@ -220,7 +245,29 @@ def _substituted(text: str, expand) -> str:
 
 
 def _split(text: str) -> List[str]:
-    return shlex.split(text, comments=True)
+    """bash's words of `text` (not expanded); a command substitution is part of its word, its own quotes
+    its command's (``RUN="exp$(suffix "$@")"`` is one word)."""
+    spans: List[str] = []
+    out, i, quote = [], 0, None
+    while i < len(text):
+        c = text[i]
+        end = closing(text, i + 1) if c == "$" and quote != "'" and text.startswith("$(", i) else None
+        if end is not None:
+            spans.append(text[i:end + 1])
+            out.append(f"\x00{len(spans) - 1}\x00")
+            i = end + 1
+            continue
+        if c == "\\" and quote != "'":
+            out.append(text[i:i + 2])
+            i += 2
+            continue
+        quote = (None if c == quote else quote) if quote else (c if c in "'\"" else None)
+        out.append(c)
+        i += 1
+    words = shlex.split("".join(out), comments=True)
+    if not spans:
+        return words
+    return [re.sub("\x00(\\d+)\x00", lambda m: spans[int(m.group(1))], w) for w in words]
 
 
 def _expanded_words(text: str, env: Dict[str, str], positional: Sequence[str]) -> List[str]:
@@ -244,6 +291,11 @@ def _expanded_words(text: str, env: Dict[str, str], positional: Sequence[str]) -
                 out.append(value.replace('"', '\\"') if quote == '"' else shlex.quote(value))
                 i = end + 1
                 continue
+            if end is not None:         # not computed here: kept as written, one word (its own quotes are its
+                raw = text[i:end + 1]   # command's, `"exp$(suffix "$@")"`, not the word's)
+                out.append(raw.replace('"', '\\"') if quote == '"' else shlex.quote(raw))
+                i = end + 1
+                continue
         if c == "$" and quote != "'":
             m = _VAR.match(text, i)
             if m is None and text.startswith("${", i):      # `${1:-${DIR}/x}`: the inner expansion first
@@ -256,11 +308,11 @@ def _expanded_words(text: str, env: Dict[str, str], positional: Sequence[str]) -
                             text = text[:i] + m.group(0) + text[end + 1:]
                             m = _VAR.match(text, i)
             value = _value_of(m, env, positional) if m else None
-            if m and value is None and (m.group(1) or m.group(7) or "").isidentifier():
+            if m and value is None and (m.group(1) or m.group(_NAME) or "").isidentifier():
                 # a variable neither the script nor the environment sets: bash expands it to nothing; marked,
                 # so the launcher's options keep its name (`unset_literal`) and the script's arguments lose it
                 # (`settled`); an unset array's "${A[@]}" is no word at all
-                name = m.group(1) or m.group(7)
+                name = m.group(1) or m.group(_NAME)
                 value = [] if m.group(2) in ("@", "*") else (_UNSET_QUOTED if quote == '"' else _UNSET) + name + _UNSET
             if m and value is not None:
                 if quote == '"' and isinstance(value, list):   # "$@": each argument its own word

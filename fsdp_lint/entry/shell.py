@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fsdp_lint.entry.bash_arguments import argument_block, kaldi_options
+from fsdp_lint.entry.bash_functions import CALL_BEGIN, CALL_END, function_call, inline_functions
 from fsdp_lint.entry.bash_loops import loop_header, sourced_script
 from fsdp_lint.entry.launch_files import (  # noqa: F401 - _module_root: also shell.*
     _console_commands, _console_file, _module_file, _module_root, _near, _resolve, installed_module_file)
@@ -89,7 +90,12 @@ def _commands(tokens) -> List[List[Tuple[str, int]]]:
     redirections."""
     out: List[List[Tuple[str, int]]] = [[]]
     skip_target = False
+    inside = 0          # the words of a process substitution (`> >(tee train.log)`: the redirection's target)
     for word, line in tokens:
+        if inside > 0 or word.startswith((">(", "<(")):
+            inside = (inside if inside > 0 else 0) + word.count("(") - word.count(")")
+            skip_target = False
+            continue
         if skip_target:
             skip_target = False
             continue
@@ -388,13 +394,17 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
     loops: List[Tuple[int, str]] = []      # the `for` loops open around the line: (line, note)
     branches = Branches()                  # the open `if` statements, and whether bash runs the line
     where: List[Tuple[Tuple[int, int], ...]] = []      # each launch's branches
-    logical = _logical_lines(text)
+    logical = inline_functions(_logical_lines(text))     # a function's body runs where it is called
+    calls: List[Sequence[str]] = []        # the arguments around each function call being run
     k = 0
     while k < len(logical):
         start, pieces = logical[k]
         k += 1
         stripped = _joined(pieces)
         if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.split(None, 1)[0] in (CALL_BEGIN, CALL_END):
+            positional = function_call(stripped, calls, positional, env, branches.runs())
             continue
         loop = argument_block(logical, k - 1, env, positional, script) if branches.runs() and not in_case else None
         if loop is not None:     # `while [[ $# -gt 0 ]]; do case "$1" in ...`: run for the arguments given
