@@ -237,3 +237,55 @@ def test_slices_and_substrings_expand_as_bash_expands_them():
     bash = subprocess.run(["bash", "-c", f'NAME={env["NAME"]}; for w in {text}; do echo "$w"; done', "run.sh",
                            *given], capture_output=True, text=True, check=True).stdout.splitlines()
     assert _expanded_words(text, env, given) == bash
+
+
+ADAPTER_WRAPPER = {
+    "train.py": '''
+        from __future__ import annotations
+
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+        class InterventionWrapper(nn.Module):
+            """An adapter library's wrapper (pyvene's style): its `named_parameters` lists the adapters only."""
+
+            def __init__(self, base: nn.Module, dim: int):
+                super().__init__()
+                self.model = base
+                self.adapters = nn.ModuleDict({"a0": nn.Linear(dim, 4), "a1": nn.Linear(dim, 4)})
+                for p in self.model.parameters():
+                    p.requires_grad_(False)
+
+            def named_parameters(self, recurse=True):       # torch's keywords not taken
+                for name, mod in self.adapters.items():
+                    for n, p in mod.named_parameters():
+                        yield f"{name}.{n}", p
+
+
+        def main():
+            dist.init_process_group("nccl")
+            model = InterventionWrapper(nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)]), 256)
+            model = DDP(model)
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+}
+
+
+def test_a_model_overriding_named_parameters_is_read_as_torch_holds_it(cli, tmp_path, monkeypatch):
+    # the override takes no `remove_duplicate` (an internal error) and hides the frozen base (a plan of 2K parameters):
+    # the model holds what its modules register, as `nn.Module.named_parameters` walks them
+    import torch.nn as nn
+
+    write_tree(tmp_path, ADAPTER_WRAPPER)
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    model = json.loads(res.out)["files"][0]["model"]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
+    expected = sum(p.numel() for p in base.parameters()) + 2 * (256 * 4 + 4)
+    assert model["numel"] == expected and model["trainable_numel"] == 2 * (256 * 4 + 4), model

@@ -312,7 +312,9 @@ def build_module_tree(model, state: Optional[Dict[int, Tuple[bool, object]]] = N
     params: Dict[str, ParamInfo] = {}
     by_id: Dict[int, str] = {}
     alias_to_canonical: Dict[str, str] = {}
-    for fqn, p in model.named_parameters(remove_duplicate=False):
+    # (torch's walk: a model that overrides `named_parameters` -- an adapter wrapper listing its adapters only,
+    # without torch's keywords -- still holds every parameter its modules register)
+    for fqn, p in nn.Module.named_parameters(model, remove_duplicate=False):
         owner = fqn.rpartition(".")[0]
         if owner in modules:
             modules[owner].direct_params.append(fqn)

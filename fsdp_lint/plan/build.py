@@ -194,10 +194,12 @@ def _sharding_strategy(value) -> Optional[str]:
 
 def build_plan(result, tree: ModuleTree, options: PlanOptions) -> WrapPlan:
     """Turn a replay's records (live modules) into a WrapPlan of FQNs."""
+    import torch.nn as nn
+
     root = result.model
     fqn_of: Dict[int, str] = {id(m): fqn for fqn, m in root.named_modules()}
     param_fqn: Dict[int, str] = {}
-    for fqn, p in root.named_parameters(remove_duplicate=False):
+    for fqn, p in nn.Module.named_parameters(root, remove_duplicate=False):     # (an override: tree.py)
         param_fqn.setdefault(id(p), tree.canonical(fqn))
 
     plan = WrapPlan(api=None, world_size=options.world_size, units=[], root_wrapped=False,

@@ -166,7 +166,7 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, 
         stand_in: Dict[int, Any] = {}
         param_fqn: Dict[int, str] = {}
         state: Dict[str, Any] = {}
-        for name, p in model.named_parameters(remove_duplicate=False):
+        for name, p in torch.nn.Module.named_parameters(model, remove_duplicate=False):     # (an override: tree.py)
             if id(p) not in stand_in:
                 fqn = tree.alias_to_canonical.get(name, name)
                 dtype = p.dtype
@@ -177,7 +177,7 @@ def _trace(model, tree, plan, input_shape, input_dtype, example_fn, out: Trace, 
                 stand_in[id(p)] = fake
                 param_fqn[id(fake)] = fqn
             state[name] = stand_in[id(p)]
-        for name, b in model.named_buffers(remove_duplicate=False):
+        for name, b in torch.nn.Module.named_buffers(model, remove_duplicate=False):
             if id(b) not in stand_in:
                 stand_in[id(b)] = torch.empty(b.shape, dtype=b.dtype, device=cpu)
             state[name] = stand_in[id(b)]
