@@ -289,3 +289,81 @@ def test_a_model_overriding_named_parameters_is_read_as_torch_holds_it(cli, tmp_
     base = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
     expected = sum(p.numel() for p in base.parameters()) + 2 * (256 * 4 + 4)
     assert model["numel"] == expected and model["trainable_numel"] == 2 * (256 * 4 + 4), model
+
+
+SIZE_BUFFER = {
+    "interventions.py": '''
+        from __future__ import annotations
+
+        import torch
+        import torch.nn as nn
+
+
+        class LowRankRotate(nn.Module):
+            def __init__(self, n, m):
+                super().__init__()
+                self.weight = nn.Parameter(torch.empty(n, m))
+                nn.init.orthogonal_(self.weight)
+
+
+        class Intervention(nn.Module):
+            """A size kept as a 0-dim integer buffer (saved with the intervention), then used to size a weight."""
+
+            def __init__(self, embed_dim: int, rank: int):
+                super().__init__()
+                self.register_buffer("embed_dim", torch.tensor(embed_dim))
+                self.rotate = LowRankRotate(self.embed_dim, rank)
+                self.source = nn.Linear(embed_dim, rank)
+
+
+        class Net(nn.Module):
+            def __init__(self, dim: int = 256, depth: int = 4):
+                super().__init__()
+                self.blocks = nn.ModuleList(nn.Linear(dim, dim) for _ in range(depth))
+                self.interventions = nn.ModuleList(Intervention(dim, 4) for _ in range(2))
+    ''',
+    "train.py": '''
+        from __future__ import annotations
+
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        from interventions import Net
+
+
+        def main():
+            dist.init_process_group("nccl")
+            model = Net()
+            for block in model.blocks:
+                fully_shard(block)
+            fully_shard(model)
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+}
+
+
+def test_a_size_kept_in_a_scalar_integer_buffer_sizes_the_weight_it_is_given_to(cli, tmp_path, monkeypatch):
+    # `register_buffer("embed_dim", torch.tensor(dim))` then `torch.empty(self.embed_dim, rank)`: the buffer holds
+    # the size, as on the node (it was `Tensor.item() cannot be called on meta tensors`)
+    from oracle import fsdp2_groups
+    from torch.distributed.fsdp import fully_shard
+
+    write_tree(tmp_path, SIZE_BUFFER)
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from interventions import Net
+
+    def apply(model, mesh):
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    real = fsdp2_groups(Net, world_size=8, apply=apply, device="cpu")     # (on meta it fails as it did here)
+    assert [sorted(p["fqn"] for p in u["params"]) for u in plan["units"]] == \
+        [sorted(p["fqn"] for p in g["params"]) for g in real]
+    shapes = {p["fqn"]: p["shape"] for u in plan["units"] for p in u["params"]}
+    assert shapes["interventions.0.rotate.weight"] == [256, 4]

@@ -132,12 +132,16 @@ def to_meta_args(args, kwargs):
     return tree_map(move, args), tree_map(move, kwargs)
 
 
-def on_meta(tensor):
-    """A parameter or buffer registered with a host tensor, moved to meta (None: leave it)."""
+def on_meta(tensor, keep_scalar: bool = False):
+    """A parameter or buffer registered with a host tensor, moved to meta (None: leave it). `keep_scalar`: a
+    0-dim integer buffer keeps its value (``register_buffer("embed_dim", torch.tensor(dim))``, then a weight
+    sized by it: a size is read from it as on the node)."""
     import torch
     import torch.nn as nn
 
     if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or _is_fake(tensor):
+        return None
+    if keep_scalar and tensor.dim() == 0 and not (tensor.is_floating_point() or tensor.is_complex()):
         return None
     with torch._C.DisableTorchFunction():
         data = tensor.detach().to("meta")

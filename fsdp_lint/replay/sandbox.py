@@ -429,7 +429,7 @@ def _record_module_tree(rec: Recorder, patch: Patch) -> List[Any]:
         return host_values.on_meta(param) if host else None
 
     def on_register_buffer(module, name, buffer):
-        return host_values.on_meta(buffer) if host else None
+        return host_values.on_meta(buffer, keep_scalar=True) if host else None
 
     real_module_init = nn.Module.__init__
 
