@@ -367,3 +367,71 @@ def test_a_size_kept_in_a_scalar_integer_buffer_sizes_the_weight_it_is_given_to(
         [sorted(p["fqn"] for p in g["params"]) for g in real]
     shapes = {p["fqn"]: p["shape"] for u in plan["units"] for p in u["params"]}
     assert shapes["interventions.0.rotate.weight"] == [256, 4]
+
+
+PARAMETRIZED = {
+    "train.py": '''
+        from __future__ import annotations
+
+        import torch
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.distributed.fsdp import fully_shard
+        from torch.nn.utils import parametrizations
+
+
+        class Rotate(nn.Module):
+            def __init__(self, n: int, r: int):
+                super().__init__()
+                self.weight = nn.Parameter(torch.empty(n, r))
+                nn.init.orthogonal_(self.weight)
+
+
+        class Net(nn.Module):
+            def __init__(self, dim: int = 128, depth: int = 3):
+                super().__init__()
+                self.blocks = nn.ModuleList(nn.Linear(dim, dim) for _ in range(depth))
+                self.rotate = parametrizations.orthogonal(Rotate(dim, 4))
+
+
+        def main():
+            dist.init_process_group("nccl")
+            model = Net()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            initial = {k: v.clone() for k, v in model.state_dict().items()}     # a copy kept for later
+            for block in model.blocks:
+                fully_shard(block)
+            fully_shard(model)
+            return model, optimizer, initial
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+}
+
+
+def test_a_parametrized_weight_read_before_the_wrap_is_no_training_forward(cli, tmp_path, monkeypatch):
+    # `model.state_dict()` computes the orthogonal parametrization (its module's forward, over a parameter the
+    # optimizer holds): that was taken for the first training forward, before the wrap ("trains a model FSDP does
+    # not wrap"); and torch's orthogonal map cannot compute its value on meta -- no check of the model fails there
+    from oracle import fsdp2_groups
+    from torch.distributed.fsdp import fully_shard
+
+    write_tree(tmp_path, PARAMETRIZED)
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    net = importlib.import_module("train").Net
+
+    def apply(model, mesh):
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    real = fsdp2_groups(net, world_size=8, apply=apply, device="cpu")
+    assert plan["api"] == "fsdp2" and plan["origin"] != "suggested"
+    assert [sorted(p["fqn"] for p in u["params"]) for u in plan["units"]] == \
+        [sorted(p["fqn"] for p in g["params"]) for g in real]

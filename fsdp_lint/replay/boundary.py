@@ -35,7 +35,8 @@ def install_boundaries(rec, patch: Callable[[Any, str, Any], None]) -> List[Any]
             raise TrainingBoundary(rec.stopped[0])
         if id(module) in rec.wrapped_ids:
             stop(f"the first forward of the wrapped {_user_class(module)}")
-        if rec.optimizer_param_ids:
+        if rec.optimizer_param_ids and not type(module).__module__.startswith("torch.nn.utils.parametriz"):
+            # (a parametrized weight computed -- `orthogonal`'s, read by a state_dict -- is no forward of the model)
             p = next(iter(module._parameters.values()), None) if module._parameters else None
             if p is not None and id(p) in rec.optimizer_param_ids:
                 stop(f"the first forward of {_user_class(module)}, whose parameters an optimizer holds")
