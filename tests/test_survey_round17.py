@@ -435,3 +435,80 @@ def test_a_parametrized_weight_read_before_the_wrap_is_no_training_forward(cli, 
     assert plan["api"] == "fsdp2" and plan["origin"] != "suggested"
     assert [sorted(p["fqn"] for p in u["params"]) for u in plan["units"]] == \
         [sorted(p["fqn"] for p in g["params"]) for g in real]
+
+
+SUB_PROJECT = {
+    ".gitmodules": '[submodule "engine"]\n    path = engine\n    url = https://example.invalid/engine.git\n',
+    "engine/setup.py": "from setuptools import find_packages, setup\nsetup(name='engine', packages=find_packages())\n",
+    "engine/engine/__init__.py": "from .proto import DataProto\n",
+    "engine/engine/proto.py": "class DataProto:\n    pass\n",
+    "engine/engine/trainer/__init__.py": "",
+    "engine/engine/trainer/main.py": '''
+        from __future__ import annotations
+
+        import sys
+
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.distributed.fsdp import fully_shard
+
+        from engine import DataProto  # noqa: F401
+
+
+        def main(overrides):
+            dist.init_process_group("nccl")
+            depth = int(dict(o.split("=", 1) for o in overrides).get("model.depth", 2))
+            model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(depth)])
+            for layer in model:
+                fully_shard(layer)
+            fully_shard(model)
+
+
+        if __name__ == "__main__":
+            main(sys.argv[1:])
+    ''',
+    "scripts/train.sh": '''
+        #!/bin/bash
+        # README: pip install -e ./engine, then run from the repository root
+        torchrun --nproc_per_node=8 -m engine.trainer.main model.depth=3
+    ''',
+    "train_root.py": '''
+        from __future__ import annotations
+
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.distributed.fsdp import fully_shard
+
+        from engine import DataProto  # noqa: F401
+
+        dist.init_process_group("nccl")
+        model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(2)])
+        fully_shard(model)
+    ''',
+}
+
+
+def test_a_module_of_the_repositorys_sub_project_is_launched_from_it(cli, tmp_path):
+    # `python -m engine.trainer.main` where engine is a git submodule the README installs (`pip install -e ./engine`):
+    # the module is engine/engine/trainer/main.py, imported from the sub-project's folder (it was "no launch")
+    write_tree(tmp_path, SUB_PROJECT)
+    res = cli("scripts/train.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["path"].endswith(os.path.join("engine", "engine", "trainer", "main.py"))
+    assert f["plan"]["world_size"] == 8 and len(f["plan"]["units"]) == 3 + 1
+
+
+def test_a_sub_project_not_installed_is_named_with_its_install(cli, tmp_path):
+    # from the repository's root the submodule's folder imports as an empty namespace package: python stops at
+    # `from engine import DataProto`; the cause names the sub-project and its editable install, not "the installed
+    # engine"
+    import subprocess
+
+    write_tree(tmp_path, SUB_PROJECT)
+    py = subprocess.run([sys.executable, "-c", "from engine import DataProto"], cwd=tmp_path, capture_output=True,
+                        text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert "cannot import name 'DataProto' from 'engine' (unknown location)" in py.stderr
+    res = cli("train_root.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert "`engine` is the repository's sub-project engine/" in res.out + res.err
+    assert "pip install -e engine" in res.out + res.err and "the installed engine" not in res.out + res.err

@@ -54,6 +54,14 @@ def _module_file(module: str, script: str, cd: Optional[str]) -> Tuple[Optional[
         path, base = _resolve(cand, script, cd)
         if path is not None:
             return path, (os.path.dirname(base) if base.endswith(os.sep + "src") else base)
+    # the repository's sub-project (a git submodule `verl/` with its setup.py and package `verl/verl/`), which the
+    # README installs with `pip install -e ./verl`: the module is its file, found from the sub-project's folder
+    top = module.split(".")[0]
+    for cand in (os.path.join(top, rel + ".py"), os.path.join(top, rel, "__main__.py")):
+        path, base = _resolve(cand, script, cd)
+        project = os.path.join(base, top)
+        if path is not None and any(os.path.isfile(os.path.join(project, m)) for m in ("setup.py", "pyproject.toml")):
+            return path, project
     return None, os.getcwd()
 
 

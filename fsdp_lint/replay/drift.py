@@ -50,6 +50,15 @@ def note(exc: BaseException, entry_path: Optional[str]) -> str:
     return f" ({'; '.join(texts)})" if texts else ""
 
 
+def lacking(module: str, entry_path: Optional[str]) -> str:
+    """What lacks the names imported from `module`: the repository's own package or sub-project not installed
+    (`own_packages`), else ``the installed accelerate 1.16.0`` (with the repository's pin)."""
+    from fsdp_lint.replay.own_packages import own_package
+
+    own = own_package(module.lstrip(".").split(".")[0], entry_path) if not module.startswith(".") else None
+    return own or f"the installed {installed(module, entry_path)}"
+
+
 def installed(module: str, entry_path: Optional[str]) -> str:
     """``accelerate 1.16.0`` -- and ``; setup.py asks for accelerate==0.27.2`` where the repository's pin
     excludes it: the installed version of an import that lacks a name the project imports."""

@@ -348,8 +348,8 @@ class Failures(MissingPackages):
         imp = next((i for i in self.imports if i.absent_names and i.message not in text), None)
         if imp is None:
             return ""
-        return (f" (before it, {_display(imp.path, self.entry_path, entry_display)}:{imp.line}: {imp.message} (the "
-                f"installed {drift.installed(imp.module, self.entry_path)}): `python` stops there; fsdp-lint stood in for it)")
+        return (f" (before it, {_display(imp.path, self.entry_path, entry_display)}:{imp.line}: {imp.message} "
+                f"({drift.lacking(imp.module, self.entry_path)}): `python` stops there; fsdp-lint stood in for it)")
 
     def _describe(self, exc: BaseException, *, entry_display: str, where_real: str, importer=None) -> str:
         stub = self.stub_cause(exc)

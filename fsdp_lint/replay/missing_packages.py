@@ -25,12 +25,7 @@ class MissingPackages:
         """``(it uses `catalogue.Registry`, which could not be imported: <why>)``"""
         top = stub.name.split(".")[0].split("(")[0]
         imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
-        from fsdp_lint.replay.own_packages import own_package
-
-        own = own_package(imp.module.lstrip(".").split(".")[0], self.entry_path) if imp is not None and imp.absent_names \
-            else None
-        need = (f"{imp.message} ({own})" if own else
-                f"{imp.message} (the installed {drift.installed(imp.module, self.entry_path)})" if imp is not None and imp.absent_names
+        need = (f"{imp.message} ({drift.lacking(imp.module, self.entry_path)})" if imp is not None and imp.absent_names
                 else self._not_importable(imp.missing if imp is not None else top, imp))
         return f"(it uses `{stub.name.rstrip('()')}`, which could not be imported: {need}{decides})"
 
@@ -103,9 +98,11 @@ class MissingPackages:
             # the import's own line is the user's
             where = f"{display(imp.path, self.entry_path, entry_display)}:{imp.line}"
         if imp is not None and imp.absent_names:
+            lacks = drift.lacking(imp.module, self.entry_path)
+            if lacks.startswith("the installed"):
+                lacks += "; the training repository needs another version"
             return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here: "
-                    f"{imp.message} (the installed {drift.installed(imp.module, self.entry_path)}; the training repository "
-                    f"needs another version); the plan would be built without it")
+                    f"{imp.message} ({lacks}); the plan would be built without it")
         return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here "
                 f"({self._not_importable(missing, imp, where='')}); the plan would be built without it")
 

@@ -577,7 +577,7 @@ class _Run:
         for imp in self.failures.imports:
             if imp.absent_names:
                 notes.append(f"{_display(imp.path, self.path, self.shown)}:{imp.line}: {imp.message} "
-                             f"(the installed {drift.installed(imp.module, self.path)}); `python` stops there, "
+                             f"({drift.lacking(imp.module, self.path)}); `python` stops there, "
                              f"fsdp-lint stood in for it (not used by the model)")
         return notes
 
