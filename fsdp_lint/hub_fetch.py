@@ -20,7 +20,7 @@ import subprocess
 import sys
 from typing import Callable, List, Optional
 
-from fsdp_lint.replay.hub_commands import SETUP_FILES
+from fsdp_lint.replay.hub_commands import RERUN_HINT, SETUP_FILES
 
 MAX_FETCHES = 4
 FETCH_TIMEOUT = 300.0       # seconds for one repository's setup files
@@ -109,7 +109,8 @@ def with_fetches(outcome: Callable, relint: Callable, lint_error: type) -> Calla
                 try:
                     fetch(asked)
                 except FetchRefused as why:
-                    raise lint_error(f"{exc} (--fetch-configs did not fetch it: {why})") from None
+                    said = str(exc).replace(RERUN_HINT, "")      # (it was rerun so: it did not help)
+                    raise lint_error(f"{said} (--fetch-configs did not fetch it: {why})") from None
                 fetched.append(asked)
                 current = relint
                 continue

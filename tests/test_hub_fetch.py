@@ -85,6 +85,7 @@ def test_offline_and_unknown_repositories_are_one_line(cli, tmp_path, hub, monke
     res = cli("train.py", "-n", "2", "--no-cache", "--fetch-configs", cwd=str(tmp_path))
     assert res.code == 2 and "--fetch-configs did not fetch it: RepositoryNotFoundError" in res.err
     assert len(res.err.strip().splitlines()) == 1
+    assert "rerun with --fetch-configs" not in res.err       # (it was: the hint is gone where it did not help)
 
 
 def test_the_key_in_pyproject(cli, tmp_path, hub):

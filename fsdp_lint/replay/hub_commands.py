@@ -41,3 +41,6 @@ def download_command(repo: str, files: Sequence[str] = (), include: Sequence[str
     if repo_type and repo_type != "model":
         words += ["--repo-type", repo_type]
     return " ".join(words)
+
+# the hint an error names the download with (removed where --fetch-configs was given and could not fetch it)
+RERUN_HINT = " (or rerun with --fetch-configs)"

@@ -28,7 +28,7 @@ from typing import Any, Dict, List
 
 from fsdp_lint.replay.frameworks.hf_saves import save_pretrained_hook
 from fsdp_lint.replay.frameworks.hub_snapshots import NOT_DOWNLOADED, WEIGHT_SUFFIXES, snapshot_download_hook
-from fsdp_lint.replay.hub_commands import SETUP_FILES, download_command
+from fsdp_lint.replay.hub_commands import RERUN_HINT, SETUP_FILES, download_command
 from fsdp_lint.replay.network import HUB_FILE, NotDownloaded
 from fsdp_lint.replay.records import IN_TRAINING
 
@@ -80,8 +80,8 @@ def missing_config_message(name: str) -> str:
                 f"({cache}) with `{download_command(name, code)}`")
     return (f"no config.json for the hub model {name!r} here, and fsdp-lint never downloads: pass "
             f"--hf-config path/to/config.json (or the model's directory), or put its config and tokenizer (no "
-            f"weights) in the local Hugging Face cache ({cache}) with `{download_command(name, include=SETUP_FILES)}` "
-            f"(or rerun with --fetch-configs)")
+            f"weights) in the local Hugging Face cache ({cache}) with `{download_command(name, include=SETUP_FILES)}`"
+            f"{RERUN_HINT}")
 
 
 def _missing_code(name: str) -> List[str]:
