@@ -512,3 +512,33 @@ def test_a_sub_project_not_installed_is_named_with_its_install(cli, tmp_path):
     res = cli("train_root.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
     assert "`engine` is the repository's sub-project engine/" in res.out + res.err
     assert "pip install -e engine" in res.out + res.err and "the installed engine" not in res.out + res.err
+
+
+PLACEHOLDER_TOKENIZER = {
+    "train.py": '''
+        from __future__ import annotations
+
+        import os
+
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.distributed.fsdp import fully_shard
+        from transformers import AutoTokenizer
+
+        # the recipe's template: "set LOAD_FROM to your pretrained model"
+        load_from = os.environ.get("LOAD_FROM", "/path/to/pretrained/model")
+        dist.init_process_group("nccl")
+        tokenizer = AutoTokenizer.from_pretrained(load_from)
+        model = nn.Sequential(nn.Embedding(len(tokenizer), 32), nn.Linear(32, 32))
+        fully_shard(model)
+    ''',
+}
+
+
+def test_a_tokenizer_path_that_is_a_folder_is_never_a_hub_download(cli, tmp_path):
+    # transformers itself refuses `/path/to/...` as a repo id; the hint said `hf download /path/to/pretrained/model`
+    write_tree(tmp_path, PLACEHOLDER_TOKENIZER)
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    line = res.err.strip().splitlines()[0]
+    assert "no tokenizer folder '/path/to/pretrained/model' here" in line and "hf download" not in line, line

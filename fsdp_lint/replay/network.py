@@ -244,6 +244,8 @@ def download_hint(msg: str, exc: Optional[BaseException] = None) -> str:
         asked = getattr(exc, HUB_FILE, None)
         if asked:
             repo, name, kind, revision = (*asked, None)[:4]
+            if str(repo).startswith(("/", ".", "~")):
+                return ""       # a local folder the node has (or a recipe's placeholder): no hub repository
             rev = f" --revision {revision}" if revision and revision != "main" else ""
             if not name:    # snapshot_download of a model: its configs are what a lint reads
                 return (f" (the hub repository {repo}{f' at revision {revision}' if rev else ''} is not here, and "

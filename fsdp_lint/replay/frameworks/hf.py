@@ -248,6 +248,10 @@ def _loads_tokenizers(attr: str):
 
 
 def _tokenizer_missing(name: str, why: str) -> str:
+    if isinstance(name, str) and not _is_hub_id(name):       # `/path/to/pretrained/model`: a folder, not a hub id
+        return (f"no tokenizer folder {name!r} here: a path of the node the job runs on (or a placeholder of the "
+                f"recipe, to be set) that this machine does not have; pass a local tokenizer folder in the script's "
+                f"arguments ({why})")
     return (f"no tokenizer for {name!r} here, and fsdp-lint never downloads: put it in the local Hugging "
             f"Face cache (`{download_command(name, include=SETUP_FILES)}`: its configs and tokenizer, no weights; or "
             f"rerun with --fetch-configs) "
