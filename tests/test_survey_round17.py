@@ -542,3 +542,35 @@ def test_a_tokenizer_path_that_is_a_folder_is_never_a_hub_download(cli, tmp_path
     assert res.code == 2, res.out
     line = res.err.strip().splitlines()[0]
     assert "no tokenizer folder '/path/to/pretrained/model' here" in line and "hf download" not in line, line
+
+
+def test_an_installed_library_whose_import_fails_here_is_not_called_missing(cli, tmp_path, monkeypatch):
+    # a library built for an older torch (tensordict<0.6 on torch 2.13) is installed: its import fails inside it.
+    # It was "not installed here"; python's own error is what stops it
+    site = tmp_path / "site"
+    write_tree(site, {
+        "oldtd/__init__.py": "from torch.multiprocessing.reductions import NoSuchPickler  # noqa: F401\n",
+        "oldtd-0.5.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: oldtd\nVersion: 0.5.0\n",
+        "oldtd-0.5.0.dist-info/top_level.txt": "oldtd\n",
+    })
+    write_tree(tmp_path / "proj", {"train.py": '''
+        from __future__ import annotations
+
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.distributed.fsdp import fully_shard
+
+        from oldtd import TensorDict  # noqa: F401  (the rollout buffers only)
+
+        dist.init_process_group("nccl")
+        model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(2)])
+        fully_shard(model)
+    '''})
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path / "proj"))
+    assert res.code in (0, 1), res.err
+    notes = json.loads(res.out)["files"][0]["notes"]
+    said = next(n for n in notes if "oldtd" in n)
+    assert "`oldtd` is installed, but importing it fails here: cannot import name 'NoSuchPickler'" in said, notes
+    assert not any("not installed here" in n and "oldtd" in n for n in notes)

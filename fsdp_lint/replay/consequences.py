@@ -84,6 +84,7 @@ def left_half_set(exc: BaseException) -> List[object]:
     from fsdp_lint.entry.project import is_local
 
     out, tb = [], exc.__traceback__
+    tb = tb.tb_next if tb is not None else None     # (the skipped statement's own frame: `acted_on` reads it)
     while tb is not None:
         frame = tb.tb_frame
         if is_local(frame.f_code.co_filename) and "self" in frame.f_code.co_varnames[:1]:

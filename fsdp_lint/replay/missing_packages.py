@@ -8,7 +8,7 @@ modules (`resolves_locally`) that the replay recorded.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import List, Optional
 
 from fsdp_lint.replay import drift
 from fsdp_lint.replay.imports import (StubUse, circular_module, distribution_of, is_circular, missing_module_of,
@@ -47,6 +47,25 @@ class MissingPackages:
             return (f"`{missing}` is not installed here (pip install {distribution_of(missing)}); "
                     f"install the training repository's dependencies to lint it")
         return None
+
+    def import_notes(self, shown) -> List[str]:
+        """The notes on the imports stood in for that the model does not use: packages not installed here, installed
+        ones whose import fails here (built for another torch), names an installed version lacks."""
+        notes: List[str] = []
+        unused = [i for i in self.imports if not i.local and not i.absent_names]
+        broken = [i for i in unused if _installed(i.missing) and not i.message.startswith("No module named")]
+        missing = [i for i in unused if i not in broken]
+        if missing:
+            notes.append("not installed here, stood in for (not used by the model): "
+                         + ", ".join(dict.fromkeys(i.missing for i in missing)))
+        for imp in dict((i.missing, i) for i in broken).values():
+            notes.append(f"{shown(imp.path)}:{imp.line}: `{imp.missing}` is installed, but importing it fails here: "
+                         f"{imp.message}; `python` stops there, fsdp-lint stood in for it (not used by the model)")
+        for imp in self.imports:
+            if imp.absent_names:
+                notes.append(f"{shown(imp.path)}:{imp.line}: {imp.message} ({drift.lacking(imp.module, self.entry_path)}); "
+                             f"`python` stops there, fsdp-lint stood in for it (not used by the model)")
+        return notes
 
     def _stub_hint(self, msg: str) -> str:
         if ("not installed here" in msg or "does not have it" in msg) and self.imports:
@@ -149,3 +168,12 @@ def package_hint(exc: BaseException, msg: str) -> str:
     if not top or f"`{top}`" in msg or f"'{top}'" in msg:
         return ""
     return f" (`{top}` is not installed here: pip install {distribution_of(top)})"
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module.split(".")[0]) is not None
+    except (ImportError, ValueError):
+        return False

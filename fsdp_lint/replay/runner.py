@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from fsdp_lint.process.alarm import alarm
 from fsdp_lint.entry.project import Entry, Reach, facts_for, reach
-from fsdp_lint.replay import asked_keys, boundary, drift, endings, network
+from fsdp_lint.replay import asked_keys, boundary, endings, network
 from fsdp_lint.replay.failures import _FSDP_LINT_DIR, Failures, _display, _one_line
 from fsdp_lint.replay.caught import caught_before_wrap, caught_helper
 from fsdp_lint.replay.empty_data import empty_length
@@ -570,15 +570,7 @@ class _Run:
                          f"skipped (first: {_display(first.path, self.path, self.shown)}:{first.line}: {first.error})"
                          f"{python_requirement_note(self.path)}")
         notes.extend(getattr(rec, "framework_notes", []))     # trials: what a framework hook changed
-        unused = [i for i in self.failures.imports if not i.local and not i.absent_names]
-        if unused:
-            names = ", ".join(dict.fromkeys(i.missing for i in unused))
-            notes.append(f"not installed here, stood in for (not used by the model): {names}")
-        for imp in self.failures.imports:
-            if imp.absent_names:
-                notes.append(f"{_display(imp.path, self.path, self.shown)}:{imp.line}: {imp.message} "
-                             f"({drift.lacking(imp.module, self.path)}); `python` stops there, "
-                             f"fsdp-lint stood in for it (not used by the model)")
+        notes.extend(self.failures.import_notes(lambda path: _display(path, self.path, self.shown)))
         return notes
 
 
