@@ -320,3 +320,58 @@ def test_python_m_of_an_installed_training_package_is_its_module(cli, tmp_path, 
     f = json.loads(res.out)["files"][0]
     assert f["path"].endswith(os.path.join("rltrainer", "main.py"))
     assert f["plan"]["api"] == "fsdp1" and f["plan"]["world_size"] == 8
+
+
+PPO_MODELS = '''
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+
+class Block(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.ff = nn.Linear(width, width)
+
+
+class Policy(nn.Module):
+    def __init__(self, depth: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(64) for _ in range(depth))
+        self.head = nn.Linear(64, 1000)
+
+
+class ValueModel(nn.Module):
+    def __init__(self, depth: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(64) for _ in range(depth))
+        self.score = nn.Linear(64, 1)
+
+
+def wrap(model):
+    return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.cuda.current_device())
+
+
+dist.init_process_group("nccl")
+critic = wrap(ValueModel(6))                       # the critic first, as PPO trainers initialise it
+critic_optim = torch.optim.AdamW(critic.parameters(), lr=1e-5)
+ref = wrap(Policy(3).requires_grad_(False))        # the frozen reference policy
+actor = wrap(Policy(3))                            # the policy, last
+actor_optim = torch.optim.AdamW(actor.parameters(), lr=1e-6)
+'''
+
+
+def test_of_several_trained_models_the_plan_is_the_last_wrapped_and_the_others_are_named(cli, tmp_path):
+    # a PPO job wraps its critic, its reference policy and its actor (verl's order): two are trained; the plan is
+    # the actor's (the last wrapped one an optimizer trains -- the critic has more parameters), the others named
+    (tmp_path / "ppo.py").write_text(PPO_MODELS)
+    res = cli("ppo.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["model"]["class"] == "Policy" and len([u for u in f["plan"]["units"] if u["numel"]]) == 3 + 1
+    note = next(n for n in f["notes"] if "models" in n)
+    assert "the setup wrapped 3 models" in note and "ValueModel at ppo.py:32" in note and "Policy at ppo.py:32" in note

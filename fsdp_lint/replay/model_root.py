@@ -81,8 +81,38 @@ def _root_of(rec: Recorder):
     if counts.get(id(best), 0) * 2 < len(candidates) and counts.get(id(best), 0) < most:
         # (a tie keeps the last call's: a T5 encoder, then two DiTs each wrapped once -- the DiTs are the job)
         best = max(candidates, key=lambda c: counts[id(c)])
-    trained = _trained_root(rec, candidates)
+    trained = _trained_root(rec, candidates, best)
     return trained if trained is not None else best
+
+
+def note_other_models(rec: Recorder, root, shown) -> None:
+    """A note (in the framework notes) naming the other models the setup wrapped (an RL job's critic and
+    reference policy beside its actor, a teacher beside a student): the plan is one model's."""
+    def top(m):
+        seen = set()
+        while id(m) in rec.parents and id(m) not in seen:
+            seen.add(id(m))
+            m = rec.parents[id(m)]
+        return m
+
+    others: Dict[int, Any] = {}
+    for call in rec.wrap_calls:
+        for m in call.modules[:1]:
+            t = top(m)
+            if t is not root and m is not root and not _within(m, root) and id(t) not in others:
+                others[id(t)] = (t, call.pos)
+    if others:
+        names = "; ".join(f"{type(t).__name__} at {shown(pos.path)}:{pos.line}" for t, pos in others.values())
+        rec.__dict__.setdefault("framework_notes", []).append(
+            f"the setup wrapped {len(others) + 1} models: the plan shows {type(root).__name__}'s (the last wrapped one "
+            f"an optimizer trains); also wrapped: {names}")
+
+
+def _within(module, root) -> bool:
+    import torch
+
+    with torch._C.DisableTorchFunction():
+        return any(m is module for m in root.modules())
 
 
 def _adds_no_parameters(parent, child) -> bool:
@@ -110,9 +140,10 @@ def _held(obj, rec: Recorder) -> bool:
     return False
 
 
-def _trained_root(rec: Recorder, candidates):
+def _trained_root(rec: Recorder, candidates, last=None):
     """Of several wrapped models (a frozen text encoder, the model, its EMA copy), the one the
-    optimizer trains: the model the job is about. None without an optimizer over any of them."""
+    optimizer trains: the model the job is about. None without an optimizer over any of them. Where
+    several are trained (an RL job's actor and critic), the last wrapped of them (`last`): the policy."""
     opt_ids = getattr(rec, "optimizer_param_ids", None)
     if not opt_ids or len({id(c) for c in candidates}) < 2:
         return None
@@ -120,6 +151,8 @@ def _trained_root(rec: Recorder, candidates):
     for c in candidates:
         if id(c) not in owned:
             owned[id(c)] = (sum(1 for p in c.parameters() if id(p) in opt_ids), c)
+    if last is not None and owned.get(id(last), (0, None))[0]:
+        return last
     count, root = max(owned.values(), key=lambda t: t[0])
     return root if count else None
 

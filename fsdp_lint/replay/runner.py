@@ -69,7 +69,7 @@ from fsdp_lint.replay.argv_hint import argv_hint
 from fsdp_lint.replay.subprocess_launches import LaunchElsewhere
 from fsdp_lint.replay.roots import last_resort_roots
 from fsdp_lint.model.tree import user_class
-from fsdp_lint.replay.model_root import _root_of, _undo_after_last_wrap  # noqa: F401 (api.py imports them here)
+from fsdp_lint.replay.model_root import _root_of, note_other_models, _undo_after_last_wrap  # noqa: F401 (api.py imports them here)
 
 
 class _ReplayTimeout(BaseException):
@@ -464,6 +464,7 @@ class _Run:
             _undo_after_last_wrap(rec)
         if rec.wrap_calls:
             root = _root_of(rec)
+            note_other_models(rec, root, lambda path: _display(path, self.path, self.shown))
             how = how if (how and override is not None and override.used) else f"{self.display}:{user_class(root).__name__}"
             if override is not None and not override.used:
                 # the file wraps a model of its own: applying its wrap code (policies naming the
