@@ -41,9 +41,12 @@ def unreached(run, exc: NoModelError) -> NoModelError:
 def _stand_in_called(run) -> Optional[NoModelError]:
     """No model, and the setup called what could not be imported here (a framework's model loader, its FSDP
     helper): the model, or its wrap, comes from that package."""
+    import os
+
     from fsdp_lint.entry.project import is_local
 
-    calls = [u for u in run.failures.stub_uses if u.name.endswith("()") and is_local(u.path)]
+    calls = [u for u in run.failures.stub_uses if u.name.endswith("()")
+             and (is_local(u.path) or os.path.abspath(u.path) == run.path)]     # (an installed package's entry)
     if not calls:
         return None
     return NoModelError(f"{run.display}: no model was built or wrapped here: "
