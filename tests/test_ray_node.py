@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from conftest import write_tree  # noqa: E402
 
 RL_PROJECT = {
+    "pyproject.toml": '[project]\nname = "rlkit"\nversion = "0.1"\ndependencies = ["torch>=2.6", "ray[default]>=2.40"]\n',
     "rlkit/__init__.py": "",
     "rlkit/models.py": '''
         from __future__ import annotations
@@ -375,3 +376,19 @@ def test_of_several_trained_models_the_plan_is_the_last_wrapped_and_the_others_a
     assert f["model"]["class"] == "Policy" and len([u for u in f["plan"]["units"] if u["numel"]]) == 3 + 1
     note = next(n for n in f["notes"] if "models" in n)
     assert "the setup wrapped 3 models" in note and "ValueModel at ppo.py:32" in note and "Policy at ppo.py:32" in note
+
+
+def test_a_project_that_only_probes_for_ray_gets_no_ray_when_it_is_not_installed(cli, tmp_path):
+    # Ray as an optional extra (`pip install lmkit[ray]`), probed for: a node set up as the README says has no Ray,
+    # so the probe fails and the Ray-only code is never reached (it was reached, and skipped, with a simulated Ray)
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "lmkit"\nversion = "0.1"\ndependencies = ["torch"]\n'
+                                             '[project.optional-dependencies]\nray = ["ray>=2.22"]\n')
+    (tmp_path / "train.py").write_text(
+        "import torch.nn as nn\nfrom torch.distributed.fsdp import fully_shard\n\n"
+        "try:\n    import ray\n    RAY = True\nexcept ImportError:\n    RAY = False\n\n"
+        "if RAY:\n    import ray.data\n    rows = ray.data.read_json('data/')\n\n"
+        "model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))\nfully_shard(model)\n")
+    res = cli("train.py", "-n", "2", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["replay"]["skipped_statements"] == [] and not any("ray" in n for n in f["notes"]), f

@@ -574,3 +574,68 @@ def test_an_installed_library_whose_import_fails_here_is_not_called_missing(cli,
     said = next(n for n in notes if "oldtd" in n)
     assert "`oldtd` is installed, but importing it fails here: cannot import name 'NoSuchPickler'" in said, notes
     assert not any("not installed here" in n and "oldtd" in n for n in notes)
+
+
+DATA_TYPE_TAG = {
+    "train.py": '''
+        from __future__ import annotations
+
+        import argparse
+        import json
+        from pathlib import Path
+
+        import torch.distributed as dist
+        import torch.nn as nn
+        from datasets import load_dataset
+        from torch.distributed.fsdp import fully_shard
+
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--dataset_path", default="data/alpaca/train_conversation")
+        args = parser.parse_args()
+
+
+        class JsonDataset:
+            """A folder of JSON files, each {"type": ..., "instances": [...]}: the type tag read by the project."""
+
+            def __init__(self, path):
+                files = sorted(str(f) for f in Path(path).glob("*.json"))
+                self.type = None
+                for f in files:
+                    self.type = json.load(open(f))["type"]
+                self.rows = load_dataset("json", data_files=files, field="instances")["train"]
+
+
+        def tokenize(ds):
+            if ds.type == "text_only":
+                return ds.rows.map(lambda r: {"n": len(r["text"])})
+            if ds.type == "conversation":
+                return ds.rows.map(lambda r: {"n": len(r["messages"])})
+            raise NotImplementedError(f'dataset type "{ds.type}" is not supported')
+
+
+        def setup(model, train_dataset):
+            # the trainer's setup: wraps the model and sizes its schedule from the data
+            for layer in model:
+                fully_shard(layer)
+            fully_shard(model)
+            return len(train_dataset)
+
+
+        dist.init_process_group("nccl")
+        dataset = JsonDataset(args.dataset_path)
+        tokenized = tokenize(dataset)
+        steps = setup(nn.Sequential(*[nn.Linear(64, 64) for _ in range(3)]), tokenized)
+    ''',
+}
+
+
+def test_a_project_check_refusing_a_stood_in_data_set_names_the_data_set(cli, tmp_path):
+    # the README's data folder is not here: the data set stands in, and the project's own dispatch on the folder's
+    # type tag refuses it; the line names the data set that could not be loaded (python stops at load_dataset)
+    write_tree(tmp_path, DATA_TYPE_TAG)
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2, res.out
+    line = res.err.strip().splitlines()[0]
+    assert 'dataset type "None" is not supported' in line
+    assert "train.py:26: the data set could not be loaded here and stands in with placeholder rows" in line, line
+    assert "Empty 'data_files'" in line

@@ -727,7 +727,8 @@ def test_a_model_wrapped_inside_a_ray_actor_or_task_is_planned_with_ray_not_inst
     from oracle import fsdp2_groups
     from torch.distributed.fsdp import fully_shard
 
-    (tmp_path / "setup.py").write_text("from setuptools import setup\nsetup(name='rl')\n")
+    (tmp_path / "setup.py").write_text("from setuptools import setup\n\nsetup(\n    name='rl',\n    install_requires=[\n"
+                                       "        'ray>=2.40',\n    ],\n)\n")
     (tmp_path / "main.py").write_text(source)
     res = cli("main.py", "--world-size", "2", "--no-cache", "--format", "json", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err

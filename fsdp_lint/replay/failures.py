@@ -327,7 +327,20 @@ class Failures(MissingPackages):
         text += drift.note(cause.exc if cause is not None else exc, self.entry_path)   # (and a newer Python's project)
         text += self._absent_name_before(text, entry_display)
         text += self._caught_after_the_wrap(exc, entry_display)
+        text += self._skipped_before(exc, text, entry_display)
         return text if "requires-python" in text else text + python_requirement_note(self.entry_path)
+
+    def _skipped_before(self, exc: BaseException, text: str, entry_display: str) -> str:
+        """`` (before it, train.py:23: the data set could not be loaded here and stands in with placeholder rows:
+        ValueError: ...)``: a data set this machine lacks was stood in before the failure, which the line does not
+        name -- a project check refusing what the placeholder rows give (a data-type tag the folder's files hold)
+        fails on the stand-in, not on the node's data."""
+        stood_in = [s for s in self.skips if getattr(s.exc, "fsdp_lint_data_stand_in", False) and s.exc is not exc]
+        if not stood_in or any(s.skipped.error in text for s in stood_in):
+            return ""
+        first = stood_in[0].skipped
+        return (f" (before it, {_display(first.path, self.entry_path, entry_display)}:{first.line}: the data set could not "
+                f"be loaded here and stands in with placeholder rows: {first.error})")
 
     def _caught_after_the_wrap(self, exc: BaseException, entry_display: str) -> str:
         """`` (before it, after the wrap, the script's `except` at train.py:106 caught: ...)``: what failed in the

@@ -28,7 +28,42 @@ def declared_distributions() -> Tuple[str, ...]:
     return _DECLARED[folder]
 
 
-def _project_requirements() -> List[str]:
+def requires(name: str) -> bool:
+    """Whether the entry's repository requires distribution `name` itself (not only as an extra): a node set up
+    as its README says has it installed."""
+    if any(_normalised(r) == name for r in _project_requirements(extras=False)):
+        return True
+    from importlib import metadata
+
+    for dist in _installed_distributions_of(_PROJECT[0]):     # an installed package's module launched (`-m`)
+        try:
+            needed = metadata.requires(dist) or []
+        except metadata.PackageNotFoundError:
+            continue
+        if any(_normalised(r) == name for r in needed if "extra ==" not in r):
+            return True
+    return False
+
+
+def _installed_distributions_of(path: Optional[str]) -> List[str]:
+    """The installed distributions that hold the file `path` (a module of an installed package)."""
+    import sys
+    from importlib import metadata
+
+    if not path:
+        return []
+    path = os.path.abspath(path)
+    for entry in sys.path:
+        base = os.path.abspath(entry or ".")
+        if path.startswith(base + os.sep):
+            top = os.path.relpath(path, base).split(os.sep)[0].removesuffix(".py")
+            found = metadata.packages_distributions().get(top)
+            if found:
+                return list(found)
+    return []
+
+
+def _project_requirements(extras: bool = True) -> List[str]:
     """The requirement texts of each folder from the entry's own up to its repository root (the entry's folder
     alone where nothing marks a root: a checkout's requirements.txt beside its train.py), nearest first."""
     from fsdp_lint.entry.project import repo_root
@@ -39,7 +74,7 @@ def _project_requirements() -> List[str]:
     root = repo_root(_PROJECT[0]) or folder
     out, d = [], folder
     while True:
-        out += _requirements(d)
+        out += _requirements(d, extras)
         if d == root or os.path.dirname(d) == d or not d.startswith(root):
             return out
         d = os.path.dirname(d)
@@ -63,11 +98,11 @@ def _normalised(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", found.group(1)).lower() if found else ""
 
 
-def _requirements(root: str) -> List[str]:
-    return [text for _, text in requirement_files(root)]
+def _requirements(root: str, extras: bool = True) -> List[str]:
+    return [text for _, text in requirement_files(root, extras)]
 
 
-def requirement_files(folder: str) -> List[Tuple[str, str]]:
+def requirement_files(folder: str, extras: bool = True) -> List[Tuple[str, str]]:
     """(file, requirement text) of the requirements `folder` declares: pyproject.toml's ``[project]``
     dependencies and extras and Poetry's dependency tables (``name`` or ``name<spec>``), each line of
     ``requirements*.txt``, the quoted requirements of setup.py's install_requires/extras_require."""
@@ -96,15 +131,15 @@ def requirement_files(folder: str) -> List[Tuple[str, str]]:
                 continue
             project = doc.get("project") or {}
             texts = [r for r in project.get("dependencies") or [] if isinstance(r, str)]
-            for extra in (project.get("optional-dependencies") or {}).values():
+            for extra in (project.get("optional-dependencies") or {}).values() if extras else ():
                 texts += [r for r in extra if isinstance(r, str)] if isinstance(extra, list) else []
             poetry = (doc.get("tool") or {}).get("poetry") or {}
             texts += [k for k in poetry.get("dependencies") or {} if k != "python"]
         elif name == "setup.py":            # the literal lists of install_requires= and extras_require=
             text = data.decode("utf-8", "replace")
             texts = []
-            for block in re.findall(r"(?:install_requires\s*=\s*\[|extras_require\s*=\s*\{)(.*?)[\]}]\s*,?\s*\n",
-                                    text, re.S):
+            starts = r"(?:install_requires\s*=\s*\[|extras_require\s*=\s*\{)" if extras else r"install_requires\s*=\s*\["
+            for block in re.findall(starts + r"(.*?)[\]}]\s*,?\s*\n", text, re.S):
                 texts += re.findall(r"""["']([A-Za-z0-9][^"']*)["']""", block)
         else:
             texts = [line for line in data.decode("utf-8", "replace").splitlines()

@@ -37,7 +37,7 @@ from fsdp_lint.replay import (  # issue 11; issue 15: the node's GPU, data value
     checkpoints, data_values, host_values, job_submission, network, node, parallel, rank_values, smi,
     subprocess_launches, writes,
 )
-from fsdp_lint.replay.ray_node.modules import install as simulated_ray
+from fsdp_lint.replay.ray_node.modules import install as simulated_ray, node_has_ray
 from fsdp_lint.replay.records import _MISSING, OptimizerCall, ParamEvent
 from fsdp_lint.replay.streams import NodeStream
 from fsdp_lint.replay.process_group import initialised_by_the_script
@@ -106,7 +106,8 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     cleanups = [_hydra_without_outputs(patch)] if "hydra" in launchers else []
     if not node.real_cuda(rec):         # the node's nvidia-smi, first on PATH (os.environ is restored after)
         cleanups.append(smi.install(_node_profile(), rec.world_size))
-    cleanups.append(simulated_ray(_node_gpus()))   # the node's Ray, in this process
+    if node_has_ray(rec.path):
+        cleanups.append(simulated_ray(_node_gpus()))   # the node's Ray, in this process
     _simulate_mesh(rec, patch)
     target_device = node.target_device(rec)
     _record_param_changes(rec, patch, target_device)

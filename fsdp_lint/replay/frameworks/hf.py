@@ -577,6 +577,7 @@ def _datasets(hooks, module) -> None:
                     _note(hooks.rec, f"load_from_disk of another rank's folder loads rank 0's ({saved})")
                     return load(saved, *args[1:], **{k: v for k, v in kwargs.items() if k != "dataset_path"})
                 pos = hooks.rec.position()
+                exc.fsdp_lint_data_stand_in = True      # (a later failure on its placeholder rows names it)
                 hooks.rec.record_skip(pos.path, pos.line, exc)
                 return data_standins.standin_for(load, args, kwargs)
         return wrapped

@@ -84,6 +84,21 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None
 
 
+def node_has_ray(entry_path: str) -> bool:
+    """Whether the simulated node has Ray: it is installed here, or the repository requires it (not as an extra
+    only -- a project that probes for Ray, `is_ray_available()`, and goes on without it, goes on here too)."""
+    from importlib import metadata
+
+    from fsdp_lint.replay.requirements import requires, set_project
+
+    set_project(entry_path)
+    try:
+        metadata.distribution("ray")
+        return True
+    except metadata.PackageNotFoundError:
+        return requires("ray")
+
+
 def install(node_gpus: int) -> Callable[[], None]:
     """Put the simulated Ray in place of any real one for the replay; the returned function puts back what was."""
     version = SIMULATED_RAY_VERSION
