@@ -566,8 +566,12 @@ def test_an_installed_library_whose_import_fails_here_is_not_called_missing(cli,
         model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(2)])
         fully_shard(model)
     '''})
+    from fsdp_lint.entry import project
+
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setattr(project, "_LIB_DIRS", None)     # (a process started with it on PYTHONPATH reads it so)
+    monkeypatch.setattr(project, "_IS_LOCAL", {})
     res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path / "proj"))
     assert res.code in (0, 1), res.err
     notes = json.loads(res.out)["files"][0]["notes"]
