@@ -544,9 +544,12 @@ def test_a_tokenizer_path_that_is_a_folder_is_never_a_hub_download(cli, tmp_path
     assert "no tokenizer folder '/path/to/pretrained/model' here" in line and "hf download" not in line, line
 
 
-def test_an_installed_library_whose_import_fails_here_is_not_called_missing(cli, tmp_path, monkeypatch):
+def test_an_installed_library_whose_import_fails_here_is_not_called_missing(tmp_path):
     # a library built for an older torch (tensordict<0.6 on torch 2.13) is installed: its import fails inside it.
-    # It was "not installed here"; python's own error is what stops it
+    # It was "not installed here"; python's own error is what stops it. (A fresh process, as a user runs it: the
+    # site folder on its PYTHONPATH from the start.)
+    from conftest import REPO, run_subprocess
+
     site = tmp_path / "site"
     write_tree(site, {
         "oldtd/__init__.py": "from torch.multiprocessing.reductions import NoSuchPickler  # noqa: F401\n",
@@ -566,15 +569,10 @@ def test_an_installed_library_whose_import_fails_here_is_not_called_missing(cli,
         model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(2)])
         fully_shard(model)
     '''})
-    from fsdp_lint.entry import project
-
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setenv("PYTHONPATH", str(site))
-    monkeypatch.setattr(project, "_LIB_DIRS", None)     # (a process started with it on PYTHONPATH reads it so)
-    monkeypatch.setattr(project, "_IS_LOCAL", {})
-    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path / "proj"))
-    assert res.code in (0, 1), res.err
-    notes = json.loads(res.out)["files"][0]["notes"]
+    res = run_subprocess(["-m", "fsdp_lint", "train.py", "-n", "8", "--no-cache", "--format", "json"],
+                         cwd=str(tmp_path / "proj"), env={"PYTHONPATH": f"{site}{os.pathsep}{REPO}"})
+    assert res.returncode in (0, 1), res.stderr
+    notes = json.loads(res.stdout)["files"][0]["notes"]
     said = next(n for n in notes if "oldtd" in n)
     assert "`oldtd` is installed, but importing it fails here: cannot import name 'NoSuchPickler'" in said, notes
     assert not any("not installed here" in n and "oldtd" in n for n in notes)
