@@ -641,3 +641,18 @@ def test_a_project_check_refusing_a_stood_in_data_set_names_the_data_set(cli, tm
     assert 'dataset type "None" is not supported' in line
     assert "train.py:26: the data set could not be loaded here and stands in with placeholder rows" in line, line
     assert "Empty 'data_files'" in line
+
+
+def test_an_error_raised_again_under_a_header_is_said_with_its_own_line():
+    # a caller re-raising a worker's failure: `worker::build() (pid=..., ip=...)` then `ValueError: ...` on the next
+    # line (as remote-execution libraries do); the one line kept the header alone
+    from fsdp_lint.replay.one_line import one_line
+
+    class RemoteError(RuntimeError):
+        pass
+
+    said = one_line(RemoteError("worker::build_in_worker() (pid=1234, ip=10.0.0.1)\n  ValueError: width 1000 is not "
+                                "divisible by heads 16"))
+    assert said == ("RemoteError: worker::build_in_worker() (pid=1234, ip=10.0.0.1) -- ValueError: width 1000 is not "
+                    "divisible by heads 16")
+    assert one_line(ValueError("a list of things:\nfirst\nsecond")) == "ValueError: a list of things: first"

@@ -8,6 +8,8 @@ from fsdp_lint.replay.network import NotDownloaded
 # pydantic's "2 validation errors for Config" heads a list: a field's location on a line of its own, its
 # message indented below it
 _VALIDATION_HEADER = re.compile(r"^\d+ validation errors? for \S+$")
+# a line that says an error, as python prints one (`ValueError: ...`, `torch.OutOfMemoryError: ...`)
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)(?:\([^)]*\))?: ")
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:
@@ -19,6 +21,10 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     if "Traceback (most recent call last)" in text and len(lines) > 2:
         # an error another process raised, with its traceback in the message (a Ray worker's `RayTaskError`,
         # `ray::main_task() (pid=..., ip=...)` then the worker's traceback): its own last line is the cause
+        first = f"{first} -- {lines[-1]}"
+    elif len(lines) > 1 and _EXCEPTION_LINE.match(lines[-1]) and not _EXCEPTION_LINE.match(first):
+        # a header, then the error it reports on a later line (a worker's failure raised again by its caller:
+        # `worker::build() (pid=..., ip=...)` then `ValueError: ...`): the error is the cause
         first = f"{first} -- {lines[-1]}"
     elif first.endswith(":") and len(lines) > 1:
         # a wrapper's header ("Failed to import transformers.trainer because of the following error
