@@ -139,7 +139,8 @@ class Recording:
             self._stack.close()
             # modules the block imported stay imported (the sandbox forgets a replayed file's own modules)
             for name, mod in imported.items():
-                sys.modules.setdefault(name, mod)
+                if not getattr(mod, "__fsdp_lint_simulated__", False):     # (the simulated node's Ray: its own)
+                    sys.modules.setdefault(name, mod)
         if exc_type is not None and issubclass(exc_type, TrainingBoundary):
             self.boundary = exc.reason          # a framework started training: the plan is complete
             return True

@@ -392,3 +392,19 @@ def test_a_project_that_only_probes_for_ray_gets_no_ray_when_it_is_not_installed
     assert res.code in (0, 1), res.err
     f = json.loads(res.out)["files"][0]
     assert f["replay"]["skipped_statements"] == [] and not any("ray" in n for n in f["notes"]), f
+
+
+def test_the_simulated_ray_never_outlives_a_recording(tmp_path):
+    # `with fsdp_lint.record(...)` keeps the modules the block imported; the simulated node's Ray is not one of them
+    # (the caller's process, and every later lint in it, would find a Ray that is not installed)
+    import fsdp_lint
+
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "rl"\nversion = "0.1"\ndependencies = ["ray>=2.40"]\n')
+    (tmp_path / "driver.py").write_text("")
+    before = {k for k in sys.modules if k == "ray" or k.startswith("ray.")}
+    with fsdp_lint.record(world_size=2, path=str(tmp_path / "driver.py")):
+        import ray
+
+        assert ray.is_initialized() is False and ray.get(ray.put(3)) == 3     # the node's Ray, in the block
+    after = {k for k in sys.modules if k == "ray" or k.startswith("ray.")}
+    assert after == before
