@@ -106,8 +106,6 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
     cleanups = [_hydra_without_outputs(patch)] if "hydra" in launchers else []
     if not node.real_cuda(rec):         # the node's nvidia-smi, first on PATH (os.environ is restored after)
         cleanups.append(smi.install(_node_profile(), rec.world_size))
-    if node_has_ray(rec.path):
-        cleanups.append(simulated_ray(_node_gpus()))   # the node's Ray, in this process
     _simulate_mesh(rec, patch)
     target_device = node.target_device(rec)
     _record_param_changes(rec, patch, target_device)
@@ -128,6 +126,8 @@ def sandbox(rec: Recorder, root: str, argv: Optional[List[str]] = None, launcher
         from torch.testing._internal.distributed.fake_pg import FakeStore
 
         saved.real_init_pg(backend="fake", store=FakeStore(), rank=0, world_size=rec.world_size)
+    if node_has_ray(rec.path):      # the node's Ray, in this process (last: nothing between it and the `finally`)
+        cleanups.append(simulated_ray(_node_gpus()))
     try:
         with contextlib.redirect_stdout(rec.stdout), contextlib.redirect_stderr(rec.stderr), \
                 torch.device(target_device), device_mode(target_device, rec), _quiet_warnings():
