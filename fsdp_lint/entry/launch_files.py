@@ -65,6 +65,11 @@ def _module_file(module: str, script: str, cd: Optional[str]) -> Tuple[Optional[
     return None, os.getcwd()
 
 
+# packages whose modules launch or serve jobs (their command lines), never a job's training module
+_LAUNCHER_PACKAGES = frozenset({"torch", "accelerate", "deepspeed", "lightning", "pytorch_lightning", "transformers",
+                                "composer", "torchx", "ray", "pip", "pytest"})
+
+
 def installed_module_file(module: str) -> Tuple[Optional[str], str]:
     """The file `python -m module` runs when the module is an installed package's, not the project's
     (``python -m verl.trainer.main_ppo`` with verl installed), found without importing anything: only a
@@ -73,6 +78,8 @@ def installed_module_file(module: str) -> Tuple[Optional[str], str]:
     import importlib.util
 
     top, *rest = module.split(".")
+    if top in _LAUNCHER_PACKAGES:
+        return None, os.getcwd()        # (`python -m accelerate.commands.launch ...`: a launcher, not the job)
     try:
         spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
