@@ -656,3 +656,13 @@ def test_an_error_raised_again_under_a_header_is_said_with_its_own_line():
     assert said == ("RemoteError: worker::build_in_worker() (pid=1234, ip=10.0.0.1) -- ValueError: width 1000 is not "
                     "divisible by heads 16")
     assert one_line(ValueError("a list of things:\nfirst\nsecond")) == "ValueError: a list of things: first"
+
+
+def test_a_command_substitution_not_computed_stays_one_word_when_its_variable_is_expanded():
+    # `TAG="exp$(make_suffix "$@")"` then `run_name=$TAG` unquoted: bash splits the substitution's output (a suffix:
+    # no spaces), never its command's text; the text was split into three arguments, which the script's parser refused
+    from fsdp_lint.entry.bash_words import _expanded_words
+
+    env = {"TAG": 'exp$(make_suffix "--layers 6")', "ARGS": "--lr 1 --fsdp"}
+    assert _expanded_words("train.py run_name=$TAG $ARGS", env, ()) == \
+        ["train.py", 'run_name=exp$(make_suffix "--layers 6")', "--lr", "1", "--fsdp"]

@@ -270,6 +270,28 @@ def _split(text: str) -> List[str]:
     return [re.sub("\x00(\\d+)\x00", lambda m: spans[int(m.group(1))], w) for w in words]
 
 
+def _value_words(value: str) -> List[str]:
+    """An unquoted value split on whitespace, as bash splits it; a command substitution it holds that was not
+    computed here stays one word (bash splits its output, which a suffix or a name rarely has spaces in: not its
+    command's text)."""
+    if "$(" not in value:
+        return value.split()
+    words, current, i = [], "", 0
+    while i < len(value):
+        end = closing(value, i + 1) if value.startswith("$(", i) else None
+        if end is not None:
+            current, i = current + value[i:end + 1], end + 1
+            continue
+        if value[i].isspace():
+            if current:
+                words.append(current)
+            current = ""
+        else:
+            current += value[i]
+        i += 1
+    return words + ([current] if current else [])
+
+
 def _expanded_words(text: str, env: Dict[str, str], positional: Sequence[str]) -> List[str]:
     """bash's words of `text`: expansions are made before the words are split, as bash makes them --
     one inside double quotes stays in its word, an unquoted one is split on whitespace (``$ARGS`` of
@@ -320,7 +342,7 @@ def _expanded_words(text: str, env: Dict[str, str], positional: Sequence[str]) -
                 elif quote == '"':
                     out.append(value.replace("\\", "\\\\").replace('"', '\\"'))
                 else:                                       # word splitting
-                    words = value if isinstance(value, list) else value.split()
+                    words = value if isinstance(value, list) else _value_words(value)
                     out.append(" ".join(shlex.quote(w) for w in words))
                 i = m.end()
                 continue
