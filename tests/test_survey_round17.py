@@ -666,3 +666,20 @@ def test_a_command_substitution_not_computed_stays_one_word_when_its_variable_is
     env = {"TAG": 'exp$(make_suffix "--layers 6")', "ARGS": "--lr 1 --fsdp"}
     assert _expanded_words("train.py run_name=$TAG $ARGS", env, ()) == \
         ["train.py", 'run_name=exp$(make_suffix "--layers 6")', "--lr", "1", "--fsdp"]
+
+
+def test_a_function_run_in_a_substitution_gives_what_it_echoes(cli, tmp_path):
+    # `TAG="exp$(make_suffix "$@")"`, `SUFFIX=$(make_suffix "$@")`: the function's body (its argument loop over the
+    # call's arguments, its assignments) read as the script's lines are, its `echo` what the substitution gives --
+    # as bash gives it (the oracle); it was passed as its text, which Hydra and argparse refuse
+    from test_survey_round16_launch import TRAIN_NAMED
+    from test_survey_round15_launch import NETS, _bash_echo, _plan
+
+    script = FUNCTIONS.replace('launch "$NPROC" "$LAYERS"\n', 'SUFFIX=$(make_suffix "$@")\n'
+                               'torchrun --nproc_per_node="$NPROC" train_a.py --layers "$LAYERS" --run_name "$TAG$SUFFIX"\n')
+    write_tree(tmp_path, {"train_a.py": TRAIN_NAMED, "run.sh": script, **NETS})
+    given = ["--layers", "5", "--nproc", "4"]
+    [ran] = _bash_echo(tmp_path / "run.sh", given, cwd=tmp_path)
+    assert ran.split() == ["torchrun", "--nproc_per_node=4", "train_a.py", "--layers", "5", "--run_name", "exp_l5"]
+    f = _plan(cli, tmp_path, "run.sh", *given)
+    assert f["args"] == ["--layers", "5", "--run_name", "exp_l5"] and f["plan"]["world_size"] == 4

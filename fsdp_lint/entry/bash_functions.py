@@ -5,7 +5,7 @@ its argument loop over the script's arguments and changed them: a wrong plan.)""
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from fsdp_lint.entry.bash_words import _expanded_words
 
@@ -19,10 +19,10 @@ _DEFINITION = re.compile(r"^\s*(?:function\s+([A-Za-z_][\w:-]*)\s*(?:\(\s*\))?|(
 _OPENS = re.compile(r"(?:^|\s)\{\s*$")
 
 
-def inline_functions(logical: Logical) -> Logical:
+def inline_functions(logical: Logical, functions: Dict[str, Logical] = None) -> Logical:
     """`logical` with the definitions taken out and each call of a defined function replaced by its body,
-    between a `CALL_BEGIN ARGS` and a `CALL_END` line."""
-    functions: Dict[str, Logical] = {}
+    between a `CALL_BEGIN ARGS` and a `CALL_END` line; `functions` (given) receives the definitions."""
+    functions = {} if functions is None else functions
     kept: Logical = []
     k = 0
     while k < len(logical):
@@ -90,3 +90,71 @@ def function_call(line: str, calls: List[Sequence[str]], positional: Sequence[st
         return tuple(_expanded_words(line[len(CALL_BEGIN):], env, positional))
     except ValueError:
         return ()
+
+
+# `$(name ARGS)` of a defined function (`SUFFIX=$(generate_suffix "$@")`, `RUN="exp$(suffix "$@")"`)
+_SUBSTITUTED_CALL = re.compile(r"^\$\(\s*([A-Za-z_][\w:-]*)(\s[^()]*)?\)$")
+_CALL_START = re.compile(r"\$\(\s*([A-Za-z_][\w:-]*)")
+_ECHO = re.compile(r"^(\s*)echo\s+(?:-[neE]+\s+)?(.*)$")
+OUTPUT = "__fsdp_lint_output__"
+
+
+def substituted_call(value: str, functions: Dict[str, Logical]):
+    """(the function's body as script text, its arguments' text) when `value` is ``$(name ARGS)`` of a function
+    the script defines, else None. The body's ``echo`` lines append to `OUTPUT`: what the substitution gives."""
+    m = _SUBSTITUTED_CALL.match(value)
+    if m is None or m.group(1) not in functions:
+        return None
+    lines = []
+    for _, pieces in functions[m.group(1)]:
+        text = "\\\n".join(t for _, t in pieces) if len(pieces) > 1 else pieces[0][1]
+        echo = _ECHO.match(text)
+        lines.append(f'{echo.group(1)}{OUTPUT}+={echo.group(2)}' if echo and "$(" not in echo.group(2) else text)
+    return "\n".join(lines) + "\n", (m.group(2) or "").strip()
+
+
+def function_output(called, env, exported, positional, read) -> Optional[str]:
+    """What ``$(name ARGS)`` of a function the script defines gives: its body (`substituted_call`) read as the
+    script's lines are read (`read(path, arguments, (environment, exported))`: its argument loop over ARGS, its
+    assignments, nothing run), its ``echo`` collected; None where that cannot be read."""
+    import os
+    import tempfile
+
+    from fsdp_lint.entry.bash_words import ShellError
+
+    body, args = called
+    try:
+        given = tuple(_expanded_words(args, env, positional))
+    except ValueError:
+        return None
+    scratch = {k: v for k, v in env.items() if k != OUTPUT}       # (its `local` variables stay its own)
+    with tempfile.TemporaryDirectory(prefix="fsdp-lint-fn-") as folder:
+        path = os.path.join(folder, "function.sh")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(body)
+        try:
+            read(path, given, (scratch, set(exported)))
+        except ShellError:
+            return None
+    out = scratch.get(OUTPUT)
+    return out if isinstance(out, str) else None
+
+
+def with_outputs(value: str, functions: Dict[str, Logical], env, exported, positional, read) -> str:
+    """`value` with each ``$(name ARGS)`` of a function the script defines replaced by what it gives
+    (`function_output`); any other substitution, and one that cannot be read, left as written."""
+    if not functions or "$(" not in value:
+        return value
+    from fsdp_lint.entry.bash_substitutions import closing
+
+    out, i = "", 0
+    while i < len(value):
+        m = _CALL_START.match(value, i)
+        end = closing(value, i + 1) if m and m.group(1) in functions else None
+        called = substituted_call(value[i:end + 1], functions) if end is not None else None
+        output = function_output(called, env, exported, positional, read) if called else None
+        if output is not None:
+            out, i = out + output, end + 1
+            continue
+        out, i = out + value[i], i + 1
+    return out

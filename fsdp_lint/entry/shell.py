@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fsdp_lint.entry.bash_arguments import argument_block, kaldi_options
-from fsdp_lint.entry.bash_functions import CALL_BEGIN, CALL_END, function_call, inline_functions
+from fsdp_lint.entry.bash_functions import CALL_BEGIN, CALL_END, function_call, inline_functions, with_outputs
 from fsdp_lint.entry.bash_loops import loop_header, sourced_script
 from fsdp_lint.entry.launch_files import (  # noqa: F401 - _module_root: also shell.*
     _console_commands, _console_file, _module_file, _module_root, _near, _resolve, installed_module_file)
@@ -394,7 +394,11 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
     loops: List[Tuple[int, str]] = []      # the `for` loops open around the line: (line, note)
     branches = Branches()                  # the open `if` statements, and whether bash runs the line
     where: List[Tuple[Tuple[int, int], ...]] = []      # each launch's branches
-    logical = inline_functions(_logical_lines(text))     # a function's body runs where it is called
+    functions: Dict[str, list] = {}
+    logical = inline_functions(_logical_lines(text), functions)     # a function's body runs where it is called
+
+    def read(path, given, shared):          # a function's body, read as this script's lines (`$(name ARGS)`)
+        return shell_launches(path, given, None, cd or os.path.dirname(os.path.abspath(script)), depth + 1, shared)
     calls: List[Sequence[str]] = []        # the arguments around each function call being run
     k = 0
     while k < len(logical):
@@ -450,7 +454,7 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
         computed = _COMPUTED_ASSIGN.match(stripped)
         if computed and closing(computed.group(2), 1) == len(computed.group(2)) - 1:
             # `CONFIG=$(basename $(dirname $0))`, `N=$((8 / 2))`: one word however it is spaced inside
-            name, value = computed.group(1), computed.group(2)
+            name, value = computed.group(1), with_outputs(computed.group(2), functions, env, exported, positional, read)
             env[name] = _unset_stops(start, _expand, value, env, positional)
             if exporting:
                 exported.add(name)
@@ -458,6 +462,7 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
         if words and all(_ASSIGN.match(w) or _APPEND.match(w) for w in words):     # `MODEL=...`, `cmd+=" --x 1"`
             for w in words:
                 name, _, value = w.partition("=")
+                value = with_outputs(value, functions, env, exported, positional, read)    # `"exp$(suffix "$@")"`
                 value = _unset_stops(start, _expand, value, env, positional)
                 if name.endswith("+"):
                     name = name[:-1]
