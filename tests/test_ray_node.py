@@ -408,3 +408,78 @@ def test_the_simulated_ray_never_outlives_a_recording(tmp_path):
         assert ray.is_initialized() is False and ray.get(ray.put(3)) == 3     # the node's Ray, in the block
     after = {k for k in sys.modules if k == "ray" or k.startswith("ray.")}
     assert after == before
+
+
+RAY_TRAIN = {
+    "pyproject.toml": '[project]\nname = "ftkit"\nversion = "0.1"\ndependencies = ["torch>=2.6", "ray[train]>=2.40"]\n',
+    "ftkit/__init__.py": "",
+    "ftkit/model.py": RL_PROJECT["rlkit/models.py"],
+    "train_ray.py": '''
+        from __future__ import annotations
+
+        import argparse
+        import functools
+
+        import ray.train
+        import ray.train.torch
+        import torch
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+        from torch.distributed.fsdp import MixedPrecision
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+
+        from ftkit.model import Block, PolicyLM
+
+
+        def train_loop_per_worker(config):
+            model = PolicyLM(depth=config["depth"])
+            policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
+            model = ray.train.torch.prepare_model(model, parallel_strategy="fsdp", parallel_strategy_kwargs={
+                "auto_wrap_policy": policy,
+                "mixed_precision": MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+            })
+            optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"])
+            for step in range(config["steps"]):
+                loss = model(torch.zeros(2, 16, dtype=torch.long, device=ray.train.torch.get_device())).float().mean()
+                loss.backward()
+                optimizer.step()
+                ray.train.report({"loss": loss.item()})
+
+
+        if __name__ == "__main__":
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--num-workers", type=int, default=8)
+            parser.add_argument("--depth", type=int, default=3)
+            args = parser.parse_args()
+            trainer = TorchTrainer(train_loop_per_worker,
+                                   train_loop_config={"depth": args.depth, "lr": 1e-4, "steps": 10},
+                                   scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=True),
+                                   run_config=RunConfig(name="ft"))
+            result = trainer.fit()
+    ''',
+}
+
+
+def test_a_ray_train_job_gets_the_plan_of_its_workers(cli, tmp_path, monkeypatch):
+    # Ray Train: `TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=N, use_gpu=True)).fit()` runs the loop as
+    # rank 0 of N workers; `prepare_model(parallel_strategy="fsdp", parallel_strategy_kwargs=...)` is torch's FSDP1
+    # with those arguments (Ray Train's own code), the world the scaling config's
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp import MixedPrecision
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    import torch
+
+    write_tree(tmp_path, RAY_TRAIN)
+    res = cli("train_ray.py", "--no-cache", "--format", "json", "--", "--num-workers", "4", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    assert plan["api"] == "fsdp1" and plan["world_size"] == 4 and plan["origin"] != "suggested"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from ftkit.model import Block, PolicyLM
+
+    real = fsdp1_units(lambda: PolicyLM(depth=3), world_size=4, auto_wrap_policy=ModuleWrapPolicy({Block}),
+                       mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    assert [(u["module"], u["numel"], u["shard_numel"]) for u in plan["units"] if u["numel"]] == \
+        [(r["module"], r["numel"], r["shard_numel"]) for r in real]
+    assert {u["param_dtype"] for u in plan["units"]} == {"bfloat16"}

@@ -12,6 +12,7 @@ FRAMEWORK_PACKAGES = {
     "lightning": "lightning", "pytorch_lightning": "lightning", "lightning_fabric": "lightning",
     "accelerate": "accelerate",
     "transformers": "transformers", "trl": "transformers", "peft": "peft",
+    "ray": "ray",
 }
 
 # (framework, receiver word, method names): `trainer.fit(model)`, `fabric.setup(model)`,
@@ -22,6 +23,10 @@ _CALLS = (
     ("lightning", "fabric", {"setup", "setup_module"}),
     ("accelerate", "accelerator", {"prepare", "prepare_model"}),
     ("transformers", "trainer", {"train"}),
+    # Ray Train: `ray.train.torch.prepare_model(model, parallel_strategy="fsdp")` wraps in a worker that
+    # `TorchTrainer(loop, ...).fit()` runs (the simulated node's Ray: fsdp_lint.replay.ray_node.train)
+    ("ray", "torch", {"prepare_model"}),
+    ("ray", "trainer", {"fit"}),
 )
 
 
@@ -52,7 +57,8 @@ def missing_packages(packages) -> list:
     """The framework packages among `packages` that cannot be imported here."""
     import importlib.util
 
-    return sorted(p for p in packages if importlib.util.find_spec(p) is None)
+    # (Ray is the simulated node's own: fsdp_lint.replay.ray_node, installed here or not)
+    return sorted(p for p in packages if p != "ray" and importlib.util.find_spec(p) is None)
 
 
 def install_hint(packages) -> str:

@@ -8,7 +8,7 @@ import sys
 import types
 from typing import Any, Callable, Dict
 
-from fsdp_lint.replay.ray_node import api
+from fsdp_lint.replay.ray_node import api, train
 from fsdp_lint.replay.ray_node.actors import ActorClass, ActorHandle, ActorMethod, RemoteFunction, method, remote
 from fsdp_lint.replay.ray_node.cluster import _CLUSTER, ObjectRef, SIMULATED_RAY_VERSION, UNSIMULATED, _Cluster
 
@@ -49,6 +49,7 @@ def _modules(version: str) -> Dict[str, Dict[str, Any]]:
         "ray._private.runtime_env": {},
         "ray._private.runtime_env.constants": {"RAY_JOB_CONFIG_JSON_ENV_VAR": "RAY_JOB_CONFIG_JSON_ENV_VAR"},
         "ray.cloudpickle": _cloudpickle(),
+        **train.namespaces(),
     }
 
 
