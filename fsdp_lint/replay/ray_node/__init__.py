@@ -24,5 +24,6 @@ whether or not Ray is installed here (`install`, for the replay only):
 
 The steps: ``cluster`` (what ``ray.init`` made; object refs and how a task runs), ``actors`` (remote functions,
 actor classes, handles), ``api`` (the ``ray.*`` functions, placement groups, the runtime context), ``modules``
-(the ``ray`` modules, the finder for the rest, `install`).
+(the ``ray`` modules, the finder for the rest, `install`), ``train`` (Ray Train's ``TorchTrainer`` and
+``prepare_model``).
 """
