@@ -15,7 +15,8 @@ Logical = List[Tuple[int, List[Tuple[int, str]]]]
 CALL_BEGIN = "__fsdp_lint_call__"
 CALL_END = "__fsdp_lint_return__"
 
-_DEFINITION = re.compile(r"^\s*(?:function\s+([A-Za-z_][\w:-]*)\s*(?:\(\s*\))?|([A-Za-z_][\w:-]*)\s*\(\s*\))\s*(\{)?\s*$")
+_DEFINITION = re.compile(r"^\s*(?:function\s+([A-Za-z_][\w:-]*)\s*(?:\(\s*\))?|([A-Za-z_][\w:-]*)\s*\(\s*\))"
+                         r"\s*(\{)?\s*$")
 _OPENS = re.compile(r"(?:^|\s)\{\s*$")
 
 

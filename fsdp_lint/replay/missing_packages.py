@@ -63,7 +63,8 @@ class MissingPackages:
                          f"{imp.message}; `python` stops there, fsdp-lint stood in for it (not used by the model)")
         for imp in self.imports:
             if imp.absent_names:
-                notes.append(f"{shown(imp.path)}:{imp.line}: {imp.message} ({drift.lacking(imp.module, self.entry_path)}); "
+                notes.append(f"{shown(imp.path)}:{imp.line}: {imp.message} "
+                             f"({drift.lacking(imp.module, self.entry_path)}); "
                              f"`python` stops there, fsdp-lint stood in for it (not used by the model)")
         return notes
 

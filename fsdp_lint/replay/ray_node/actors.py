@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from fsdp_lint.replay.ray_node.cluster import ObjectRef, _cluster, _resolved, _run, _split
 
+
 def _actor_env(options: Dict[str, Any], gpus) -> Dict[str, str]:
     env = dict(os.environ)
     env.update(_cluster().env_vars)

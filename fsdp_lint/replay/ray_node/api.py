@@ -7,6 +7,7 @@ from typing import Any, Dict, Optional
 from fsdp_lint.replay.ray_node.actors import ActorHandle, _Actor
 from fsdp_lint.replay.ray_node.cluster import NODE_ID, NODE_IP, ObjectRef, _cluster
 
+
 class _RayContext(dict):
     address_info = {"node_ip_address": NODE_IP, "address": f"{NODE_IP}:6379"}
     dashboard_url = ""

@@ -8,7 +8,8 @@ from typing import Any, Callable, Dict, List, Optional
 SIMULATED_RAY_VERSION = "2.49.0"
 NODE_ID = "0" * 55 + "1"
 NODE_IP = "127.0.0.1"
-UNSIMULATED = "is not part of the Ray cluster fsdp-lint simulates in the replay's process (a node runs it in Ray's own processes)"
+UNSIMULATED = ("is not part of the Ray cluster fsdp-lint simulates in the replay's process (a node runs it in Ray's own "
+               "processes)")
 
 
 class _Cluster:

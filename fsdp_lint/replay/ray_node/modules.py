@@ -67,7 +67,7 @@ def _module(name: str, namespace: Dict[str, Any]) -> types.ModuleType:
     module.__path__ = []                  # every simulated module is a package: `import ray.X` asks the finder
     module.__spec__ = importlib.machinery.ModuleSpec(name, _Finder, is_package=True)
     module.__file__ = f"<fsdp-lint simulated {name}>"
-    module.__fsdp_lint_simulated__ = True     # (never kept past the replay: `fsdp_lint.record` keeps what a block imported)
+    module.__fsdp_lint_simulated__ = True     # (never kept past a replay: `fsdp_lint.record` keeps what a block imports)
 
     def __getattr__(item):
         if item.startswith("__"):

@@ -3,8 +3,8 @@ use_gpu=True)).fit()`` runs the training function in the replay's process as ran
 environment Ray Train gives a worker (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` ...) with the process
 group initialised for it, as Ray Train does before the function starts; ``ray.train.torch.prepare_model(model,
 parallel_strategy="fsdp", parallel_strategy_kwargs=...)`` moves the model to the worker's GPU and wraps it with
-torch's ``FullyShardedDataParallel(model, **parallel_strategy_kwargs)`` (``DistributedDataParallel`` for ``"ddp"``) where
-the world is larger than one, as Ray Train's own code does. ``report``, checkpoints and data shards do nothing here."""
+torch's ``FullyShardedDataParallel(model, **parallel_strategy_kwargs)`` (``DistributedDataParallel`` for ``"ddp"``)
+where the world is larger than one, as Ray Train's own code does. ``report``, checkpoints and data shards do nothing here."""
 from __future__ import annotations
 
 import inspect
@@ -128,7 +128,8 @@ class TorchTrainer:
         os.environ.update(worker)
         try:
             if not dist.is_initialized():
-                backend = getattr(self.torch_config, "backend", None) or ("nccl" if self.scaling_config.use_gpu else "gloo")
+                backend = getattr(self.torch_config, "backend", None) or \
+                    ("nccl" if self.scaling_config.use_gpu else "gloo")
                 dist.init_process_group(backend=backend, world_size=world, rank=0)
             takes = len(inspect.signature(self.train_loop_per_worker).parameters) > 0
             if takes:
