@@ -483,3 +483,37 @@ def test_a_ray_train_job_gets_the_plan_of_its_workers(cli, tmp_path, monkeypatch
     assert [(u["module"], u["numel"], u["shard_numel"]) for u in plan["units"] if u["numel"]] == \
         [(r["module"], r["numel"], r["shard_numel"]) for r in real]
     assert {u["param_dtype"] for u in plan["units"]} == {"bfloat16"}
+
+
+def test_a_driver_that_starts_its_cluster_with_rays_command_line(cli, tmp_path, monkeypatch):
+    # `subprocess.run(["ray", "start", "--head"])`, then `ray status` read for the node's GPUs, then the placement group
+    # through `ray.util.placement_group(...)` (a function, as ray.util imports it over its submodule) and the worker
+    # mode read off `ray.WORKER_MODE`: the node's Ray command and API answer; nothing is started
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    tree = dict(RL_PROJECT)
+    tree["rlkit/controller.py"] = tree["rlkit/controller.py"].replace(
+        "                pgs = [placement_group(bundles, strategy=\"STRICT_PACK\") for _ in range(self.nnodes)]",
+        "                pgs = [ray.util.placement_group(bundles, strategy=\"STRICT_PACK\") for _ in range(self.nnodes)]")
+    tree["rlkit/main_grpo.py"] = tree["rlkit/main_grpo.py"].replace('''            if not ray.is_initialized():
+                ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"}})''', '''            import re
+            import subprocess
+
+            subprocess.run(["ray", "start", "--head", "--num-gpus", str(config.n_gpus_per_node)], check=True)
+            status = subprocess.run(["ray", "status"], check=True, capture_output=True, text=True).stdout
+            gpus = float(re.search(r"/([0-9.]+) GPU", status).group(1))
+            assert gpus >= config.n_gpus_per_node * config.nnodes, f"the cluster has {gpus} GPUs"
+            ray.init(address="auto")
+            assert ray.get_runtime_context().worker.mode != ray.WORKER_MODE      # the driver''')
+    write_tree(tmp_path, tree)
+    res = cli("scripts/run_grpo.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    plan = json.loads(res.out)["files"][0]["plan"]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from rlkit.models import Block, PolicyLM
+
+    real = fsdp1_units(lambda: PolicyLM(depth=3), world_size=8, auto_wrap_policy=ModuleWrapPolicy({Block}),
+                       use_orig_params=True)
+    assert plan["world_size"] == 8 and [(u["module"], u["numel"]) for u in plan["units"] if u["numel"]] == \
+        [(r["module"], r["numel"]) for r in real]

@@ -50,12 +50,15 @@ def note(exc: BaseException, entry_path: Optional[str]) -> str:
     return f" ({'; '.join(texts)})" if texts else ""
 
 
-def lacking(module: str, entry_path: Optional[str]) -> str:
+def lacking(module: str, entry_path: Optional[str], message: str = "") -> str:
     """What lacks the names imported from `module`: the repository's own package or sub-project not installed
     (`own_packages`), else ``the installed accelerate 1.16.0`` (with the repository's pin)."""
     from fsdp_lint.replay.own_packages import own_package
 
-    own = own_package(module.lstrip(".").split(".")[0], entry_path) if not module.startswith(".") else None
+    top = module.lstrip(".").split(".")[0]
+    if "<fsdp-lint simulated" in message:      # the simulated node's Ray: a name it does not have
+        return "the Ray fsdp-lint simulates in the replay's process does not have it"
+    own = own_package(top, entry_path) if not module.startswith(".") else None
     return own or f"the installed {installed(module, entry_path)}"
 
 

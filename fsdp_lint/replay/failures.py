@@ -362,7 +362,7 @@ class Failures(MissingPackages):
         if imp is None:
             return ""
         return (f" (before it, {_display(imp.path, self.entry_path, entry_display)}:{imp.line}: {imp.message} "
-                f"({drift.lacking(imp.module, self.entry_path)}): `python` stops there; fsdp-lint stood in for it)")
+                f"({drift.lacking(imp.module, self.entry_path, imp.message)}): `python` stops there; fsdp-lint stood in for it)")
 
     def _describe(self, exc: BaseException, *, entry_display: str, where_real: str, importer=None) -> str:
         stub = self.stub_cause(exc)

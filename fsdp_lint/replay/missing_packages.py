@@ -25,7 +25,7 @@ class MissingPackages:
         """``(it uses `catalogue.Registry`, which could not be imported: <why>)``"""
         top = stub.name.split(".")[0].split("(")[0]
         imp = next((i for i in self.imports if top in i.names or i.module.lstrip(".").split(".")[0] == top), None)
-        need = (f"{imp.message} ({drift.lacking(imp.module, self.entry_path)})" if imp is not None and imp.absent_names
+        need = (f"{imp.message} ({drift.lacking(imp.module, self.entry_path, imp.message)})" if imp is not None and imp.absent_names
                 else self._not_importable(imp.missing if imp is not None else top, imp))
         return f"(it uses `{stub.name.rstrip('()')}`, which could not be imported: {need}{decides})"
 
@@ -64,7 +64,7 @@ class MissingPackages:
         for imp in self.imports:
             if imp.absent_names:
                 notes.append(f"{shown(imp.path)}:{imp.line}: {imp.message} "
-                             f"({drift.lacking(imp.module, self.entry_path)}); "
+                             f"({drift.lacking(imp.module, self.entry_path, imp.message)}); "
                              f"`python` stops there, fsdp-lint stood in for it (not used by the model)")
         return notes
 
@@ -118,7 +118,7 @@ class MissingPackages:
             # the import's own line is the user's
             where = f"{display(imp.path, self.entry_path, entry_display)}:{imp.line}"
         if imp is not None and imp.absent_names:
-            lacks = drift.lacking(imp.module, self.entry_path)
+            lacks = drift.lacking(imp.module, self.entry_path, imp.message)
             if lacks.startswith("the installed"):
                 lacks += "; the training repository needs another version"
             return (f"{where}: {u.user} uses `{u.name.rstrip('()')}`, which could not be imported here: "

@@ -90,6 +90,10 @@ def timeline(*_, **__):
     return []
 
 
+# the modes of Ray's worker (`ray._private.worker`): the driver's, an actor's or task's
+SCRIPT_MODE, WORKER_MODE, LOCAL_MODE = 0, 1, 2
+
+
 class RuntimeContext:
     namespace = "fsdp-lint"
     gcs_address = f"{NODE_IP}:6379"
@@ -132,6 +136,13 @@ class RuntimeContext:
     @property
     def runtime_env(self):
         return {}
+
+    @property
+    def worker(self):
+        import types
+
+        return types.SimpleNamespace(mode=WORKER_MODE if _cluster().current else SCRIPT_MODE,
+                                     worker_id=self.get_worker_id(), node_ip_address=NODE_IP)
 
     @property
     def current_actor(self):

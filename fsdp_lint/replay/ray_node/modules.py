@@ -8,7 +8,7 @@ import sys
 import types
 from typing import Any, Callable, Dict
 
-from fsdp_lint.replay.ray_node import api, train
+from fsdp_lint.replay.ray_node import api, cli, train
 from fsdp_lint.replay.ray_node.actors import ActorClass, ActorHandle, ActorMethod, RemoteFunction, method, remote
 from fsdp_lint.replay.ray_node.cluster import _CLUSTER, ObjectRef, SIMULATED_RAY_VERSION, UNSIMULATED, _Cluster
 
@@ -27,7 +27,8 @@ def _modules(version: str) -> Dict[str, Dict[str, Any]]:
     top = {name: getattr(api, name) for name in (
         "init", "is_initialized", "shutdown", "get", "put", "wait", "kill", "cancel", "get_actor", "nodes",
         "cluster_resources", "available_resources", "get_gpu_ids", "timeline", "get_runtime_context")}
-    top.update({"remote": remote, "method": method, "ObjectRef": ObjectRef, "__version__": version})
+    top.update({"remote": remote, "method": method, "ObjectRef": ObjectRef, "__version__": version,
+                "SCRIPT_MODE": api.SCRIPT_MODE, "WORKER_MODE": api.WORKER_MODE, "LOCAL_MODE": api.LOCAL_MODE})
     return {
         "ray": top,
         "ray.actor": {"ActorHandle": ActorHandle, "ActorClass": ActorClass, "ActorMethod": ActorMethod,
@@ -116,14 +117,16 @@ def install(node_gpus: int) -> Callable[[], None]:
     modules = {name: _module(name, ns) for name, ns in _modules(version).items()}
     for name, module in modules.items():
         parent, _, child = name.rpartition(".")
-        if parent:
-            setattr(modules[parent], child, module)
+        if parent and not hasattr(modules[parent], child):     # (`ray.util.placement_group` is the function, as
+            setattr(modules[parent], child, module)              # ray.util imports it over its submodule)
     sys.modules.update(modules)
     finder = _Finder()
     sys.meta_path.insert(0, finder)
     _CLUSTER.append(_Cluster(node_gpus))
+    remove_command = cli.install(node_gpus, version)        # `ray start` / `ray status` in a subprocess
 
     def uninstall():
+        remove_command()
         _CLUSTER.pop()
         if finder in sys.meta_path:
             sys.meta_path.remove(finder)
