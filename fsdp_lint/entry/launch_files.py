@@ -3,6 +3,7 @@ it), a module's file (``python -m pkg.train``), the project's console script's m
 file that is not there."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 from typing import Dict, Optional, Tuple
@@ -94,6 +95,14 @@ def installed_module_file(module: str) -> Tuple[Optional[str], str]:
     return None, os.getcwd()
 
 
+@functools.lru_cache(maxsize=1)
+def _packages():
+    """import name -> distributions, read once (it walks every installed distribution's files)."""
+    from importlib import metadata
+
+    return metadata.packages_distributions()
+
+
 def _built_on_torch(top: str, depth: int = 3) -> bool:
     """Whether the distribution of import name `top` requires torch, directly or through its requirements."""
     from importlib import metadata
@@ -101,7 +110,7 @@ def _built_on_torch(top: str, depth: int = 3) -> bool:
     def name(requirement: str) -> str:
         return re.split(r"[\s\[<>=!~;(]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
-    todo = list(metadata.packages_distributions().get(top, []))
+    todo = list(_packages().get(top, []))
     seen = set()
     for _ in range(depth):
         nxt = []

@@ -31,6 +31,16 @@ def declared_distributions() -> Tuple[str, ...]:
 def requires(name: str) -> bool:
     """Whether the entry's repository requires distribution `name` itself (not only as an extra): a node set up
     as its README says has it installed."""
+    key = (os.path.dirname(os.path.abspath(_PROJECT[0])) if _PROJECT[0] else "", name)
+    if key not in _REQUIRES:
+        _REQUIRES[key] = _requires(name)
+    return _REQUIRES[key]
+
+
+_REQUIRES: Dict[Tuple[str, str], bool] = {}     # (the entry's folder, distribution) -> requires()
+
+
+def _requires(name: str) -> bool:
     if any(_normalised(r) == name for r in _project_requirements(extras=False)):
         return True
     from importlib import metadata
@@ -50,12 +60,14 @@ def _installed_distributions_of(path: Optional[str]) -> List[str]:
     import sys
     from importlib import metadata
 
+    from fsdp_lint.entry.project import _holds_distributions
+
     if not path:
         return []
     path = os.path.abspath(path)
     for entry in sys.path:
         base = os.path.abspath(entry or ".")
-        if path.startswith(base + os.sep):
+        if path.startswith(base + os.sep) and _holds_distributions(base):   # (a project's folder holds none)
             top = os.path.relpath(path, base).split(os.sep)[0].removesuffix(".py")
             found = metadata.packages_distributions().get(top)
             if found:
