@@ -496,7 +496,18 @@ def test_a_module_of_the_repositorys_sub_project_is_launched_from_it(cli, tmp_pa
     assert res.code in (0, 1), res.err
     f = json.loads(res.out)["files"][0]
     assert f["path"].endswith(os.path.join("engine", "engine", "trainer", "main.py"))
-    assert f["plan"]["world_size"] == 8 and len(f["plan"]["units"]) == 3 + 1
+    assert f["plan"]["world_size"] == 8
+    import torch.nn as nn
+    from oracle import fsdp2_groups
+    from torch.distributed.fsdp import fully_shard
+
+    def apply(model, mesh):
+        for layer in model:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    real = fsdp2_groups(lambda: nn.Sequential(*[nn.Linear(64, 64) for _ in range(3)]), world_size=8, apply=apply)
+    assert [[p["fqn"] for p in u["params"]] for u in f["plan"]["units"]] == \
+        [[p["fqn"] for p in g["params"]] for g in real]
 
 
 def test_a_sub_project_not_installed_is_named_with_its_install(cli, tmp_path):

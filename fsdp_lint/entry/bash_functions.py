@@ -135,8 +135,8 @@ def function_output(called, env, exported, positional, read) -> Optional[str]:
             fh.write(body)
         try:
             read(path, given, (scratch, set(exported)))
-        except ShellError:
-            return None
+        except (ShellError, OSError, ValueError, RecursionError):
+            return None         # (what cannot be read is left as written, and named where it fails)
     out = scratch.get(OUTPUT)
     return out if isinstance(out, str) else None
 

@@ -398,6 +398,8 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
     logical = inline_functions(_logical_lines(text), functions)     # a function's body runs where it is called
 
     def read(path, given, shared):          # a function's body, read as this script's lines (`$(name ARGS)`)
+        if depth >= 4:
+            raise ShellError("functions nested too deep to read")      # (one that calls itself: left as written)
         return shell_launches(path, given, None, cd or os.path.dirname(os.path.abspath(script)), depth + 1, shared)
     calls: List[Sequence[str]] = []        # the arguments around each function call being run
     k = 0
