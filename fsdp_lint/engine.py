@@ -111,12 +111,12 @@ def _screen(path: str, settings: Settings, *, explicit: bool = True):
         done = SCREENED.pop((path, explicit), None)
         if done is not None:
             return done
-    from fsdp_lint.entry.project import reach
+    from fsdp_lint.entry.project import reach, with_console_call
     from fsdp_lint.entry.quick import may_matter, skips
     from fsdp_lint.entry.source import SourceError, parse_source, read_text
 
     try:
-        text = read_text(path)
+        text = with_console_call(path, read_text(path))
         launched = bool(getattr(settings, "launched", False))     # an entry point: a launch script runs it
         if not settings.model and not launched and not may_matter(text) and skips(path, text):
             # the quick screen (entry.quick): no word a model, wrap or framework needs, and no import

@@ -328,7 +328,8 @@ if __name__ == "__main__":
 def test_the_projects_console_script_in_a_launch_script_runs_its_module(cli, tmp_path):
     """``tinylm pretrain --depth 3`` where ``tinylm`` is the project's console script
     (``[project.scripts]``, ``tinylm.__main__:main``): the script line launches that module's file with the
-    command's arguments, as the installed command does."""
+    command's arguments, as the installed command does; a module with no ``__main__`` guard has its function
+    called after it runs, as pip's wrapper calls it (corenet's ``corenet-train``, SimpleTuner's command)."""
     (tmp_path / "pyproject.toml").write_text(
         "[project]\nname = 'tinylm'\nversion = '0'\n\n[project.scripts]\ntinylm = 'tinylm.__main__:main'\n"
         "tinylm-eval = 'tinylm.evaluate:main'\n")
@@ -338,7 +339,9 @@ def test_the_projects_console_script_in_a_launch_script_runs_its_module(cli, tmp
     (pkg / "__main__.py").write_text(CONSOLE_MAIN)
     (pkg / "pretrain.py").write_text(MODULE_APP.replace("def main(argv=None):", "def setup(argv=None):")
                                      .replace("\n\nif __name__ == \"__main__\":\n    main()\n", "\n"))
-    (pkg / "evaluate.py").write_text("def main():\n    pass\n")
+    # a module with no `if __name__ == "__main__"`: the installed command imports it and calls main()
+    (pkg / "evaluate.py").write_text(MODULE_APP.replace("\n\nif __name__ == \"__main__\":\n    main()\n", "\n"))
+    (pkg / "guarded.py").write_text(MODULE_APP)
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "pretrain.sh").write_text("#!/bin/bash\ntinylm pretrain --depth 3\n")
     res = cli("scripts/pretrain.sh", "--format", "json", cwd=str(tmp_path))
@@ -346,10 +349,24 @@ def test_the_projects_console_script_in_a_launch_script_runs_its_module(cli, tmp
     (f,) = json.loads(res.out)["files"]
     assert f["args"] == ["pretrain", "--depth", "3"] and len(f["plan"]["units"]) == 4
     (tmp_path / "scripts" / "eval.sh").write_text("tinylm-eval --depth 3\n")
-    res = cli("scripts/eval.sh", cwd=str(tmp_path))
-    assert res.code == 2
-    assert "line 1 runs `tinylm-eval`, the project's command (tinylm.evaluate:main); running " in res.err
-    assert "does not call main()" in res.err
+    res = cli("scripts/eval.sh", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    (called,) = json.loads(res.out)["files"]
+    assert called["path"].endswith("evaluate.py") and called["args"] == ["--depth", "3"]
+    # the same code run by its own `__main__` guard builds the same plan
+    res = cli("src/tinylm/guarded.py", "--format", "json", "--", "--depth", "3", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    (guarded,) = json.loads(res.out)["files"]
+    def units(f):
+        return [(u["module"], u["class"], u["numel"], u["shard_numel"]) for u in f["plan"]["units"]]
+
+    assert len(units(called)) == 4 and units(called) == units(guarded)
+    # a command whose module lacks its function fails on a node too: said so
+    (tmp_path / "pyproject.toml").write_text(
+        (tmp_path / "pyproject.toml").read_text() + "tinylm-export = 'tinylm.evaluate:export'\n")
+    (tmp_path / "scripts" / "export.sh").write_text("tinylm-export --depth 3\n")
+    res = cli("scripts/export.sh", cwd=str(tmp_path))
+    assert res.code == 2 and "defines no `export`" in res.err, res.err
 
 
 RECIPE_CLI = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "repos", "recipe_cli")

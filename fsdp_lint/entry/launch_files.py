@@ -155,8 +155,9 @@ def _console_commands(script: str, cd: Optional[str]) -> Dict[str, str]:
     return out
 
 
-def _console_file(command: str, target: str, script: str, cd: Optional[str], line: int) -> Tuple[str, str]:
-    """The file a console script runs, when running that file as a script calls the same function."""
+def _console_file(command: str, target: str, script: str, cd: Optional[str], line: int) -> Tuple[str, str, Optional[str]]:
+    """The file a console script runs, its folder, and the function the script calls after importing it when
+    running the file as a script does not call it (None when it does)."""
     module, _, function = target.partition(":")
     path, base = _module_file(module, script, cd)
     if path is None:
@@ -172,7 +173,6 @@ def _console_file(command: str, target: str, script: str, cd: Optional[str], lin
                          f"'{name}'); lint the file as `python {os.path.relpath(path)}` runs it, or fix the entry point")
     main = re.search(r"^if\s+__name__\s*==\s*[\"']__main__[\"']\s*:(.*?)(?=^\S|\Z)", text, re.S | re.M)
     if not main or not re.search(rf"\b{re.escape(function.split('.')[-1])}\s*\(", main.group(1)):
-        raise ShellError(f"line {line} runs `{command}`, the project's command ({target}); running "
-                         f"{os.path.relpath(path)} as a script does not call {function}(): lint the file the "
-                         f"command dispatches to")
-    return path, base
+        # pip's wrapper imports the module and calls the function (``sys.exit(main())``): so does the replay
+        return path, base, function
+    return path, base, None

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
 from fsdp_lint.entry.relevance import instance_call_relevance, keyword_relevance
-from fsdp_lint.entry.source import SourceError, SourceFacts, called_here, mark_relevance, read_source, read_text
+from fsdp_lint.entry.source import SourceError, SourceFacts, called_here, mark_relevance, parse_source, read_source, read_text
 
 _REPO_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg", ".hg")
 
@@ -63,13 +63,30 @@ def launched_as(path: str, module_and_root):
             _LAUNCHED[path] = before
 
 
+def console_call(path: str) -> Optional[str]:
+    """The function a console script calls after importing `path` (``pkg.train:main`` of a module with no
+    ``if __name__ == "__main__"`` that calls it), while that launch is linted; None otherwise."""
+    launched = _LAUNCHED.get(os.path.abspath(path)) or ()
+    return launched[2] if len(launched) > 2 else None
+
+
+def with_console_call(path: str, text: str) -> str:
+    """The file's text as the console script runs it: its function called after its last line (as pip's
+    wrapper does, ``sys.exit(main())``); the file's own lines keep their numbers."""
+    call = console_call(path)
+    if not call:
+        return text
+    return (f"{text.rstrip()}\n\n\nif __name__ == \"__main__\":    # the console script's call\n"
+            f"    import sys as _fsdp_lint_console_sys\n    _fsdp_lint_console_sys.exit({call}())\n")
+
+
 def entry_for(path: str, text: Optional[str] = None) -> Entry:
     """How ``python`` runs `path`: a file inside a package runs as its dotted module name, a module a launch
     names (``-m training.run``) as that module from the launch's folder. (`text`: the file's, when the
     caller has read it.)"""
     path = os.path.abspath(path)
     if path in _LAUNCHED:
-        module, root = _LAUNCHED[path]
+        module, root = _LAUNCHED[path][:2]
         if os.path.basename(path) == "__main__.py" and not module.endswith(".__main__"):
             module += ".__main__"            # `python -m pkg` runs pkg/__main__.py
         package = module.rpartition(".")[0] or None
@@ -438,6 +455,8 @@ def facts_for(path: str) -> SourceFacts:
     st = os.stat(path)
     key = (path, st.st_mtime, st.st_size)
     facts = _FACTS_CACHE.get(key)
+    if console_call(path):          # (the entry of a console script: read as that script runs it)
+        return parse_source(path, with_console_call(path, read_text(path)))
     if facts is None:
         facts = read_source(path)
         _FACTS_CACHE[key] = facts

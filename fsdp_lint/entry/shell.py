@@ -526,12 +526,12 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
             continue
         if found.get("dora"):
             found["file"] = dora_module(found["dora"], cd, start)
-            path, base = _console_file("dora run", found["file"] + ":main", script, cd, start)
-            module = (found["file"], _module_root(path, found["file"]))
+            path, base, call = _console_file("dora run", found["file"] + ":main", script, cd, start)
+            module = (found["file"], _module_root(path, found["file"])) + ((call,) if call else ())
         elif found.get("console"):
-            path, base = _console_file(found["console"], found["file"], script, cd, start)
+            path, base, call = _console_file(found["console"], found["file"], script, cd, start)
             name = found["file"].partition(":")[0]      # imported as its module, as the console script does
-            module, found["module"] = (name, _module_root(path, name)), True
+            module, found["module"] = (name, _module_root(path, name)) + ((call,) if call else ()), True
         elif found.get("module"):
             path, base = _module_file(found["file"], script, cd)
             if path is None:    # an installed package's training module (`python -m verl.trainer.main_ppo`)
