@@ -84,17 +84,19 @@ def _unpassed_arguments(script: str, script_args) -> str:
 def shell_runs(scripts, settings, script_args, cli_world_size):
     """The launch lines of shell scripts named on the command line, as runs of the files they launch with
     their arguments, world size and accelerate config (fsdp_lint.entry.shell)."""
+    from fsdp_lint.entry.bash_substitutions import NODE_SMI
     from fsdp_lint.entry.shell import NODE_GPUS, ShellError, launcher_refusal, shell_launches
 
     runs = []
     for script, explicit in scripts:
         NODE_GPUS[0] = settings.gpus_per_node
+        NODE_SMI[0] = (settings.gpu, settings.gpus_per_node)
         try:      # `-- ARGS` are the script's own arguments, as `bash SCRIPT ARGS` gives them
             launches = shell_launches(script, script_args or ())
         except ShellError as exc:
             raise BadInput(f"{script}: {exc}") from None
         finally:
-            NODE_GPUS[0] = None
+            NODE_GPUS[0] = NODE_SMI[0] = None
         if not launches:
             raise BadInput(f"{script}: no launch of a Python file in it (torchrun, python -m torch.distributed.run, "
                            f"accelerate launch, deepspeed, lightning run model / fabric run, or python FILE.py)")

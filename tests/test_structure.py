@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the pipeline, lowest stage first (README "How it works"); a module may import its own stage and
 # the stages before it, never one after it
 STAGES: List[List[str]] = [
-    ["fsdp_lint.version", "fsdp_lint.config", "fsdp_lint.humanize", "fsdp_lint.gpus", "fsdp_lint.process"],  # base
+    ["fsdp_lint.version", "fsdp_lint.config", "fsdp_lint.humanize", "fsdp_lint.gpus", "fsdp_lint.smi", "fsdp_lint.process"],  # base
     ["fsdp_lint.entry"],      # what to lint: the entry point and its project, read from syntax
     ["fsdp_lint.cache"],      # the result cache: keys from the screened sources and settings (no torch)
     ["fsdp_lint.model"],      # the module tree, its blocks, policies resolved, meshes as data

@@ -13,7 +13,9 @@ launch script uses for numbers and folders.
   runs it (``basename``, ``dirname``, ``cut``, ``tr``, ``date``, ``echo``, ``printf``, ``head``, ``tail``, ``grep``,
   ``wc``, ``sed`` with a substitution only and ``awk`` with a program that only prints: commands that read nothing
   of the node's and change nothing; ``$(echo $CUDA_VISIBLE_DEVICES | awk -F , '{print NF}')`` counts the GPUs the
-  script gives itself).
+  script gives itself);
+* ``nvidia-smi`` at the head of such a pipeline answers as the simulated node's tool (`fsdp_lint.smi`):
+  ``$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)`` is the node's GPU count.
 
 Anything else (a variable the script does not set, another command) is left as written, as before.
 """
@@ -76,6 +78,8 @@ def substitute(inner: str, expand: Callable[[str], str]) -> Optional[str]:
     return None
 
 
+# the simulated node's GPUs while a launch script is read: (the `--gpu` profile's name, GPUs per node), or None
+NODE_SMI: list = [None]
 _GREP_OPTIONS = re.compile(r"^-[oPEFiwxvc]+$")
 _TEXT_COMMANDS = {"basename", "dirname", "cut", "tr", "date", "echo", "printf", "head", "tail", "grep", "sed", "awk", "wc",
                   "seq"}
@@ -97,8 +101,8 @@ def _safe(words) -> bool:
         return len(exprs) == 1 and bool(_SED_SUBSTITUTION.match(exprs[0]))
     if name == "awk":
         rest = list(args)
-        while rest[:1] and rest[0] in ("-F", "-v") and len(rest) > 1:
-            rest = rest[2:]
+        while rest[:1] and (rest[0] in ("-F", "-v") and len(rest) > 1 or re.fullmatch(r"-F.+|-v\w+=.*", rest[0])):
+            rest = rest[2:] if rest[0] in ("-F", "-v") else rest[1:]       # (`-F','`: bash's word `-F,`)
         return len(rest) == 1 and not _AWK_UNSAFE.search(rest[0])      # the program, reading its input only
     if name == "wc":
         return all(a in ("-l", "-w", "-c") for a in args)
@@ -130,10 +134,18 @@ def _text_pipeline(text: str) -> Optional[str]:
         else:
             current.append(token)
     commands.append(current)
-    if not all(commands) or not all(_safe(c) for c in commands) or commands[0][0] in ("cut", "tr", "head", "tail",
-                                                                                        "grep", "sed", "awk", "wc"):
-        return None             # (a first command that reads its input would read the node's terminal)
     output = None
+    if commands[0][:1] == ["nvidia-smi"] and NODE_SMI[0] is not None and not any("$" in w or "`" in w
+                                                                                  for w in commands[0]):
+        # the node's GPUs (`$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)`), as its tool lists them
+        from fsdp_lint import gpus, smi
+
+        output = smi.answer(gpus.profile(NODE_SMI[0][0]), NODE_SMI[0][1], commands.pop(0)[1:])
+        if output is None:
+            return None
+    if not all(commands) or not all(_safe(c) for c in commands) or output is None and commands[0][0] in (
+            "cut", "tr", "head", "tail", "grep", "sed", "awk", "wc"):
+        return None             # (a first command that reads its input would read the node's terminal)
     for command in commands:
         try:
             done = subprocess.run(command, input=output, capture_output=True, text=True, timeout=10,

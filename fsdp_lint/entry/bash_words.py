@@ -142,6 +142,12 @@ def _joined(pieces) -> str:
     return "".join(t[:-1] if t.endswith(_JOIN) else t if t.endswith("\n") else t + " " for _, t in pieces).strip()
 
 
+# what the simulated node's shell holds where neither the script nor the environment fsdp-lint runs in sets it: no
+# CUDA_VISIBLE_DEVICES (a node shows its processes every GPU), so `[ -z "$CUDA_VISIBLE_DEVICES" ]` is true there
+# (`CUDA_VISIBLE_DEVICES=0,1,2,3 fsdp-lint run.sh` gives the script four, as `... bash run.sh` does)
+NODE_UNSET = {"CUDA_VISIBLE_DEVICES": ""}
+
+
 def _value_of(m, env: Dict[str, str], positional: Sequence[str]):
     """What one expansion gives: a string, the script's arguments (a list, for ``$@``/``$*``), or None
     (a variable neither the script nor the environment sets: kept as written)."""
@@ -156,7 +162,7 @@ def _value_of(m, env: Dict[str, str], positional: Sequence[str]):
         index = int(name)
         value = positional[index - 1] if 0 < index <= len(positional) else None
     else:
-        value = env.get(name, os.environ.get(name))
+        value = env.get(name, os.environ.get(name, NODE_UNSET.get(name)))
     if isinstance(value, list):     # an array: "${NAME[@]}" its elements, ${NAME[k]} one, $NAME the first
         sub = m.group(2)
         if sub in ("@", "*"):
