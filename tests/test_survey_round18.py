@@ -89,3 +89,57 @@ def test_a_launch_script_counts_the_nodes_gpus_as_bash_does_there(cli, tmp_path,
         (f,) = json.loads(res.out)["files"]
         assert f["plan"]["world_size"] == nproc, (name, ran)
         assert f["args"] == ran.split("train.py")[1].split(), name
+
+
+PLACEHOLDER_THEN_DRIFT = {
+    "configs/data.yaml": "ratio: <see README to choose>\n",
+    "train.py": '''
+        from __future__ import annotations
+
+        import yaml
+        from torch.utils.data import Dataset
+        from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+        with open("configs/data.yaml") as fh:
+            cfg = yaml.safe_load(fh)
+
+
+        class MixtureDataset(Dataset):
+            def __init__(self, total: int, ratio):
+                self.length = total // (8 * ratio)
+
+            def __len__(self):
+                return self.length
+
+            def __getitem__(self, i):
+                return {"input_ids": [1, 2, 3]}
+
+
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=4, vocab_size=128))
+        train_dataset = MixtureDataset(1000, cfg["ratio"])
+        args = TrainingArguments(output_dir="out", fsdp="full_shard auto_wrap", report_to="none",
+                                 no_such_option_here=True)
+        trainer = Trainer(model=model, args=args, train_dataset=train_dataset)
+        trainer.train()
+    ''',
+}
+
+
+def test_two_independent_failures_of_a_script_are_both_named_not_linked(cli, tmp_path):
+    # Orpheus-TTS's pretrain config: a data-set size computed from a README placeholder fails, then a keyword the
+    # installed transformers lacks fails on its own. The second was reported as the consequence of the first
+    # ("what it would have set up was used later"): it reads nothing the first sets
+    from conftest import write_tree
+
+    write_tree(tmp_path, PLACEHOLDER_THEN_DRIFT)
+    # the oracle: python stops at the first one
+    ran = subprocess.run([sys.executable, "train.py"], capture_output=True, text=True, cwd=tmp_path)
+    first = [ln for ln in ran.stderr.splitlines() if 'File "' in ln and "train.py" in ln][-1]
+    first_line = int(first.split("line ")[1].split(",")[0])
+    res = cli("train.py", "--no-cache", "-n", "8", cwd=str(tmp_path))
+    assert res.code == 2
+    line = res.err.splitlines()[0]
+    assert "used later" not in line, line
+    assert "no_such_option_here" in line and f"(before it, train.py:{first_line} failed here too and was skipped: " \
+        "TypeError: unsupported operand type(s) for //: 'int' and 'str')" in line, line

@@ -175,8 +175,14 @@ def holds(exc: BaseException, objects: List[object], is_project) -> bool:
         tb = tb.tb_next
     if not frames:
         return False
-    # where it failed: the frame's locals, or its `self`'s attributes
-    frame = frames[-1][0]
+    # where it failed: the frame's locals, or its `self`'s attributes -- a script's top level holds every
+    # object it made, so there only what the failing statement reads (`TrainingArguments(...)` failing after a
+    # data set's statement was skipped reads nothing of the data set: two failures, not one)
+    frame, line = frames[-1]
+    if frame.f_code.co_name == "<module>":
+        stmt = _statement_at(frame.f_code.co_filename, line)
+        return stmt is not None and any(id(_value(n, frame)) in ids for n in ast.walk(stmt)
+                                        if isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load))
     if any(id(value) in ids for value in list(frame.f_locals.values())):
         return True
     owner = frame.f_locals.get("self")
@@ -194,6 +200,19 @@ def holds(exc: BaseException, objects: List[object], is_project) -> bool:
         if stmt is not None and any(id(_value(n.value, frame)) in ids for n in _attribute_reads(stmt)):
             return True
     return False
+
+
+def held_at_top_level(exc: BaseException, objects: List[object], is_project) -> bool:
+    """Whether `exc` failed in a script's top level (its innermost project frame) that holds one of `objects`
+    without its failing statement reading it (`holds` is False there): two failures of one script."""
+    ids = {id(o) for o in objects} | {id(p) for o in objects for p in _parts(o)}
+    frame, tb = None, exc.__traceback__
+    while tb is not None:
+        if is_project(os.path.abspath(tb.tb_frame.f_code.co_filename)):
+            frame = tb.tb_frame
+        tb = tb.tb_next
+    return bool(ids) and frame is not None and frame.f_code.co_name == "<module>" and \
+        any(id(v) in ids for v in list(frame.f_globals.values()))
 
 
 def _statement_at(path: str, line: int):

@@ -444,7 +444,24 @@ class Failures(MissingPackages):
             return f"{loc}: {_network_text(exc)}"
         hint = package_hint(exc, msg) or self._stub_hint(msg)
         decides = self.decides_note(entry_display, loc) if exc is self.refused else ""
-        return f"{loc}: setup code failed {where_real}: {msg}{download_hint(msg, exc)}{hint}{decides}{later}"
+        return (f"{loc}: setup code failed {where_real}: {msg}{download_hint(msg, exc)}{hint}{decides}{later}"
+                f"{self._unlinked_skip_before(exc, entry_display)}")
+
+    def _unlinked_skip_before(self, exc: BaseException, entry_display: str) -> str:
+        """An earlier failure skipped in the script's own statements that the one reported does not follow from
+        (a data set's size computed from a placeholder, then a keyword the library lacks): named too, as python
+        on a node would stop at it first where it fails there as well."""
+        from fsdp_lint.replay.consequences import held_at_top_level
+        from fsdp_lint.replay.missing_inputs import missing_input
+
+        upto = next((i for i, r in enumerate(self.skips) if r.exc is exc), len(self.skips))     # (before it only)
+        first = next((r for r in self.skips[:upto] if not missing_input(r.exc) and not _network_ask(r.exc) and
+                      self.root_cause(r.exc) is None and held_at_top_level(exc, r.acted_on, self._is_project_path)),
+                     None)
+        if first is None:
+            return ""
+        return (f" (before it, {_display(first.skipped.path, self.entry_path, entry_display)}:{first.skipped.line} "
+                f"failed here too and was skipped: {first.skipped.error})")
 
     def _skipped_missing_input(self) -> Optional[SkipRecord]:
         """The first skipped failure for a model's hub config that is not here (fsdp-lint never downloads):
