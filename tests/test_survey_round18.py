@@ -143,3 +143,32 @@ def test_two_independent_failures_of_a_script_are_both_named_not_linked(cli, tmp
     assert "used later" not in line, line
     assert "no_such_option_here" in line and f"(before it, train.py:{first_line} failed here too and was skipped: " \
         "TypeError: unsupported operand type(s) for //: 'int' and 'str')" in line, line
+
+
+LISTS = {
+    "semicolon.sh": "NUM_GPUS=4; torchrun --nproc_per_node=$NUM_GPUS train.py --global_batch_size 64\n",
+    "and.sh": "NUM_GPUS=2 && torchrun --nproc_per_node=$NUM_GPUS train.py --global_batch_size $((NUM_GPUS * 8))\n",
+    "export.sh": "export NUM_GPUS=4; torchrun --nproc_per_node $NUM_GPUS train.py --global_batch_size 32\n",
+    "cd.sh": "cd job && N=2; torchrun --nproc_per_node=$N train.py --global_batch_size 16; cd ..\n",
+}
+
+
+def test_an_assignment_before_the_launch_on_its_line_is_made_first(cli, tmp_path, monkeypatch):
+    # facebookresearch/multimodal's README: `NUM_GPUS=8; torchrun --nproc_per_node=$NUM_GPUS -m flava.native.train
+    # ...`. The line was read as one assignment, so `$NUM_GPUS` counted as unset and the plan took the default
+    # world (a wrong plan with exit 0 where the count differs)
+    import json
+
+    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "train.py").write_text(TRAIN)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for name, text in LISTS.items():
+        (tmp_path / name).write_text(text)
+        ran = _bash_launch(tmp_path / name, 8, dict(os.environ))
+        nproc = int(ran.split("--nproc_per_node")[1].lstrip("= ").split()[0])
+        res = cli(name, "--no-cache", "--format", "json", cwd=str(tmp_path))
+        assert res.code == 0, (name, res.err)
+        (f,) = json.loads(res.out)["files"]
+        assert f["plan"]["world_size"] == nproc != 8, (name, ran)
+        assert f["args"] == ran.split("train.py")[1].split(), name

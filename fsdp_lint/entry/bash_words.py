@@ -397,3 +397,32 @@ def _tokens(pieces, env: Dict[str, str], positional: Sequence[str] = ()) -> List
         raise ShellError(f"line {pieces[0][0]}: cannot read the command: {exc}") from None
 
 
+
+
+_SIMPLE_HEAD = re.compile(r"^(?:(?:export|local|readonly)\s+)?[A-Za-z_][A-Za-z0-9_]*\+?=|^(?:export\s+[A-Za-z_]\w*\s*$|cd\s)")
+
+
+def leading_simple_command(text: str) -> Optional[Tuple[str, str]]:
+    """(the assignment or `cd`, the rest) of a list that starts with one -- ``NUM_GPUS=8; torchrun ...``,
+    ``cd repo && python train.py``: bash runs the first, then the rest (an assignment always succeeds) -- or None."""
+    if not _SIMPLE_HEAD.match(text):
+        return None
+    depth, quote, i = 0, None, 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and quote != "'":
+            i += 2
+            continue
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"`":
+            quote = c
+        elif c in "({":
+            depth += 1
+        elif c in ")}":
+            depth -= 1
+        elif depth == 0 and (c == ";" and text[i + 1:i + 2] != ";" or text.startswith("&&", i)):
+            head, rest = text[:i].strip(), text[i + (1 if c == ";" else 2):].strip()
+            return (head, rest) if head and rest and not rest.startswith("#") else None
+        i += 1
+    return None

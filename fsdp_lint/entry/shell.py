@@ -29,8 +29,8 @@ from fsdp_lint.entry.console_launch import console_wrapper
 from fsdp_lint.entry import slurm
 from fsdp_lint.entry.dora_launch import dora_launch, dora_module, is_dora
 from fsdp_lint.entry.bash_words import (  # noqa: F401 - ShellError: this module's error too
-    _ARRAY, ShellError, UnsetError, settled, unset_literal, with_script_path, _expand, _expanded_words, _joined,
-    _logical_lines, _split, _tokens)
+    _ARRAY, ShellError, UnsetError, leading_simple_command, settled, unset_literal, with_script_path, _expand,
+    _expanded_words, _joined, _logical_lines, _split, _tokens)
 
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 # what a node's shell counts its GPUs with (`--nproc_per_node=$(nvidia-smi -L | wc -l)`): read as torchrun's
@@ -103,6 +103,9 @@ def _commands(tokens) -> List[List[Tuple[str, int]]]:
             out.append([])
         elif _REDIRECT.match(word):
             skip_target = not re.search(r"&(\d+|-)$", word)     # `2>&1` names its target itself
+        elif word.endswith(";") and not word.endswith(("\\;", ";;")):     # `... --bs 16; cd ..`: the list goes on
+            out[-1].append((word[:-1], line))
+            out.append([])
         elif not _REDIRECT_TO.match(word):
             out[-1].append((word, line))
     return [c for c in out if c]
@@ -409,6 +412,10 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
         stripped = _joined(pieces)
         if not stripped or stripped.startswith("#"):
             continue
+        listed = leading_simple_command(stripped)
+        if listed is not None:      # `NUM_GPUS=8; torchrun ...`: the assignment, then the rest of the list
+            logical.insert(k, (start, [(start, listed[1])]))
+            stripped, pieces = listed[0], [(start, listed[0])]
         if stripped.split(None, 1)[0] in (CALL_BEGIN, CALL_END):
             positional = function_call(stripped, calls, positional, env, branches.runs())
             continue
