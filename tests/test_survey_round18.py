@@ -172,3 +172,87 @@ def test_an_assignment_before_the_launch_on_its_line_is_made_first(cli, tmp_path
         (f,) = json.loads(res.out)["files"]
         assert f["plan"]["world_size"] == nproc != 8, (name, ran)
         assert f["args"] == ran.split("train.py")[1].split(), name
+
+
+STATS_ON_GPU = {
+    "tok/__init__.py": "",
+    "tok/encoder.py": '''
+        from __future__ import annotations
+
+        import os
+
+        import torch
+        import torch.nn as nn
+
+        ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
+
+
+        class Block(nn.Module):
+            def __init__(self, width: int):
+                super().__init__()
+                self.fc = nn.Linear(width, width)
+
+
+        class Encoder(nn.Module):
+            def __init__(self, width: int = 64, depth: int = 4, map_location="cuda"):
+                super().__init__()
+                # normalisation statistics shipped with the repository, loaded straight onto the GPU
+                stats = torch.load(os.path.join(ASSETS, "stats.pt"), map_location=map_location, weights_only=True)
+                self.register_buffer("scale", stats["scale"], persistent=False)
+                self.blocks = nn.ModuleList([Block(width) for _ in range(depth)])
+    ''',
+    "train.py": '''
+        from __future__ import annotations
+
+        import os
+        import sys
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        from tok.encoder import Block, Encoder
+
+        LOCATIONS = {"str": "cuda", "device": torch.device("cuda", 0), "dict": {"cuda:1": "cuda:0"},
+                     "callable": lambda storage, loc: storage.cuda(int(os.environ.get("LOCAL_RANK", 0)))}
+
+
+        def main():
+            dist.init_process_group("nccl")
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+            model = Encoder(map_location=LOCATIONS[sys.argv[1]])
+            model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.cuda.current_device())
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+}
+
+
+@pytest.mark.parametrize("how", ["str", "device", "dict", "callable"])
+def test_a_file_that_is_here_loaded_onto_the_gpu(cli, tmp_path, monkeypatch, how):
+    # cosmos-transfer1's tokenizer: `torch.load(path, map_location="cuda")` of a file the repository holds. The
+    # simulated `torch.cuda.device` was a function, and torch's own `isinstance(device, torch.cuda.device)` raised
+    # a TypeError inside torch.load (a traceback through fsdp-lint); then the storage could not go to "cuda"
+    import json
+
+    import torch
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from conftest import write_tree
+
+    write_tree(tmp_path, STATS_ON_GPU)
+    (tmp_path / "assets").mkdir()
+    torch.save({"scale": torch.ones(64)}, tmp_path / "assets" / "stats.pt")
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", how, cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from tok.encoder import Block, Encoder
+
+    real = fsdp1_units(lambda: Encoder(map_location="cpu"), world_size=8, auto_wrap_policy=ModuleWrapPolicy({Block}))
+    assert [(u["module"], u["numel"]) for u in f["plan"]["units"] if u["numel"]] == \
+        [(r["module"], r["numel"]) for r in real]

@@ -211,20 +211,54 @@ def _stand_in(rec, path: str, how: str) -> StandInStateDict:
     return StandInStateDict(rec, path, where)
 
 
+def _on_host(map_location):
+    """Where a file that is here loads: a node maps it onto its GPU (``map_location="cuda"``, ``{"cuda:1":
+    "cuda:0"}``, ``lambda storage, loc: storage.cuda(rank)``); the simulated GPU's tensors are the host's."""
+    import torch
+
+    if isinstance(map_location, (str, torch.device)):
+        try:
+            return "cpu" if torch.device(map_location).type == "cuda" else map_location
+        except (RuntimeError, ValueError, TypeError):
+            return map_location
+    if isinstance(map_location, dict):
+        return {k: _on_host(v) for k, v in map_location.items()}
+    if callable(map_location):
+        return lambda storage, location: storage
+    return map_location
+
+
+def _with_host_location(args, kwargs, position: int):
+    """`args`/`kwargs` of a load whose `map_location` (keyword, or argument `position`) is on the host."""
+    if "map_location" in kwargs:
+        kwargs = dict(kwargs, map_location=_on_host(kwargs["map_location"]))
+    elif len(args) > position:
+        args = args[:position] + (_on_host(args[position]),) + args[position + 1:]
+    return args, kwargs
+
+
 def install(rec, patch) -> None:
     import torch
     import torch.nn as nn
 
     real_load = torch.load
+    real_jit_load = torch.jit.load
 
     def load(f, *args, **kwargs):
         path = _missing_path(f)
         if path is not None:
             return _stand_in(rec, path, "torch.load")
+        args, kwargs = _with_host_location(args, kwargs, 0)
         with host_values.reading_a_file():      # in a module's __init__ too: the file's real tensors
             return real_load(f, *args, **kwargs)
 
+    def jit_load(f, *args, **kwargs):
+        args, kwargs = _with_host_location(args, kwargs, 0)
+        with host_values.reading_a_file():
+            return real_jit_load(f, *args, **kwargs)
+
     patch(torch, "load", load)
+    patch(torch.jit, "load", jit_load)
 
     real_load_state_dict = nn.Module.load_state_dict
 

@@ -70,6 +70,20 @@ class _DeviceProperties:
                 f"total_memory={self.total_memory // (1 << 20)}MB, multi_processor_count={self.multi_processor_count})")
 
 
+class _NullDevice:
+    """``torch.cuda.device(i)``: a context that selects nothing, and a class, as torch's own ``isinstance(device,
+    torch.cuda.device)`` checks need (``torch.load(..., map_location="cuda")`` makes one)."""
+
+    def __init__(self, device=None):
+        self.idx = device if isinstance(device, int) else getattr(device, "index", None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 class _NullStream:
     def __init__(self, *args, **kwargs):
         pass
@@ -154,7 +168,7 @@ def simulate_cuda(rec, patch: Patch, profile: gpus.GpuProfile) -> None:
         "memory_allocated": zero, "max_memory_allocated": zero, "memory_reserved": zero,
         "max_memory_reserved": zero, "memory_stats": cuda_probes.idle_memory_stats, "is_initialized": lambda: True,
         "init": _noop(), "ipc_collect": _noop(), "set_per_process_memory_fraction": _noop(),
-        "device": lambda *a, **k: contextlib.nullcontext(), "stream": lambda *a, **k: contextlib.nullcontext(),
+        "device": _NullDevice, "stream": lambda *a, **k: contextlib.nullcontext(),
         "Stream": _NullStream, "Event": _NullStream, "current_stream": lambda *a, **k: _NullStream(),
         "default_stream": lambda *a, **k: _NullStream(), "get_rng_state": lambda *a, **k: torch.get_rng_state(),
         "set_rng_state": _noop(), "nvtx": types.SimpleNamespace(range_push=_noop(), range_pop=_noop(),
