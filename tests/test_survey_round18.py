@@ -256,3 +256,40 @@ def test_a_file_that_is_here_loaded_onto_the_gpu(cli, tmp_path, monkeypatch, how
     real = fsdp1_units(lambda: Encoder(map_location="cpu"), world_size=8, auto_wrap_policy=ModuleWrapPolicy({Block}))
     assert [(u["module"], u["numel"]) for u in f["plan"]["units"] if u["numel"]] == \
         [(r["module"], r["numel"]) for r in real]
+
+
+WORDS = {
+    "continued.sh": '''#!/bin/bash
+train_files=data/train.parquet
+val_files=[data/test.parquet,\\
+data/math500_test.parquet]
+torchrun --nproc_per_node=4 train.py --global_batch_size 64 --files $train_files --val $val_files
+''',
+    "pwd.sh": '''#!/bin/bash
+DATA=$(pwd)/data
+cd job
+OUT="$(pwd)/runs"
+torchrun --nproc_per_node=2 train.py --global_batch_size 64 --files $DATA/train.parquet --val "$OUT"
+''',
+}
+
+
+def test_a_launch_scripts_words_over_lines_and_its_folder_are_bashs(cli, tmp_path, monkeypatch):
+    # verl-tool's recipes: `val_data=[$dataset/test.parquet,\` continued on the next line (one word for bash), and
+    # `train_data=$(pwd)/data/...`: the first was read as two words (the script "never sets" it), the second passed
+    # as written (`$(pwd)/data/...`, which Hydra's parser refuses)
+    import json
+
+    train = TRAIN.replace('required=True)\n', 'required=True)\nparser.add_argument("--files")\n'
+                          'parser.add_argument("--val")\n', 1)
+    (tmp_path / "train.py").write_text(train)
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "train.py").write_text(train)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for name, text in WORDS.items():
+        (tmp_path / name).write_text(text)
+        ran = _bash_launch(tmp_path / name, 8, dict(os.environ))
+        res = cli(name, "--no-cache", "--format", "json", cwd=str(tmp_path))
+        assert res.code == 0, (name, res.err)
+        (f,) = json.loads(res.out)["files"]
+        assert f["args"] == ran.split("train.py")[1].split(), name

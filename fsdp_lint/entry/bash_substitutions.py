@@ -54,6 +54,9 @@ def substitute(inner: str, expand: Callable[[str], str]) -> Optional[str]:
     `expand` expands the script's variables in a text."""
     if inner.startswith("(") and inner.endswith(")"):
         return arithmetic(inner[1:-1], expand)
+    if re.fullmatch(r"\s*pwd(\s+-[PL])?\s*", inner):       # the folder the script is in now (its `cd`s)
+        here = expand("${PWD}")
+        return here if "$" not in here and os.path.isdir(here) else os.getcwd()
     here = _here_string_grep(expand(inner))
     if here is not None:
         return here

@@ -97,7 +97,9 @@ def _logical_lines(text: str) -> List[Tuple[int, List[Tuple[int, str]]]]:
             pieces.append((no, _uncommented(line) + "\n"))    # `args=(` ... `)`: one element or more a line
             continue
         if cont:     # inside double quotes bash drops the backslash-newline, words and all
-            pieces.append((no, line[:-1] + (_JOIN if quote == '"' else "")))
+            # (and outside them too where no blank ends the line: `val=[a,\` then `b]` is one word, `[a,b]`)
+            glued = quote == '"' or (line[:-1][-1:] not in ("", " ", "\t") and not commented)
+            pieces.append((no, line[:-1] + (_JOIN if glued else "")))
         elif quote:
             pieces.append((no, line + "\n"))
         else:
@@ -387,10 +389,11 @@ def settled(words: Sequence[str]) -> Tuple[List[int], List[str], List[str]]:
 def _tokens(pieces, env: Dict[str, str], positional: Sequence[str] = ()) -> List[Tuple[str, int]]:
     """The command's words after expansion, each with the script line it is written on (a quoted word
     over several lines: the command's first line)."""
-    try:
-        return [(w, no) for no, text in pieces for w in _expanded_words(text, env, positional)]
-    except ValueError:
-        pass
+    if not any(text.endswith(_JOIN) for _, text in pieces):
+        try:
+            return [(w, no) for no, text in pieces for w in _expanded_words(text, env, positional)]
+        except ValueError:
+            pass
     try:
         return [(w, pieces[0][0]) for w in _expanded_words(_joined(pieces), env, positional)]
     except ValueError as exc:

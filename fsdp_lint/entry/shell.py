@@ -388,6 +388,7 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
     text = slurm.VISIBLE_GPU_COUNT.sub(str(batch.get("gpus_per_node", count)), text)
     text = with_script_path(_GPU_COUNT.sub(count, text), script)
     env: Dict[str, str] = dict(slurm.batch_environment(batch), **(inherited or {}))   # (SLURM's batch shell)
+    env.setdefault("PWD", cd or os.getcwd())       # bash's own: where the script runs (`$(pwd)`, `$PWD`)
     exported: set = set(inherited or ())
     if shared is not None:
         env, exported = shared
