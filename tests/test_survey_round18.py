@@ -293,3 +293,43 @@ def test_a_launch_scripts_words_over_lines_and_its_folder_are_bashs(cli, tmp_pat
         assert res.code == 0, (name, res.err)
         (f,) = json.loads(res.out)["files"]
         assert f["args"] == ran.split("train.py")[1].split(), name
+
+
+ARRAYS = {
+    "mixture.sh": '''#!/usr/bin/env bash
+USE_DATASETS=${USE_DATASETS:-wildchat,tulu3,sharegpt}
+BATCH=16
+IFS=',' read -ra DATASET_ARRAY <<< "$USE_DATASETS"
+NUM_DATASETS=${#DATASET_ARRAY[@]}
+if [ "$NUM_DATASETS" -gt 1 ]; then
+    BATCH=$((BATCH * NUM_DATASETS))
+fi
+torchrun --nproc_per_node=4 train.py --global_batch_size ${BATCH} --files ${DATASET_ARRAY[1]}
+''',
+    "nodes.sh": '''#!/usr/bin/env bash
+HOSTS=(node-a node-b)
+N=${#HOSTS[@]}   # the nodes of the job
+NAME=run-${#HOSTS}
+torchrun --nproc_per_node 8 --nnodes $N train.py --global_batch_size $((64 * N)) --files $NAME
+''',
+}
+
+
+def test_a_launch_script_counts_its_arrays_as_bash_does(cli, tmp_path, monkeypatch):
+    # LMOps' coach recipe: `IFS=',' read -ra DATASET_ARRAY <<< "$USE_DATASET"; NUM_DATASETS=${#DATASET_ARRAY[@]}`
+    # then arithmetic on it; `${#...}` was read as the start of a comment and the arithmetic passed as written
+    import json
+
+    train = TRAIN.replace('required=True)\n', 'required=True)\nparser.add_argument("--files")\n', 1)
+    (tmp_path / "train.py").write_text(train)
+    monkeypatch.delenv("USE_DATASETS", raising=False)
+    for name, text in ARRAYS.items():
+        (tmp_path / name).write_text(text)
+        ran = _bash_launch(tmp_path / name, 8, dict(os.environ))
+        res = cli(name, "--no-cache", "--format", "json", cwd=str(tmp_path))
+        assert res.code == 0, (name, res.err)
+        (f,) = json.loads(res.out)["files"]
+        assert f["args"] == ran.split("train.py")[1].split(), name
+        words = ran.split()
+        nnodes = int(words[words.index("--nnodes") + 1]) if "--nnodes" in words else 1
+        assert f["plan"]["world_size"] == int(ran.split("--nproc_per_node")[1].lstrip("= ").split()[0]) * nnodes

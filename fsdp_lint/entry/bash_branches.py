@@ -125,3 +125,12 @@ class Branches:
     def at(self):
         """The (if, branch) pairs the current line is in."""
         return tuple((b["n"], b["branch"]) for b in self.blocks)
+
+
+def alternatives(a, a_at, b, b_at) -> bool:
+    """The same launch in two branches of one `if` (`if [ "$NUM_GPUS" -gt 1 ]; then ... python train.py ... &
+    else python train.py ...`): only one of them runs."""
+    same = (a.path, a.args, a.cwd, a.world_size, a.accelerate_config, a.env, a.module) == \
+        (b.path, b.args, b.cwd, b.world_size, b.accelerate_config, b.env, b.module)
+    return same and any(x[0] == y[0] and x[1] != y[1] for x in a_at for y in b_at)
+

@@ -227,6 +227,7 @@ def _expand(text: str, env: Dict[str, str], positional: Sequence[str] = ()) -> s
         if value is None:
             return m.group(0)
         return " ".join(value) if isinstance(value, list) else value
+    text = _lengths(text, env, positional)
     for _ in range(4):      # (a default holding an expansion: the inner one first)
         expanded = _VAR.sub(sub, text)
         if expanded == text:
@@ -259,8 +260,9 @@ def _split(text: str) -> List[str]:
     out, i, quote = [], 0, None
     while i < len(text):
         c = text[i]
-        end = closing(text, i + 1) if c == "$" and quote != "'" and text.startswith("$(", i) else None
-        if end is not None:
+        end = closing(text, i + 1) if c == "$" and quote != "'" and text.startswith("$(", i) else \
+            closing(text, i + 1, "{", "}") if c == "$" and quote != "'" and text.startswith("${#", i) else None
+        if end is not None:         # (`${#ARR[@]}`: its `#` is no comment)
             spans.append(text[i:end + 1])
             out.append(f"\x00{len(spans) - 1}\x00")
             i = end + 1
@@ -305,6 +307,7 @@ def _expanded_words(text: str, env: Dict[str, str], positional: Sequence[str]) -
     one inside double quotes stays in its word, an unquoted one is split on whitespace (``$ARGS`` of
     ``ARGS="--lr 1 --fsdp"`` is three words), ``"$@"`` is each argument as a word; nothing in a value
     is read as quotes. Single-quoted text is not expanded."""
+    text = _lengths(text, env, positional)
     out: List[str] = []
     quote: Optional[str] = None
     i = 0
@@ -429,3 +432,44 @@ def leading_simple_command(text: str) -> Optional[Tuple[str, str]]:
             return (head, rest) if head and rest and not rest.startswith("#") else None
         i += 1
     return None
+
+
+_LENGTH = re.compile(r"\$\{#([A-Za-z_][A-Za-z0-9_]*|@|\*)(\[[@*]\])?\}")
+
+
+def _lengths(text: str, env: Dict[str, str], positional: Sequence[str]) -> str:
+    """`text` with bash's lengths written in: ``${#ARR[@]}`` an array's elements, ``${#NAME}`` a value's
+    characters, ``${#@}`` the arguments (a variable nothing sets is left as written)."""
+    def length(m):
+        name, all_of = m.group(1), m.group(2)
+        if name in "@*":
+            return str(len(positional))
+        value = env.get(name, os.environ.get(name, NODE_UNSET.get(name)))
+        if value is None:
+            return m.group(0)
+        if isinstance(value, list):
+            return str(len(value) if all_of else len(value[0]) if value else 0)
+        return str(1 if all_of else len(value))
+    return _LENGTH.sub(length, text) if "${#" in text else text
+
+
+_READ_ARRAY = re.compile(r"^(?:IFS=(?:'([^']*)'|\"([^\"]*)\"|(\S*))\s+)?read\s+(?:-[rs]*a[rs]*|-r\s+-a|-a)\s+"
+                         r"([A-Za-z_]\w*)\s*<<<\s*(.+)$")
+
+
+def read_array(text: str, env: Dict[str, str], positional: Sequence[str]) -> Optional[Tuple[str, List[str]]]:
+    """``IFS=',' read -ra ARR <<< "$LIST"``: (the array's name, its elements, split at IFS as bash splits), or None
+    for another line or a value not known here."""
+    m = _READ_ARRAY.match(text.strip())
+    if not m:
+        return None
+    ifs = next((g for g in m.groups()[:3] if g is not None), " \t\n")
+    words = _expanded_words(m.group(5), env, positional)
+    if len(words) != 1 or "$" in words[0]:
+        return None
+    parts = re.split("[" + re.escape(ifs) + "]", words[0]) if ifs else [words[0]]
+    if parts and parts[-1] == "":
+        parts = parts[:-1]          # (bash drops one empty field at the end)
+    if ifs.strip() != ifs or not ifs:
+        parts = [p for p in parts if p]     # whitespace in IFS: runs of it are one separator
+    return m.group(4), parts

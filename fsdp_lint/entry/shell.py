@@ -23,13 +23,13 @@ from fsdp_lint.entry.bash_functions import CALL_BEGIN, CALL_END, function_call, 
 from fsdp_lint.entry.bash_loops import loop_header, sourced_script
 from fsdp_lint.entry.launch_files import (  # noqa: F401 - _module_root: also shell.*
     _console_commands, _console_file, _module_file, _module_root, _near, _resolve, installed_module_file)
-from fsdp_lint.entry.bash_branches import Branches
+from fsdp_lint.entry.bash_branches import Branches, alternatives
 from fsdp_lint.entry.bash_substitutions import closing
 from fsdp_lint.entry.console_launch import console_wrapper
 from fsdp_lint.entry import slurm
 from fsdp_lint.entry.dora_launch import dora_launch, dora_module, is_dora
 from fsdp_lint.entry.bash_words import (  # noqa: F401 - ShellError: this module's error too
-    _ARRAY, ShellError, UnsetError, leading_simple_command, settled, unset_literal, with_script_path, _expand,
+    _ARRAY, ShellError, UnsetError, leading_simple_command, read_array, settled, unset_literal, with_script_path, _expand,
     _expanded_words, _joined, _logical_lines, _split, _tokens)
 
 _ASSIGN = re.compile(r"^(?:export\s+|local\s+|readonly\s+|declare\s+(?:-\w+\s+)*)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
@@ -451,6 +451,10 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
         if exporting and words and all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", w) for w in words):
             exported.update(words)              # `export MODEL` of a variable set before
             continue
+        read = read_array(stripped, env, positional)
+        if read is not None:                     # `IFS=',' read -ra DATASETS <<< "$LIST"`: its elements
+            env[read[0]] = read[1]
+            continue
         array = _ARRAY.match(stripped.replace("\n", " "))
         if array:                                # `args=(--lr 1 "$X")`, `args+=(--fsdp)`: its elements' words
             name, append, inner = array.groups()
@@ -573,7 +577,7 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
                              found.get("unset_world"), found.get("torchrun"), bool(found.get("plain")),
                              tuple(found.get("accelerate_args") or ()), tuple(unset), tuple(n for _, n in loops))
         at = branches.at()
-        if not any(_alternatives(launch, at, other, other_at) for other, other_at in zip(out, where)):
+        if not any(alternatives(launch, at, other, other_at) for other, other_at in zip(out, where)):
             out.append(launch)
             where.append(at)
     return out
@@ -589,10 +593,3 @@ def _search_path(exported: set, env: Dict, command_env: Dict, cd: Optional[str])
                if f and "$" not in f and "`" not in f and "\x01" not in f and "\x02" not in f]
     return os.pathsep.join(folders) or None
 
-
-def _alternatives(a: ShellLaunch, a_at, b: ShellLaunch, b_at) -> bool:
-    """The same launch in two branches of one `if` (`if [ "$NUM_GPUS" -gt 1 ]; then ... python train.py ... &
-    else python train.py ...`): only one of them runs."""
-    same = (a.path, a.args, a.cwd, a.world_size, a.accelerate_config, a.env, a.module) == \
-        (b.path, b.args, b.cwd, b.world_size, b.accelerate_config, b.env, b.module)
-    return same and any(x[0] == y[0] and x[1] != y[1] for x in a_at for y in b_at)
