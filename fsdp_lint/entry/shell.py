@@ -451,9 +451,9 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
         if exporting and words and all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", w) for w in words):
             exported.update(words)              # `export MODEL` of a variable set before
             continue
-        read = read_array(stripped, env, positional)
-        if read is not None:                     # `IFS=',' read -ra DATASETS <<< "$LIST"`: its elements
-            env[read[0]] = read[1]
+        into = read_array(stripped, env, positional)
+        if into is not None:                     # `IFS=',' read -ra DATASETS <<< "$LIST"`: its elements
+            env[into[0]] = into[1]
             continue
         array = _ARRAY.match(stripped.replace("\n", " "))
         if array:                                # `args=(--lr 1 "$X")`, `args+=(--fsdp)`: its elements' words
