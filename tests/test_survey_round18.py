@@ -333,3 +333,71 @@ def test_a_launch_script_counts_its_arrays_as_bash_does(cli, tmp_path, monkeypat
         words = ran.split()
         nnodes = int(words[words.index("--nnodes") + 1]) if "--nnodes" in words else 1
         assert f["plan"]["world_size"] == int(ran.split("--nproc_per_node")[1].lstrip("= ").split()[0]) * nnodes
+
+
+DISPATCH = {
+    "recipes/sft.sh": '''#!/bin/bash
+WIDTH=128
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --scale) WIDTH="$2"; shift 2 ;;
+        *) break ;;
+    esac
+done
+torchrun --nproc_per_node 8 train.py --global_batch_size "$WIDTH"
+''',
+    "usage.sh": '''#!/usr/bin/env bash
+set -euo pipefail
+
+run_experiment() {
+    local size=$1
+    case "$size" in
+        small)
+            bash recipes/sft.sh --scale 64
+            ;;
+        big)
+            bash recipes/sft.sh --scale 1024
+            ;;
+        *)
+            echo "unknown experiment: $size" >&2
+            exit 2
+            ;;
+    esac
+}
+
+ACTION=$1
+case "$ACTION" in
+    train)
+        [ "$#" -eq 2 ] || { echo "usage: $0 train SIZE" >&2; exit 2; }
+        run_experiment "$2"
+        ;;
+    eval|evaluate)
+        python evaluate.py --ckpt "$2"
+        ;;
+    *)
+        exit 2
+        ;;
+esac
+''',
+}
+
+
+@pytest.mark.parametrize("argv", [["train", "big"], ["train", "small"]])
+def test_a_launch_script_dispatching_with_case_runs_the_arm_bash_runs(cli, tmp_path, argv):
+    # LMOps' `bash usage_example.sh train qwen-el-self`: an action `case` on a copy of $1, a function whose own
+    # `case` dispatches on its argument, and the arm running another script. Each arm's launch was linted (two
+    # plans, one of an arm bash never runs), a `bash sub.sh` in an arm was not followed, and the action `case`
+    # was read as an argument loop that "exits" (exit 2, a false cause)
+    import json
+
+    from conftest import write_tree
+
+    write_tree(tmp_path, DISPATCH)
+    (tmp_path / "train.py").write_text(TRAIN)
+    shim = 'torchrun() { echo "torchrun $*"; }; export -f torchrun; bash "$0" "$@"'
+    ran = subprocess.run(["bash", "-c", shim, "usage.sh", *argv], capture_output=True, text=True, check=True,
+                         cwd=tmp_path).stdout.strip()
+    res = cli("usage.sh", "--no-cache", "--format", "json", "--", *argv, cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    (f,) = json.loads(res.out)["files"]
+    assert f["args"] == ran.split("train.py")[1].split()

@@ -26,7 +26,10 @@ from fsdp_lint.entry.bash_words import (_ARRAY, ShellError, _expand, _expanded_w
                                         unset_literal)
 
 _SCALAR = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
-_LAUNCHING = re.compile(r"\b(torchrun|accelerate|deepspeed|python3?|srun)\b|\.py\b")
+# a launch in a block's arms, a script it runs (`bash sub.sh`, `./run.sh`) or a function call (inlined): the
+# line-by-line reader follows those
+_LAUNCHING = re.compile(r"\b(torchrun|accelerate|deepspeed|python3?|srun)\b|\.py\b|__fsdp_lint_call__|"
+                        r"(?:^|[;&|(]|\)|\n)\s*(?:(?:ba)?sh\s+[\w./$\"{}-]+\.sh\b|\./[\w./-]+\.sh\b)", re.M)
 _ARGUMENTS_LEFT = re.compile(r'^\(\(\s*"?\$#"?\s*(>\s*0\s*)?\)\)$')    # `(( $# ))`, `(( "$#" > 0 ))`
 _MAX_ROUNDS = 256
 

@@ -15,11 +15,13 @@ is followed, as before.
 """
 from __future__ import annotations
 
+import fnmatch
 import re
 from typing import Dict, List, Optional, Sequence
 
 from fsdp_lint.entry.bash_words import _expand
 
+_ARM = re.compile(r"^\(?\s*([^()]+?)\s*\)(?!\))(.*)$", re.S)      # `train|fit)`, `"eval")`, `*) exit 2`
 _INT_OPS = {"-eq": lambda a, b: a == b, "-ne": lambda a, b: a != b, "-gt": lambda a, b: a > b,
             "-ge": lambda a, b: a >= b, "-lt": lambda a, b: a < b, "-le": lambda a, b: a <= b}
 
@@ -84,11 +86,48 @@ class Branches:
         self.blocks: List[dict] = []
         self._counter = 0
 
+    def arm(self, line: str) -> Optional[str]:
+        """A `case` arm's pattern line of a decided `case` (``train|fit)`` then maybe its first command): the
+        arm is entered -- live where its pattern matches the word and no arm before did -- and the rest of the line
+        returned (its trailing ``;;`` ends the arm); ``;;`` alone ends one; None for any other line."""
+        block = self.blocks[-1] if self.blocks and self.blocks[-1].get("case") is not None else None
+        if block is None:
+            return None
+        text = line.strip()
+        ends = text.endswith(";;") and not text.endswith("\\;;")
+        text = text[:-2].rstrip() if ends else text
+        if block["expect"]:
+            m = _ARM.match(text)
+            if not m:
+                return None
+            block["branch"] += 1
+            patterns = [p.strip().strip("'\"") for p in m.group(1).split("|")]
+            self._enter(block, any(fnmatch.fnmatchcase(block["case"], p) for p in patterns))
+            block["expect"], text = ends, m.group(2).strip()
+            return text
+        if ends:
+            block["expect"] = True
+            return text
+        return None
+
+    def decided_case(self) -> bool:
+        """Whether the line is inside a `case` bash's choice of arm is known for."""
+        return any(b.get("case") is not None for b in self.blocks)
+
     def follow(self, words: List[str], env: Dict[str, str], positional: Sequence[str]) -> None:
         if not words:
             return
         head = words[0].rstrip(";")
-        if head == "if" and "fi" not in words and "fi;" not in words:
+        if head == "case" and len(words) == 3 and words[2] == "in":
+            # `case "$ACTION" in` of a word the script's variables give: only the arm it matches runs
+            word = None if any(b.get("live") is False for b in self.blocks) else _expand(words[1], env, positional)
+            if word is not None and "$" not in word and "`" not in word:
+                self._counter += 1
+                self.blocks.append({"n": self._counter, "branch": 0, "taken": False, "decided": True, "live": False,
+                                    "case": word, "expect": True})
+        elif head == "esac" and self.blocks and self.blocks[-1].get("case") is not None:
+            self.blocks.pop()
+        elif head == "if" and "fi" not in words and "fi;" not in words:
             self._counter += 1
             truth = self._decide(self.blocks, words, env, positional)
             block = {"n": self._counter, "branch": 0, "taken": False, "decided": True}
@@ -98,7 +137,7 @@ class Branches:
             block = self.blocks[-1]
             block["branch"] += 1
             self._enter(block, True if head == "else" else self._decide(self.blocks[:-1], words, env, positional))
-        elif head == "fi" and self.blocks:
+        elif head == "fi" and self.blocks and self.blocks[-1].get("case") is None:
             self.blocks.pop()
 
     @staticmethod

@@ -424,16 +424,21 @@ def shell_launches(script: str, positional: Sequence[str] = (), inherited: Optio
         if loop is not None:     # `while [[ $# -gt 0 ]]; do case "$1" in ...`: run for the arguments given
             k, positional = loop
             continue
+        arm = branches.arm(stripped)         # a decided `case`'s arm: its pattern read, its first command goes on
+        if arm is not None and (not arm or not branches.runs()):
+            continue
+        stripped, pieces = (arm, [(start, arm)]) if arm is not None else (stripped, pieces)
         try:
             # `cfg=configs/"$size"_mp"$mp".json`: a name ends at the quote (bash reads `$size`, then `_mp`), which
             # the words without their quotes would no longer show
             words = _split(_NAME_BEFORE_QUOTE.sub(r"${\1}", stripped))
         except ValueError:
             words = []
-        # a `case` not run above (`case $MODEL in llama) torchrun ...`): each arm's launch is followed
-        branches.follow(words, env, positional)
-        opened = in_case > 0 or "case" in words[:1]
-        in_case += sum(1 for w in words if w == "case") - sum(1 for w in words if w in ("esac", "esac;"))
+        # a `case` not run above nor decided (`case $MODEL in llama) torchrun ...`): each arm's launch is followed
+        decided = [branches.decided_case(), branches.follow(words, env, positional), branches.decided_case()]
+        decided = decided[0] or decided[2]
+        opened = in_case > 0 or "case" in words[:1] and not decided
+        in_case += 0 if decided else sum(w == "case" for w in words) - sum(w in ("esac", "esac;") for w in words)
         if not branches.runs():
             continue                # a branch bash does not take (`if [ "$BACKEND" == "accelerate" ]`)
         if words[:1] == ["eval"] and branches.runs():
