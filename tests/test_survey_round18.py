@@ -401,3 +401,37 @@ def test_a_launch_script_dispatching_with_case_runs_the_arm_bash_runs(cli, tmp_p
     assert res.code == 0, res.err
     (f,) = json.loads(res.out)["files"]
     assert f["args"] == ran.split("train.py")[1].split()
+
+
+SERVER_AND_FIELDS = '''#!/bin/bash
+host=$(hostname -i | awk '{print $1}')
+port=$(shuf -i 30000-31000 -n 1)
+python -m tools.serve --host $host --port $port > /dev/null 2>&1 &
+server_pid=$!
+SECOND_GPU=$(echo $CUDA_VISIBLE_DEVICES | awk -F, '{print $2}')
+torchrun --nproc_per_node=2 train.py --global_batch_size 32 --tool_url http://$host:$port/obs --files gpu$SECOND_GPU
+kill -9 $server_pid
+'''
+
+
+def test_a_helper_servers_address_and_an_awk_field_are_computed(cli, tmp_path, monkeypatch):
+    # verl-tool's recipes start a tool server on `$(hostname -i | awk '{print $1}')` and a port from
+    # `$(shuf -i 30000-31000 -n 1)`, then pass its URL as a Hydra override: the text was passed as written and Hydra's
+    # parser refused it; and `'{print $2}'` lost its field to the script's (empty) `$2`
+    import json
+
+    train = TRAIN.replace('required=True)\n', 'required=True)\nparser.add_argument("--tool_url")\n'
+                          'parser.add_argument("--files")\n', 1)
+    (tmp_path / "train.py").write_text(train)
+    (tmp_path / "run.sh").write_text(SERVER_AND_FIELDS)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    res = cli("run.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    (f,) = json.loads(res.out)["files"]
+    url, files = f["args"][3], f["args"][5]
+    host, port = url[len("http://"):].split("/")[0].split(":")
+    assert host == "127.0.0.1" and 30000 <= int(port) <= 31000
+    # bash's own awk field
+    ran = subprocess.run(["bash", "-c", "echo $CUDA_VISIBLE_DEVICES | awk -F, '{print $2}'"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert files == f"gpu{ran}" == "gpu6"

@@ -15,7 +15,8 @@ launch script uses for numbers and folders.
   of the node's and change nothing; ``$(echo $CUDA_VISIBLE_DEVICES | awk -F , '{print NF}')`` counts the GPUs the
   script gives itself);
 * ``nvidia-smi`` at the head of such a pipeline answers as the simulated node's tool (`fsdp_lint.smi`):
-  ``$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)`` is the node's GPU count.
+  ``$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)`` is the node's GPU count; ``hostname`` (``-i``:
+  the loopback address of one node) and ``shuf -i 30000-31000 -n 1`` (a port for a helper server) too.
 
 Anything else (a variable the script does not set, another command) is left as written, as before.
 """
@@ -54,6 +55,10 @@ def substitute(inner: str, expand: Callable[[str], str]) -> Optional[str]:
     `expand` expands the script's variables in a text."""
     if inner.startswith("(") and inner.endswith(")"):
         return arithmetic(inner[1:-1], expand)
+    if "'" in inner and "$" in inner:       # (`awk -F, '{print $2}'`: bash expands nothing in single quotes)
+        outer = expand
+        expand = lambda text: "".join(part if part.startswith("'") else outer(part)  # noqa: E731
+                                      for part in re.split(r"('[^']*')", text))
     if re.fullmatch(r"\s*pwd(\s+-[PL])?\s*", inner):       # the folder the script is in now (its `cd`s)
         here = expand("${PWD}")
         return here if "$" not in here and os.path.isdir(here) else os.getcwd()
@@ -95,7 +100,9 @@ _SED_SUBSTITUTION = re.compile(r"^s(.).*\1.*\1[gIi0-9]*$", re.S)
 def _safe(words) -> bool:
     """A text command that reads nothing of the node's (no file operands) and changes nothing."""
     name, args = words[0], words[1:]
-    if name not in _TEXT_COMMANDS or any("$" in a or "`" in a for a in args):
+    # (an awk program's fields, `'{print $2}'`, are awk's, not the script's variables)
+    if name not in _TEXT_COMMANDS or any("$" in (re.sub(r"\$(\d+|NF)\b", "", a) if name == "awk" else a) or "`" in a
+                                         for a in args):
         return False
     if name == "date":
         return all(a.startswith("+") or a in ("-u", "--utc") for a in args)
@@ -114,6 +121,33 @@ def _safe(words) -> bool:
     if name in ("cut", "tr", "head", "tail", "grep"):
         return not words[-1].startswith("/") or name == "tr"      # (a path operand: a file of the node's)
     return True
+
+
+def _node_answer(words) -> Optional[str]:
+    """What a command about the node prints there: its ``nvidia-smi`` (`$(nvidia-smi --query-gpu=name
+    --format=csv,noheader | wc -l)`: the node's GPUs), ``hostname`` (``-i``/``-I``: its address, the loopback one of a
+    single node), ``shuf -i LO-HI -n N`` (a free port drawn for a server: the range's first, so a lint is
+    repeatable); None for another command."""
+    import socket
+
+    name, args = words[0], words[1:]
+    if name == "nvidia-smi" and NODE_SMI[0] is not None:
+        from fsdp_lint import gpus, smi
+
+        return smi.answer(gpus.profile(NODE_SMI[0][0]), NODE_SMI[0][1], args)
+    if name == "hostname" and all(a in ("-i", "-I", "-s", "-f", "--ip-address", "--all-ip-addresses", "--short")
+                                  for a in args):
+        if any(a in ("-i", "-I", "--ip-address", "--all-ip-addresses") for a in args):
+            return "127.0.0.1\n"
+        host = socket.gethostname()
+        return (host.split(".")[0] if any(a in ("-s", "--short") for a in args) else host) + "\n"
+    m = re.fullmatch(r"-i\s+(\d+)-(\d+)\s+-n\s+(\d+)|-n\s+(\d+)\s+-i\s+(\d+)-(\d+)", " ".join(args)) \
+        if name == "shuf" else None
+    if m:
+        low, high, count = (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m.group(1) else \
+            (int(m.group(5)), int(m.group(6)), int(m.group(4)))
+        return "".join(f"{n}\n" for n in range(low, min(high, low + count - 1) + 1))
+    return None
 
 
 def _text_pipeline(text: str) -> Optional[str]:
@@ -137,15 +171,9 @@ def _text_pipeline(text: str) -> Optional[str]:
         else:
             current.append(token)
     commands.append(current)
-    output = None
-    if commands[0][:1] == ["nvidia-smi"] and NODE_SMI[0] is not None and not any("$" in w or "`" in w
-                                                                                  for w in commands[0]):
-        # the node's GPUs (`$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)`), as its tool lists them
-        from fsdp_lint import gpus, smi
-
-        output = smi.answer(gpus.profile(NODE_SMI[0][0]), NODE_SMI[0][1], commands.pop(0)[1:])
-        if output is None:
-            return None
+    output = _node_answer(commands[0]) if not any("$" in w or "`" in w for w in commands[0]) else None
+    if output is not None:
+        commands.pop(0)
     if not all(commands) or not all(_safe(c) for c in commands) or output is None and commands[0][0] in (
             "cut", "tr", "head", "tail", "grep", "sed", "awk", "wc"):
         return None             # (a first command that reads its input would read the node's terminal)

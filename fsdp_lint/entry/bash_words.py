@@ -229,11 +229,35 @@ def _expand(text: str, env: Dict[str, str], positional: Sequence[str] = ()) -> s
         return " ".join(value) if isinstance(value, list) else value
     text = _lengths(text, env, positional)
     for _ in range(4):      # (a default holding an expansion: the inner one first)
-        expanded = _VAR.sub(sub, text)
+        expanded = _outside_single_quotes(text, lambda part: _VAR.sub(sub, part))
         if expanded == text:
             break
         text = expanded
     return _substituted(text, lambda t: _expand(t, env, positional))
+
+
+def _outside_single_quotes(text: str, fn) -> str:
+    """`text` with `fn` applied to what is not single-quoted (bash expands nothing in ``'...'``: an awk program's
+    ``'{print $2}'`` inside a command substitution keeps its fields)."""
+    if "'" not in text:
+        return fn(text)
+    out, start, i, double = [], 0, 0, False
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text):
+            i += 2
+            continue
+        if c == '"':
+            double = not double
+        elif c == "'" and not double:
+            end = text.find("'", i + 1)
+            if end < 0:
+                break
+            out += [fn(text[start:i]), text[i:end + 1]]
+            start = i = end + 1
+            continue
+        i += 1
+    return "".join(out) + fn(text[start:])
 
 
 def _substituted(text: str, expand) -> str:
