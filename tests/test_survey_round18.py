@@ -435,3 +435,34 @@ def test_a_helper_servers_address_and_an_awk_field_are_computed(cli, tmp_path, m
     ran = subprocess.run(["bash", "-c", "echo $CUDA_VISIBLE_DEVICES | awk -F, '{print $2}'"], capture_output=True,
                          text=True, check=True).stdout.strip()
     assert files == f"gpu{ran}" == "gpu6"
+
+
+def test_a_library_reached_through_linked_site_folders_is_a_library(tmp_path):
+    # a `--target` site whose packages are symbolic links into a shared store (as a surveyor's, and tools that
+    # link environments, make them): the library's files resolve outside the folder on sys.path, and were taken
+    # for the project's -- its `try: import fast ... except ImportError` fallback met a stand-in instead of the
+    # ImportError (a skipped-statement note with a false `pip install`; in urllib3's case a replay past its deadline)
+    from conftest import run_subprocess
+
+    store = tmp_path / "store"
+    (store / "fastlib").mkdir(parents=True)
+    (store / "fastlib" / "__init__.py").write_text(
+        "try:\n    from fastlib._accel import TABLE\n    HAVE_ACCEL = True\nexcept ImportError:\n"
+        "    TABLE, HAVE_ACCEL = {}, False\n")
+    (store / "fastlib" / "_accel.py").write_text("import notinstalled_accel_xyz as acc\n\nTABLE = {acc.MODE + 1: 0}\n")
+    (store / "fastlib-1.0.dist-info").mkdir()
+    (store / "fastlib-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: fastlib\nVersion: 1.0\n")
+    site = tmp_path / "site"
+    site.mkdir()
+    for name in ("fastlib", "fastlib-1.0.dist-info"):
+        (site / name).symlink_to(store / name, target_is_directory=True)
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "train.py").write_text(TRAIN.replace("import argparse\n", "import argparse\n\nimport fastlib\n"))
+    # the oracle: python imports it, taking the fallback
+    ran = subprocess.run([sys.executable, "-c", "import fastlib; print(fastlib.HAVE_ACCEL)"], capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(site)), check=True)
+    assert ran.stdout.strip() == "False"
+    res = run_subprocess(["-m", "fsdp_lint", "train.py", "--no-cache", "-n", "8", "--", "--global_batch_size", "64"],
+                         cwd=str(tmp_path / "proj"), env={"PYTHONPATH": str(site)})
+    assert res.returncode == 0, res.stderr
+    assert "skipped" not in res.stdout + res.stderr and "notinstalled" not in res.stdout + res.stderr

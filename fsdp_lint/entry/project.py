@@ -179,7 +179,8 @@ def _library_dirs() -> Tuple[str, ...]:
                 dirs.add(os.path.realpath(p))
         for p in sys.path:
             if p and ("site-packages" in p or "dist-packages" in p or _holds_distributions(p)):
-                dirs.add(os.path.realpath(p))
+                # (as found too: a `--target` folder whose packages are links into a shared store)
+                dirs.update((os.path.realpath(p), os.path.abspath(p)))
         dirs.add(os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))   # fsdp_lint itself
         _LIB_DIRS = tuple(sorted(dirs))
     return _LIB_DIRS
@@ -206,7 +207,8 @@ def is_local(path: Optional[str]) -> bool:
         real = _realpath(path)
         norm = real.replace("\\", "/")
         local = not ("/site-packages/" in norm or "/dist-packages/" in norm) and \
-            not any(real == d or real.startswith(d + os.sep) for d in _library_dirs())
+            not any(found == d or found.startswith(d + os.sep) for d in _library_dirs()
+                    for found in ((real, path) if os.path.isabs(path) else (real,)))
         _IS_LOCAL[path] = local
     return local
 
