@@ -466,3 +466,84 @@ def test_a_library_reached_through_linked_site_folders_is_a_library(tmp_path):
                          cwd=str(tmp_path / "proj"), env={"PYTHONPATH": str(site)})
     assert res.returncode == 0, res.stderr
     assert "skipped" not in res.stdout + res.stderr and "notinstalled" not in res.stdout + res.stderr
+
+
+URL_WEIGHTS = {
+    "vision/__init__.py": "",
+    "vision/encoder.py": '''
+        from __future__ import annotations
+
+        import torch
+        import torch.nn as nn
+
+        ENCODER_URL = "https://weights.example.org/releases/encoder-3f2a.pth"
+
+
+        class FrozenEncoder(nn.Module):
+            """A pretrained image encoder whose weights come from a release URL."""
+
+            def __init__(self, pretrained: bool = True):
+                super().__init__()
+                self.net = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 32, 3))
+                if pretrained:
+                    self.net.load_state_dict(torch.hub.load_state_dict_from_url(ENCODER_URL, map_location="cpu"))
+                self.requires_grad_(False)
+
+
+        class Block(nn.Module):
+            def __init__(self, width: int = 64):
+                super().__init__()
+                self.fc = nn.Linear(width, width)
+
+
+        class Model(nn.Module):
+            def __init__(self, pretrained: bool = True):
+                super().__init__()
+                self.encoder = FrozenEncoder(pretrained)
+                self.blocks = nn.ModuleList([Block() for _ in range(3)])
+    ''',
+    "train.py": '''
+        from __future__ import annotations
+
+        import os
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        from vision.encoder import Block, FrozenEncoder, Model
+
+        dist.init_process_group("nccl")
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        model = FSDP(Model(), auto_wrap_policy=ModuleWrapPolicy({Block, FrozenEncoder}), use_orig_params=True,
+                     device_id=torch.cuda.current_device())
+    ''',
+}
+
+
+def test_weights_from_a_release_url_stand_in_as_the_models_own(cli, tmp_path, monkeypatch):
+    # facebookresearch/multimodal's DALL-E encoder, cosmos' tokenizers: `torch.hub.load_state_dict_from_url(URL)` in
+    # a module's __init__. The download failed and was taken for something the model depends on (exit 2); the
+    # weights decide no shape, so they stand in as `hf_hub_download` of a weights file does
+    import json
+
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from conftest import write_tree
+
+    write_tree(tmp_path, URL_WEIGHTS)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert any("torch.hub.load_state_dict_from_url of `https://weights.example.org/releases/encoder-3f2a.pth`" in n
+               for n in f["notes"]), f["notes"]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from vision.encoder import Block, FrozenEncoder, Model
+
+    real = fsdp1_units(lambda: Model(pretrained=False), world_size=8, use_orig_params=True,
+                       auto_wrap_policy=ModuleWrapPolicy({Block, FrozenEncoder}))
+    assert [(u["module"], u["numel"]) for u in f["plan"]["units"] if u["numel"]] == \
+        [(r["module"], r["numel"]) for r in real]

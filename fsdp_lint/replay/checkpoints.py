@@ -259,6 +259,7 @@ def install(rec, patch) -> None:
 
     patch(torch, "load", load)
     patch(torch.jit, "load", jit_load)
+    _install_hub_weights(rec, patch, load)
 
     real_load_state_dict = nn.Module.load_state_dict
 
@@ -275,6 +276,26 @@ def install(rec, patch) -> None:
 
     patch(nn.Module, "load_state_dict", load_state_dict)
     _install_safetensors(rec, patch)
+
+
+def _install_hub_weights(rec, patch, load) -> None:
+    """``torch.hub.load_state_dict_from_url(URL)`` (torchvision's and many repositories' pretrained weights): the
+    file the node downloaded into torch's hub cache, where it is here too, else the model's own state dict stands
+    in (the weights decide no shape; a lint downloads nothing)."""
+    import torch.hub
+    import torch.utils.model_zoo as model_zoo
+    from urllib.parse import urlparse
+
+    def load_state_dict_from_url(url, model_dir=None, map_location=None, progress=True, check_hash=False,
+                                 file_name=None, weights_only=False):
+        folder = model_dir or os.path.join(torch.hub.get_dir(), "checkpoints")
+        cached = os.path.join(folder, file_name or os.path.basename(urlparse(url).path))
+        if os.path.isfile(cached):
+            return load(cached, map_location=map_location, weights_only=weights_only)
+        return _stand_in(rec, url, "torch.hub.load_state_dict_from_url")
+
+    patch(torch.hub, "load_state_dict_from_url", load_state_dict_from_url)
+    patch(model_zoo, "load_url", load_state_dict_from_url)
 
 
 def _install_safetensors(rec, patch) -> None:
