@@ -547,3 +547,80 @@ def test_weights_from_a_release_url_stand_in_as_the_models_own(cli, tmp_path, mo
                        auto_wrap_policy=ModuleWrapPolicy({Block, FrozenEncoder}))
     assert [(u["module"], u["numel"]) for u in f["plan"]["units"] if u["numel"]] == \
         [(r["module"], r["numel"]) for r in real]
+
+
+STATS_FILE = {
+    "codec/__init__.py": "",
+    "codec/norm.py": '''
+        from __future__ import annotations
+
+        import torch
+        import torch.nn as nn
+
+        MEAN_STD = "checkpoints/codec/mean_std.pt"      # the README's download script writes it
+
+
+        class Normalizer(nn.Module):
+            def __init__(self, channels: int = 16):
+                super().__init__()
+                mean, std = torch.load(MEAN_STD, map_location="cpu", weights_only=True)
+                self.register_buffer("mean", mean.view(1, channels, -1), persistent=False)
+                self.register_buffer("std", std.view(1, channels, -1), persistent=False)
+
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(64, 64)
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.norm = Normalizer()
+                self.blocks = nn.ModuleList([Block() for _ in range(3)])
+    ''',
+    "train.py": '''
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        from codec.norm import Block, Model
+
+        dist.init_process_group("nccl")
+        model = FSDP(Model(), auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.cuda.current_device())
+    ''',
+}
+
+
+def test_a_missing_statistics_file_unpacked_is_named(cli, tmp_path, monkeypatch):
+    # cosmos-transfer1's VAE: `mean, std = torch.load(path)` of a file the README downloads; the stand-in state dict
+    # unpacked to nothing ("not enough values to unpack", no file named)
+    import json
+
+    import torch
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    from conftest import write_tree
+
+    write_tree(tmp_path, STATS_FILE)
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = res.err.splitlines()[0]
+    assert "codec/norm.py:13: `checkpoints/codec/mean_std.pt` is not on this machine, and the setup uses what it " \
+        "loads unpacked" in line, line
+    # with the file (as on the node): the plan torch builds
+    (tmp_path / "checkpoints" / "codec").mkdir(parents=True)
+    torch.save((torch.zeros(16 * 4), torch.ones(16 * 4)), tmp_path / "checkpoints" / "codec" / "mean_std.pt")
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    from codec.norm import Block, Model
+
+    real = fsdp1_units(Model, world_size=8, auto_wrap_policy=ModuleWrapPolicy({Block}))
+    assert [(u["module"], u["numel"]) for u in f["plan"]["units"] if u["numel"]] == \
+        [(r["module"], r["numel"]) for r in real]

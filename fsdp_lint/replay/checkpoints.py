@@ -89,6 +89,11 @@ class StandInStateDict(dict):
 
     def __iter__(self):
         self._bind()
+        if not dict.__len__(self) and _largest_model(self._rec) is None:
+            # (`mean, std = torch.load(stats)` before any model: what the file holds decides what comes next)
+            exc = TypeError(f"cannot unpack {type(self).__name__} of {self._path!r}: its contents are not here")
+            exc._fsdp_lint_stand_in = self._path
+            raise exc
         return dict.__iter__(self)
 
     def __len__(self):
@@ -125,6 +130,8 @@ def used_as_module(exc: BaseException, any_attribute: bool = False) -> Optional[
     attribute a state dict lacks counts where the failure already ends the lint (`any_attribute`: ``for layer
     in model.layers`` of a pickled whole model, a line deciding the wrap); a statement that may be skipped is
     refused only for a module's own attributes."""
+    if getattr(exc, "_fsdp_lint_stand_in", None):
+        return exc._fsdp_lint_stand_in
     if not isinstance(exc, (TypeError, AttributeError)) or StandInStateDict.__name__ not in str(exc):
         return None
     if isinstance(exc, AttributeError) and not (any_attribute or _module_attribute(exc)):
@@ -150,14 +157,18 @@ def _module_attribute(exc: AttributeError) -> bool:
 
 
 def module_use(exc: BaseException) -> str:
-    """How the setup used a stand-in as a module (`used_as_module`), in words."""
+    """How the setup used what a missing file holds (`used_as_module`), in words."""
+    import torch
+
     text = str(exc)
-    if "child module" in text:
-        return "assigned as a child module"
-    if "not callable" in text:
-        return "called"
+    if getattr(exc, "_fsdp_lint_stand_in", None):
+        return "unpacked (its values decide the tensors built from them)"
     found = re.search(r"has no attribute '(\w+)'", text)
-    return f"its `.{found.group(1)}` used" if found else "used as a module"
+    if found and hasattr(torch.Tensor, found.group(1)) and not _module_attribute(exc):
+        return f"as tensors (`.{found.group(1)}` of what it holds: their shapes decide what is built from them)"
+    use = "assigned as a child module" if "child module" in text else "called" if "not callable" in text else \
+        f"its `.{found.group(1)}` used" if found else "used as a module"
+    return f"as a module ({use}: the file holds a pickled nn.Module, a quantized layer or a whole model)"
 
 
 def _tensors(module):

@@ -378,9 +378,8 @@ class Failures(MissingPackages):
         checkpoint = used_as_module(exc, any_attribute=True)
         if checkpoint is not None:
             return (f"{self._location(exc, entry_display)}: `{_display(checkpoint, self.entry_path, entry_display)}` is "
-                    f"not on this machine, and the setup uses what it loads as a module ({module_use(exc)}: the file "
-                    f"holds a pickled nn.Module, a quantized layer or a whole model): the file decides the model, so "
-                    f"there is no plan without it -- lint where the file is, or copy it here")
+                    f"not on this machine, and the setup uses what it loads {module_use(exc)}: the file decides the "
+                    f"model, so there is no plan without it -- lint where the file is, or copy it here")
         parsing = None if self.names_an_argument(exc) else \
             arguments.describe(exc, self._location(exc, entry_display), self.argv, entry_display, _one_line)
         if parsing:                                 # trials: the script refuses its arguments
