@@ -624,3 +624,83 @@ def test_a_missing_statistics_file_unpacked_is_named(cli, tmp_path, monkeypatch)
     real = fsdp1_units(Model, world_size=8, auto_wrap_policy=ModuleWrapPolicy({Block}))
     assert [(u["module"], u["numel"]) for u in f["plan"]["units"] if u["numel"]] == \
         [(r["module"], r["numel"]) for r in real]
+
+
+RAY_DRIVER = {
+    "requirements.txt": "ray[default]>=2.40\ntorch\n",
+    "main_ppo.py": '''
+        from __future__ import annotations
+
+        import argparse
+        import os
+
+        import ray
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.distributed.fsdp import fully_shard
+
+
+        class Policy(nn.Module):
+            def __init__(self, vocab: int, width: int = 64, depth: int = 3):
+                super().__init__()
+                self.embed = nn.Embedding(vocab, width)
+                self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+
+        def load_vocab(path: str) -> int:
+            with open(os.path.join(path, "vocab.txt")) as fh:     # the README downloads the model folder first
+                return len(fh.read().split())
+
+
+        @ray.remote(num_cpus=1)
+        class TaskRunner:
+            def run(self, model_path: str, depth: int):
+                vocab = load_vocab(model_path)
+                dist.init_process_group("nccl")
+                model = Policy(vocab, depth=depth)
+                for block in model.blocks:
+                    fully_shard(block)
+                fully_shard(model)
+
+
+        def main():
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--model_path", default="/models/policy")
+            parser.add_argument("--depth", type=int, default=3)
+            args = parser.parse_args()
+            if not ray.is_initialized():
+                ray.init()
+            runner = TaskRunner.remote()
+            ray.get(runner.run.remote(args.model_path, args.depth))
+            ray.shutdown()
+            os._exit(0)
+
+
+        if __name__ == "__main__":
+            main()
+    ''',
+}
+
+
+def test_a_driver_ending_with_os_exit_reports_what_failed_before_it(cli, tmp_path):
+    # verl's `run_ppo`: `ray.get(runner.run.remote(config))`, then `ray.shutdown(); os._exit(0)`. os._exit ended the
+    # process linting it, and the error said only that ("ended the process ... os._exit"), hiding the missing model
+    # folder the remote run failed on
+    import json
+
+    from conftest import write_tree
+
+    write_tree(tmp_path, RAY_DRIVER)
+    res = cli("main_ppo.py", "-n", "8", "--no-cache", "--", "--model_path", str(tmp_path / "no-such-model"),
+              cwd=str(tmp_path))
+    assert res.code == 2
+    line = res.err.splitlines()[0]
+    assert "no-such-model/vocab.txt" in line and "ended the process" not in line, line
+    # with the folder (as on the node): the plan, and the os._exit after it ends nothing of the lint
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "vocab.txt").write_text(" ".join(f"w{i}" for i in range(100)))
+    res = cli("main_ppo.py", "-n", "8", "--no-cache", "--format", "json", "--", "--model_path",
+              str(tmp_path / "policy"), "--depth", "4", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert len(f["plan"]["units"]) == 5 and f["plan"]["units"][-1]["numel"] == 100 * 64

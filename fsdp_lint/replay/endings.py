@@ -259,3 +259,20 @@ def on_own_stop(run, exc: BaseException) -> None:
     where = _innermost_project_line(exc)
     at = f"{_display(where[0], run.path, run.shown)}:{where[1]}" if where else run.display
     raise ReplayError(f"{at}: the script stopped itself before it built a model ({said})")
+
+
+def install_exit(patch) -> None:
+    """``os._exit(0)`` after the job (verl's driver, after ``ray.get(runner.run.remote(cfg))``) ends the script as
+    ``sys.exit`` does (`on_exit`): it ended the process linting it, and with it the report of what failed before.
+    A process the setup forks (a loader's worker) still exits at once."""
+    import os
+
+    real_exit, main = os._exit, os.getpid()
+
+    def _exit(status):
+        if os.getpid() != main:
+            real_exit(status)
+        raise SystemExit(status)
+
+    patch(os, "_exit", _exit)
+

@@ -34,7 +34,7 @@ from fsdp_lint.replay.recorders import (
     _install_recorders,
 )
 from fsdp_lint.replay import (  # issue 11; issue 15: the node's GPU, data values, rank values, jobs, network
-    checkpoints, data_values, host_values, job_submission, network, node, parallel, rank_values, smi,
+    checkpoints, data_values, endings, host_values, job_submission, network, node, parallel, rank_values, smi,
     subprocess_launches, writes,
 )
 from fsdp_lint.replay.ray_node.modules import install as simulated_ray, node_has_ray
@@ -327,6 +327,7 @@ def _simulate_launchers(rec: Recorder, patch: Patch) -> None:
     network.install(rec, patch)            # no network: a connection fails at once, never waits
     subprocess_launches.install(rec, patch)   # a launcher's own `subprocess.run(["torchrun", ...])` is named
     writes.install(rec, patch)             # what the setup writes is removed (or restored) when the replay ends
+    endings.install_exit(patch)            # os._exit ends the script, as sys.exit does
 
 
 def _hydra_without_outputs(patch: Patch) -> Callable[[], None]:
