@@ -709,3 +709,35 @@ def test_a_driver_ending_with_os_exit_reports_what_failed_before_it(cli, tmp_pat
     assert res.code in (0, 1), res.err
     f = json.loads(res.out)["files"][0]
     assert len(f["plan"]["units"]) == 5
+
+
+BARE_FOLDER = '''
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from transformers import AutoConfig, AutoModelForCausalLM
+
+model_path = sys.argv[1]          # README: `bash train.sh Qwen2.5-3B-Instruct`, a folder it downloaded before
+dist.init_process_group("nccl")
+config = AutoConfig.from_pretrained(model_path)
+with torch.device("meta"):
+    model = AutoModelForCausalLM.from_config(config)
+model = FSDP(model, device_id=torch.cuda.current_device())
+'''
+
+
+@pytest.mark.parametrize("name, folder", [("Qwen2.5-3B-Instruct", True), ("gpt2", False),
+                                          ("acme/never-downloaded-3B", False)])
+def test_a_model_named_without_an_owner_is_a_folder_not_a_hub_download(cli, tmp_path, monkeypatch, name, folder):
+    # ZeroSearch's `bash train_grpo.sh ... Qwen2.5-3B-Instruct`: a folder the README downloads into the working
+    # folder. The hint was `hf download Qwen2.5-3B-Instruct ...`, a hub repository that does not exist (hub ids have
+    # an owner); the hub's legacy models (`gpt2`) keep their bare names
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    (tmp_path / "train.py").write_text(BARE_FOLDER)
+    res = cli("train.py", "-n", "8", "--no-cache", "--", name, cwd=str(tmp_path))
+    assert res.code == 2
+    line = res.err.splitlines()[0]
+    assert (f"no folder {name!r} here: a name without an owner is a folder the node has" in line) == folder, line
+    assert ("hf download" in line) != folder, line

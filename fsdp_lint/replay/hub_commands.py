@@ -7,6 +7,8 @@ flag, and a pattern beside file names is ignored in both (the files alone are do
 """
 from __future__ import annotations
 
+import os
+import re
 from typing import Optional, Sequence, Tuple
 
 # what a setup reads of a model repository besides its weights: the config, the tokenizer's files (JSON,
@@ -44,3 +46,35 @@ def download_command(repo: str, files: Sequence[str] = (), include: Sequence[str
 
 # the hint an error names the download with (removed where --fetch-configs was given and could not fetch it)
 RERUN_HINT = " (or rerun with --fetch-configs)"
+
+
+def is_hub_id(name: str) -> bool:
+    """``org/name`` or ``name`` as the hub spells a repository; a path of more parts (``output/models/vae``)
+    or a relative or absolute one is a folder of this machine's."""
+    try:
+        from huggingface_hub.utils import validate_repo_id
+
+        validate_repo_id(name)
+        return True
+    except ImportError:
+        return name.count("/") <= 1 and not name.startswith((".", "/", "~"))
+    except Exception:       # HFValidationError
+        return False
+
+
+# the hub's models of the time before owners (`gpt2`, `bert-base-uncased`, `t5-small`): still served under a bare name
+_LEGACY = re.compile(r"^(gpt2(-medium|-large|-xl)?|distilgpt2|(distil)?bert-|roberta-|distilroberta-|xlm-|xlnet-|t5-|"
+                     r"albert-|ctrl$|openai-gpt$|bart-|facebook|google)")
+
+
+def bare_name(name: str) -> Optional[str]:
+    """What a bare name (no owner: ``Qwen2.5-3B-Instruct``) that is no folder here is, in words -- a folder the node
+    has where the job starts (the README's download into the working folder), not a hub id, which has an owner
+    (``Qwen/Qwen2.5-3B-Instruct``) -- or None for any other name."""
+    if "/" in name or os.sep in name or not name or name.startswith((".", "~")) or _LEGACY.match(name) or \
+            not is_hub_id(name):
+        return None
+    return (f"no folder {name!r} here: a name without an owner is a folder the node has where the job starts (a "
+            f"model downloaded there first), not a hub model (those are `owner/{name}`); this machine does not "
+            f"have it")
+

@@ -237,8 +237,8 @@ HUB_FILE = "_fsdp_lint_hub_file"
 def download_hint(msg: str, exc: Optional[BaseException] = None) -> str:
     """fsdp-lint never downloads: the hub file a library asked for (named, with the command that gets it),
     else a hub model's config, else nothing."""
-    if "fsdp-lint never downloads" in msg or "fsdp-lint does not download" in msg:
-        return ""           # fsdp-lint's own text says it already
+    if "fsdp-lint never downloads" in msg or "fsdp-lint does not download" in msg or "not a hub model" in msg:
+        return ""           # fsdp-lint's own text says it already (or that the name is a folder)
     seen = 0
     while exc is not None and seen < 8:
         asked = getattr(exc, HUB_FILE, None)

@@ -28,7 +28,7 @@ from typing import Any, Dict, List
 
 from fsdp_lint.replay.frameworks.hf_saves import save_pretrained_hook
 from fsdp_lint.replay.frameworks.hub_snapshots import NOT_DOWNLOADED, WEIGHT_SUFFIXES, snapshot_download_hook
-from fsdp_lint.replay.hub_commands import RERUN_HINT, SETUP_FILES, download_command
+from fsdp_lint.replay.hub_commands import RERUN_HINT, SETUP_FILES, bare_name, download_command, is_hub_id
 from fsdp_lint.replay.network import HUB_FILE, NotDownloaded
 from fsdp_lint.replay.records import IN_TRAINING
 
@@ -52,23 +52,11 @@ class HubFileMissing(NotDownloaded):
     local cache (fsdp-lint never downloads)."""
 
 
-def _is_hub_id(name: str) -> bool:
-    """``org/name`` or ``name`` as the hub spells a repository; a path of more parts (``output/models/vae``)
-    or a relative or absolute one is a folder of this machine's."""
-    try:
-        from huggingface_hub.utils import validate_repo_id
-
-        validate_repo_id(name)
-        return True
-    except ImportError:
-        return name.count("/") <= 1 and not name.startswith((".", "/", "~"))
-    except Exception:       # HFValidationError
-        return False
-
-
 def missing_config_message(name: str) -> str:
     cache = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    if not _is_hub_id(name):
+    if bare_name(name):
+        return f"{bare_name(name)}; pass --hf-config path/to/config.json, or the folder's path in the script's arguments"
+    if not is_hub_id(name):
         return (f"no model folder {name!r} here (no config.json in it): a path of the node the job runs on -- a "
                 f"checkpoint it trained or downloaded before -- that this machine does not have; pass "
                 f"--hf-config path/to/config.json, or the folder's path in the script's arguments")
@@ -248,7 +236,9 @@ def _loads_tokenizers(attr: str):
 
 
 def _tokenizer_missing(name: str, why: str) -> str:
-    if isinstance(name, str) and not _is_hub_id(name):       # `/path/to/pretrained/model`: a folder, not a hub id
+    if isinstance(name, str) and bare_name(name):
+        return f"{bare_name(name)} ({why})"
+    if isinstance(name, str) and not is_hub_id(name):       # `/path/to/pretrained/model`: a folder, not a hub id
         return (f"no tokenizer folder {name!r} here: a path of the node the job runs on (or a placeholder of the "
                 f"recipe, to be set) that this machine does not have; pass a local tokenizer folder in the script's "
                 f"arguments ({why})")
