@@ -741,3 +741,63 @@ def test_a_model_named_without_an_owner_is_a_folder_not_a_hub_download(cli, tmp_
     line = res.err.splitlines()[0]
     assert (f"no folder {name!r} here: a name without an owner is a folder the node has" in line) == folder, line
     assert ("hf download" in line) != folder, line
+
+
+ELASTIC = '''
+from __future__ import annotations
+
+import os
+import uuid
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block() for _ in range(4)])
+
+
+def train(lr: float) -> None:
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    model = FSDP(Net(), auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.cuda.current_device())
+    torch.optim.AdamW(model.parameters(), lr=lr)
+
+
+if __name__ == "__main__":
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=4, run_id=str(uuid.uuid4()),
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0)
+    elastic_launch(config, entrypoint=train)(1e-3)
+'''
+
+
+def test_a_script_that_starts_its_own_workers_with_elastic_launch(cli, tmp_path):
+    # pytorch/tnt's examples: the programmatic torchrun in the `__main__` block. It tried a real rendezvous
+    # (RendezvousConnectionError, with a hint that the script "ran without arguments")
+    import json
+
+    from oracle import fsdp1_units
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    (tmp_path / "train.py").write_text(ELASTIC)
+    res = cli("train.py", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["plan"]["world_size"] == 4
+    namespace: dict = {}
+    exec(compile(ELASTIC.split('if __name__ == "__main__":')[0], "elastic", "exec"), namespace)
+    real = fsdp1_units(namespace["Net"], world_size=4, auto_wrap_policy=ModuleWrapPolicy({namespace["Block"]}))
+    assert [(u["module"], u["numel"], u["shard_numel"]) for u in f["plan"]["units"] if u["numel"]] == \
+        [(r["module"], r["numel"], r["shard_numel"]) for r in real]

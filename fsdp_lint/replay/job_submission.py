@@ -81,8 +81,46 @@ class SubmittedJob:
         return None
 
 
+def _install_elastic_launch(rec, patch: Patch) -> None:
+    """torch's programmatic torchrun (``elastic_launch(LaunchConfig(nproc_per_node=4, ...), entrypoint=main)(args)``):
+    its workers run `entrypoint` with torchrun's environment; the replay runs it here as worker 0, the launch's
+    workers the world where nothing else gave one (a binary entry point, a command line, is left to torch)."""
+    import torch.distributed.launcher as launcher
+    import torch.distributed.launcher.api as api
+
+    from fsdp_lint.replay.frameworks import current_options
+    from fsdp_lint.replay.records import WorldSizeFromScript
+
+    real = api.elastic_launch
+
+    class elastic_launch:       # noqa: N801 - torch's name
+        def __init__(self, config, entrypoint, *more):
+            self._config, self._entrypoint, self._real = config, entrypoint, real(config, entrypoint, *more)
+
+        def __call__(self, *args):
+            if not callable(self._entrypoint):
+                return self._real(*args)
+            per_node, nodes = int(self._config.nproc_per_node), int(self._config.max_nodes)
+            world, shown = per_node * nodes, f"elastic_launch(LaunchConfig(nproc_per_node={per_node}, max_nodes={nodes}))"
+            if getattr(current_options(), "script_world", False) and world != rec.world_size:
+                raise WorldSizeFromScript(world, shown)
+            notes = rec.__dict__.setdefault("framework_notes", [])
+            text = f"the script starts its workers with {shown}: linted as worker 0 of {world}, run in this process"
+            if text not in notes:
+                notes.append(text)
+            env = {"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "WORLD_SIZE": str(world),
+                   "LOCAL_WORLD_SIZE": str(per_node), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                   "TORCHELASTIC_RUN_ID": str(self._config.run_id)}
+            with environ_set(env):
+                return {0: self._entrypoint(*args)}
+
+    patch(api, "elastic_launch", elastic_launch)
+    patch(launcher, "elastic_launch", elastic_launch)
+
+
 def install(rec, patch: Patch) -> None:
-    """Patch submitit (when it is installed) so that a submission runs the job here."""
+    """Patch torch's elastic_launch, and submitit (when it is installed), so that a launched job runs here."""
+    _install_elastic_launch(rec, patch)
     if importlib.util.find_spec("submitit") is None:
         return
     import submitit
