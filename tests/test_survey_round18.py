@@ -65,6 +65,22 @@ def _bash_launch(script, gpus: int, env) -> str:
                           cwd=script.parent).stdout.strip()
 
 
+def _linted_and_ran(cli, tmp_path, scripts, gpus: int = 8):
+    """Each script linted (its one plan) and run by bash on a node of `gpus` GPUs: [(name, file, torchrun line)]."""
+    import json
+
+    out = []
+    for name, text in scripts.items():
+        (tmp_path / name).write_text(text)
+        ran = _bash_launch(tmp_path / name, gpus, dict(os.environ))
+        res = cli(name, "--no-cache", "--format", "json", cwd=str(tmp_path))
+        assert res.code == 0, (name, res.err)
+        (f,) = json.loads(res.out)["files"]
+        assert f["args"] == ran.split("train.py")[1].split(), name
+        out.append((name, f, ran))
+    return out
+
+
 @pytest.mark.parametrize("gpus", [8, 4])
 @pytest.mark.parametrize("visible", [None, "0,1"])
 def test_a_launch_script_counts_the_nodes_gpus_as_bash_does_there(cli, tmp_path, monkeypatch, gpus, visible):
@@ -157,21 +173,14 @@ def test_an_assignment_before_the_launch_on_its_line_is_made_first(cli, tmp_path
     # facebookresearch/multimodal's README: `NUM_GPUS=8; torchrun --nproc_per_node=$NUM_GPUS -m flava.native.train
     # ...`. The line was read as one assignment, so `$NUM_GPUS` counted as unset and the plan took the default
     # world (a wrong plan with exit 0 where the count differs)
-    import json
 
     (tmp_path / "train.py").write_text(TRAIN)
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "train.py").write_text(TRAIN)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    for name, text in LISTS.items():
-        (tmp_path / name).write_text(text)
-        ran = _bash_launch(tmp_path / name, 8, dict(os.environ))
+    for name, f, ran in _linted_and_ran(cli, tmp_path, LISTS):
         nproc = int(ran.split("--nproc_per_node")[1].lstrip("= ").split()[0])
-        res = cli(name, "--no-cache", "--format", "json", cwd=str(tmp_path))
-        assert res.code == 0, (name, res.err)
-        (f,) = json.loads(res.out)["files"]
         assert f["plan"]["world_size"] == nproc != 8, (name, ran)
-        assert f["args"] == ran.split("train.py")[1].split(), name
 
 
 STATS_ON_GPU = {
@@ -278,7 +287,6 @@ def test_a_launch_scripts_words_over_lines_and_its_folder_are_bashs(cli, tmp_pat
     # verl-tool's recipes: `val_data=[$dataset/test.parquet,\` continued on the next line (one word for bash), and
     # `train_data=$(pwd)/data/...`: the first was read as two words (the script "never sets" it), the second passed
     # as written (`$(pwd)/data/...`, which Hydra's parser refuses)
-    import json
 
     train = TRAIN.replace('required=True)\n', 'required=True)\nparser.add_argument("--files")\n'
                           'parser.add_argument("--val")\n', 1)
@@ -286,13 +294,7 @@ def test_a_launch_scripts_words_over_lines_and_its_folder_are_bashs(cli, tmp_pat
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "train.py").write_text(train)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    for name, text in WORDS.items():
-        (tmp_path / name).write_text(text)
-        ran = _bash_launch(tmp_path / name, 8, dict(os.environ))
-        res = cli(name, "--no-cache", "--format", "json", cwd=str(tmp_path))
-        assert res.code == 0, (name, res.err)
-        (f,) = json.loads(res.out)["files"]
-        assert f["args"] == ran.split("train.py")[1].split(), name
+    assert len(_linted_and_ran(cli, tmp_path, WORDS)) == len(WORDS)
 
 
 ARRAYS = {
@@ -318,18 +320,11 @@ torchrun --nproc_per_node 8 --nnodes $N train.py --global_batch_size $((64 * N))
 def test_a_launch_script_counts_its_arrays_as_bash_does(cli, tmp_path, monkeypatch):
     # LMOps' coach recipe: `IFS=',' read -ra DATASET_ARRAY <<< "$USE_DATASET"; NUM_DATASETS=${#DATASET_ARRAY[@]}`
     # then arithmetic on it; `${#...}` was read as the start of a comment and the arithmetic passed as written
-    import json
 
     train = TRAIN.replace('required=True)\n', 'required=True)\nparser.add_argument("--files")\n', 1)
     (tmp_path / "train.py").write_text(train)
     monkeypatch.delenv("USE_DATASETS", raising=False)
-    for name, text in ARRAYS.items():
-        (tmp_path / name).write_text(text)
-        ran = _bash_launch(tmp_path / name, 8, dict(os.environ))
-        res = cli(name, "--no-cache", "--format", "json", cwd=str(tmp_path))
-        assert res.code == 0, (name, res.err)
-        (f,) = json.loads(res.out)["files"]
-        assert f["args"] == ran.split("train.py")[1].split(), name
+    for name, f, ran in _linted_and_ran(cli, tmp_path, ARRAYS):
         words = ran.split()
         nnodes = int(words[words.index("--nnodes") + 1]) if "--nnodes" in words else 1
         assert f["plan"]["world_size"] == int(ran.split("--nproc_per_node")[1].lstrip("= ").split()[0]) * nnodes

@@ -123,17 +123,27 @@ def _array_open(pieces, line: str) -> bool:
     text = "".join(t for _, t in pieces) + _uncommented(line)
     if not _ARRAY_OPEN.match(text):
         return False
+    depth = 0
+    for _, _, depth in _unquoted(text, "(", ")"):
+        pass
+    return depth > 0
+
+
+def _unquoted(text: str, opens: str, closes: str):
+    """(index, character, nesting depth after it) of each character of `text` outside quotes and escapes, the
+    depth counted over `opens`/`closes` (``(``/``)``: an array's elements; ``$(...)``, ``${...}``)."""
     depth, quote, i = 0, None, 0
     while i < len(text):
         c = text[i]
         if c == "\\" and quote != "'":
             i += 2
             continue
-        if quote is None and c in "()":
-            depth += 1 if c == "(" else -1
+        if quote is None and c in opens + closes:
+            depth += 1 if c in opens else -1
+        if quote is None and c not in "'\"":
+            yield i, c, depth
         quote = _after(c, quote)
         i += 1
-    return depth > 0
 
 
 _JOIN = "\x1f"       # a continued line inside double quotes: joined to the next with nothing between
@@ -437,24 +447,10 @@ def leading_simple_command(text: str) -> Optional[Tuple[str, str]]:
     ``cd repo && python train.py``: bash runs the first, then the rest (an assignment always succeeds) -- or None."""
     if not _SIMPLE_HEAD.match(text):
         return None
-    depth, quote, i = 0, None, 0
-    while i < len(text):
-        c = text[i]
-        if c == "\\" and quote != "'":
-            i += 2
-            continue
-        if quote:
-            quote = None if c == quote else quote
-        elif c in "'\"`":
-            quote = c
-        elif c in "({":
-            depth += 1
-        elif c in ")}":
-            depth -= 1
-        elif depth == 0 and (c == ";" and text[i + 1:i + 2] != ";" or text.startswith("&&", i)):
+    for i, c, depth in _unquoted(text, "({", ")}"):
+        if depth == 0 and (c == ";" and text[i + 1:i + 2] != ";" or text.startswith("&&", i)):
             head, rest = text[:i].strip(), text[i + (1 if c == ";" else 2):].strip()
             return (head, rest) if head and rest and not rest.startswith("#") else None
-        i += 1
     return None
 
 
