@@ -796,3 +796,67 @@ def test_a_script_that_starts_its_own_workers_with_elastic_launch(cli, tmp_path)
     real = fsdp1_units(namespace["Net"], world_size=4, auto_wrap_policy=ModuleWrapPolicy({namespace["Block"]}))
     assert [(u["module"], u["numel"], u["shard_numel"]) for u in f["plan"]["units"] if u["numel"]] == \
         [(r["module"], r["numel"], r["shard_numel"]) for r in real]
+
+
+STRATEGIES = '''
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from datasets import load_dataset
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(64, 64) for _ in range(3)])
+
+
+class Trainer:
+    def __init__(self, strategy: str):
+        dist.init_process_group("nccl")
+        self.device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        self.strategy = strategy
+        self.data = load_dataset("acme/instructions-v2", split="train")
+
+    def create_model(self):
+        model = Net()
+        if self.strategy == "ddp":
+            return DDP(model.to(self.device), device_ids=[self.device.index])
+        return FSDP(model, device_id=self.device)
+
+    def train(self):
+        model = self.create_model()
+        torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for row in self.data:
+            pass
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--strategy", default="ddp")
+    Trainer(parser.parse_args().strategy).train()
+'''
+
+
+def test_a_ddp_run_over_a_stood_in_data_set_is_not_blamed_on_the_data(cli, tmp_path, monkeypatch):
+    # facebookresearch/multimodal's `training.strategy=ddp`: the FSDP wrap does not run with these arguments, and the
+    # data set (a hub id, stood in offline) was named as what kept the setup from its wrap
+    import json
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    (tmp_path / "train.py").write_text(STRATEGIES)
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", "--strategy", "ddp", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert any("did not run with these arguments" in n for n in f["notes"]), f["notes"]
+    res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", "--strategy", "fsdp", cwd=str(tmp_path))
+    assert res.code in (0, 1), res.err
+    f = json.loads(res.out)["files"][0]
+    assert f["plan"]["api"] == "fsdp1" and len(f["plan"]["units"]) == 1
