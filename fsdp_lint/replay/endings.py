@@ -263,18 +263,20 @@ def on_own_stop(run, exc: BaseException) -> None:
     raise ReplayError(f"{at}: the script stopped itself before it built a model ({said})")
 
 
-def install_exit(patch) -> None:
-    """``os._exit(0)`` after the job (verl's driver, after ``ray.get(runner.run.remote(cfg))``) ends the script as
-    ``sys.exit`` does (`on_exit`): it ended the process linting it, and with it the report of what failed before.
-    A process the setup forks (a loader's worker) still exits at once."""
+def install_exit(rec, patch) -> None:
+    """``os._exit(0)`` after statements failed and were skipped (verl's driver after ``ray.get(runner.run.remote(
+    cfg))``, whose remote run failed on a folder this machine lacks) ends the script as ``sys.exit`` does
+    (`on_exit`), so the first failure is reported; it ended the process linting it, and with it that report. With
+    nothing failed before, it ends the process as it always did (a settings module that gives up at import: the
+    lint says the file ended it), and a process the setup forks (a loader's worker) exits at once."""
     import os
 
     real_exit, main = os._exit, os.getpid()
 
     def _exit(status):
-        if os.getpid() != main:
+        failures = getattr(getattr(rec, "record_skip", None), "__self__", None)
+        if os.getpid() != main or not getattr(failures, "skips", None):
             real_exit(status)
         raise SystemExit(status)
 
     patch(os, "_exit", _exit)
-

@@ -327,7 +327,7 @@ def _simulate_launchers(rec: Recorder, patch: Patch) -> None:
     network.install(rec, patch)            # no network: a connection fails at once, never waits
     subprocess_launches.install(rec, patch)   # a launcher's own `subprocess.run(["torchrun", ...])` is named
     writes.install(rec, patch)             # what the setup writes is removed (or restored) when the replay ends
-    endings.install_exit(patch)            # os._exit ends the script, as sys.exit does
+    endings.install_exit(rec, patch)       # os._exit after failures ends the script, as sys.exit does
 
 
 def _hydra_without_outputs(patch: Patch) -> Callable[[], None]:
