@@ -360,6 +360,14 @@ run_experiment() {
     esac
 }
 
+experiment_width() {
+    case "$1" in
+        small) WIDTH=64 ;;
+        big) WIDTH=1024 ;;
+        *) exit 2 ;;
+    esac
+}
+
 ACTION=$1
 case "$ACTION" in
     train)
@@ -367,7 +375,8 @@ case "$ACTION" in
         run_experiment "$2"
         ;;
     eval|evaluate)
-        python evaluate.py --ckpt "$2"
+        experiment_width "$2"
+        python evaluate.py --width "$WIDTH" --ckpt "$3"
         ;;
     *)
         exit 2
@@ -860,3 +869,45 @@ def test_a_ddp_run_over_a_stood_in_data_set_is_not_blamed_on_the_data(cli, tmp_p
     assert res.code in (0, 1), res.err
     f = json.loads(res.out)["files"][0]
     assert f["plan"]["api"] == "fsdp1" and len(f["plan"]["units"]) == 1
+
+
+HUB_THEN_DRIFT = '''
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+model = AutoModelForCausalLM.from_pretrained("acme/never-downloaded-3B")
+args = TrainingArguments(output_dir="out", fsdp="full_shard auto_wrap", report_to="none", no_such_option_here=True)
+trainer = Trainer(model=model, args=args)
+trainer.train()
+'''
+
+URL_MODULE = URL_WEIGHTS["vision/encoder.py"].replace(
+    'self.net.load_state_dict(torch.hub.load_state_dict_from_url(ENCODER_URL, map_location="cpu"))',
+    "self.net.load_state_dict(torch.hub.load_state_dict_from_url(ENCODER_URL).state_dict())")
+
+
+def test_a_hub_model_and_a_later_unrelated_failure_are_not_linked(cli, tmp_path, monkeypatch):
+    # Orpheus-TTS: the hub model (which a node downloads) is skipped here, then a keyword the installed transformers
+    # lacks fails on its own: "what it would have set up was used later" linked them; the keyword reads no model
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    (tmp_path / "train.py").write_text(HUB_THEN_DRIFT)
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = res.err.splitlines()[0]
+    assert line.startswith("fsdp-lint: error: train.py:4: ") and "acme/never-downloaded-3B" in line, line
+    assert "(skipped; later, not from it: train.py:5: TypeError" in line and "used later" not in line, line
+
+
+def test_a_pickled_module_behind_a_url_is_named_with_its_url(cli, tmp_path, monkeypatch):
+    # multimodal's DALL-E encoder: the URL's file holds a pickled module (`.state_dict()` of what it loads); the
+    # replay's own class name leaked (`'StandInStateDict' object has no attribute 'state_dict'`), and the URL
+    # was shown as a path (`https:/...`)
+    from conftest import write_tree
+
+    write_tree(tmp_path, dict(URL_WEIGHTS, **{"vision/encoder.py": URL_MODULE}))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
+    res = cli("train.py", "-n", "8", "--no-cache", cwd=str(tmp_path))
+    assert res.code == 2
+    line = res.err.splitlines()[0]
+    assert "`https://weights.example.org/releases/encoder-3f2a.pth` is not on this machine" in line, line
+    assert "its `.state_dict` used" in line and "StandInStateDict" not in line, line
+    assert f"put it in torch's hub cache ({tmp_path / 'torch-home' / 'hub' / 'checkpoints'})" in line, line

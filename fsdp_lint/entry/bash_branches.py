@@ -125,7 +125,10 @@ class Branches:
                 self._counter += 1
                 self.blocks.append({"n": self._counter, "branch": 0, "taken": False, "decided": True, "live": False,
                                     "case": word, "expect": True})
-        elif head == "esac" and self.blocks and self.blocks[-1].get("case") is not None:
+            elif self.decided_case():       # (one not decided inside a decided one: its `esac` is its own)
+                self.blocks.append({"n": 0, "branch": 0, "taken": False, "decided": False, "inner_case": True})
+        elif head == "esac" and self.blocks and (self.blocks[-1].get("case") is not None or
+                                                 self.blocks[-1].get("inner_case")):
             self.blocks.pop()
         elif head == "if" and "fi" not in words and "fi;" not in words:
             self._counter += 1
@@ -137,7 +140,8 @@ class Branches:
             block = self.blocks[-1]
             block["branch"] += 1
             self._enter(block, True if head == "else" else self._decide(self.blocks[:-1], words, env, positional))
-        elif head == "fi" and self.blocks and self.blocks[-1].get("case") is None:
+        elif head == "fi" and self.blocks and self.blocks[-1].get("case") is None and \
+                not self.blocks[-1].get("inner_case"):
             self.blocks.pop()
 
     @staticmethod

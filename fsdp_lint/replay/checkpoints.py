@@ -119,6 +119,14 @@ class StandInStateDict(dict):
     def __repr__(self) -> str:
         return f"<state dict of {self._path!r}: not on this machine>"
 
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("_path", "_rec", "_where", "_bound"):
+            raise AttributeError(name)
+        # `load_state_dict_from_url(url).state_dict()` of a file holding a pickled module: which file, said
+        exc = AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        exc.name, exc._fsdp_lint_stand_in = name, self._path
+        raise exc
+
 
 def used_as_module(exc: BaseException, any_attribute: bool = False) -> Optional[str]:
     """The missing file whose stand-in the setup used as a module, where `exc` says so, else None.
@@ -130,8 +138,9 @@ def used_as_module(exc: BaseException, any_attribute: bool = False) -> Optional[
     attribute a state dict lacks counts where the failure already ends the lint (`any_attribute`: ``for layer
     in model.layers`` of a pickled whole model, a line deciding the wrap); a statement that may be skipped is
     refused only for a module's own attributes."""
-    if getattr(exc, "_fsdp_lint_stand_in", None):
-        return exc._fsdp_lint_stand_in
+    marked = getattr(exc, "_fsdp_lint_stand_in", None)     # (raised by the stand-in itself: no frame holds it)
+    if marked and not isinstance(exc, AttributeError):
+        return marked
     if not isinstance(exc, (TypeError, AttributeError)) or StandInStateDict.__name__ not in str(exc):
         return None
     if isinstance(exc, AttributeError) and not (any_attribute or _module_attribute(exc)):
@@ -142,7 +151,7 @@ def used_as_module(exc: BaseException, any_attribute: bool = False) -> Optional[
             if isinstance(value, StandInStateDict):
                 return value._path
         tb = tb.tb_next
-    return None
+    return marked
 
 
 def _module_attribute(exc: AttributeError) -> bool:
@@ -161,7 +170,7 @@ def module_use(exc: BaseException) -> str:
     import torch
 
     text = str(exc)
-    if getattr(exc, "_fsdp_lint_stand_in", None):
+    if getattr(exc, "_fsdp_lint_stand_in", None) and isinstance(exc, TypeError):
         return "unpacked (its values decide the tensors built from them)"
     found = re.search(r"has no attribute '(\w+)'", text)
     if found and hasattr(torch.Tensor, found.group(1)) and not _module_attribute(exc):

@@ -377,9 +377,12 @@ class Failures(MissingPackages):
             return f"{loc}: setup code failed {where_real}: {msg} {self._uses_stand_in(stub, self.decides_note(entry_display))}"
         checkpoint = used_as_module(exc, any_attribute=True)
         if checkpoint is not None:
-            return (f"{self._location(exc, entry_display)}: `{_display(checkpoint, self.entry_path, entry_display)}` is "
-                    f"not on this machine, and the setup uses what it loads {module_use(exc)}: the file decides the "
-                    f"model, so there is no plan without it -- lint where the file is, or copy it here")
+            url = "://" in checkpoint       # (torch.hub's download of a URL: the file goes in torch's hub cache)
+            shown = checkpoint if url else _display(checkpoint, self.entry_path, entry_display)
+            where = f"put it in torch's hub cache ({_hub_checkpoints()})" if url else "copy it here"
+            return (f"{self._location(exc, entry_display)}: `{shown}` is not on this machine, and the setup uses "
+                    f"what it loads {module_use(exc)}: the file decides the model, so there is no plan without it -- "
+                    f"lint where the file is, or {where}")
         parsing = None if self.names_an_argument(exc) else \
             arguments.describe(exc, self._location(exc, entry_display), self.argv, entry_display, _one_line)
         if parsing:                                 # trials: the script refuses its arguments
@@ -406,7 +409,10 @@ class Failures(MissingPackages):
             earlier = next((r for r in reversed(self.skips) if _network_ask(r.exc) or isinstance(r.exc, NetworkWait)),
                            earlier)
         missing_input = self._skipped_missing_input()
+        linked = "what it would have set up was used later"
         if missing_input is not None and missing_input.exc is not exc:
+            if earlier is None:            # (the later failure reads nothing it sets: named, not linked)
+                linked = "later, not from it"
             earlier = missing_input        # a model config fsdp-lint never downloads: what the rest follows from
         if earlier is not None:
             # the skipped statement first: what failed here left the object half-set -- itself failing on a name
@@ -415,11 +421,10 @@ class Failures(MissingPackages):
             earlier = self.root_cause(earlier.exc) or earlier
             at = f"{_display(earlier.skipped.path, self.entry_path, entry_display)}:{earlier.skipped.line}"
             if _network_ask(earlier.exc) or isinstance(earlier.exc, NetworkWait):
-                return (f"{at}: {_network_text(earlier.exc)} (skipped; what it would have set up was used later: "
-                        f"{loc}: {_one_line(exc)})")
+                return f"{at}: {_network_text(earlier.exc)} (skipped; {linked}: {loc}: {_one_line(exc)})"
             return (f"{at}: setup code failed {where_real}: {earlier.skipped.error}{download_hint(earlier.skipped.error, earlier.exc)}"
                     f"{package_hint(earlier.exc, earlier.skipped.error)}"
-                    f" (skipped; what it would have set up was used later: {loc}: {_one_line(exc)})")
+                    f" (skipped; {linked}: {loc}: {_one_line(exc)})")
         if isinstance(exc, ImportError):
             text = self.describe_import_error(exc, importer)
             if text:
@@ -455,6 +460,7 @@ class Failures(MissingPackages):
 
         upto = next((i for i, r in enumerate(self.skips) if r.exc is exc), len(self.skips))     # (before it only)
         first = next((r for r in self.skips[:upto] if not missing_input(r.exc) and not _network_ask(r.exc) and
+                      not getattr(r.exc, "fsdp_lint_data_stand_in", False) and
                       self.root_cause(r.exc) is None and held_at_top_level(exc, r.acted_on, self._is_project_path)),
                      None)
         if first is None:
@@ -541,3 +547,10 @@ def _is_project(fname: str) -> bool:
     from fsdp_lint.entry.project import is_local
 
     return is_local(fname)
+
+
+def _hub_checkpoints() -> str:
+    import torch.hub
+
+    return os.path.join(torch.hub.get_dir(), "checkpoints")
+
