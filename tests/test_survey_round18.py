@@ -911,3 +911,19 @@ def test_a_pickled_module_behind_a_url_is_named_with_its_url(cli, tmp_path, monk
     assert "`https://weights.example.org/releases/encoder-3f2a.pth` is not on this machine" in line, line
     assert "its `.state_dict` used" in line and "StandInStateDict" not in line, line
     assert f"put it in torch's hub cache ({tmp_path / 'torch-home' / 'hub' / 'checkpoints'})" in line, line
+
+
+def test_a_scratch_folder_from_mktemp_is_a_name_of_the_nodes(cli, tmp_path):
+    # verl-tool's recipes: `export RAY_TMPDIR=$(mktemp -d)`, `ACTION_STOP_TOKENS_FILE=$(mktemp)` passed on: the
+    # substitution was passed as written
+    import json
+
+    train = TRAIN.replace('required=True)\n', 'required=True)\nparser.add_argument("--files")\n', 1)
+    (tmp_path / "train.py").write_text(train)
+    (tmp_path / "run.sh").write_text("SCRATCH=$(mktemp -d)\nSTOP_FILE=$(mktemp -t stop.XXXXXX)\n"
+                                     "torchrun --nproc_per_node=2 train.py --global_batch_size 32 --files "
+                                     "$SCRATCH/data,$STOP_FILE\n")
+    res = cli("run.sh", "--no-cache", "--format", "json", cwd=str(tmp_path))
+    assert res.code == 0, res.err
+    scratch, stop = json.loads(res.out)["files"][0]["args"][-1].split(",")
+    assert "$(" not in scratch + stop and os.path.basename(stop).startswith("stop.") and len(stop) > len("stop.")

@@ -16,7 +16,8 @@ launch script uses for numbers and folders.
   script gives itself);
 * ``nvidia-smi`` at the head of such a pipeline answers as the simulated node's tool (`fsdp_lint.smi`):
   ``$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)`` is the node's GPU count; ``hostname`` (``-i``:
-  the loopback address of one node) and ``shuf -i 30000-31000 -n 1`` (a port for a helper server) too.
+  the loopback address of one node), ``shuf -i 30000-31000 -n 1`` (a port for a helper server) and ``mktemp`` (a
+  scratch name, nothing made) too.
 
 Anything else (a variable the script does not set, another command) is left as written, as before.
 """
@@ -141,6 +142,11 @@ def _node_answer(words) -> Optional[str]:
             return "127.0.0.1\n"
         host = socket.gethostname()
         return (host.split(".")[0] if any(a in ("-s", "--short") for a in args) else host) + "\n"
+    if name == "mktemp" and all(re.fullmatch(r"-[dtuq]+|[\w./-]*X{3,}[\w.-]*", a) for a in args):
+        # a scratch file or folder of the node's (`TMP=$(mktemp -d)`): its name, the template's X's as mktemp fills them
+        template = next((a for a in args if "XXX" in a), "tmp.XXXXXXXXXX")
+        folder = "" if "/" in template else os.environ.get("TMPDIR", "/tmp").rstrip("/") + "/"
+        return folder + re.sub("X{3,}", lambda m: "0" * len(m.group(0)), template) + "\n"
     m = re.fullmatch(r"-i\s+(\d+)-(\d+)\s+-n\s+(\d+)|-n\s+(\d+)\s+-i\s+(\d+)-(\d+)", " ".join(args)) \
         if name == "shuf" else None
     if m:
