@@ -927,3 +927,4 @@ def test_a_scratch_folder_from_mktemp_is_a_name_of_the_nodes(cli, tmp_path):
     assert res.code == 0, res.err
     scratch, stop = json.loads(res.out)["files"][0]["args"][-1].split(",")
     assert "$(" not in scratch + stop and os.path.basename(stop).startswith("stop.") and len(stop) > len("stop.")
+

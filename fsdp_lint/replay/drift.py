@@ -136,10 +136,12 @@ def _implicated(exc: BaseException) -> List[str]:
     if found or (name and not isinstance(exc, ModuleNotFoundError)):
         modules.append(found.group(1) if found else name)
     frames = traceback_frames(exc)
-    library = next((f for f, _ in reversed(frames) if not _ours(f.f_code.co_filename)), None)
+    last = next((i for i in range(len(frames) - 1, -1, -1) if is_local(frames[i][0].f_code.co_filename)), None)
+    # the library the project's last line called into (not one that called the project: Hydra's app around main)
+    inner = frames[last + 1:] if last is not None else frames
+    library = next((f for f, _ in reversed(inner) if not _ours(f.f_code.co_filename)), None)
     if library is not None:
         modules.append(library.f_globals.get("__name__") or "")
-    last = next((i for i in range(len(frames) - 1, -1, -1) if is_local(frames[i][0].f_code.co_filename)), None)
     if last is not None and all(_ours(f.f_code.co_filename) for f, _ in frames[last:]):
         # the project's line raised, or fsdp-lint's hook of the library call it makes (the hooked
         # `Trainer.__init__` binding a keyword the installed Trainer no longer takes)
