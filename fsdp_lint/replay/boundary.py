@@ -57,21 +57,44 @@ def install_boundaries(rec, patch: Callable[[Any, str, Any], None]) -> List[Any]
 
     handles.append(register_optimizer_step_pre_hook(on_step))
 
-    real_iter = torch.utils.data.DataLoader.__iter__
+    loader_class = torch.utils.data.DataLoader
+    real_iter = loader_class.__iter__
 
-    def loader_iter(self):
-        if not rec.real and not _a_model_exists(rec):
-            # nothing to train yet: a look at the data during set-up (`_print_batch(train_loader)` before the
-            # model is built), in this process (no worker processes), as the loader would give it
-            try:
-                single = _in_process(self)
-            except Exception:  # noqa: BLE001 - a loader that cannot be rebuilt so: the boundary, as before
-                single = None
-            if single is not None:
-                return real_iter(single)
-        return _FirstBatchStops(stop)     # `self.iterator = iter(loader)` in a constructor draws nothing yet
+    def with_boundary(own_iter):
+        def loader_iter(self):
+            if not rec.real and not _a_model_exists(rec):
+                # nothing to train yet: a look at the data during set-up (`_print_batch(train_loader)` before the
+                # model is built), in this process (no worker processes), as the loader would give it
+                try:
+                    single = _in_process(self)
+                except Exception:  # noqa: BLE001 - a loader that cannot be rebuilt so: the boundary, as before
+                    single = None
+                if single is not None:
+                    return real_iter(single)
+            return _FirstBatchStops(stop)     # `self.iterator = iter(loader)` in a constructor draws nothing yet
+        loader_iter.__wrapped__ = own_iter
+        return loader_iter
 
-    patch(torch.utils.data.DataLoader, "__iter__", loader_iter)
+    def own_iter_too(cls):
+        # a loader class with its own `__iter__` (torchdata's StatefulDataLoader, verl's): the same boundary, before
+        # its worker processes start on data the node has and this machine has not
+        if "__iter__" in cls.__dict__ and not hasattr(cls.__dict__["__iter__"], "__wrapped__"):
+            patch(cls, "__iter__", with_boundary(cls.__dict__["__iter__"]))
+
+    patch(loader_class, "__iter__", with_boundary(real_iter))
+    todo = list(loader_class.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        own_iter_too(cls)
+        todo += cls.__subclasses__()
+    real_init_subclass = loader_class.__dict__.get("__init_subclass__")
+
+    def init_subclass(cls, **kwargs):
+        super(loader_class, cls).__init_subclass__(**kwargs)
+        own_iter_too(cls)
+
+    patch(loader_class, "__init_subclass__", classmethod(init_subclass) if real_init_subclass is None else
+          real_init_subclass)
     return handles
 
 
