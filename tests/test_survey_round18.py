@@ -693,6 +693,11 @@ RAY_DRIVER = {
 
 
 def test_a_driver_ending_with_os_exit_reports_what_failed_before_it(cli, tmp_path):
+    import textwrap
+
+    from oracle import fsdp2_groups
+    from torch.distributed.fsdp import fully_shard
+
     # verl's `run_ppo`: `ray.get(runner.run.remote(config))`, then `ray.shutdown(); os._exit(0)`. os._exit ended the
     # process linting it, and the error said only that ("ended the process ... os._exit"), hiding the missing model
     # folder the remote run failed on
@@ -712,7 +717,18 @@ def test_a_driver_ending_with_os_exit_reports_what_failed_before_it(cli, tmp_pat
     res = cli("main_ppo.py", "-n", "8", "--no-cache", "--format", "json", "--", "--depth", "4", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
     f = json.loads(res.out)["files"][0]
-    assert len(f["plan"]["units"]) == 5
+    namespace: dict = {}
+    source = textwrap.dedent(RAY_DRIVER["main_ppo.py"]).split("class Trainer")[0].replace("import ray\n", "")
+    exec(compile(source, "policy", "exec"), namespace)
+
+    def apply(model, mesh):
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+
+    real = fsdp2_groups(lambda: namespace["Policy"](100, depth=4), world_size=8, apply=apply, device="cpu")
+    assert [sorted(p["fqn"] for p in u["params"]) for u in f["plan"]["units"]] == \
+        [sorted(p["fqn"] for p in g["params"]) for g in real]
 
 
 BARE_FOLDER = '''
@@ -855,6 +871,8 @@ if __name__ == "__main__":
 
 
 def test_a_ddp_run_over_a_stood_in_data_set_is_not_blamed_on_the_data(cli, tmp_path, monkeypatch):
+    from oracle import fsdp1_units
+
     # facebookresearch/multimodal's `training.strategy=ddp`: the FSDP wrap does not run with these arguments, and the
     # data set (a hub id, stood in offline) was named as what kept the setup from its wrap
     import json
@@ -868,7 +886,11 @@ def test_a_ddp_run_over_a_stood_in_data_set_is_not_blamed_on_the_data(cli, tmp_p
     res = cli("train.py", "-n", "8", "--no-cache", "--format", "json", "--", "--strategy", "fsdp", cwd=str(tmp_path))
     assert res.code in (0, 1), res.err
     f = json.loads(res.out)["files"][0]
-    assert f["plan"]["api"] == "fsdp1" and len(f["plan"]["units"]) == 1
+    namespace: dict = {}
+    exec(compile(STRATEGIES.split("class Trainer")[0], "strategies", "exec"), namespace)
+    real = fsdp1_units(namespace["Net"], world_size=8)
+    assert f["plan"]["api"] == "fsdp1" and [u["numel"] for u in f["plan"]["units"] if u["numel"]] == \
+        [r["numel"] for r in real]
 
 
 HUB_THEN_DRIFT = '''

@@ -484,7 +484,10 @@ def read_array(text: str, env: Dict[str, str], positional: Sequence[str]) -> Opt
     if not m:
         return None
     ifs = next((g for g in m.groups()[:3] if g is not None), " \t\n")
-    words = _expanded_words(m.group(5), env, positional)
+    try:
+        words = _expanded_words(m.group(5), env, positional)
+    except ValueError:          # (an unbalanced quote: not read here, as any such line)
+        return None
     if len(words) != 1 or "$" in words[0]:
         return None
     parts = re.split("[" + re.escape(ifs) + "]", words[0]) if ifs else [words[0]]

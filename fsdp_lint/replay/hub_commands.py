@@ -64,7 +64,7 @@ def is_hub_id(name: str) -> bool:
 
 # the hub's models of the time before owners (`gpt2`, `bert-base-uncased`, `t5-small`): still served under a bare name
 _LEGACY = re.compile(r"^(gpt2(-medium|-large|-xl)?|distilgpt2|(distil)?bert-|roberta-|distilroberta-|xlm-|xlnet-|t5-|"
-                     r"albert-|ctrl$|openai-gpt$|bart-|facebook|google)")
+                     r"albert-|ctrl$|openai-gpt$|bart-)")
 
 
 def bare_name(name: str) -> Optional[str]:
